@@ -1,0 +1,73 @@
+// The node configuration: what `hsdpd --node-config FILE` reads. Parsed and
+// validated once in main(), then handed to components by const reference.
+#ifndef HSDP_DAEMON_CONFIG_NODE_CONFIG_H_
+#define HSDP_DAEMON_CONFIG_NODE_CONFIG_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace hsdp {
+
+struct NodeConfig {
+  // node:
+  std::string node_name;         // node.name; "" = the host name
+  std::string socket_path;       // node.socket; "" = DaemonDefaultSocketPath()
+  uint32_t socket_mode = 0660;   // node.socket_mode (octal in YAML, e.g. 0660)
+  std::vector<uid_t> allowed_uids;  // node.allowed_uids; empty = {daemon uid, 0}
+
+  // engine:
+  std::string engine_kind = "cpu";  // engine.kind: "cpu" (later "nccl")
+  int engine_threads = 0;           // engine.threads: 0 = all cores this process may use
+  uint64_t inline_max_bytes = 64 * 1024;  // engine.inline_max_bytes: smaller ops skip the pool
+
+  // limits:
+  uint64_t max_session_bytes = 64ull << 30;  // limits.max_session_bytes (sizes accept KiB/MiB/GiB)
+  uint64_t max_node_bytes = 0;               // limits.max_node_bytes; 0 = 90% of MemTotal
+  uint32_t max_sessions = 256;               // limits.max_sessions
+  uint32_t max_buffers_per_session = 4096;   // limits.max_buffers_per_session
+  uint32_t max_groups_per_job = 1024;        // limits.max_groups_per_job
+
+  // data_plane:
+  uint32_t ring_entries = 1024;  // data_plane.ring_entries: power of two, 16..65536
+  uint32_t spin_us = 50;         // data_plane.spin_us: busy-poll before sleeping, 0..100000
+
+  // timeouts:
+  uint32_t collective_timeout_ms = 60000;     // timeouts.collective_ms: 1..86400000
+  uint32_t data_connect_timeout_ms = 10000;   // timeouts.data_connect_ms: 1..600000
+  uint32_t shutdown_grace_ms = 5000;          // timeouts.shutdown_grace_ms: 0..600000
+
+  // log:
+  std::string log_level = "info";  // log.level: debug | info | warning | error
+};
+
+// Parses and validates YAML text. `source` names the input in messages
+// ("node.yaml", "<default>"). Errors are INVALID_ARGUMENT with a message
+// naming the key path, the bad value and the line, e.g.
+//   node.yaml:7: limits.max_sessions: value "-3" is out of range [1, 65536]
+//   node.yaml:3: unknown key "enigne" in section "engine"? (top level; known keys: ...)
+// Every key is optional; missing ones keep the defaults above.
+absl::StatusOr<NodeConfig> ParseNodeConfig(std::string_view yaml_text, std::string_view source);
+
+// Reads `path` ("/dev/stdin" and "-" work) and calls ParseNodeConfig.
+// NOT_FOUND / PERMISSION_DENIED when the file cannot be read.
+absl::StatusOr<NodeConfig> LoadNodeConfigFile(const std::string& path);
+
+// The embedded default configuration as YAML (with comments); parsing it gives
+// NodeConfig{} exactly.
+std::string DefaultNodeConfigYaml();
+
+// Renders any config as YAML that ParseNodeConfig accepts and round-trips.
+std::string NodeConfigToYaml(const NodeConfig& config);
+
+// One line for logs and Status: "engine=cpu threads=2 ring=1024 timeout=60000ms ...".
+std::string NodeConfigSummary(const NodeConfig& config);
+
+}  // namespace hsdp
+
+#endif  // HSDP_DAEMON_CONFIG_NODE_CONFIG_H_

@@ -1,0 +1,152 @@
+// The shared-memory data-plane ABI between a trainer and hsdpd.
+//
+// One channel per session: a memfd created by the daemon and mapped by both
+// sides. It holds a versioned header, a single-producer (client) /
+// single-consumer (daemon) ring of fixed-size operation descriptors, and one
+// completion record per ring slot. A second, node-wide page holds the daemon's
+// doorbell, which every client rings after pushing a descriptor.
+//
+// Every struct is standard-layout and fixed-size; its size is recorded in the
+// header and checked by both sides, so a daemon and trainers built at different
+// times refuse each other with a clear message instead of misreading memory.
+// Everything the daemon reads from here is untrusted input.
+#ifndef HSDP_SHM_LAYOUT_H_
+#define HSDP_SHM_LAYOUT_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "hsdp/types.h"
+
+namespace hsdp::shm {
+
+inline constexpr uint64_t kChannelMagic = 0x314E484350445348ull;  // "HSDPCHN1"
+inline constexpr uint64_t kNodePageMagic = 0x31474150505344ull;   // "DSPPAG1"
+inline constexpr uint32_t kLayoutVersion = 1;
+
+// A futex-backed event count. `seq` changes on every Ring(); `waiters` counts
+// sleepers so that Ring() skips the syscall when nobody sleeps.
+struct alignas(64) Doorbell {
+  std::atomic<uint32_t> seq;
+  std::atomic<uint32_t> waiters;
+  uint8_t pad[56];
+};
+static_assert(sizeof(Doorbell) == 64);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+// Names a byte range in a registered buffer.
+struct BufRef {
+  uint64_t buffer_id;
+  uint64_t offset_bytes;
+};
+
+enum DescriptorFlags : uint32_t {
+  kFlagNone = 0,
+};
+
+// One queued collective. `count` is in elements of `dtype`:
+//   all-reduce, broadcast: elements per rank (send and recv have `count`);
+//   all-gather: elements each rank contributes (recv has count * group size);
+//   reduce-scatter: elements each rank receives (send has count * group size);
+//   reduce-scatter+all-reduce: as reduce-scatter in the shard group `group_id`,
+//   then all-reduce in the replicate group `group2_id` (sequence `seq2`).
+// In-place when send and recv name the same range. barrier ignores buffers.
+struct OpDescriptor {
+  uint64_t op_id;  // session-wide, 1, 2, 3, ... in ring order
+  uint64_t seq;    // per-group sequence number, 1, 2, 3, ...
+  uint64_t seq2;   // sequence number in group2 (composite ops only)
+  uint64_t count;
+  BufRef send;
+  BufRef recv;
+  double premul_factor;
+  double pre_divide;
+  double post_divide;
+  uint32_t group_id;
+  uint32_t group2_id;
+  int32_t root;  // broadcast: rank in the group
+  uint8_t collective;    // hsdp::Collective
+  uint8_t dtype;         // hsdp::DataType
+  uint8_t reduce_op;     // hsdp::ReduceOp
+  uint8_t reduce_dtype;  // hsdp::DataType, 0 = same as dtype
+  uint32_t flags;
+  uint32_t reserved0;
+  uint64_t reserved1[2];
+};
+static_assert(sizeof(OpDescriptor) == 128);
+static_assert(std::is_trivially_copyable_v<OpDescriptor>);
+
+// Written by the daemon when op `op_id` ends. `op_id` is stored last with
+// release order; a reader that sees its op id with acquire sees the rest.
+struct alignas(64) Completion {
+  std::atomic<uint64_t> op_id;
+  int32_t code;          // absl::StatusCode
+  uint32_t message_len;  // bytes of message used
+  uint64_t queued_ns;    // time from the first member's arrival to start
+  uint64_t exec_ns;      // time the daemon spent executing
+  char message[224];
+};
+static_assert(sizeof(Completion) == 256);
+
+enum ChannelState : uint32_t {
+  kChannelOpen = 1,
+  kChannelClosed = 2,  // the daemon ended the session; every op fails
+};
+
+struct alignas(64) ChannelHeader {
+  // Immutable after creation by the daemon.
+  uint64_t magic;
+  uint32_t version;
+  uint32_t header_bytes;
+  uint32_t descriptor_bytes;
+  uint32_t completion_bytes;
+  uint32_t doorbell_bytes;
+  uint32_t ring_entries;  // power of two
+  uint64_t session_id;
+  uint64_t ring_offset;
+  uint64_t completion_offset;
+  uint64_t total_bytes;
+  // Producer index: written by the client only.
+  alignas(64) std::atomic<uint64_t> head;
+  // Consumer index: written by the daemon only.
+  alignas(64) std::atomic<uint64_t> tail;
+  // The daemon rings this after writing completions.
+  Doorbell client_bell;
+  alignas(64) std::atomic<uint32_t> state;  // ChannelState
+};
+
+struct alignas(64) NodePage {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t page_bytes;
+  // Clients ring this after advancing `head` of their ring.
+  alignas(64) Doorbell daemon_bell;
+};
+
+// Byte layout of a channel with `ring_entries` slots.
+struct ChannelLayout {
+  uint64_t ring_offset;
+  uint64_t completion_offset;
+  uint64_t total_bytes;
+};
+constexpr uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+constexpr ChannelLayout ComputeChannelLayout(uint32_t ring_entries) {
+  ChannelLayout l{};
+  l.ring_offset = AlignUp(sizeof(ChannelHeader), 4096);
+  l.completion_offset = AlignUp(l.ring_offset + uint64_t{ring_entries} * sizeof(OpDescriptor), 4096);
+  l.total_bytes = AlignUp(l.completion_offset + uint64_t{ring_entries} * sizeof(Completion), 4096);
+  return l;
+}
+
+inline OpDescriptor* RingSlots(ChannelHeader* h) {
+  return reinterpret_cast<OpDescriptor*>(reinterpret_cast<char*>(h) + h->ring_offset);
+}
+inline Completion* CompletionSlots(ChannelHeader* h) {
+  return reinterpret_cast<Completion*>(reinterpret_cast<char*>(h) + h->completion_offset);
+}
+
+}  // namespace hsdp::shm
+
+#endif  // HSDP_SHM_LAYOUT_H_
