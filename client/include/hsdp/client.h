@@ -1,0 +1,135 @@
+// hsdp::Client — the trainer's handle on its node's hsdpd.
+//
+//   hsdp::ClientOptions opts;
+//   opts.job_id = "llama-7b"; opts.rank = r; opts.world_size = n;
+//   ASSIGN_OR_RETURN(std::unique_ptr<hsdp::Client> c, hsdp::Client::Connect(opts));
+//   ASSIGN_OR_RETURN(hsdp::Buffer buf, c->AllocateBuffer(64 << 20));
+//   ASSIGN_OR_RETURN(hsdp::Group world, c->NewGroup({0, 1, ..., n - 1}));
+//   ASSIGN_OR_RETURN(hsdp::Work w, c->AllReduce(world, {buf.id, 0}, {buf.id, 0}, count,
+//                                               hsdp::DataType::kFloat32, {}));
+//   RETURN_IF_ERROR(w.Wait());
+//
+// Thread-safety: a Client may be used from several threads; submissions are
+// serialised internally (they go into one ring in order). Work objects are
+// independent values and may be waited on from any thread.
+#ifndef HSDP_CLIENT_H_
+#define HSDP_CLIENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "hsdp/types.h"
+#include "hsdp/work.h"
+
+namespace hsdp {
+
+struct ClientOptions {
+  // Empty: $HSDPD_SOCKET, else the default socket path (see README).
+  std::string socket_path;
+  std::string job_id = "default";
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string device = "cpu";
+  // How long Connect waits for the daemon to answer.
+  absl::Duration connect_timeout = absl::Seconds(10);
+};
+
+// A host buffer shared with the daemon (a sealed memfd mapped in both
+// processes). Owned by the Client: valid until FreeBuffer or the Client dies.
+struct Buffer {
+  uint64_t id = 0;
+  void* data = nullptr;
+  size_t size = 0;
+};
+
+// A byte offset into a registered buffer.
+struct BufferRef {
+  uint64_t buffer_id = 0;
+  uint64_t offset_bytes = 0;
+};
+
+// A communication group: `ranks` are global ranks; this process is `rank`
+// (index into ranks) of `size`.
+struct Group {
+  uint32_t id = 0;
+  int rank = 0;
+  int size = 0;
+  std::vector<int> ranks;
+};
+
+class Client {
+ public:
+  // Attaches a session to the daemon: Attach RPC, data connection, shared
+  // channel mapped and checked. UNAVAILABLE when no daemon answers;
+  // otherwise the daemon's status and message (INVALID_ARGUMENT for bad
+  // options, ALREADY_EXISTS for a rank already attached in the job, ...).
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+
+  // Detaches (if not done yet) and unmaps everything. Outstanding Work
+  // objects fail with CANCELLED.
+  ~Client();
+
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Allocates `bytes` of zero-filled shared host memory and registers it.
+  // RESOURCE_EXHAUSTED (naming the sizes) beyond the daemon's per-session or
+  // per-node limit, or when the memory cannot be reserved.
+  absl::StatusOr<Buffer> AllocateBuffer(size_t bytes, const std::string& name = "");
+  // Unregisters and unmaps. NOT_FOUND for an unknown id.
+  absl::Status FreeBuffer(uint64_t buffer_id);
+  // The buffer with this id, or NOT_FOUND.
+  absl::StatusOr<Buffer> GetBuffer(uint64_t buffer_id) const;
+
+  // Creates (or joins) a group. Every member calls it with the same ranks;
+  // the k-th call with a given list names the same group for all members.
+  absl::StatusOr<Group> NewGroup(const std::vector<int>& ranks);
+
+  // Collectives. `count` is in elements of `dtype` (see shm/layout.h):
+  //   AllReduce / Broadcast: count per rank;  AllGather: count each rank sends;
+  //   ReduceScatter: count each rank receives.
+  // Arguments are checked here (INVALID_ARGUMENT); the daemon checks them
+  // again and against the other members. The returned Work completes with
+  // the operation's status.
+  absl::StatusOr<Work> AllReduce(const Group& g, BufferRef send, BufferRef recv, size_t count,
+                                 DataType dtype, const ReduceOptions& reduce = {});
+  absl::StatusOr<Work> AllGather(const Group& g, BufferRef send, BufferRef recv, size_t count,
+                                 DataType dtype);
+  absl::StatusOr<Work> ReduceScatter(const Group& g, BufferRef send, BufferRef recv,
+                                     size_t count, DataType dtype,
+                                     const ReduceOptions& reduce = {});
+  absl::StatusOr<Work> Broadcast(const Group& g, BufferRef send, BufferRef recv, size_t count,
+                                 DataType dtype, int root);
+  absl::StatusOr<Work> Barrier(const Group& g);
+  // HSDP gradient reduction in one submission: reduce-scatter in `shard`
+  // (count = elements each rank receives), then all-reduce of that shard
+  // across `replicate`. Divide factors and reduce dtype are applied once; kAvg
+  // divides by shard.size * replicate.size.
+  absl::StatusOr<Work> ReduceScatterAllReduce(const Group& shard, const Group& replicate,
+                                              BufferRef send, BufferRef recv, size_t count,
+                                              DataType dtype, const ReduceOptions& reduce = {});
+
+  // Ends the session now (the daemon frees its buffers and groups).
+  absl::Status Detach();
+
+  uint64_t session_id() const;
+  const ClientOptions& options() const;
+  const std::string& socket_path() const;
+
+  class Impl;
+
+ private:
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hsdp
+
+#endif  // HSDP_CLIENT_H_
