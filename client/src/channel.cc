@@ -1,0 +1,195 @@
+#include "channel.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+
+#include <cstring>
+#include <string>
+
+#include "hsdp/common/status_macros.h"
+#include "hsdp/shm/doorbell.h"
+
+namespace hsdp::internal {
+namespace {
+
+constexpr int64_t kLivenessSliceNs = 100'000'000;  // re-check the daemon every 100 ms
+
+absl::Status LayoutMismatch(const char* field, uint64_t got, uint64_t want) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("hsdpd's shared-memory layout differs from this client's: ", field, " is ",
+                   got, ", this client expects ", want,
+                   " (daemon and client library are from different versions)"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<SessionChannel>> SessionChannel::Map(
+    UniqueFd channel_fd, uint64_t channel_bytes, UniqueFd node_page_fd,
+    uint64_t node_page_bytes, UniqueFd data_conn, uint64_t session_id) {
+  std::shared_ptr<SessionChannel> ch(new SessionChannel());
+  ch->data_conn_ = std::move(data_conn);
+  ch->session_id_ = session_id;
+  if (channel_bytes < sizeof(shm::ChannelHeader) || node_page_bytes < sizeof(shm::NodePage)) {
+    return absl::FailedPreconditionError("hsdpd sent a channel smaller than its header");
+  }
+  void* m = ::mmap(nullptr, channel_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, channel_fd.get(), 0);
+  if (m == MAP_FAILED) return ErrnoStatus(errno, "mmap(session channel)", __FILE__, __LINE__);
+  ch->channel_map_ = m;
+  ch->channel_bytes_ = channel_bytes;
+  m = ::mmap(nullptr, node_page_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, node_page_fd.get(), 0);
+  if (m == MAP_FAILED) return ErrnoStatus(errno, "mmap(node page)", __FILE__, __LINE__);
+  ch->node_map_ = m;
+  ch->node_bytes_ = node_page_bytes;
+
+  auto* h = static_cast<shm::ChannelHeader*>(ch->channel_map_);
+  if (h->magic != shm::kChannelMagic) return LayoutMismatch("channel magic", h->magic, shm::kChannelMagic);
+  if (h->version != shm::kLayoutVersion) return LayoutMismatch("layout version", h->version, shm::kLayoutVersion);
+  if (h->header_bytes != sizeof(shm::ChannelHeader)) return LayoutMismatch("sizeof(ChannelHeader)", h->header_bytes, sizeof(shm::ChannelHeader));
+  if (h->descriptor_bytes != sizeof(shm::OpDescriptor)) return LayoutMismatch("sizeof(OpDescriptor)", h->descriptor_bytes, sizeof(shm::OpDescriptor));
+  if (h->completion_bytes != sizeof(shm::Completion)) return LayoutMismatch("sizeof(Completion)", h->completion_bytes, sizeof(shm::Completion));
+  if (h->doorbell_bytes != sizeof(shm::Doorbell)) return LayoutMismatch("sizeof(Doorbell)", h->doorbell_bytes, sizeof(shm::Doorbell));
+  const uint32_t n = h->ring_entries;
+  if (n == 0 || (n & (n - 1)) != 0) return LayoutMismatch("ring_entries (power of two)", n, 1024);
+  const shm::ChannelLayout layout = shm::ComputeChannelLayout(n);
+  if (h->ring_offset != layout.ring_offset || h->completion_offset != layout.completion_offset ||
+      h->total_bytes != layout.total_bytes || channel_bytes < layout.total_bytes) {
+    return LayoutMismatch("channel size", channel_bytes, layout.total_bytes);
+  }
+  if (h->session_id != session_id) return LayoutMismatch("session id", h->session_id, session_id);
+  auto* node = static_cast<shm::NodePage*>(ch->node_map_);
+  if (node->magic != shm::kNodePageMagic) return LayoutMismatch("node page magic", node->magic, shm::kNodePageMagic);
+  if (node->version != shm::kLayoutVersion) return LayoutMismatch("node page version", node->version, shm::kLayoutVersion);
+
+  ch->header_ = h;
+  ch->ring_ = reinterpret_cast<shm::OpDescriptor*>(static_cast<char*>(ch->channel_map_) + layout.ring_offset);
+  ch->completions_ = reinterpret_cast<shm::Completion*>(static_cast<char*>(ch->channel_map_) + layout.completion_offset);
+  ch->node_ = node;
+  ch->entries_ = n;
+  return ch;
+}
+
+SessionChannel::~SessionChannel() {
+  if (channel_map_ != nullptr) ::munmap(channel_map_, channel_bytes_);
+  if (node_map_ != nullptr) ::munmap(node_map_, node_bytes_);
+}
+
+absl::Status SessionChannel::CheckAlive() {
+  if (header_->state.load(std::memory_order_acquire) == shm::kChannelClosed) {
+    return absl::UnavailableError("hsdpd ended this session (daemon shutting down or session expired)");
+  }
+  struct pollfd pfd{data_conn_.get(), POLLIN | POLLRDHUP, 0};
+  if (::poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLIN))) {
+    char byte;
+    if ((pfd.revents & POLLIN) && ::recv(data_conn_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
+      return absl::OkStatus();  // unexpected data, not a hang-up
+    }
+    return absl::UnavailableError("lost the connection to hsdpd (daemon exited or was killed)");
+  }
+  return absl::OkStatus();
+}
+
+bool SessionChannel::HarvestLocked(WorkState* w) {
+  shm::Completion& c = completions_[w->op_id & (entries_ - 1)];
+  if (c.op_id.load(std::memory_order_acquire) != w->op_id) return false;
+  const uint32_t len = std::min<uint32_t>(c.message_len, sizeof(c.message));
+  const auto code = static_cast<absl::StatusCode>(c.code);
+  w->status = code == absl::StatusCode::kOk ? absl::OkStatus()
+                                            : absl::Status(code, std::string(c.message, len));
+  w->queued_ns = c.queued_ns;
+  w->exec_ns = c.exec_ns;
+  w->done.store(true, std::memory_order_release);
+  return true;
+}
+
+absl::StatusOr<Work> SessionChannel::Submit(shm::OpDescriptor desc, bool composite) {
+  absl::MutexLock submit_lock(&submit_mu_);
+  {
+    absl::MutexLock l(&mu_);
+    if (!closed_.ok()) return closed_;
+  }
+  const uint64_t op_id = next_op_id_;
+  // The slot's previous user must have completed; take its result first.
+  if (op_id > entries_) {
+    const uint64_t prev = op_id - entries_;
+    shm::Completion& c = completions_[op_id & (entries_ - 1)];
+    while (c.op_id.load(std::memory_order_acquire) != prev) {
+      RETURN_IF_ERROR(CheckAlive());
+      shm::AwaitDoorbell(
+          &header_->client_bell,
+          [&] { return c.op_id.load(std::memory_order_acquire) == prev; }, spin_ns_,
+          shm::NowNanos() + kLivenessSliceNs);
+    }
+    absl::MutexLock l(&mu_);
+    auto it = pending_.find(prev);
+    if (it != pending_.end()) {
+      if (auto w = it->second.lock(); w != nullptr && !w->done.load()) HarvestLocked(w.get());
+      pending_.erase(prev);
+    }
+  }
+  desc.op_id = op_id;
+  desc.seq = ++next_seq_[desc.group_id];
+  if (composite) desc.seq2 = ++next_seq_[desc.group2_id];
+  auto state = std::make_shared<WorkState>();
+  state->channel = shared_from_this();
+  state->op_id = op_id;
+  {
+    absl::MutexLock l(&mu_);
+    pending_[op_id] = state;
+  }
+  const uint64_t head = header_->head.load(std::memory_order_relaxed);
+  ring_[head & (entries_ - 1)] = desc;
+  header_->head.store(head + 1, std::memory_order_release);
+  shm::RingDoorbell(&node_->daemon_bell);
+  ++next_op_id_;
+  return Work(std::move(state));
+}
+
+bool SessionChannel::Poll(WorkState* w) {
+  if (w->done.load(std::memory_order_acquire)) return true;
+  shm::Completion& c = completions_[w->op_id & (entries_ - 1)];
+  if (c.op_id.load(std::memory_order_acquire) != w->op_id) return false;
+  absl::MutexLock l(&mu_);
+  if (w->done.load(std::memory_order_acquire)) return true;
+  if (!HarvestLocked(w)) return false;
+  pending_.erase(w->op_id);
+  return true;
+}
+
+absl::Status SessionChannel::Wait(WorkState* w, absl::Duration timeout) {
+  const int64_t deadline = timeout == absl::InfiniteDuration()
+                               ? -1
+                               : shm::NowNanos() + absl::ToInt64Nanoseconds(timeout);
+  for (;;) {
+    int64_t slice_end = shm::NowNanos() + kLivenessSliceNs;
+    if (deadline >= 0 && deadline < slice_end) slice_end = deadline;
+    if (shm::AwaitDoorbell(&header_->client_bell, [&] { return Poll(w); }, spin_ns_, slice_end)) {
+      return w->status;
+    }
+    if (absl::Status alive = CheckAlive(); !alive.ok()) {
+      Close(alive);
+      if (w->done.load(std::memory_order_acquire)) return w->status;
+      return alive;
+    }
+    if (deadline >= 0 && shm::NowNanos() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("op ", w->op_id, " still pending after ", absl::FormatDuration(timeout)));
+    }
+  }
+}
+
+void SessionChannel::Close(const absl::Status& why) {
+  absl::MutexLock l(&mu_);
+  if (closed_.ok()) closed_ = why;
+  for (auto& [op_id, weak] : pending_) {
+    if (auto w = weak.lock(); w != nullptr && !w->done.load()) {
+      if (!HarvestLocked(w.get())) {
+        w->status = why;
+        w->done.store(true, std::memory_order_release);
+      }
+    }
+  }
+  pending_.clear();
+}
+
+}  // namespace hsdp::internal

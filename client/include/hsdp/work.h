@@ -1,4 +1,5 @@
-// hsdp::Work — the handle of one queued collective.
+// hsdp::Work — the handle of one queued collective. A cheap, copyable value:
+// copies share the operation's state.
 #ifndef HSDP_WORK_H_
 #define HSDP_WORK_H_
 
@@ -11,38 +12,33 @@
 namespace hsdp {
 
 namespace internal {
-class SessionChannel;
+struct WorkState;
 }
 
 class Work {
  public:
   Work() = default;
+  explicit Work(std::shared_ptr<internal::WorkState> state) : state_(std::move(state)) {}
 
   // True when the operation has ended (successfully or not). Never blocks.
   bool Test();
   // Blocks until the operation ends or `timeout` passes; returns the
   // operation's status, or DEADLINE_EXCEEDED on timeout (the operation goes
-  // on; Wait again later). Spins briefly, then sleeps on a futex.
+  // on; Wait again later). Spins briefly, then sleeps on a futex. Fails with
+  // UNAVAILABLE if the daemon goes away meanwhile.
   absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration());
-  // The status once ended; UNAVAILABLE("pending") before that.
+  // The status once ended; UNAVAILABLE("pending") before that, and
+  // FAILED_PRECONDITION for a default-constructed Work.
   absl::Status status() const;
 
-  uint64_t op_id() const { return op_id_; }
-  // Daemon-side timings of the ended operation (0 while pending).
-  uint64_t queued_ns() const { return queued_ns_; }
-  uint64_t exec_ns() const { return exec_ns_; }
+  uint64_t op_id() const;
+  // Daemon-side timings of the ended operation (0 while pending): time from
+  // the first member's arrival to the start of execution, and execution time.
+  uint64_t queued_ns() const;
+  uint64_t exec_ns() const;
 
  private:
-  friend class internal::SessionChannel;
-  Work(std::shared_ptr<internal::SessionChannel> channel, uint64_t op_id)
-      : channel_(std::move(channel)), op_id_(op_id) {}
-
-  std::shared_ptr<internal::SessionChannel> channel_;
-  uint64_t op_id_ = 0;
-  bool done_ = false;
-  absl::Status status_ = absl::UnavailableError("pending");
-  uint64_t queued_ns_ = 0;
-  uint64_t exec_ns_ = 0;
+  std::shared_ptr<internal::WorkState> state_;
 };
 
 }  // namespace hsdp

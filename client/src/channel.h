@@ -1,0 +1,93 @@
+// Client side of a session's shared-memory channel: maps it, checks its
+// header, pushes descriptors and collects completions.
+//
+// Thread-safety: all methods are thread-safe. `mu_` serialises producers
+// (one ring, one producer at a time) and completion harvesting.
+#ifndef HSDP_CLIENT_SRC_CHANNEL_H_
+#define HSDP_CLIENT_SRC_CHANNEL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "hsdp/common/unique_fd.h"
+#include "hsdp/shm/layout.h"
+#include "hsdp/work.h"
+
+namespace hsdp::internal {
+
+struct WorkState {
+  std::shared_ptr<class SessionChannel> channel;
+  uint64_t op_id = 0;
+  std::atomic<bool> done{false};
+  absl::Status status;  // valid once done
+  uint64_t queued_ns = 0;
+  uint64_t exec_ns = 0;
+};
+
+class SessionChannel : public std::enable_shared_from_this<SessionChannel> {
+ public:
+  // Maps the channel and node page fds (taking ownership) and validates the
+  // layout. FAILED_PRECONDITION on a version or size mismatch.
+  static absl::StatusOr<std::shared_ptr<SessionChannel>> Map(UniqueFd channel_fd,
+                                                             uint64_t channel_bytes,
+                                                             UniqueFd node_page_fd,
+                                                             uint64_t node_page_bytes,
+                                                             UniqueFd data_conn,
+                                                             uint64_t session_id);
+  ~SessionChannel();
+
+  // Fills op_id and the per-group sequence numbers (seq for group_id, seq2
+  // for group2_id when `composite`), pushes, rings the daemon. Blocks while
+  // the ring is full (the oldest op's completion slot is still in use).
+  absl::StatusOr<Work> Submit(shm::OpDescriptor desc, bool composite);
+
+  // Work support.
+  bool Poll(WorkState* w);
+  absl::Status Wait(WorkState* w, absl::Duration timeout);
+
+  // Marks the channel dead: pending and future ops fail with `why`.
+  void Close(const absl::Status& why);
+  int data_fd() const { return data_conn_.get(); }
+  uint32_t ring_entries() const { return entries_; }
+  uint32_t spin_ns() const { return spin_ns_; }
+
+ private:
+  SessionChannel() = default;
+  // Copies slot `op_id`'s completion into `w` if it holds that op.
+  bool HarvestLocked(WorkState* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Non-OK when the daemon ended the session or went away.
+  absl::Status CheckAlive();
+
+  void* channel_map_ = nullptr;
+  uint64_t channel_bytes_ = 0;
+  void* node_map_ = nullptr;
+  uint64_t node_bytes_ = 0;
+  UniqueFd data_conn_;
+  uint64_t session_id_ = 0;
+  shm::ChannelHeader* header_ = nullptr;
+  shm::OpDescriptor* ring_ = nullptr;
+  shm::Completion* completions_ = nullptr;
+  shm::NodePage* node_ = nullptr;
+  uint32_t entries_ = 0;
+  uint32_t spin_ns_ = 20000;
+
+  // Lock order: submit_mu_ before mu_. submit_mu_ serialises producers and
+  // may be held while waiting for a ring slot; mu_ is never held while waiting.
+  absl::Mutex submit_mu_;
+  uint64_t next_op_id_ ABSL_GUARDED_BY(submit_mu_) = 1;
+  std::unordered_map<uint32_t, uint64_t> next_seq_ ABSL_GUARDED_BY(submit_mu_);
+  absl::Mutex mu_;
+  // Ops pushed and not yet harvested, by op id.
+  std::unordered_map<uint64_t, std::weak_ptr<WorkState>> pending_ ABSL_GUARDED_BY(mu_);
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hsdp::internal
+
+#endif  // HSDP_CLIENT_SRC_CHANNEL_H_
