@@ -44,28 +44,40 @@ struct NodeConfig {
 
   // log:
   std::string log_level = "info";  // log.level: debug | info | warning | error
+
+  // Field-by-field equality (used by tests and round-trip checks).
+  friend bool operator==(const NodeConfig&, const NodeConfig&) = default;
 };
 
 // Parses and validates YAML text. `source` names the input in messages
 // ("node.yaml", "<default>"). Errors are INVALID_ARGUMENT with a message
-// naming the key path, the bad value and the line, e.g.
+// "<source>:<line>: <key.path>: <what is wrong>" naming the key path, the bad
+// value and the 1-based line, e.g.
 //   node.yaml:7: limits.max_sessions: value "-3" is out of range [1, 65536]
-//   node.yaml:3: unknown key "enigne" in section "engine"? (top level; known keys: ...)
-// Every key is optional; missing ones keep the defaults above.
+//   node.yaml:3: enigne: unknown top-level key "enigne"; did you mean "engine"? (known: ...)
+// Every key is optional; missing ones keep the defaults above. An empty
+// document is valid. Unknown and duplicate keys are errors. Normalises
+// log.level aliases ("warn" -> "warning").
 absl::StatusOr<NodeConfig> ParseNodeConfig(std::string_view yaml_text, std::string_view source);
 
-// Reads `path` ("/dev/stdin" and "-" work) and calls ParseNodeConfig.
-// NOT_FOUND / PERMISSION_DENIED when the file cannot be read.
+// Reads `path` ("/dev/stdin" and "-" work) and calls ParseNodeConfig with the
+// path as the source ("<stdin>" for "-"). NOT_FOUND / PERMISSION_DENIED when
+// the file cannot be opened, INVALID_ARGUMENT for any other read failure
+// (a directory, a file over 1 MiB) and for invalid contents; every message
+// names the path.
 absl::StatusOr<NodeConfig> LoadNodeConfigFile(const std::string& path);
 
-// The embedded default configuration as YAML (with comments); parsing it gives
-// NodeConfig{} exactly.
+// The default configuration as a commented YAML document listing every key
+// with its default value; parsing it gives NodeConfig{} exactly.
 std::string DefaultNodeConfigYaml();
 
-// Renders any config as YAML that ParseNodeConfig accepts and round-trips.
+// Renders any config as commented YAML that ParseNodeConfig accepts and that
+// parses back to an equal config (for any config ParseNodeConfig can return).
 std::string NodeConfigToYaml(const NodeConfig& config);
 
-// One line for logs and Status: "engine=cpu threads=2 ring=1024 timeout=60000ms ...".
+// One line for logs and Status, e.g. "engine=cpu threads=auto ring_entries=1024
+// spin_us=50 collective_timeout_ms=60000 max_sessions=256 max_session_bytes=64GiB
+// max_node_bytes=auto log_level=info".
 std::string NodeConfigSummary(const NodeConfig& config);
 
 }  // namespace hsdp
