@@ -78,16 +78,24 @@ std::string YamlQuote(const std::string& text) {
   return out + "\"";
 }
 
-// Bytes with the largest binary unit that divides them exactly: "64GiB",
-// "65536" -> "64KiB", "1000" -> "1000", 0 -> "0".
+// Bytes in the unit that divides them exactly with the smallest quotient:
+// 64 << 30 -> "64GiB", 65536 -> "64KiB", 10^12 -> "1TB", 1000 -> "1KB",
+// 4097 -> "4097", 0 -> "0". ParseNodeConfig reads every result back.
 std::string FormatSize(uint64_t bytes) {
   static constexpr std::pair<uint64_t, const char*> kUnits[] = {
-      {kTiB, "TiB"}, {kGiB, "GiB"}, {kMiB, "MiB"}, {kKiB, "KiB"}};
-  if (bytes == 0) return "0";
+      {kTiB, "TiB"},  {1000ull * 1000 * 1000 * 1000, "TB"}, {kGiB, "GiB"},
+      {1000ull * 1000 * 1000, "GB"}, {kMiB, "MiB"}, {1000ull * 1000, "MB"},
+      {kKiB, "KiB"},  {1000, "KB"}};
+  std::string best = absl::StrCat(bytes);
+  if (bytes == 0) return best;
+  uint64_t best_quotient = bytes;
   for (const auto& [unit, name] : kUnits) {
-    if (bytes % unit == 0) return absl::StrCat(bytes / unit, name);
+    if (bytes % unit == 0 && bytes / unit < best_quotient) {
+      best_quotient = bytes / unit;
+      best = absl::StrCat(best_quotient, name);
+    }
   }
-  return absl::StrCat(bytes);
+  return best;
 }
 
 // A mode in octal with a leading 0: 0660 -> "0660".
@@ -278,6 +286,11 @@ absl::StatusOr<uint64_t> SizeValue(const Field& f) {
     return f.Error(absl::StrCat("size ", Quote(text), " must not be negative"));
   }
   const std::string_view unit = TrimWhitespace(rest.substr(digit_count));
+  if (!unit.empty() && unit[0] == '.') {
+    return f.Error(absl::StrCat("size ", Quote(text),
+                                " has a fraction; write a whole number of a smaller unit "
+                                "(1536MiB, not 1.5GiB)"));
+  }
   const std::optional<uint64_t> multiplier = UnitMultiplier(unit);
   if (!multiplier.has_value()) {
     return f.Error(absl::StrCat("unknown unit ", Quote(std::string(unit)), " in size ", Quote(text),
@@ -290,7 +303,8 @@ absl::StatusOr<uint64_t> SizeValue(const Field& f) {
   return number->value * *multiplier;
 }
 
-// Allowed byte counts: 0 when `zero_ok`, and [min, max].
+// Allowed byte counts: [min, max], and also 0 when `zero_ok` (for limits
+// where 0 means "automatic").
 struct SizeRange {
   uint64_t min;
   uint64_t max;
@@ -494,7 +508,7 @@ constexpr KeySpec kEngineKeys[] = {
      &RenderNumber<&NodeConfig::engine_threads>},
     {"inline_max_bytes", "ops up to this size run inline, skipping the pool; 0..64MiB",
      [](const Field& f, NodeConfig* c) {
-       return SetSize(f, {.min = 0, .max = 64 * kMiB, .zero_ok = true}, &c->inline_max_bytes);
+       return SetSize(f, {.min = 0, .max = 64 * kMiB, .zero_ok = false}, &c->inline_max_bytes);
      },
      &RenderSize<&NodeConfig::inline_max_bytes>},
 };
