@@ -601,8 +601,9 @@ std::string DidYouMean(std::string_view name) {
   return absl::StrCat("; did you mean \"", std::string(name), "\"?");
 }
 
-// "; did you mean "threads"?" or "" when nothing is close. Also finds keys
-// that belong to another section ("engine.threads") when `qualified`.
+// A hint for the unknown key `typed`: "; did you mean "threads"?" when it is
+// close to a section name (if `include_sections`) or to one of `keys`;
+// otherwise, when it is a key of some section, where it belongs; else "".
 std::string Suggestion(std::string_view typed, std::span<const KeySpec> keys,
                        bool include_sections) {
   if (include_sections) {
