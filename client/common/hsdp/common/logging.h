@@ -29,9 +29,10 @@ class LogLine {
 }  // namespace internal
 }  // namespace hsdp
 
-#define HSDP_LOG(level)                                               \
-  if (::hsdp::LogLevel::k##level < ::hsdp::GetLogLevel()) {           \
-  } else                                                              \
-    ::hsdp::internal::LogLine(::hsdp::LogLevel::k##level, __FILE__, __LINE__).stream()
+// Usage: HSDP_LOG(Info) << "x=" << x;  (safe inside an unbraced if/else)
+#define HSDP_LOG(level)                                                              \
+  for (bool hsdp_log_once_ = ::hsdp::LogLevel::k##level >= ::hsdp::GetLogLevel(); \
+       hsdp_log_once_; hsdp_log_once_ = false)                                       \
+  ::hsdp::internal::LogLine(::hsdp::LogLevel::k##level, __FILE__, __LINE__).stream()
 
 #endif  // HSDP_COMMON_LOGGING_H_

@@ -1,0 +1,25 @@
+# hsdp_daemon_lib: every daemon component (tests link it directly).
+add_library(hsdp_daemon_lib STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/dataplane/dispatcher.cc
+  ${CMAKE_CURRENT_LIST_DIR}/dataplane/group.cc
+  ${CMAKE_CURRENT_LIST_DIR}/dataplane/validate.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine/cpu/cpu_engine.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine/cpu/thread_pool.cc
+  ${CMAKE_CURRENT_LIST_DIR}/server/daemon.cc
+  ${CMAKE_CURRENT_LIST_DIR}/server/data_conn_server.cc
+  ${CMAKE_CURRENT_LIST_DIR}/server/grpc_services.cc
+  ${CMAKE_CURRENT_LIST_DIR}/server/listener.cc
+  ${CMAKE_CURRENT_LIST_DIR}/server/peer_registry.cc
+  ${CMAKE_CURRENT_LIST_DIR}/session/mapped_buffer.cc
+  ${CMAKE_CURRENT_LIST_DIR}/session/session.cc
+  ${CMAKE_CURRENT_LIST_DIR}/session/session_manager.cc
+  ${CMAKE_CURRENT_LIST_DIR}/session/shm_channel.cc
+  ${CMAKE_CURRENT_LIST_DIR}/util/sd_notify.cc)
+target_include_directories(hsdp_daemon_lib PUBLIC ${PROJECT_SOURCE_DIR})
+target_link_libraries(hsdp_daemon_lib PUBLIC
+  hsdp_config hsdp_cpu_kernels hsdp_common hsdp_proto hsdp_shm
+  absl::synchronization absl::time absl::strings gRPC::grpc++)
+target_compile_definitions(hsdp_daemon_lib PRIVATE HSDP_VERSION="${PROJECT_VERSION}")
+
+add_executable(hsdpd ${CMAKE_CURRENT_LIST_DIR}/main.cc)
+target_link_libraries(hsdpd PRIVATE hsdp_daemon_lib)

@@ -1,0 +1,111 @@
+#include "daemon/dataplane/dispatcher.h"
+
+#include "daemon/dataplane/validate.h"
+#include "hsdp/common/logging.h"
+#include "hsdp/shm/doorbell.h"
+
+namespace hsdp {
+namespace {
+constexpr int64_t kTickNs = 20'000'000;  // timeouts and housekeeping every 20 ms
+}
+
+Dispatcher::Dispatcher(SessionDirectory* directory, shm::Doorbell* daemon_bell, int64_t spin_ns)
+    : directory_(directory), bell_(daemon_bell), spin_ns_(spin_ns) {}
+
+Dispatcher::~Dispatcher() { Stop(); }
+
+void Dispatcher::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void Dispatcher::Stop() {
+  stop_.store(true);
+  shm::RingDoorbell(bell_);
+  if (thread_.joinable()) thread_.join();
+}
+
+void Dispatcher::Handle(const std::shared_ptr<Session>& session, const shm::OpDescriptor& d) {
+  const int64_t now = shm::NowNanos();
+  auto fail_alone = [&](const absl::Status& s) {
+    HSDP_LOG(Warning) << "session " << session->id() << " op " << d.op_id << ": " << s.message();
+    session->Complete(d.op_id, s, 0, 0);
+  };
+  std::shared_ptr<Group> group = directory_->FindGroup(d.group_id);
+  if (group == nullptr) {
+    return fail_alone(absl::InvalidArgumentError(
+        absl::StrCat("group_id: unknown group ", d.group_id)));
+  }
+  const int rank = group->RankOf(session->info().rank);
+  if (rank < 0 || !group->IsMember(rank, session.get())) {
+    return fail_alone(absl::InvalidArgumentError(absl::StrCat(
+        "group_id: session ", session->id(), " is not a member of group ", d.group_id)));
+  }
+  Arrival a;
+  a.session = session;
+  a.desc = d;
+  a.seq = d.seq;
+  a.first_ns = now;
+  a.rejected = ValidateFields(d);
+  if (a.rejected.ok() && static_cast<Collective>(d.collective) == Collective::kReduceScatterAllReduce) {
+    std::shared_ptr<Group> g2 = directory_->FindGroup(d.group2_id);
+    const int r2 = g2 != nullptr ? g2->RankOf(session->info().rank) : -1;
+    if (r2 < 0 || !g2->IsMember(r2, session.get())) {
+      a.rejected = absl::InvalidArgumentError(absl::StrCat(
+          "group2_id: session ", session->id(), " is not a member of group ", d.group2_id));
+    }
+  }
+  if (a.rejected.ok()) a.rejected = ResolveBuffers(d, rank, group->size(), *session, &a);
+  group->Arrive(rank, std::move(a));
+}
+
+bool Dispatcher::DrainAll() {
+  bool any = false;
+  for (const std::shared_ptr<Session>& s : sessions_) {
+    if (s->closed() || !s->data_connected()) continue;
+    shm::OpDescriptor d;
+    // Bounded per session per pass, so one busy client cannot starve others.
+    for (int i = 0; i < 64; ++i) {
+      const ShmChannel::PopResult r = s->channel().Pop(&d);
+      if (r == ShmChannel::PopResult::kEmpty) break;
+      any = true;
+      if (r == ShmChannel::PopResult::kCorrupt) {
+        HSDP_LOG(Error) << "session " << s->id() << ": ring indices corrupted; ending session";
+        directory_->EndSession(s->id(), "its shared-memory ring was corrupted");
+        break;
+      }
+      Handle(s, d);
+    }
+  }
+  return any;
+}
+
+void Dispatcher::Loop() {
+  int64_t next_tick = shm::NowNanos() + kTickNs;
+  while (!stop_.load()) {
+    if (directory_->version() != seen_version_) {
+      seen_version_ = directory_->version();
+      sessions_ = directory_->Snapshot();
+    }
+    const bool any = DrainAll();
+    const int64_t now = shm::NowNanos();
+    if (now >= next_tick) {
+      for (const std::shared_ptr<Group>& g : directory_->AllGroups()) g->CheckTimeouts(now);
+      directory_->Housekeeping();
+      next_tick = now + kTickNs;
+    }
+    if (any) continue;
+    shm::AwaitDoorbell(
+        bell_,
+        [&] {
+          if (stop_.load(std::memory_order_relaxed) ||
+              directory_->version() != seen_version_) {
+            return true;
+          }
+          for (const std::shared_ptr<Session>& s : sessions_) {
+            if (s->channel().HasWork()) return true;
+          }
+          return false;
+        },
+        spin_ns_, next_tick);
+  }
+}
+
+}  // namespace hsdp

@@ -1,0 +1,63 @@
+// The dispatcher: one thread that drains every session's ring, validates
+// each descriptor, and hands it to its group. Idle, it spins briefly and
+// then sleeps on the node doorbell that clients ring after a push. It also
+// drives timeouts and session housekeeping.
+#ifndef HSDP_DAEMON_DATAPLANE_DISPATCHER_H_
+#define HSDP_DAEMON_DATAPLANE_DISPATCHER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/dataplane/group.h"
+#include "daemon/session/session.h"
+#include "hsdp/shm/layout.h"
+
+namespace hsdp {
+
+// What the dispatcher needs from the session manager (a fake in tests).
+class SessionDirectory {
+ public:
+  virtual ~SessionDirectory() = default;
+  // Changes whenever the set of sessions changes.
+  virtual uint64_t version() const = 0;
+  virtual std::vector<std::shared_ptr<Session>> Snapshot() const = 0;
+  virtual std::shared_ptr<Group> FindGroup(uint32_t group_id) const = 0;
+  virtual std::vector<std::shared_ptr<Group>> AllGroups() const = 0;
+  virtual void EndSession(uint64_t session_id, const std::string& why) = 0;
+  // Periodic upkeep (expire unclaimed sessions, ...).
+  virtual void Housekeeping() = 0;
+};
+
+class Dispatcher {
+ public:
+  Dispatcher(SessionDirectory* directory, shm::Doorbell* daemon_bell, int64_t spin_ns);
+  ~Dispatcher();
+
+  void Start();
+  // Stops and joins the thread. Idempotent.
+  void Stop();
+
+  // Handles one descriptor from `session` (exposed for tests).
+  void Handle(const std::shared_ptr<Session>& session, const shm::OpDescriptor& desc);
+
+ private:
+  void Loop();
+  // Drains every ring once; true when anything was popped.
+  bool DrainAll();
+
+  SessionDirectory* const directory_;
+  shm::Doorbell* const bell_;
+  const int64_t spin_ns_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  uint64_t seen_version_ = ~uint64_t{0};
+  std::vector<std::shared_ptr<Session>> sessions_;
+};
+
+}  // namespace hsdp
+
+#endif  // HSDP_DAEMON_DATAPLANE_DISPATCHER_H_

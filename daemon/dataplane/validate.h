@@ -1,0 +1,25 @@
+// Validation of descriptors read from a session's ring. Everything in a
+// descriptor is untrusted: each check names the offending field.
+#ifndef HSDP_DAEMON_DATAPLANE_VALIDATE_H_
+#define HSDP_DAEMON_DATAPLANE_VALIDATE_H_
+
+#include "absl/status/status.h"
+#include "daemon/dataplane/group.h"
+#include "daemon/session/session.h"
+#include "hsdp/shm/layout.h"
+
+namespace hsdp {
+
+// Checks the fields that do not depend on a group: collective, dtype,
+// reduce op, reduce dtype, factors, count. INVALID_ARGUMENT naming the field.
+absl::Status ValidateFields(const shm::OpDescriptor& d);
+
+// Checks buffers and ranges for a member of a group of `group_size` and
+// fills arrival->send/recv and the keep-alive references.
+// INVALID_ARGUMENT naming the field ("send.buffer_id", "recv.offset_bytes", ...).
+absl::Status ResolveBuffers(const shm::OpDescriptor& d, int group_rank, int group_size,
+                            const Session& session, Arrival* arrival);
+
+}  // namespace hsdp
+
+#endif  // HSDP_DAEMON_DATAPLANE_VALIDATE_H_

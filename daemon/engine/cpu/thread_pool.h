@@ -1,0 +1,48 @@
+// A fixed pool for data-parallel loops: ParallelFor splits [0, n) into
+// chunks that the pool's threads and the caller take dynamically.
+//
+// Thread-safety: ParallelFor may be called from one thread at a time (the
+// engine's executor); the pool's workers only run the current loop.
+#ifndef HSDP_DAEMON_ENGINE_CPU_THREAD_POOL_H_
+#define HSDP_DAEMON_ENGINE_CPU_THREAD_POOL_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace hsdp::cpu {
+
+class ThreadPool {
+ public:
+  // `threads` >= 1 counts the caller: threads - 1 workers are started.
+  explicit ThreadPool(int threads);
+  ~ThreadPool();
+
+  // Calls fn(i) for every i in [0, n), on up to threads() threads; returns
+  // when all calls returned.
+  void ParallelFor(size_t n, const std::function<void(size_t)>& fn);
+  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+ private:
+  void WorkerLoop();
+  void RunChunks(const std::function<void(size_t)>& fn, size_t n);
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable start_cv_;
+  std::condition_variable done_cv_;
+  uint64_t generation_ = 0;  // guarded by mu_
+  bool stop_ = false;        // guarded by mu_
+  size_t finished_ = 0;      // workers done with the current loop, guarded by mu_
+  const std::function<void(size_t)>* fn_ = nullptr;  // guarded by mu_
+  size_t n_ = 0;                                     // guarded by mu_
+  std::atomic<size_t> next_{0};
+};
+
+}  // namespace hsdp::cpu
+
+#endif  // HSDP_DAEMON_ENGINE_CPU_THREAD_POOL_H_

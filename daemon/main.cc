@@ -1,0 +1,161 @@
+// hsdpd: the per-node communication daemon.
+//
+//   hsdpd [--node-config FILE] [--socket PATH] [--log-level LEVEL]
+//   hsdpd --print-default-config
+//   hsdpd --check-config FILE
+//
+// Exit codes: 0 clean shutdown or valid config, 1 runtime failure (e.g.
+// another instance owns the socket), 2 bad flags or bad configuration.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "daemon/config/node_config.h"
+#include "daemon/server/daemon.h"
+#include "daemon/util/sd_notify.h"
+#include "hsdp/common/logging.h"
+#include "hsdp/common/socket_path.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: hsdpd [--node-config FILE] [--socket PATH] [--log-level debug|info|warning|error]\n"
+    "       hsdpd --print-default-config\n"
+    "       hsdpd --check-config FILE\n"
+    "       hsdpd --version\n";
+
+struct Flags {
+  std::string node_config;
+  std::string socket;
+  std::string log_level;
+  std::string check_config;
+  bool print_default = false;
+};
+
+// Returns false (after printing why) on a bad command line.
+bool ParseFlags(int argc, char** argv, Flags* f, int* exit_code) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    std::string value;
+    const size_t eq = a.find('=');
+    if (a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+    }
+    auto take = [&](std::string* out) {
+      if (!value.empty()) {
+        *out = value;
+        return true;
+      }
+      if (i + 1 >= argc) {
+        std::cerr << "hsdpd: " << a << " needs a value\n" << kUsage;
+        return false;
+      }
+      *out = argv[++i];
+      return true;
+    };
+    if (a == "--node-config") {
+      if (!take(&f->node_config)) return false;
+    } else if (a == "--socket") {
+      if (!take(&f->socket)) return false;
+    } else if (a == "--log-level") {
+      if (!take(&f->log_level)) return false;
+    } else if (a == "--check-config") {
+      if (!take(&f->check_config)) return false;
+    } else if (a == "--print-default-config") {
+      f->print_default = true;
+    } else if (a == "--version") {
+      std::cout << "hsdpd 0.1.0\n";
+      *exit_code = 0;
+      return false;
+    } else if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      *exit_code = 0;
+      return false;
+    } else {
+      std::cerr << "hsdpd: unknown argument \"" << a << "\"\n" << kUsage;
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  int exit_code = 2;
+  if (!ParseFlags(argc, argv, &flags, &exit_code)) return exit_code;
+
+  if (flags.print_default) {
+    std::cout << hsdp::DefaultNodeConfigYaml();
+    return 0;
+  }
+  if (!flags.check_config.empty()) {
+    absl::StatusOr<hsdp::NodeConfig> c = hsdp::LoadNodeConfigFile(flags.check_config);
+    if (!c.ok()) {
+      std::cerr << "hsdpd: invalid configuration: " << c.status().message() << "\n";
+      return 2;
+    }
+    std::cout << "configuration OK: " << hsdp::NodeConfigSummary(*c) << "\n";
+    return 0;
+  }
+
+  absl::StatusOr<hsdp::NodeConfig> config =
+      flags.node_config.empty() ? hsdp::ParseNodeConfig(hsdp::DefaultNodeConfigYaml(), "<default>")
+                                : hsdp::LoadNodeConfigFile(flags.node_config);
+  if (!config.ok()) {
+    std::cerr << "hsdpd: invalid configuration: " << config.status().message() << "\n";
+    return 2;
+  }
+  if (!flags.log_level.empty()) config->log_level = flags.log_level;
+  hsdp::LogLevel level;
+  if (!hsdp::ParseLogLevel(config->log_level, &level)) {
+    std::cerr << "hsdpd: --log-level: \"" << config->log_level
+              << "\" is not one of debug, info, warning, error\n";
+    return 2;
+  }
+  hsdp::SetLogLevel(level);
+  if (!flags.socket.empty()) config->socket_path = flags.socket;
+  if (config->socket_path.empty()) config->socket_path = hsdp::DaemonDefaultSocketPath();
+
+  // Signals are taken synchronously by sigwait below.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  hsdp::Daemon daemon(*config);
+  if (absl::Status s = daemon.Start(); !s.ok()) {
+    HSDP_LOG(Error) << "hsdpd cannot start: " << s.message();
+    return 1;
+  }
+  hsdp::SdNotify("READY=1\nSTATUS=serving on " + config->socket_path);
+
+  const int64_t watchdog_usec = hsdp::SdWatchdogUsec();
+  struct timespec tick{1, 0};
+  if (watchdog_usec > 0) {
+    const int64_t half = watchdog_usec / 2;
+    tick = {static_cast<time_t>(half / 1000000), static_cast<long>(half % 1000000) * 1000};
+  }
+  for (;;) {
+    siginfo_t info;
+    const int sig = sigtimedwait(&sigs, &info, &tick);
+    if (sig == SIGTERM || sig == SIGINT) {
+      HSDP_LOG(Info) << "received " << strsignal(sig) << "; shutting down";
+      break;
+    }
+    if (sig == SIGHUP) HSDP_LOG(Info) << "SIGHUP ignored (restart to reload the configuration)";
+    if (watchdog_usec > 0) hsdp::SdNotify("WATCHDOG=1");
+  }
+  hsdp::SdNotify("STOPPING=1");
+  daemon.Shutdown();
+  return 0;
+}

@@ -1,0 +1,98 @@
+#include "daemon/server/daemon.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/sysinfo.h>
+
+#include <thread>
+
+#include "daemon/dataplane/dispatcher.h"
+#include "daemon/engine/cpu/cpu_engine.h"
+#include "daemon/server/data_conn_server.h"
+#include "daemon/server/grpc_services.h"
+#include "daemon/server/listener.h"
+#include "daemon/server/peer_registry.h"
+#include "daemon/session/session_manager.h"
+#include "daemon/session/shm_channel.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/server_posix.h"
+#include "hsdp/common/logging.h"
+#include "hsdp/common/status_macros.h"
+
+namespace hsdp {
+namespace {
+
+int UsableCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+}  // namespace
+
+uint64_t ResolveMaxNodeBytes(const NodeConfig& config) {
+  if (config.max_node_bytes != 0) return config.max_node_bytes;
+  struct sysinfo si;
+  if (sysinfo(&si) != 0) return uint64_t{1} << 40;
+  return static_cast<uint64_t>(si.totalram) * si.mem_unit / 10 * 9;
+}
+
+Daemon::Daemon(NodeConfig config) : config_(std::move(config)) {}
+
+Daemon::~Daemon() { Shutdown(); }
+
+absl::Status Daemon::Start() {
+  std::vector<uint32_t> uids(config_.allowed_uids.begin(), config_.allowed_uids.end());
+  peers_ = std::make_unique<PeerRegistry>(uids);
+  ASSIGN_OR_RETURN(listener_, Listener::Bind(config_.socket_path, config_.socket_mode));
+  ASSIGN_OR_RETURN(node_page_, NodePage::Create());
+  const int threads = config_.engine_threads > 0 ? config_.engine_threads : UsableCores();
+  engine_ = std::make_unique<CpuEngine>(threads, config_.inline_max_bytes);
+  sessions_ = std::make_unique<SessionManager>(config_, ResolveMaxNodeBytes(config_), engine_.get());
+  dispatcher_ = std::make_unique<Dispatcher>(sessions_.get(), node_page_->daemon_bell(),
+                                             int64_t{config_.spin_us} * 1000);
+  data_server_ = std::make_unique<DataConnServer>(
+      sessions_.get(), node_page_.get(), [this](uint32_t uid) { return peers_->Allowed(uid); });
+  RETURN_IF_ERROR(data_server_->Start());
+
+  node_service_ = std::make_unique<NodeServiceImpl>(sessions_.get(), peers_.get(), config_);
+  admin_service_ = std::make_unique<AdminServiceImpl>(sessions_.get(), peers_.get(), config_,
+                                                      engine_.get(), config_.socket_path);
+  health_service_ = std::make_unique<HealthServiceImpl>(peers_.get());
+  grpc::ServerBuilder builder;
+  builder.RegisterService(node_service_.get());
+  builder.RegisterService(admin_service_.get());
+  builder.RegisterService(health_service_.get());
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr) return absl::InternalError("cannot start the gRPC server");
+
+  dispatcher_->Start();
+  listener_->Start(
+      [this](UniqueFd fd, const PeerCred& cred) {
+        peers_->Add(fd.get(), cred);
+        grpc::AddInsecureChannelFromFd(grpc_server_.get(), fd.Release());
+      },
+      [this](UniqueFd fd, const PeerCred& cred) { data_server_->Adopt(std::move(fd), cred); });
+  started_ = true;
+  HSDP_LOG(Info) << "hsdpd listening on " << config_.socket_path << " (" << NodeConfigSummary(config_)
+                 << ", engine threads " << threads << ")";
+  return absl::OkStatus();
+}
+
+void Daemon::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (health_service_) health_service_->SetServing(false);
+  if (listener_) listener_->Stop();  // no new connections; socket removed
+  if (sessions_) sessions_->EndAll("hsdpd is shutting down");
+  if (dispatcher_) dispatcher_->Stop();
+  if (engine_) engine_->Shutdown();
+  if (grpc_server_) {
+    grpc_server_->Shutdown(std::chrono::system_clock::now() +
+                           std::chrono::milliseconds(config_.shutdown_grace_ms));
+  }
+  if (data_server_) data_server_->Stop();
+  if (started_) HSDP_LOG(Info) << "hsdpd stopped";
+}
+
+}  // namespace hsdp

@@ -1,0 +1,67 @@
+// Wires the daemon's components together and owns them: listener, gRPC
+// server, data-connection server, session manager, dispatcher, engine.
+// main() parses flags and config and hands the result here.
+#ifndef HSDP_DAEMON_SERVER_DAEMON_H_
+#define HSDP_DAEMON_SERVER_DAEMON_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "daemon/config/node_config.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace hsdp {
+
+class CpuEngine;
+class DataConnServer;
+class Dispatcher;
+class HealthServiceImpl;
+class Listener;
+class NodePage;
+class PeerRegistry;
+class SessionManager;
+class NodeServiceImpl;
+class AdminServiceImpl;
+
+class Daemon {
+ public:
+  // `config.socket_path` must be resolved (non-empty).
+  explicit Daemon(NodeConfig config);
+  ~Daemon();
+
+  // Binds the socket and starts every thread. FAILED_PRECONDITION when
+  // another daemon owns the socket.
+  absl::Status Start();
+  // Tells every session, drains, stops threads, removes the socket.
+  // Idempotent.
+  void Shutdown();
+
+  const NodeConfig& config() const { return config_; }
+
+ private:
+  NodeConfig config_;
+  std::unique_ptr<NodePage> node_page_;
+  std::unique_ptr<CpuEngine> engine_;
+  std::unique_ptr<PeerRegistry> peers_;
+  std::unique_ptr<SessionManager> sessions_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+  std::unique_ptr<DataConnServer> data_server_;
+  std::unique_ptr<NodeServiceImpl> node_service_;
+  std::unique_ptr<AdminServiceImpl> admin_service_;
+  std::unique_ptr<HealthServiceImpl> health_service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<Listener> listener_;
+  bool started_ = false;
+  bool shut_down_ = false;
+};
+
+// The node-wide buffer limit: config.max_node_bytes, or 90% of MemTotal.
+uint64_t ResolveMaxNodeBytes(const NodeConfig& config);
+
+}  // namespace hsdp
+
+#endif  // HSDP_DAEMON_SERVER_DAEMON_H_

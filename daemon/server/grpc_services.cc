@@ -1,0 +1,161 @@
+#include "daemon/server/grpc_services.h"
+
+#include <unistd.h>
+
+#include "hsdp/common/status_macros.h"
+#include "hsdp/shm/layout.h"
+
+namespace hsdp {
+
+#ifndef HSDP_VERSION
+#define HSDP_VERSION "0.1.0"
+#endif
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+absl::StatusOr<PeerCred> Authenticate(const PeerRegistry& peers, grpc::ServerContext* ctx) {
+  std::optional<PeerCred> cred = peers.Lookup(ctx->peer());
+  if (!cred.has_value()) {
+    return absl::PermissionDeniedError("cannot identify the caller (SO_PEERCRED unavailable)");
+  }
+  if (!peers.Allowed(cred->uid)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "uid ", cred->uid, " is not allowed to use this hsdpd (see node.allowed_uids)"));
+  }
+  return *cred;
+}
+
+#define AUTHENTICATE_OR_RETURN(cred)                                   \
+  absl::StatusOr<PeerCred> cred##_or = Authenticate(*peers_, ctx);     \
+  if (!cred##_or.ok()) return ToGrpc(cred##_or.status());              \
+  const PeerCred& cred = *cred##_or
+
+grpc::Status NodeServiceImpl::Attach(grpc::ServerContext* ctx, const v1::AttachRequest* req,
+                                     v1::AttachResponse* resp) {
+  AUTHENTICATE_OR_RETURN(cred);
+  AttachParams p;
+  p.job_id = req->job_id();
+  p.rank = req->rank();
+  p.world_size = req->world_size();
+  p.local_rank = req->local_rank();
+  p.device = req->device();
+  p.pid = req->pid();
+  p.protocol_version = req->protocol_version();
+  absl::StatusOr<AttachResult> r = sessions_->Attach(p, cred);
+  if (!r.ok()) return ToGrpc(r.status());
+  resp->set_session_id(r->session_id);
+  resp->set_session_token(std::string(r->token.begin(), r->token.end()));
+  resp->set_ring_entries(r->ring_entries);
+  resp->set_daemon_version(HSDP_VERSION);
+  resp->set_data_connect_timeout_ms(config_.data_connect_timeout_ms);
+  return grpc::Status::OK;
+}
+
+grpc::Status NodeServiceImpl::Detach(grpc::ServerContext* ctx, const v1::DetachRequest* req,
+                                     v1::DetachResponse*) {
+  AUTHENTICATE_OR_RETURN(cred);
+  return ToGrpc(sessions_->Detach(req->session_id(), cred));
+}
+
+grpc::Status NodeServiceImpl::RegisterBuffer(grpc::ServerContext* ctx,
+                                             const v1::RegisterBufferRequest* req,
+                                             v1::RegisterBufferResponse* resp) {
+  AUTHENTICATE_OR_RETURN(cred);
+  absl::StatusOr<uint64_t> id = sessions_->RegisterBuffer(req->session_id(), req->fd_tag(),
+                                                          req->size_bytes(), req->name(), cred);
+  if (!id.ok()) return ToGrpc(id.status());
+  resp->set_buffer_id(*id);
+  return grpc::Status::OK;
+}
+
+grpc::Status NodeServiceImpl::FreeBuffer(grpc::ServerContext* ctx, const v1::FreeBufferRequest* req,
+                                         v1::FreeBufferResponse*) {
+  AUTHENTICATE_OR_RETURN(cred);
+  return ToGrpc(sessions_->FreeBuffer(req->session_id(), req->buffer_id(), cred));
+}
+
+grpc::Status NodeServiceImpl::NewGroup(grpc::ServerContext* ctx, const v1::NewGroupRequest* req,
+                                       v1::NewGroupResponse* resp) {
+  AUTHENTICATE_OR_RETURN(cred);
+  std::vector<int> ranks(req->ranks().begin(), req->ranks().end());
+  absl::StatusOr<NewGroupResult> r = sessions_->NewGroup(req->session_id(), ranks, cred);
+  if (!r.ok()) return ToGrpc(r.status());
+  resp->set_group_id(r->group_id);
+  resp->set_group_rank(r->group_rank);
+  resp->set_group_size(r->group_size);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::Status(grpc::ServerContext* ctx, const v1::StatusRequest*,
+                                      v1::StatusResponse* resp) {
+  AUTHENTICATE_OR_RETURN(cred);
+  (void)cred;
+  resp->set_version(HSDP_VERSION);
+  resp->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  resp->set_node_name(config_.node_name.empty() ? host : config_.node_name);
+  resp->set_socket_path(socket_path_);
+  resp->set_engine(engine_->name());
+  resp->set_engine_threads(engine_->threads());
+  resp->set_config_summary(NodeConfigSummary(config_));
+  uint64_t done = 0, failed = 0;
+  for (const std::shared_ptr<Session>& s : sessions_->Snapshot()) {
+    v1::SessionInfo* si = resp->add_sessions();
+    si->set_session_id(s->id());
+    si->set_job_id(s->info().job_id);
+    si->set_rank(s->info().rank);
+    si->set_world_size(s->info().world_size);
+    si->set_local_rank(s->info().local_rank);
+    si->set_device(s->info().device);
+    si->set_pid(s->info().pid);
+    si->set_peer_pid(s->peer_pid());
+    si->set_peer_uid(s->info().uid);
+    si->set_age_seconds(s->AgeSeconds());
+    si->set_buffers(s->buffer_count());
+    si->set_buffer_bytes(s->buffer_bytes());
+    si->set_ops_completed(s->ops_completed());
+    si->set_ops_failed(s->ops_failed());
+    si->set_data_connected(s->data_connected());
+    done += s->ops_completed();
+    failed += s->ops_failed();
+  }
+  for (const JobSummary& j : sessions_->Jobs()) {
+    v1::JobInfo* ji = resp->add_jobs();
+    ji->set_job_id(j.job_id);
+    ji->set_world_size(j.world_size);
+    ji->set_attached_ranks(j.attached);
+    ji->set_groups(j.groups);
+  }
+  resp->set_ops_completed(done);
+  resp->set_ops_failed(failed);
+  resp->set_bytes_registered(sessions_->bytes_registered());
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::GetConfig(grpc::ServerContext* ctx, const v1::GetConfigRequest*,
+                                         v1::GetConfigResponse* resp) {
+  AUTHENTICATE_OR_RETURN(cred);
+  (void)cred;
+  resp->set_yaml(NodeConfigToYaml(config_));
+  return grpc::Status::OK;
+}
+
+grpc::Status HealthServiceImpl::Check(grpc::ServerContext* ctx,
+                                      const grpc::health::v1::HealthCheckRequest* req,
+                                      grpc::health::v1::HealthCheckResponse* resp) {
+  AUTHENTICATE_OR_RETURN(cred);
+  (void)cred;
+  if (!req->service().empty() && req->service() != "hsdp.v1.Node" &&
+      req->service() != "hsdp.v1.Admin") {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service " + req->service());
+  }
+  resp->set_status(serving_.load() ? grpc::health::v1::HealthCheckResponse::SERVING
+                                   : grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  return grpc::Status::OK;
+}
+
+}  // namespace hsdp

@@ -1,0 +1,78 @@
+// gRPC services on the daemon's Unix socket. Handlers authenticate the
+// caller (SO_PEERCRED via PeerRegistry), translate messages, and hand the
+// work to the session manager; they never touch the data plane.
+#ifndef HSDP_DAEMON_SERVER_GRPC_SERVICES_H_
+#define HSDP_DAEMON_SERVER_GRPC_SERVICES_H_
+
+#include <atomic>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/config/node_config.h"
+#include "daemon/engine/engine.h"
+#include "daemon/server/peer_registry.h"
+#include "daemon/session/session_manager.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "hsdp/v1/admin.grpc.pb.h"
+#include "hsdp/v1/node.grpc.pb.h"
+
+namespace hsdp {
+
+// The caller's credentials, or PERMISSION_DENIED when its uid is not allowed.
+absl::StatusOr<PeerCred> Authenticate(const PeerRegistry& peers, grpc::ServerContext* ctx);
+grpc::Status ToGrpc(const absl::Status& s);
+
+class NodeServiceImpl final : public v1::Node::Service {
+ public:
+  NodeServiceImpl(SessionManager* sessions, const PeerRegistry* peers, const NodeConfig& config)
+      : sessions_(sessions), peers_(peers), config_(config) {}
+  grpc::Status Attach(grpc::ServerContext*, const v1::AttachRequest*, v1::AttachResponse*) override;
+  grpc::Status Detach(grpc::ServerContext*, const v1::DetachRequest*, v1::DetachResponse*) override;
+  grpc::Status RegisterBuffer(grpc::ServerContext*, const v1::RegisterBufferRequest*,
+                              v1::RegisterBufferResponse*) override;
+  grpc::Status FreeBuffer(grpc::ServerContext*, const v1::FreeBufferRequest*,
+                          v1::FreeBufferResponse*) override;
+  grpc::Status NewGroup(grpc::ServerContext*, const v1::NewGroupRequest*,
+                        v1::NewGroupResponse*) override;
+
+ private:
+  SessionManager* const sessions_;
+  const PeerRegistry* const peers_;
+  const NodeConfig& config_;
+};
+
+class AdminServiceImpl final : public v1::Admin::Service {
+ public:
+  AdminServiceImpl(SessionManager* sessions, const PeerRegistry* peers, const NodeConfig& config,
+                   const Engine* engine, std::string socket_path)
+      : sessions_(sessions), peers_(peers), config_(config), engine_(engine),
+        socket_path_(std::move(socket_path)), started_(absl::Now()) {}
+  grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusResponse*) override;
+  grpc::Status GetConfig(grpc::ServerContext*, const v1::GetConfigRequest*,
+                         v1::GetConfigResponse*) override;
+
+ private:
+  SessionManager* const sessions_;
+  const PeerRegistry* const peers_;
+  const NodeConfig& config_;
+  const Engine* const engine_;
+  const std::string socket_path_;
+  const absl::Time started_;
+};
+
+class HealthServiceImpl final : public grpc::health::v1::Health::Service {
+ public:
+  explicit HealthServiceImpl(const PeerRegistry* peers) : peers_(peers) {}
+  grpc::Status Check(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest*,
+                     grpc::health::v1::HealthCheckResponse*) override;
+  void SetServing(bool serving) { serving_.store(serving); }
+
+ private:
+  const PeerRegistry* const peers_;
+  std::atomic<bool> serving_{true};
+};
+
+}  // namespace hsdp
+
+#endif  // HSDP_DAEMON_SERVER_GRPC_SERVICES_H_

@@ -1,0 +1,111 @@
+#include "daemon/session/shm_channel.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "hsdp/common/status_macros.h"
+#include "hsdp/shm/doorbell.h"
+
+namespace hsdp {
+
+absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(const char* name,
+                                                                   uint64_t bytes) {
+  std::unique_ptr<SharedRegion> r(new SharedRegion());
+  r->fd_.Reset(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!r->fd_.valid()) return ErrnoStatus(errno, "memfd_create", __FILE__, __LINE__);
+  SYSCALL_OR_RETURN(::ftruncate(r->fd_.get(), static_cast<off_t>(bytes)));
+  if (int rc = ::posix_fallocate(r->fd_.get(), 0, static_cast<off_t>(bytes)); rc != 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot reserve ", bytes, " bytes for ", name, ": ", std::strerror(rc)));
+  }
+  SYSCALL_OR_RETURN(::fcntl(r->fd_.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
+  void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd_.get(), 0);
+  if (m == MAP_FAILED) return ErrnoStatus(errno, "mmap", __FILE__, __LINE__);
+  r->data_ = m;
+  r->bytes_ = bytes;
+  return r;
+}
+
+SharedRegion::~SharedRegion() {
+  if (data_ != nullptr) ::munmap(data_, bytes_);
+}
+
+absl::StatusOr<std::unique_ptr<NodePage>> NodePage::Create() {
+  auto page = std::make_unique<NodePage>();
+  ASSIGN_OR_RETURN(page->region_, SharedRegion::Create("hsdp:node-page", 4096));
+  page->page_ = new (page->region_->data()) shm::NodePage();
+  page->page_->magic = shm::kNodePageMagic;
+  page->page_->version = shm::kLayoutVersion;
+  page->page_->page_bytes = sizeof(shm::NodePage);
+  return page;
+}
+
+absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Create(uint64_t session_id,
+                                                               uint32_t ring_entries) {
+  if (ring_entries == 0 || (ring_entries & (ring_entries - 1)) != 0) {
+    return absl::InvalidArgumentError("ring_entries must be a power of two");
+  }
+  const shm::ChannelLayout layout = shm::ComputeChannelLayout(ring_entries);
+  auto ch = std::unique_ptr<ShmChannel>(new ShmChannel());
+  ASSIGN_OR_RETURN(ch->region_, SharedRegion::Create("hsdp:channel", layout.total_bytes));
+  char* base = static_cast<char*>(ch->region_->data());
+  auto* h = new (base) shm::ChannelHeader();
+  h->magic = shm::kChannelMagic;
+  h->version = shm::kLayoutVersion;
+  h->header_bytes = sizeof(shm::ChannelHeader);
+  h->descriptor_bytes = sizeof(shm::OpDescriptor);
+  h->completion_bytes = sizeof(shm::Completion);
+  h->doorbell_bytes = sizeof(shm::Doorbell);
+  h->ring_entries = ring_entries;
+  h->session_id = session_id;
+  h->ring_offset = layout.ring_offset;
+  h->completion_offset = layout.completion_offset;
+  h->total_bytes = layout.total_bytes;
+  h->state.store(shm::kChannelOpen);
+  ch->header_ = h;
+  ch->ring_ = reinterpret_cast<shm::OpDescriptor*>(base + layout.ring_offset);
+  ch->completions_ = reinterpret_cast<shm::Completion*>(base + layout.completion_offset);
+  for (uint32_t i = 0; i < ring_entries; ++i) new (&ch->completions_[i]) shm::Completion();
+  ch->entries_ = ring_entries;
+  return ch;
+}
+
+bool ShmChannel::HasWork() const {
+  return header_->head.load(std::memory_order_acquire) != tail_;
+}
+
+ShmChannel::PopResult ShmChannel::Pop(shm::OpDescriptor* out) {
+  const uint64_t head = header_->head.load(std::memory_order_acquire);
+  if (head == tail_) return PopResult::kEmpty;
+  if (head - tail_ > entries_) return PopResult::kCorrupt;
+  std::memcpy(static_cast<void*>(out), &ring_[tail_ & (entries_ - 1)], sizeof(*out));
+  ++tail_;
+  header_->tail.store(tail_, std::memory_order_release);
+  return PopResult::kOk;
+}
+
+void ShmChannel::Complete(uint64_t op_id, const absl::Status& status, uint64_t queued_ns,
+                          uint64_t exec_ns) {
+  shm::Completion& c = completions_[op_id & (entries_ - 1)];
+  c.code = static_cast<int32_t>(status.code());
+  const absl::string_view msg = status.message();
+  const size_t len = std::min(msg.size(), sizeof(c.message));
+  std::memcpy(c.message, msg.data(), len);
+  c.message_len = static_cast<uint32_t>(len);
+  c.queued_ns = queued_ns;
+  c.exec_ns = exec_ns;
+  c.op_id.store(op_id, std::memory_order_release);
+  shm::RingDoorbell(&header_->client_bell);
+}
+
+void ShmChannel::Close() {
+  header_->state.store(shm::kChannelClosed, std::memory_order_release);
+  shm::RingDoorbell(&header_->client_bell);
+}
+
+}  // namespace hsdp
