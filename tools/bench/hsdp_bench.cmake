@@ -1,0 +1,6 @@
+add_library(hsdp_bench_util STATIC ${CMAKE_CURRENT_LIST_DIR}/bench_util.cc)
+target_include_directories(hsdp_bench_util PUBLIC ${CMAKE_CURRENT_LIST_DIR})
+target_link_libraries(hsdp_bench_util PUBLIC hsdp_common)
+
+add_executable(hsdp-bench ${CMAKE_CURRENT_LIST_DIR}/hsdp_bench.cc)
+target_link_libraries(hsdp-bench PRIVATE hsdp_client hsdp_bench_util)
