@@ -75,7 +75,7 @@ class SessionChannel : public std::enable_shared_from_this<SessionChannel> {
   shm::Completion* completions_ = nullptr;
   shm::NodePage* node_ = nullptr;
   uint32_t entries_ = 0;
-  uint32_t spin_ns_ = 20000;
+  uint32_t spin_ns_ = 200000;
 
   // Lock order: submit_mu_ before mu_. submit_mu_ serialises producers and
   // may be held while waiting for a ring slot; mu_ is never held while waiting.

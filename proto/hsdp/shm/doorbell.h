@@ -4,6 +4,8 @@
 #ifndef HSDP_SHM_DOORBELL_H_
 #define HSDP_SHM_DOORBELL_H_
 
+#include <sched.h>
+
 #include <cstdint>
 
 #include "hsdp/shm/layout.h"
@@ -36,6 +38,9 @@ bool AwaitDoorbell(Doorbell* bell, Ready&& ready, int64_t spin_ns, int64_t deadl
       const int64_t now = NowNanos();
       if (deadline_ns >= 0 && now >= deadline_ns) return false;
       if (now >= spin_until) break;
+      // With more spinners than cores (trainers + the daemon on a small
+      // node), give the CPU to whoever will make `ready` true.
+      sched_yield();
     }
 #if defined(__x86_64__)
     __builtin_ia32_pause();
