@@ -306,8 +306,9 @@ int main(int argc, char** argv) {
   for (int r = 0; r < o.nranks; ++r) {
     pid_t pid = ::fork();
     if (pid == 0) {
-      std::fflush(stdout);
-      _exit(RunRank(o, r, job));
+      const int code = RunRank(o, r, job);
+      std::fflush(stdout);  // _exit skips stdio flushing
+      _exit(code);
     }
     kids.push_back(pid);
   }
