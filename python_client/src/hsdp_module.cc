@@ -1,0 +1,365 @@
+// hsdp._hsdp — Python bindings of the C++ client library (client/include/hsdp).
+//
+// Does not link libtorch: torch integration lives in the pure-Python package
+// and reaches memory through the buffer protocol and DLPack. Every call that
+// can block (connect, RPCs, submission into a full ring, waits) releases the
+// GIL. Errors surface as the exceptions of errors.h, never as return codes.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "errors.h"
+#include "hsdp/client.h"
+#include "hsdp/common/socket_path.h"
+#include "hsdp/types.h"
+#include "hsdp/work.h"
+#include "py_buffer.h"
+
+namespace hsdp::python {
+namespace py = pybind11;
+namespace {
+
+constexpr const char* kDtypeNames =
+    "float32, float16, bfloat16, float64, int32, int64, uint8 (aliases fp32, fp16, half, bf16, "
+    "fp64, double, float, int, long)";
+constexpr const char* kReduceOpNames = "sum, avg, premul_sum, min, max, product";
+
+DataType ParseDtypeOrThrow(const std::string& name, const char* field) {
+  DataType t = ParseDataType(name);
+  if (t == DataType::kInvalid) {
+    ThrowStatus(absl::InvalidArgumentError(absl::StrCat(field, ": unknown dtype '", name,
+                                                        "'; expected one of ", kDtypeNames)));
+  }
+  return t;
+}
+
+absl::Duration SecondsOrInfinite(std::optional<double> seconds) {
+  if (!seconds.has_value()) return absl::InfiniteDuration();
+  const double v = *seconds;
+  if (std::isnan(v) || v < 0) {
+    ThrowStatus(absl::InvalidArgumentError(
+        absl::StrCat("timeout: must be >= 0 seconds or None, got ", v)));
+  }
+  if (std::isinf(v)) return absl::InfiniteDuration();
+  return absl::Seconds(v);
+}
+
+ReduceOptions MakeReduceOptions(const std::string& op, double premul, double pre_divide,
+                                double post_divide, const std::optional<std::string>& rdtype) {
+  ReduceOptions r;
+  r.op = ParseReduceOp(op);
+  if (r.op == ReduceOp::kInvalid) {
+    ThrowStatus(absl::InvalidArgumentError(
+        absl::StrCat("op: unknown reduce op '", op, "'; expected one of ", kReduceOpNames)));
+  }
+  auto check_factor = [](const char* field, double v) {
+    if (!std::isfinite(v) || v == 0.0) {
+      ThrowStatus(absl::InvalidArgumentError(
+          absl::StrCat(field, ": must be a finite non-zero number, got ", v)));
+    }
+  };
+  check_factor("premul", premul);
+  check_factor("pre_divide", pre_divide);
+  check_factor("post_divide", post_divide);
+  r.premul_factor = premul;
+  r.pre_divide = pre_divide;
+  r.post_divide = post_divide;
+  if (rdtype.has_value()) {
+    r.reduce_dtype = ParseDtypeOrThrow(*rdtype, "reduce_dtype");
+    if (!IsFloatingPoint(r.reduce_dtype)) {
+      ThrowStatus(absl::InvalidArgumentError(absl::StrCat(
+          "reduce_dtype: must be a floating-point type, got '", *rdtype, "'")));
+    }
+  }
+  return r;
+}
+
+// A (buffer id, byte offset) reference: a Buffer (offset 0) or a 2-tuple.
+BufferRef ToRef(py::handle h, const char* field) {
+  if (py::isinstance<PyBuffer>(h)) {
+    PyBuffer& b = h.cast<PyBuffer&>();
+    b.CheckUsable();
+    return {b.id(), 0};
+  }
+  try {
+    auto t = h.cast<std::pair<uint64_t, uint64_t>>();
+    return {t.first, t.second};
+  } catch (const py::cast_error&) {
+    ThrowStatus(absl::InvalidArgumentError(absl::StrCat(
+        field, ": expected a Buffer or a (buffer_id, byte_offset) tuple, got ",
+        std::string(py::str(py::type::of(h))))));
+  }
+}
+
+// Python-facing Work: the C++ handle plus the submission parameters for repr.
+class PyWork {
+ public:
+  explicit PyWork(Work w) : work_(std::move(w)) {}
+  bool Test() { return work_.Test(); }
+  void Wait(std::optional<double> timeout) {
+    const absl::Duration d = SecondsOrInfinite(timeout);
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = work_.Wait(d);
+    }
+    ThrowIfError(s);
+  }
+  // None while pending or on success; the exception (not raised) on failure.
+  py::object Exception() {
+    absl::Status s = work_.status();
+    if (s.ok() || !work_.Test()) return py::none();
+    try {
+      ThrowStatus(s);
+    } catch (py::error_already_set& e) {
+      return e.value();
+    }
+  }
+  Work& work() { return work_; }
+
+ private:
+  Work work_;
+};
+
+// Owns the C++ client; Buffers share ownership so their memory stays mapped.
+class PyClient {
+ public:
+  PyClient(const std::string& socket_path, const std::string& job_id, int rank, int world_size,
+           int local_rank, const std::string& device, double connect_timeout) {
+    ClientOptions o;
+    o.socket_path = socket_path;
+    o.job_id = job_id;
+    o.rank = rank;
+    o.world_size = world_size;
+    o.local_rank = local_rank;
+    o.device = device;
+    o.connect_timeout = SecondsOrInfinite(connect_timeout);
+    absl::StatusOr<std::unique_ptr<Client>> c;
+    {
+      py::gil_scoped_release release;
+      c = Client::Connect(o);
+    }
+    std::unique_ptr<Client> owned = ValueOrThrow(std::move(c));
+    // Destroying a Client detaches (an RPC): never hold the GIL meanwhile.
+    client_ = std::shared_ptr<Client>(owned.release(), [](Client* p) {
+      if (PyGILState_Check()) {
+        py::gil_scoped_release release;
+        delete p;
+      } else {
+        delete p;
+      }
+    });
+  }
+
+  PyBuffer Alloc(size_t nbytes, const std::string& name) {
+    absl::StatusOr<Buffer> b;
+    {
+      py::gil_scoped_release release;
+      b = client_->AllocateBuffer(nbytes, name);
+    }
+    return PyBuffer(client_, ValueOrThrow(std::move(b)), name);
+  }
+
+  void Free(py::handle buffer) {
+    if (py::isinstance<PyBuffer>(buffer)) {
+      buffer.cast<PyBuffer&>().Free();
+      return;
+    }
+    ThrowStatus(absl::InvalidArgumentError(
+        "free: expected a Buffer returned by alloc() (ids alone cannot be checked for live "
+        "views)"));
+  }
+
+  Group NewGroup(const std::vector<int>& ranks) {
+    absl::StatusOr<Group> g;
+    {
+      py::gil_scoped_release release;
+      g = client_->NewGroup(ranks);
+    }
+    return ValueOrThrow(std::move(g));
+  }
+
+  // Runs a submission with the GIL released and wraps the Work.
+  template <typename F>
+  PyWork Submit(F&& submit) {
+    absl::StatusOr<Work> w;
+    {
+      py::gil_scoped_release release;
+      w = submit(*client_);
+    }
+    return PyWork(ValueOrThrow(std::move(w)));
+  }
+
+  void Detach() {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = client_->Detach();
+    }
+    ThrowIfError(s);
+  }
+
+  Client& client() { return *client_; }
+
+ private:
+  std::shared_ptr<Client> client_;
+};
+
+void BindClient(py::module_& m) {
+  py::class_<Group>(m, "Group", "A daemon group: global `ranks`; this process is `rank` of `size`.")
+      .def_readonly("id", &Group::id)
+      .def_readonly("rank", &Group::rank)
+      .def_readonly("size", &Group::size)
+      .def_readonly("ranks", &Group::ranks)
+      .def("__repr__", [](const Group& g) {
+        return absl::StrCat("<hsdp Group id=", g.id, " rank=", g.rank, " size=", g.size, ">");
+      });
+
+  py::class_<PyWork>(m, "Work", "The handle of one queued collective.")
+      .def("test", &PyWork::Test, "True once the operation ended (ok or not). Never blocks.")
+      .def("wait", &PyWork::Wait, py::arg("timeout") = py::none(),
+           "Blocks (GIL released) until the operation ends; raises its error, or "
+           "DeadlineExceeded after `timeout` seconds (the operation goes on).")
+      .def("exception", &PyWork::Exception,
+           "The operation's error as an exception object, or None (pending or ok).")
+      .def_property_readonly("done", &PyWork::Test)
+      .def_property_readonly("op_id", [](PyWork& w) { return w.work().op_id(); })
+      .def_property_readonly("queued_ns", [](PyWork& w) { return w.work().queued_ns(); })
+      .def_property_readonly("exec_ns", [](PyWork& w) { return w.work().exec_ns(); });
+
+  using RO = std::optional<std::string>;
+  py::class_<PyClient>(m, "Client", R"doc(
+A session with the node's hsdpd. Connects on construction (GIL released);
+raises Unavailable when no daemon answers. socket_path "" means $HSDPD_SOCKET,
+else the default socket path.)doc")
+      .def(py::init<const std::string&, const std::string&, int, int, int, const std::string&,
+                    double>(),
+           py::kw_only(), py::arg("socket_path") = "", py::arg("job_id") = "default",
+           py::arg("rank") = 0, py::arg("world_size") = 1, py::arg("local_rank") = 0,
+           py::arg("device") = "cpu", py::arg("connect_timeout") = 10.0)
+      .def("alloc", &PyClient::Alloc, py::arg("nbytes"), py::arg("name") = "",
+           "Allocates and registers `nbytes` of zero-filled shared memory.")
+      .def("free", &PyClient::Free, py::arg("buffer"))
+      .def("new_group", &PyClient::NewGroup, py::arg("ranks"),
+           "Creates or joins the group of these global ranks (every member passes the same "
+           "list; the k-th call with a list names the same group).")
+      .def(
+          "all_reduce",
+          [](PyClient& c, const Group& g, py::handle send, py::handle recv, size_t count,
+             const std::string& dtype, const std::string& op, double premul, double pre_divide,
+             double post_divide, const RO& reduce_dtype) {
+            BufferRef s = ToRef(send, "send"), r = ToRef(recv, "recv");
+            DataType dt = ParseDtypeOrThrow(dtype, "dtype");
+            ReduceOptions ro = MakeReduceOptions(op, premul, pre_divide, post_divide, reduce_dtype);
+            return c.Submit([&](Client& cl) { return cl.AllReduce(g, s, r, count, dt, ro); });
+          },
+          py::arg("group"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
+          py::kw_only(), py::arg("op") = "sum", py::arg("premul") = 1.0,
+          py::arg("pre_divide") = 1.0, py::arg("post_divide") = 1.0,
+          py::arg("reduce_dtype") = py::none())
+      .def(
+          "all_gather",
+          [](PyClient& c, const Group& g, py::handle send, py::handle recv, size_t count,
+             const std::string& dtype) {
+            BufferRef s = ToRef(send, "send"), r = ToRef(recv, "recv");
+            DataType dt = ParseDtypeOrThrow(dtype, "dtype");
+            return c.Submit([&](Client& cl) { return cl.AllGather(g, s, r, count, dt); });
+          },
+          py::arg("group"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
+          "count = elements each rank contributes.")
+      .def(
+          "reduce_scatter",
+          [](PyClient& c, const Group& g, py::handle send, py::handle recv, size_t count,
+             const std::string& dtype, const std::string& op, double premul, double pre_divide,
+             double post_divide, const RO& reduce_dtype) {
+            BufferRef s = ToRef(send, "send"), r = ToRef(recv, "recv");
+            DataType dt = ParseDtypeOrThrow(dtype, "dtype");
+            ReduceOptions ro = MakeReduceOptions(op, premul, pre_divide, post_divide, reduce_dtype);
+            return c.Submit(
+                [&](Client& cl) { return cl.ReduceScatter(g, s, r, count, dt, ro); });
+          },
+          py::arg("group"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
+          py::kw_only(), py::arg("op") = "sum", py::arg("premul") = 1.0,
+          py::arg("pre_divide") = 1.0, py::arg("post_divide") = 1.0,
+          py::arg("reduce_dtype") = py::none(), "count = elements each rank receives.")
+      .def(
+          "broadcast",
+          [](PyClient& c, const Group& g, py::handle send, py::handle recv, size_t count,
+             const std::string& dtype, int root) {
+            BufferRef s = ToRef(send, "send"), r = ToRef(recv, "recv");
+            DataType dt = ParseDtypeOrThrow(dtype, "dtype");
+            return c.Submit([&](Client& cl) { return cl.Broadcast(g, s, r, count, dt, root); });
+          },
+          py::arg("group"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
+          py::arg("root"), "root = rank within the group.")
+      .def(
+          "barrier",
+          [](PyClient& c, const Group& g) {
+            return c.Submit([&](Client& cl) { return cl.Barrier(g); });
+          },
+          py::arg("group"))
+      .def(
+          "reduce_scatter_all_reduce",
+          [](PyClient& c, const Group& shard, const Group& replicate, py::handle send,
+             py::handle recv, size_t count, const std::string& dtype, const std::string& op,
+             double premul, double pre_divide, double post_divide, const RO& reduce_dtype) {
+            BufferRef s = ToRef(send, "send"), r = ToRef(recv, "recv");
+            DataType dt = ParseDtypeOrThrow(dtype, "dtype");
+            ReduceOptions ro = MakeReduceOptions(op, premul, pre_divide, post_divide, reduce_dtype);
+            return c.Submit([&](Client& cl) {
+              return cl.ReduceScatterAllReduce(shard, replicate, s, r, count, dt, ro);
+            });
+          },
+          py::arg("shard"), py::arg("replicate"), py::arg("send"), py::arg("recv"),
+          py::arg("count"), py::arg("dtype"), py::kw_only(), py::arg("op") = "sum",
+          py::arg("premul") = 1.0, py::arg("pre_divide") = 1.0, py::arg("post_divide") = 1.0,
+          py::arg("reduce_dtype") = py::none(),
+          "HSDP gradient reduction as one submission: reduce-scatter in `shard` (count = "
+          "elements each rank receives), then all-reduce of the shard across `replicate`.")
+      .def("detach", &PyClient::Detach,
+           "Ends the session now; outstanding Work fails with Cancelled. Buffers stay mapped "
+           "until their Python objects are gone.")
+      .def_property_readonly("session_id", [](PyClient& c) { return c.client().session_id(); })
+      .def_property_readonly("socket_path",
+                             [](PyClient& c) { return c.client().socket_path(); })
+      .def_property_readonly("rank", [](PyClient& c) { return c.client().options().rank; })
+      .def_property_readonly("world_size",
+                             [](PyClient& c) { return c.client().options().world_size; })
+      .def_property_readonly("job_id", [](PyClient& c) { return c.client().options().job_id; });
+}
+
+}  // namespace
+
+void InitModule(py::module_& m) {
+  m.doc() = "Bindings of the hsdpd C++ client library (see hsdp for the Pythonic API).";
+  RegisterErrors(m);
+  BindBuffer(m);
+  BindClient(m);
+  m.def("default_socket_path", &ClientDefaultSocketPath,
+        "The socket a client uses with no explicit path: $HSDPD_SOCKET, else the first "
+        "existing default socket, else the daemon's default path.");
+  m.def("default_pre_divide_factor", &DefaultPreDivideFactor, py::arg("world_size"),
+        "The power-of-two pre-divide factor for a reduction over `world_size` ranks.");
+  m.def(
+      "dtype_size",
+      [](const std::string& name) { return DataTypeSize(ParseDtypeOrThrow(name, "dtype")); },
+      py::arg("dtype"), "Bytes per element of an hsdp dtype name.");
+  m.def(
+      "canonical_dtype",
+      [](const std::string& name) {
+        return std::string(DataTypeName(ParseDtypeOrThrow(name, "dtype")));
+      },
+      py::arg("dtype"));
+}
+
+}  // namespace hsdp::python
+
+PYBIND11_MODULE(_hsdp, m) { hsdp::python::InitModule(m); }
