@@ -1,0 +1,392 @@
+// CpuEngine collectives on plain heap buffers against an independent
+// reference computed in double, for 1..4 ranks, odd counts, every dtype,
+// in-place and out-of-place, single-threaded and on a pool; and the
+// engine's queue order (all-gather / reduce-scatter before all-reduce).
+#include "daemon/engine/cpu/cpu_engine.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <vector>
+
+#include "bench_util.h"
+#include "daemon/engine/cpu/thread_pool.h"
+#include "gtest/gtest.h"
+
+namespace hsdp {
+namespace {
+
+using bench::LoadAs;
+using bench::StoreAs;
+
+const DataType kAllTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                              DataType::kBFloat16, DataType::kInt32,   DataType::kInt64,
+                              DataType::kUInt8};
+
+// Input of rank r at element i: small values, exact in every dtype.
+double Input(DataType t, int r, uint64_t i) {
+  const int v = int((r * 5 + i * 3 + (i >> 4)) % 9);
+  if (t == DataType::kUInt8) return v + 1;
+  if (IsFloatingPoint(t)) return (v - 4) * 0.5;
+  return v - 4;
+}
+
+double Tolerance(DataType t, double expect) {
+  const double mag = std::max(1.0, std::fabs(expect));
+  switch (t) {
+    case DataType::kFloat16: return 2e-3 * mag;
+    case DataType::kBFloat16: return 1.6e-2 * mag;
+    case DataType::kFloat32: return 1e-6 * mag;
+    case DataType::kFloat64: return 1e-12 * mag;
+    default: return 0;  // integers: exact
+  }
+}
+
+// A reduce dtype rounds the result too.
+double Tol(const cpu::ReduceSpec& s, double expect) {
+  double tol = Tolerance(s.dtype, expect);
+  if (s.wire_dtype != DataType::kInvalid) tol = std::max(tol, Tolerance(s.wire_dtype, expect));
+  return tol;
+}
+
+// Wraps `v` to the integer type `t` as two's complement arithmetic would.
+double WrapInt(DataType t, int64_t v) {
+  switch (t) {
+    case DataType::kUInt8: return double(uint8_t(v));
+    case DataType::kInt32: return double(int32_t(uint32_t(v)));
+    default: return double(v);
+  }
+}
+
+// The reduced value of element i across n ranks (reference semantics).
+double Reference(const cpu::ReduceSpec& s, int n, uint64_t i) {
+  const DataType t = s.dtype;
+  if (!IsFloatingPoint(t)) {
+    int64_t acc = int64_t(Input(t, 0, i));
+    for (int r = 1; r < n; ++r) {
+      const int64_t x = int64_t(Input(t, r, i));
+      switch (s.op) {
+        case ReduceOp::kMin: acc = std::min(acc, x); break;
+        case ReduceOp::kMax: acc = std::max(acc, x); break;
+        case ReduceOp::kProduct: acc *= x; break;
+        default: acc += x;
+      }
+    }
+    double w = WrapInt(t, acc);
+    if (s.op == ReduceOp::kAvg) w = std::trunc(w / n);
+    return w;
+  }
+  auto pre = [&](double x) {
+    if (s.op == ReduceOp::kPremulSum) return x * s.premul_factor / s.pre_divide;
+    return x / s.pre_divide;
+  };
+  double acc = pre(Input(t, 0, i));
+  for (int r = 1; r < n; ++r) {
+    const double x = pre(Input(t, r, i));
+    switch (s.op) {
+      case ReduceOp::kMin: acc = std::min(acc, x); break;
+      case ReduceOp::kMax: acc = std::max(acc, x); break;
+      case ReduceOp::kProduct: acc *= x; break;
+      default: acc += x;
+    }
+  }
+  acc /= s.post_divide;
+  if (s.op == ReduceOp::kAvg) acc /= n;
+  return acc;
+}
+
+struct Buffers {
+  std::vector<std::vector<uint64_t>> send, recv;  // uint64_t: 8-byte aligned storage
+  Buffers(int n, uint64_t send_bytes, uint64_t recv_bytes) {
+    for (int r = 0; r < n; ++r) {
+      send.emplace_back(send_bytes / 8 + 1, 0xdeadbeefdeadbeefull);
+      recv.emplace_back(recv_bytes / 8 + 1, 0xdeadbeefdeadbeefull);
+    }
+  }
+};
+
+class CpuEngineCollectiveTest : public ::testing::TestWithParam<int> {
+ protected:
+  int n() const { return GetParam(); }
+  cpu::ThreadPool pool_{3};
+
+  // Runs the task on the pool for large counts, inline otherwise.
+  void Run(const EngineTask& t, uint64_t count) {
+    CpuEngine::Run(t, count > 50000 ? &pool_ : nullptr);
+  }
+
+  // All-reduce of `count` elements; `in_place` uses send == recv.
+  void CheckAllReduce(const cpu::ReduceSpec& spec, uint64_t count, bool in_place) {
+    const DataType t = spec.dtype;
+    const size_t es = DataTypeSize(t);
+    Buffers b(n(), count * es, count * es);
+    EngineTask task;
+    task.collective = Collective::kAllReduce;
+    task.spec = spec;
+    task.count = count;
+    for (int r = 0; r < n(); ++r) {
+      void* in = b.send[r].data();
+      for (uint64_t i = 0; i < count; ++i) StoreAs(t, in, i, Input(t, r, i));
+      task.send.push_back(in);
+      task.recv.push_back(in_place ? in : b.recv[r].data());
+    }
+    Run(task, count);
+    int wrong = 0;
+    for (int r = 0; r < n(); ++r) {
+      for (uint64_t i = 0; i < count && wrong < 5; ++i) {
+        const double want = Reference(spec, n(), i);
+        const double got = LoadAs(t, task.recv[r], i);
+        if (!(std::fabs(got - want) <= Tol(spec, want))) {
+          ++wrong;
+          ADD_FAILURE() << "all-reduce " << DataTypeName(t) << " " << ReduceOpName(spec.op)
+                        << " n=" << n() << " count=" << count << (in_place ? " in-place" : "")
+                        << " rank " << r << " [" << i << "]: got " << got << ", want " << want;
+        }
+      }
+      // Nothing written past the end.
+      if (!in_place) {
+        const uint64_t p = count * es;
+        const unsigned char kFill[4] = {0xef, 0xbe, 0xad, 0xde};
+        EXPECT_EQ(static_cast<unsigned char*>(task.recv[r])[p], kFill[p % 4]) << "overrun";
+      }
+    }
+  }
+
+  void CheckReduceScatter(const cpu::ReduceSpec& spec, uint64_t count, bool in_place) {
+    const DataType t = spec.dtype;
+    const size_t es = DataTypeSize(t);
+    const uint64_t total = count * n();
+    Buffers b(n(), total * es, count * es);
+    EngineTask task;
+    task.collective = Collective::kReduceScatter;
+    task.spec = spec;
+    task.count = count;
+    for (int r = 0; r < n(); ++r) {
+      void* in = b.send[r].data();
+      for (uint64_t i = 0; i < total; ++i) StoreAs(t, in, i, Input(t, r, i));
+      task.send.push_back(in);
+      task.recv.push_back(in_place ? static_cast<void*>(static_cast<char*>(in) + r * count * es)
+                                    : static_cast<void*>(b.recv[r].data()));
+    }
+    Run(task, total);
+    int wrong = 0;
+    for (int r = 0; r < n(); ++r) {
+      for (uint64_t i = 0; i < count && wrong < 5; ++i) {
+        const double want = Reference(spec, n(), uint64_t(r) * count + i);
+        const double got = LoadAs(t, task.recv[r], i);
+        if (!(std::fabs(got - want) <= Tol(spec, want))) {
+          ++wrong;
+          ADD_FAILURE() << "reduce-scatter " << DataTypeName(t) << " " << ReduceOpName(spec.op)
+                        << " n=" << n() << " count=" << count << (in_place ? " in-place" : "")
+                        << " rank " << r << " [" << i << "]: got " << got << ", want " << want;
+        }
+      }
+    }
+  }
+
+  void CheckAllGather(DataType t, uint64_t count, bool in_place) {
+    const size_t es = DataTypeSize(t);
+    Buffers b(n(), count * es, count * n() * es);
+    EngineTask task;
+    task.collective = Collective::kAllGather;
+    task.spec.dtype = t;
+    task.count = count;
+    for (int r = 0; r < n(); ++r) {
+      void* out = b.recv[r].data();
+      void* in = in_place ? static_cast<void*>(static_cast<char*>(out) + r * count * es)
+                         : static_cast<void*>(b.send[r].data());
+      for (uint64_t i = 0; i < count; ++i) StoreAs(t, in, i, Input(t, r, i));
+      task.send.push_back(in);
+      task.recv.push_back(out);
+    }
+    Run(task, count * n());
+    for (int r = 0; r < n(); ++r) {
+      for (int j = 0; j < n(); ++j) {
+        for (uint64_t i = 0; i < count; ++i) {
+          ASSERT_EQ(LoadAs(t, task.recv[r], j * count + i), Input(t, j, i))
+              << "all-gather " << DataTypeName(t) << " n=" << n() << " count=" << count
+              << " rank " << r << " slice " << j << " [" << i << "]";
+        }
+      }
+    }
+  }
+
+  void CheckBroadcast(DataType t, uint64_t count, int root, bool in_place) {
+    const size_t es = DataTypeSize(t);
+    Buffers b(n(), count * es, count * es);
+    EngineTask task;
+    task.collective = Collective::kBroadcast;
+    task.spec.dtype = t;
+    task.count = count;
+    task.root = root;
+    for (int r = 0; r < n(); ++r) {
+      void* in = b.send[r].data();
+      for (uint64_t i = 0; i < count; ++i) StoreAs(t, in, i, Input(t, r, i));
+      task.send.push_back(in);
+      task.recv.push_back(in_place ? in : b.recv[r].data());
+    }
+    Run(task, count);
+    for (int r = 0; r < n(); ++r) {
+      for (uint64_t i = 0; i < count; ++i) {
+        ASSERT_EQ(LoadAs(t, task.recv[r], i), Input(t, root, i))
+            << "broadcast root " << root << " n=" << n() << " rank " << r << " [" << i << "]";
+      }
+    }
+  }
+};
+
+std::vector<ReduceOp> OpsFor(DataType t) {
+  std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
+                               ReduceOp::kProduct};
+  if (IsFloatingPoint(t)) ops.push_back(ReduceOp::kPremulSum);
+  return ops;
+}
+
+cpu::ReduceSpec Spec(DataType t, ReduceOp op) {
+  cpu::ReduceSpec s;
+  s.dtype = t;
+  s.op = op;
+  if (op == ReduceOp::kPremulSum) s.premul_factor = 0.25;
+  return s;
+}
+
+TEST_P(CpuEngineCollectiveTest, AllReduceEveryDtypeAndOp) {
+  for (DataType t : kAllTypes) {
+    for (ReduceOp op : OpsFor(t)) {
+      for (uint64_t count : {1, 7, 131}) {
+        for (bool in_place : {false, true}) CheckAllReduce(Spec(t, op), count, in_place);
+      }
+    }
+  }
+}
+
+TEST_P(CpuEngineCollectiveTest, ReduceScatterEveryDtypeAndOp) {
+  for (DataType t : kAllTypes) {
+    for (ReduceOp op : OpsFor(t)) {
+      for (uint64_t count : {1, 5, 67}) {
+        for (bool in_place : {false, true}) CheckReduceScatter(Spec(t, op), count, in_place);
+      }
+    }
+  }
+}
+
+TEST_P(CpuEngineCollectiveTest, DivideFactorsAndReduceDtype) {
+  for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16,
+                     DataType::kFloat16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kPremulSum}) {
+      cpu::ReduceSpec s = Spec(t, op);
+      s.pre_divide = 2.0;
+      s.post_divide = 4.0;
+      CheckAllReduce(s, 33, false);
+      CheckReduceScatter(s, 9, true);
+      s.wire_dtype = DataType::kBFloat16;
+      s.pre_divide = 1.0;
+      s.post_divide = 3.0;  // not a power of two
+      CheckAllReduce(s, 33, true);
+      CheckReduceScatter(s, 9, false);
+    }
+  }
+}
+
+TEST_P(CpuEngineCollectiveTest, AllGather) {
+  for (DataType t : kAllTypes) {
+    for (uint64_t count : {1, 3, 129}) {
+      for (bool in_place : {false, true}) CheckAllGather(t, count, in_place);
+    }
+  }
+}
+
+TEST_P(CpuEngineCollectiveTest, Broadcast) {
+  for (DataType t : {DataType::kFloat32, DataType::kBFloat16, DataType::kInt64, DataType::kUInt8}) {
+    for (int root = 0; root < n(); ++root) {
+      CheckBroadcast(t, 13, root, false);
+      CheckBroadcast(t, 13, root, true);
+    }
+  }
+}
+
+TEST_P(CpuEngineCollectiveTest, LargeOddCountsOnThePool) {
+  // Several parallel chunks plus a ragged tail.
+  CheckAllReduce(Spec(DataType::kFloat32, ReduceOp::kSum), 100003, false);
+  CheckAllReduce(Spec(DataType::kBFloat16, ReduceOp::kAvg), 70001, true);
+  CheckReduceScatter(Spec(DataType::kFloat32, ReduceOp::kMax), 65537, false);
+  CheckReduceScatter(Spec(DataType::kFloat16, ReduceOp::kSum), 40001, true);
+  CheckAllGather(DataType::kFloat32, 70001, true);
+  CheckBroadcast(DataType::kInt32, 100001, n() - 1, false);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CpuEngineCollectiveTest, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return "n" + std::to_string(info.param); });
+
+// --- the engine's queue ---
+
+EngineTask SmallTask(Collective c, std::vector<float>* storage) {
+  EngineTask t;
+  t.collective = c;
+  t.spec.dtype = DataType::kFloat32;
+  t.count = 1;
+  t.send = {storage->data()};
+  t.recv = {storage->data() + 1};
+  t.priority = (c == Collective::kAllGather || c == Collective::kReduceScatter) ? 0 : 1;
+  return t;
+}
+
+TEST(CpuEngineTest, InlineTasksCompleteBeforeSubmitReturns) {
+  CpuEngine engine(2, /*inline_max_bytes=*/1024);
+  std::vector<float> mem = {3.0f, 0.0f};
+  bool done = false;
+  engine.Submit(SmallTask(Collective::kAllReduce, &mem), [&](absl::Status s, uint64_t) {
+    EXPECT_TRUE(s.ok());
+    done = true;
+  });
+  EXPECT_TRUE(done);
+  EXPECT_EQ(mem[1], 3.0f);
+}
+
+TEST(CpuEngineTest, GatherAndScatterJumpAheadOfQueuedAllReduce) {
+  CpuEngine engine(1, /*inline_max_bytes=*/0);  // everything goes through the queue
+  std::vector<float> mem = {1.0f, 0.0f};
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  // A blocker whose callback holds the executor until the others are queued.
+  engine.Submit(SmallTask(Collective::kBroadcast, &mem), [&](absl::Status, uint64_t) {
+    entered.set_value();
+    released.wait();
+  });
+  entered.get_future().wait();
+  std::mutex mu;
+  std::vector<std::string> order;
+  auto record = [&](const char* name) {
+    return [&, name](absl::Status s, uint64_t) {
+      EXPECT_TRUE(s.ok());
+      std::lock_guard<std::mutex> l(mu);
+      order.push_back(name);
+    };
+  };
+  engine.Submit(SmallTask(Collective::kAllReduce, &mem), record("ar1"));
+  engine.Submit(SmallTask(Collective::kAllGather, &mem), record("ag"));
+  engine.Submit(SmallTask(Collective::kAllReduce, &mem), record("ar2"));
+  engine.Submit(SmallTask(Collective::kReduceScatter, &mem), record("rs"));
+  release.set_value();
+  engine.Shutdown();  // drains the queue
+  EXPECT_EQ(order, (std::vector<std::string>{"ag", "rs", "ar1", "ar2"}));
+}
+
+TEST(CpuEngineTest, SubmitAfterShutdownFailsUnavailable) {
+  CpuEngine engine(1, 0);
+  engine.Shutdown();
+  std::vector<float> mem = {1.0f, 0.0f};
+  absl::Status got = absl::OkStatus();
+  bool called = false;
+  engine.Submit(SmallTask(Collective::kAllReduce, &mem), [&](absl::Status s, uint64_t) {
+    got = s;
+    called = true;
+  });
+  EXPECT_TRUE(called);
+  EXPECT_EQ(got.code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace hsdp

@@ -1,0 +1,381 @@
+// Group matching against a FakeEngine: ops start only when every member's
+// submission is in, run in sequence order, and every outcome (success,
+// disagreement, timeout, member gone) reaches every member.
+#include "daemon/dataplane/group.h"
+
+#include <map>
+
+#include "fake_engine.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "hsdp/shm/doorbell.h"
+
+namespace hsdp {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using testing::CompletionOf;
+using testing::FakeEngine;
+using testing::MakeSession;
+using testing::StatusOf;
+
+constexpr int64_t kTimeoutNs = 1'000'000'000;
+
+class GroupTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Global ranks 10..13 in a job of 14 (group ranks differ from global ones).
+    for (int r = 0; r < 4; ++r) sessions_.push_back(MakeSession(100 + r, 10 + r, 14));
+  }
+
+  std::shared_ptr<Group> NewGroup(uint32_t id, std::vector<int> global_ranks) {
+    auto g = std::make_shared<Group>(
+        id, "job", global_ranks, &engine_,
+        [this](uint32_t gid) -> std::shared_ptr<Group> {
+          auto it = groups_.find(gid);
+          return it == groups_.end() ? nullptr : it->second;
+        },
+        kTimeoutNs);
+    for (size_t i = 0; i < global_ranks.size(); ++i) {
+      EXPECT_TRUE(g->Join(static_cast<int>(i), SessionOf(global_ranks[i])).ok());
+    }
+    groups_[id] = g;
+    return g;
+  }
+
+  std::shared_ptr<Session> SessionOf(int global_rank) { return sessions_[global_rank - 10]; }
+
+  // Member `group_rank` of `g` submits op `op_id` with sequence `seq`.
+  Arrival Make(const Group& g, int group_rank, uint64_t op_id, uint64_t seq,
+               Collective c = Collective::kAllReduce, uint64_t count = 8) {
+    Arrival a;
+    a.session = SessionOf(g.ranks()[group_rank]);
+    a.desc.op_id = op_id;
+    a.desc.seq = seq;
+    a.desc.collective = static_cast<uint8_t>(c);
+    a.desc.dtype = static_cast<uint8_t>(DataType::kFloat32);
+    a.desc.reduce_op = static_cast<uint8_t>(ReduceOp::kSum);
+    a.desc.count = count;
+    a.desc.premul_factor = a.desc.pre_divide = a.desc.post_divide = 1.0;
+    a.desc.group_id = g.id();
+    a.seq = seq;
+    a.send = &fake_mem_[group_rank][0];
+    a.recv = &fake_mem_[group_rank][1];
+    a.first_ns = shm::NowNanos();
+    return a;
+  }
+
+  // The status written to global rank `rank`'s session for `op_id`.
+  std::optional<absl::Status> Result(int global_rank, uint64_t op_id) {
+    const shm::Completion* c = CompletionOf(*SessionOf(global_rank), op_id);
+    if (c == nullptr) return std::nullopt;
+    return StatusOf(*c);
+  }
+
+  FakeEngine engine_;
+  std::vector<std::shared_ptr<Session>> sessions_;
+  std::map<uint32_t, std::shared_ptr<Group>> groups_;
+  char fake_mem_[4][2] = {};
+};
+
+TEST_F(GroupTest, StartsOnlyWhenAllMembersArrived) {
+  auto g = NewGroup(1, {10, 11, 12});
+  g->Arrive(0, Make(*g, 0, 1, 1));
+  g->Arrive(2, Make(*g, 2, 5, 1));
+  EXPECT_EQ(engine_.pending(), 0u);
+  EXPECT_FALSE(Result(10, 1).has_value());
+  g->Arrive(1, Make(*g, 1, 3, 1));
+  ASSERT_EQ(engine_.pending(), 1u);
+  const EngineTask& t = engine_.front();
+  EXPECT_EQ(t.collective, Collective::kAllReduce);
+  EXPECT_EQ(t.count, 8u);
+  ASSERT_EQ(t.send.size(), 3u);
+  for (int r = 0; r < 3; ++r) {  // by group rank
+    EXPECT_EQ(t.send[r], &fake_mem_[r][0]);
+    EXPECT_EQ(t.recv[r], &fake_mem_[r][1]);
+  }
+  EXPECT_EQ(t.priority, 1);
+  EXPECT_FALSE(Result(10, 1).has_value());  // not before the engine finishes
+  engine_.Finish();
+  // Each member's own op id completes OK.
+  ASSERT_TRUE(Result(10, 1).has_value());
+  EXPECT_TRUE(Result(10, 1)->ok());
+  EXPECT_TRUE(Result(11, 3).value_or(absl::UnknownError("none")).ok());
+  EXPECT_TRUE(Result(12, 5).value_or(absl::UnknownError("none")).ok());
+  EXPECT_EQ(g->stats().ops_started, 1u);
+  EXPECT_EQ(g->stats().pending, 0u);
+}
+
+TEST_F(GroupTest, RunsInSequenceOrderOneAtATime) {
+  auto g = NewGroup(1, {10, 11});
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    g->Arrive(0, Make(*g, 0, seq, seq, Collective::kAllReduce, seq * 100));
+    g->Arrive(1, Make(*g, 1, seq, seq, Collective::kAllReduce, seq * 100));
+  }
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    ASSERT_EQ(engine_.pending(), 1u) << "only one op in flight per group";
+    EXPECT_EQ(engine_.front().count, seq * 100);
+    EXPECT_FALSE(Result(10, seq).has_value());
+    engine_.Finish();
+    EXPECT_TRUE(Result(10, seq).has_value());
+    EXPECT_TRUE(Result(11, seq).has_value());
+  }
+  EXPECT_EQ(engine_.pending(), 0u);
+}
+
+TEST_F(GroupTest, OutOfOrderArrivalWaitsForEarlierSequence) {
+  auto g = NewGroup(1, {10, 11});
+  g->Arrive(0, Make(*g, 0, 2, 2, Collective::kAllReduce, 222));
+  g->Arrive(1, Make(*g, 1, 2, 2, Collective::kAllReduce, 222));
+  EXPECT_EQ(engine_.pending(), 0u) << "seq 2 must wait for seq 1";
+  g->Arrive(1, Make(*g, 1, 1, 1, Collective::kAllReduce, 111));
+  EXPECT_EQ(engine_.pending(), 0u);
+  g->Arrive(0, Make(*g, 0, 1, 1, Collective::kAllReduce, 111));
+  ASSERT_EQ(engine_.pending(), 1u);
+  EXPECT_EQ(engine_.Finish().count, 111u);
+  ASSERT_EQ(engine_.pending(), 1u);
+  EXPECT_EQ(engine_.Finish().count, 222u);
+  EXPECT_TRUE(Result(10, 2)->ok());
+  EXPECT_TRUE(Result(11, 1)->ok());
+}
+
+TEST_F(GroupTest, DuplicateSequenceIsRejected) {
+  auto g = NewGroup(1, {10, 11});
+  g->Arrive(0, Make(*g, 0, 1, 1));
+  g->Arrive(0, Make(*g, 0, 2, 1));  // same seq again, new op id
+  auto dup = Result(10, 2);
+  ASSERT_TRUE(dup.has_value());
+  EXPECT_EQ(dup->code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(dup->message()), AllOf(HasSubstr("seq"), HasSubstr("twice"),
+                                                 HasSubstr("rank 10")));
+  // The first submission is still pending and completes normally.
+  g->Arrive(1, Make(*g, 1, 1, 1));
+  ASSERT_EQ(engine_.pending(), 1u);
+  engine_.Finish();
+  EXPECT_TRUE(Result(10, 1)->ok());
+  // A sequence that already ran is rejected too.
+  g->Arrive(0, Make(*g, 0, 3, 1));
+  EXPECT_EQ(Result(10, 3)->code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(Result(10, 3)->message()), HasSubstr("already ran"));
+}
+
+struct DisagreementCase {
+  const char* field;
+  std::function<void(Arrival*)> mutate;
+  Collective collective;
+};
+
+TEST_F(GroupTest, DisagreementFailsEveryMemberNamingRanksAndField) {
+  const std::vector<DisagreementCase> cases = {
+      {"count", [](Arrival* a) { a->desc.count = 9; }, Collective::kAllReduce},
+      {"dtype", [](Arrival* a) { a->desc.dtype = uint8_t(DataType::kBFloat16); },
+       Collective::kAllGather},
+      {"reduce_op", [](Arrival* a) { a->desc.reduce_op = uint8_t(ReduceOp::kMax); },
+       Collective::kReduceScatter},
+      {"collective", [](Arrival* a) { a->desc.collective = uint8_t(Collective::kAllGather); },
+       Collective::kAllReduce},
+      {"root", [](Arrival* a) { a->desc.root = 1; }, Collective::kBroadcast},
+      {"post_divide", [](Arrival* a) { a->desc.post_divide = 2; }, Collective::kAllReduce},
+      {"reduce_dtype", [](Arrival* a) { a->desc.reduce_dtype = uint8_t(DataType::kFloat16); },
+       Collective::kAllReduce},
+  };
+  uint32_t gid = 1;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.field);
+    auto g = NewGroup(gid++, {10, 11, 12});
+    g->Arrive(0, Make(*g, 0, gid * 10, 1, c.collective));
+    g->Arrive(1, Make(*g, 1, gid * 10, 1, c.collective));
+    Arrival odd = Make(*g, 2, gid * 10, 1, c.collective);
+    c.mutate(&odd);
+    g->Arrive(2, std::move(odd));
+    EXPECT_EQ(engine_.pending(), 0u);
+    for (int r : {10, 11, 12}) {
+      auto s = Result(r, gid * 10);
+      ASSERT_TRUE(s.has_value()) << "rank " << r;
+      EXPECT_EQ(s->code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(s->message()),
+                  AllOf(HasSubstr(c.field), HasSubstr("rank 10"), HasSubstr("rank 12"),
+                        HasSubstr("disagree")));
+    }
+    // The group is not broken: the next sequence runs.
+    for (int r = 0; r < 3; ++r) g->Arrive(r, Make(*g, r, gid * 10 + 1, 2));
+    ASSERT_EQ(engine_.pending(), 1u);
+    engine_.Finish();
+    EXPECT_TRUE(Result(11, gid * 10 + 1)->ok());
+  }
+}
+
+TEST_F(GroupTest, RejectedSubmissionFailsEveryMember) {
+  auto g = NewGroup(1, {10, 11});
+  g->Arrive(0, Make(*g, 0, 1, 1));
+  Arrival bad = Make(*g, 1, 1, 1);
+  bad.rejected = absl::InvalidArgumentError("recv.buffer_id: unknown buffer 9");
+  g->Arrive(1, std::move(bad));
+  for (int r : {10, 11}) {
+    ASSERT_TRUE(Result(r, 1).has_value());
+    EXPECT_EQ(Result(r, 1)->code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(Result(r, 1)->message()),
+                AllOf(HasSubstr("rank 11"), HasSubstr("recv.buffer_id")));
+  }
+  EXPECT_EQ(engine_.pending(), 0u);
+}
+
+TEST_F(GroupTest, TimeoutNamesTheMissingRank) {
+  auto g = NewGroup(1, {10, 11, 12});
+  Arrival a0 = Make(*g, 0, 1, 1);
+  Arrival a2 = Make(*g, 2, 1, 1);
+  const int64_t t0 = a0.first_ns;
+  g->Arrive(0, std::move(a0));
+  g->Arrive(2, std::move(a2));
+  g->CheckTimeouts(t0 + kTimeoutNs / 2);
+  EXPECT_FALSE(Result(10, 1).has_value()) << "not yet expired";
+  g->CheckTimeouts(t0 + 2 * kTimeoutNs);
+  for (int r : {10, 12}) {
+    ASSERT_TRUE(Result(r, 1).has_value());
+    EXPECT_EQ(Result(r, 1)->code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(std::string(Result(r, 1)->message()),
+                AllOf(HasSubstr("rank(s) [11]"), HasSubstr("arrived: [10, 12]")));
+  }
+  // The straggler's late submission gets the same answer at once.
+  g->Arrive(1, Make(*g, 1, 1, 1));
+  ASSERT_TRUE(Result(11, 1).has_value());
+  EXPECT_EQ(Result(11, 1)->code(), absl::StatusCode::kDeadlineExceeded);
+  // And the group moves on to seq 2.
+  for (int r = 0; r < 3; ++r) g->Arrive(r, Make(*g, r, 2, 2));
+  ASSERT_EQ(engine_.pending(), 1u);
+  engine_.Finish();
+  EXPECT_TRUE(Result(10, 2)->ok());
+}
+
+TEST_F(GroupTest, MemberLeftAbortsPendingAndBreaksTheGroup) {
+  auto g = NewGroup(1, {10, 11});
+  g->Arrive(0, Make(*g, 0, 1, 1));
+  g->Arrive(0, Make(*g, 0, 2, 2));
+  g->MemberLeft(SessionOf(11).get(), "client process exited");
+  for (uint64_t op : {1, 2}) {
+    ASSERT_TRUE(Result(10, op).has_value());
+    EXPECT_EQ(Result(10, op)->code(), absl::StatusCode::kAborted);
+    EXPECT_THAT(std::string(Result(10, op)->message()),
+                AllOf(HasSubstr("rank 11"), HasSubstr("client process exited")));
+  }
+  EXPECT_TRUE(g->stats().broken);
+  g->Arrive(0, Make(*g, 0, 3, 3));
+  ASSERT_TRUE(Result(10, 3).has_value());
+  EXPECT_EQ(Result(10, 3)->code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(Result(10, 3)->message()), HasSubstr("broken"));
+  EXPECT_EQ(g->Join(1, SessionOf(11)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine_.submitted(), 0);
+  // A session that is not a member changes nothing.
+  g->MemberLeft(SessionOf(13).get(), "unrelated");
+}
+
+TEST_F(GroupTest, MemberLeavingDuringExecutionStillCompletesTheRunningOp) {
+  auto g = NewGroup(1, {10, 11});
+  g->Arrive(0, Make(*g, 0, 1, 1));
+  g->Arrive(1, Make(*g, 1, 1, 1));
+  ASSERT_EQ(engine_.pending(), 1u);
+  g->MemberLeft(SessionOf(11).get(), "gone");
+  EXPECT_FALSE(Result(10, 1).has_value());
+  engine_.Finish(absl::InternalError("engine failure"));
+  ASSERT_TRUE(Result(10, 1).has_value());
+  EXPECT_EQ(Result(10, 1)->code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(Result(10, 1)->message()), HasSubstr("engine failure"));
+}
+
+TEST_F(GroupTest, JoinRefusesASecondLiveSessionForARank) {
+  auto g = NewGroup(1, {10, 11});
+  auto impostor = MakeSession(999, 11, 14);
+  EXPECT_EQ(g->Join(1, impostor).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(g->Join(2, impostor).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(g->IsMember(1, SessionOf(11).get()));
+  EXPECT_FALSE(g->IsMember(1, impostor.get()));
+  EXPECT_EQ(g->RankOf(11), 1);
+  EXPECT_EQ(g->RankOf(13), -1);
+}
+
+TEST_F(GroupTest, CompositeForwardsSecondPhaseToReplicateGroup) {
+  // 2x2 mesh: shard groups {10,11}, {12,13}; replicate groups {10,12}, {11,13}.
+  auto s1 = NewGroup(1, {10, 11});
+  auto s2 = NewGroup(2, {12, 13});
+  auto r1 = NewGroup(3, {10, 12});
+  auto r2 = NewGroup(4, {11, 13});
+  auto composite = [&](Group& shard, int gr, uint32_t replicate_id, uint64_t op_id) {
+    Arrival a = Make(shard, gr, op_id, 1, Collective::kReduceScatterAllReduce, 4);
+    a.desc.reduce_op = static_cast<uint8_t>(ReduceOp::kAvg);
+    a.desc.pre_divide = 2.0;
+    a.desc.post_divide = 3.0;
+    a.desc.group2_id = replicate_id;
+    a.desc.seq2 = 1;
+    return a;
+  };
+  s1->Arrive(0, composite(*s1, 0, 3, 7));
+  s1->Arrive(1, composite(*s1, 1, 4, 7));
+  ASSERT_EQ(engine_.pending(), 1u);
+  {
+    const EngineTask& rs = engine_.front();
+    EXPECT_EQ(rs.collective, Collective::kReduceScatter);
+    EXPECT_EQ(rs.priority, 0) << "reduce-scatter runs at high priority";
+    EXPECT_EQ(rs.spec.op, ReduceOp::kSum) << "AVG divides once, in phase 2";
+    EXPECT_EQ(rs.spec.pre_divide, 2.0);
+    EXPECT_EQ(rs.spec.post_divide, 1.0);
+  }
+  engine_.Finish();
+  EXPECT_FALSE(Result(10, 7).has_value()) << "phase 1 alone does not complete the op";
+  EXPECT_EQ(engine_.pending(), 0u) << "phase 2 waits for the other shard group";
+  EXPECT_EQ(r1->stats().pending, 1u);
+  EXPECT_EQ(r2->stats().pending, 1u);
+  s2->Arrive(0, composite(*s2, 0, 3, 9));
+  s2->Arrive(1, composite(*s2, 1, 4, 9));
+  ASSERT_EQ(engine_.pending(), 1u);
+  engine_.Finish();  // shard group 2's reduce-scatter
+  ASSERT_EQ(engine_.pending(), 2u);  // both replicate all-reduces
+  for (int i = 0; i < 2; ++i) {
+    const EngineTask& ar = engine_.front();
+    EXPECT_EQ(ar.collective, Collective::kAllReduce);
+    EXPECT_EQ(ar.priority, 1);
+    EXPECT_EQ(ar.spec.op, ReduceOp::kSum);
+    EXPECT_EQ(ar.spec.pre_divide, 1.0);
+    EXPECT_DOUBLE_EQ(ar.spec.post_divide, 3.0 * 4);  // post_divide x mesh size for AVG
+    ASSERT_EQ(ar.send.size(), 2u);
+    // In place on each member's phase-1 output.
+    EXPECT_EQ(ar.send[0], ar.recv[0]);
+    EXPECT_EQ(ar.send[1], ar.recv[1]);
+    engine_.Finish();
+  }
+  EXPECT_TRUE(Result(10, 7).value_or(absl::UnknownError("none")).ok());
+  EXPECT_TRUE(Result(11, 7).value_or(absl::UnknownError("none")).ok());
+  EXPECT_TRUE(Result(12, 9).value_or(absl::UnknownError("none")).ok());
+  EXPECT_TRUE(Result(13, 9).value_or(absl::UnknownError("none")).ok());
+}
+
+TEST_F(GroupTest, CompositeFirstPhaseFailureReachesEveryMember) {
+  auto s1 = NewGroup(1, {10, 11});
+  auto s2 = NewGroup(2, {12, 13});
+  auto r1 = NewGroup(3, {10, 12});
+  auto r2 = NewGroup(4, {11, 13});
+  auto composite = [&](Group& shard, int gr, uint32_t replicate_id, uint64_t op_id,
+                       uint64_t count) {
+    Arrival a = Make(shard, gr, op_id, 1, Collective::kReduceScatterAllReduce, count);
+    a.desc.group2_id = replicate_id;
+    a.desc.seq2 = 1;
+    return a;
+  };
+  // Shard group 1 disagrees on count; shard group 2 is fine.
+  s1->Arrive(0, composite(*s1, 0, 3, 7, 4));
+  s1->Arrive(1, composite(*s1, 1, 4, 7, 5));
+  s2->Arrive(0, composite(*s2, 0, 3, 9, 4));
+  s2->Arrive(1, composite(*s2, 1, 4, 9, 4));
+  ASSERT_EQ(engine_.pending(), 1u);
+  engine_.Finish();
+  EXPECT_EQ(engine_.pending(), 0u);
+  for (auto [rank, op] : std::vector<std::pair<int, uint64_t>>{{10, 7}, {11, 7}, {12, 9}, {13, 9}}) {
+    auto s = Result(rank, op);
+    ASSERT_TRUE(s.has_value()) << "rank " << rank;
+    EXPECT_FALSE(s->ok()) << "rank " << rank;
+  }
+  EXPECT_THAT(std::string(Result(12, 9)->message()), HasSubstr("count"));
+}
+
+}  // namespace
+}  // namespace hsdp
