@@ -1,0 +1,51 @@
+// Internals of reduce_kernels.h exposed for tests and benchmarks: explicit
+// choice of the instruction set and of the streaming-store threshold, and the
+// scalar number-format conversions the kernels use. Not for engine code.
+#ifndef HSDP_DAEMON_ENGINE_CPU_REDUCE_KERNELS_INTERNAL_H_
+#define HSDP_DAEMON_ENGINE_CPU_REDUCE_KERNELS_INTERNAL_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "daemon/engine/cpu/reduce_kernels.h"
+
+namespace hsdp::cpu::internal {
+
+// Kernel sets. Every set computes bit-identical results.
+enum class Isa : uint8_t {
+  kScalar = 0,  // portable C++ (baseline x86-64 / any target)
+  kAvx2 = 1,    // AVX2 + F16C intrinsics
+};
+
+// The best set this CPU supports; what Reduce() and Cast() use.
+Isa BestIsa();
+
+// Outputs are written with non-temporal stores when a Reduce call writes at
+// least this many bytes in total (count * element size * n_outputs) and no
+// output aliases an input (AVX2 set only).
+inline constexpr size_t kDefaultStreamingStoreMinBytes = size_t{8} << 20;
+
+struct KernelOptions {
+  Isa isa = Isa::kScalar;  // must be supported by this CPU (<= BestIsa())
+  size_t streaming_store_min_bytes = kDefaultStreamingStoreMinBytes;
+};
+
+// Reduce() and Cast() with explicit options.
+void ReduceWith(const KernelOptions& options, const ReduceSpec& spec, const void* const* inputs,
+                int n_inputs, void* const* outputs, int n_outputs, size_t count);
+void CastWith(const KernelOptions& options, DataType from, const void* in, DataType to, void* out,
+              size_t count);
+
+// Scalar conversions between IEEE binary16 / bfloat16 bit patterns and
+// float/double: round to nearest even, overflow to inf, subnormals kept, NaN
+// quieted keeping the sign and top payload bits (bit-identical to F16C).
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+uint16_t DoubleToHalf(double d);
+float BFloat16ToFloat(uint16_t b);
+uint16_t FloatToBFloat16(float f);
+uint16_t DoubleToBFloat16(double d);
+
+}  // namespace hsdp::cpu::internal
+
+#endif  // HSDP_DAEMON_ENGINE_CPU_REDUCE_KERNELS_INTERNAL_H_
