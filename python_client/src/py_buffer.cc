@@ -49,7 +49,7 @@ void ReleaseBufferSlot(PyObject* obj, Py_buffer* /*view*/) {
 int64_t ElementBytes(DLDataType t) { return t.bits / 8; }
 
 py::capsule Export(py::object self, uint64_t offset, int64_t nbytes, const std::string& dtype,
-                   std::optional<std::vector<int64_t>> shape) {
+                   std::optional<std::vector<int64_t>> shape, py::object keepalive) {
   PyBuffer& b = self.cast<PyBuffer&>();
   b.CheckUsable();
   if (nbytes < 0) {
@@ -83,8 +83,10 @@ py::capsule Export(py::object self, uint64_t offset, int64_t nbytes, const std::
   }
   PyBuffer* raw = &b;
   b.AddExport();
-  // `self` (the Python Buffer) stays referenced by the capsule until release.
-  return MakeDlpackCapsule(data, dims, dt, self, [raw] { raw->RemoveExport(); });
+  // The Python Buffer (and `keepalive`) stay referenced until the consumer
+  // releases the tensor.
+  py::object owner = keepalive.is_none() ? self : py::make_tuple(self, keepalive);
+  return MakeDlpackCapsule(data, dims, dt, owner, [raw] { raw->RemoveExport(); });
 }
 
 }  // namespace
@@ -145,13 +147,16 @@ Created by Client.alloc(); freed by Client.free() or Buffer.free().)doc");
       .def(
           "dlpack",
           [](py::object self, uint64_t offset, int64_t nbytes, const std::string& dtype,
-             std::optional<std::vector<int64_t>> shape) {
-            return Export(std::move(self), offset, nbytes, dtype, std::move(shape));
+             std::optional<std::vector<int64_t>> shape, py::object keepalive) {
+            return Export(std::move(self), offset, nbytes, dtype, std::move(shape),
+                          std::move(keepalive));
           },
           py::arg("offset") = 0, py::arg("nbytes") = -1, py::arg("dtype") = "uint8",
-          py::arg("shape") = py::none(),
+          py::arg("shape") = py::none(), py::arg("keepalive") = py::none(),
           "A DLPack capsule viewing [offset, offset + nbytes) as `dtype` with `shape` "
-          "(default: 1-D). nbytes=-1 means to the end of the buffer.")
+          "(default: 1-D). nbytes=-1 means to the end of the buffer. `keepalive` is "
+          "referenced until the consumer releases the view (its finalizer then runs), "
+          "which lets a pool learn exactly when memory is free again.")
       .def(
           "__dlpack__",
           [](py::object self, py::object stream, py::object max_version, py::object dl_device,
@@ -167,7 +172,7 @@ Created by Client.alloc(); freed by Client.free() or Buffer.free().)doc");
             }
             (void)stream;
             (void)max_version;  // we produce a DLPack 0.x capsule, which consumers accept
-            return Export(std::move(self), 0, -1, "uint8", std::nullopt);
+            return Export(std::move(self), 0, -1, "uint8", std::nullopt, py::none());
           },
           py::kw_only(), py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
           py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
