@@ -1,0 +1,76 @@
+"""hsdp.torch: the torch.distributed backend "hsdpd".
+
+    import hsdp.torch                       # registers the backend
+    dist.init_process_group("hsdpd", init_method="env://")
+    ddp = DistributedDataParallel(model)    # or FSDP / fully_shard
+
+Needs a running hsdpd ($HSDPD_SOCKET or the default socket). Works with
+torch 1.13 and torch >= 2.4; capabilities() says what this torch offers.
+"""
+import torch
+
+from hsdp.torch import _compat, backend, session
+from hsdp.torch.backend import BACKEND_NAME, ProcessGroupHsdp  # noqa: F401
+from hsdp.torch.fsdp2 import (  # noqa: F401
+    HsdpAllGather,
+    HsdpReduceScatter,
+    all_reduce_hook,
+    allocate_shared,
+    use_hsdp_comm_buffers,
+)
+
+backend.register()
+
+
+def client():
+    """The hsdp.Client of this process's "hsdpd" process groups."""
+    return session.current()
+
+
+def empty(shape, dtype=torch.float32):
+    """An uninitialised (zeroed) tensor in hsdpd memory: collectives on it are zero-copy."""
+    return session.current().tensor(shape, dtype)
+
+
+def capabilities():
+    """What the hsdpd backend can do with this torch: a dict with a 'message' summary."""
+    fsdp1_ok, fsdp1_why = _compat.fsdp1_status()
+    fsdp2_ok, fsdp2_why = _compat.fsdp2_status()
+    hooks = _compat.fsdp2_hook_status()
+    caps = {
+        "torch_version": torch.__version__,
+        "backend": BACKEND_NAME,
+        "devices": ["cpu"],
+        "cuda": False,
+        "process_group": "Python ProcessGroup subclass; Work from futures "
+                         "(_create_work_from_future)",
+        "work_from_future": _compat.has_create_work_from_future(),
+        "register_backend_devices": _compat.register_backend_takes_devices(),
+        "collectives": [
+            "allreduce (SUM, AVG, PREMUL_SUM, MIN, MAX, PRODUCT)", "allreduce_coalesced",
+            "allgather", "all_gather_into_tensor", "allgather_coalesced",
+            "allgather_into_tensor_coalesced", "reduce_scatter", "reduce_scatter_tensor",
+            "reduce_scatter_tensor_coalesced", "broadcast", "barrier",
+            "reduce / gather / scatter (emulated)"],
+        "unsupported": ["alltoall", "all_to_all_single", "send/recv", "monitored_barrier",
+                        "BAND/BOR/BXOR"],
+        "ddp": True,
+        "fsdp": fsdp1_ok,
+        "fsdp_reason": fsdp1_why,
+        "fsdp2": fsdp2_ok,
+        "fsdp2_reason": fsdp2_why,
+        "fsdp2_hooks": hooks,
+        "device_mesh": _compat.device_mesh_available(),
+    }
+    lines = [f"hsdpd backend on torch {torch.__version__}: CPU tensors; DDP supported."]
+    lines.append("FSDP (FullyShardedDataParallel): " + (
+        "available." if fsdp1_ok else f"unavailable here ({fsdp1_why})."))
+    lines.append("FSDP2 fully_shard: " + (
+        "available." if fsdp2_ok else f"unavailable here ({fsdp2_why})."))
+    have = [k for k, v in hooks.items() if v]
+    lines.append("FSDP2 comm hooks: " + (
+        f"{', '.join(have)} (use hsdp.torch.use_hsdp_comm_buffers for zero-copy buffers)."
+        if have else "none in this torch (FSDP2 buffers are staged)."))
+    lines.append("CUDA tensors: not supported by this build (raises a clear error).")
+    caps["message"] = "\n".join(lines)
+    return caps

@@ -1,0 +1,520 @@
+"""ProcessGroupHsdp: the torch.distributed backend "hsdpd".
+
+Each torch process group maps to one hsdpd group (the same global ranks);
+every torch collective becomes exactly one hsdpd operation, so all members
+issue the same sequence of operations whatever their memory placement.
+Tensors already in hsdpd memory (hsdp.torch.empty / Client.tensor) are used
+in place (zero-copy); others are staged through the session's pool of
+registered buffers. Returned Work objects complete on a helper thread (see
+completion.py). CPU tensors only: CUDA tensors are refused with a clear
+error (this build has no device path).
+"""
+import datetime
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup
+
+from hsdp.dtypes import hsdp_dtype
+from hsdp.memory import ALIGN, address_of, is_contiguous
+from hsdp.plan import Plan, region_like
+from hsdp.torch import reduce_ops, session
+from hsdp.torch.completion import Completer, completed_work
+
+BACKEND_NAME = "hsdpd"
+_GROUP_RANK_KEY = "hsdp/global_rank/{}"
+_SUPPORTED_OPS = ("allreduce, allreduce_coalesced, allgather, _allgather_base, "
+                  "allgather_coalesced, allgather_into_tensor_coalesced, reduce_scatter, "
+                  "_reduce_scatter_base, reduce_scatter_tensor_coalesced, broadcast, barrier, "
+                  "reduce, gather, scatter")
+
+
+def _as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _opt(opts, name, default):
+    return getattr(opts, name, default) if opts is not None else default
+
+
+def _check(t, what):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"hsdpd backend {what}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise RuntimeError(
+            f"hsdpd backend {what}: tensor is on {t.device}; this build of the hsdpd backend "
+            "handles CPU tensors only (move it to CPU, or use NCCL for device tensors)")
+    if t.layout != torch.strided:
+        raise RuntimeError(f"hsdpd backend {what}: sparse tensors are not supported")
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+def _wire(t):
+    """(hsdpd dtype, count) moving t unchanged: its dtype if known, else raw bytes."""
+    name = hsdp_dtype(t.dtype)
+    return (name, t.numel()) if name is not None else ("uint8", _nbytes(t))
+
+
+def _reducible(t, what):
+    name = hsdp_dtype(t.dtype)
+    if name is None:
+        raise TypeError(
+            f"hsdpd backend {what}: cannot reduce dtype {t.dtype}; supported: float32, "
+            "float16, bfloat16, float64, int32, int64, uint8")
+    return name
+
+
+class ProcessGroupHsdp(ProcessGroup):
+    """A torch ProcessGroup executing its collectives in hsdpd."""
+
+    def __init__(self, client, group, rank, size, timeout):
+        super().__init__(rank, size)
+        self._client = client
+        self._group = group
+        self._timeout_s = timeout.total_seconds() if isinstance(
+            timeout, datetime.timedelta) else float(timeout)
+        self._completer = Completer(f"g{group.id}", self._timeout_s)
+
+    # -- identity ------------------------------------------------------------
+    def getBackendName(self):  # noqa: N802 - torch's name
+        return BACKEND_NAME
+
+    def name(self):
+        return BACKEND_NAME
+
+    @property
+    def hsdp_group(self):
+        """The hsdpd group (id, global ranks) behind this process group."""
+        return self._group
+
+    @property
+    def hsdp_client(self):
+        return self._client
+
+    def __repr__(self):
+        return (f"<ProcessGroupHsdp rank={self.rank()} size={self.size()} "
+                f"ranks={self._group.ranks} hsdpd_group={self._group.id}>")
+
+    # -- plumbing ------------------------------------------------------------
+    def _submit(self, what, plan, submit, result):
+        try:
+            raw = submit()
+        except BaseException:
+            plan.release()
+            raise
+        return self._completer.add(raw, plan, result, f"{what} on {self._desc()}")
+
+    def _desc(self):
+        return f"group {self._group.id} (global ranks {self._group.ranks})"
+
+    def _span(self, tensors):
+        """(buffer_id, offset) if tensors are back to back in one hsdpd buffer, else None."""
+        ref = None
+        expect = None
+        for t in tensors:
+            if not is_contiguous(t):
+                return None
+            found = self._client.registry.locate_array(t)
+            if found is None:
+                return None
+            addr, nbytes = address_of(t)
+            if ref is None:
+                ref = (found[0].id, found[1])
+            elif addr != expect:
+                return None
+            expect = addr + nbytes
+        return ref
+
+    def _dense_region(self, plan, tensors, copy_in):
+        """A staging region holding `tensors` back to back (no padding)."""
+        lease, ref = plan.scratch(sum(_nbytes(t) for t in tensors))
+        off = 0
+        views = []
+        for t in tensors:
+            views.append(region_like(lease, t, off))
+            off += _nbytes(t)
+        if copy_in:
+            for v, t in zip(views, tensors):
+                v.copy_(t)
+        return ref, views
+
+    # -- all-reduce ----------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        tensors = _as_list(tensors)
+        if len(tensors) != 1:
+            return self.allreduce_coalesced(tensors, opts)
+        t = tensors[0]
+        _check(t, "allreduce")
+        op = _opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        name, premul = reduce_ops.to_hsdp(op, "allreduce")
+        dt = _reducible(t, "allreduce")
+        plan = Plan(self._client)
+        ref = plan.inout(t)
+        return self._submit("allreduce", plan, lambda: self._client.raw.all_reduce(
+            self._group, ref, ref, t.numel(), dt, op=name, premul=premul), tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        tensors = _as_list(tensors)
+        for t in tensors:
+            _check(t, "allreduce_coalesced")
+        op = _opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        name, premul = reduce_ops.to_hsdp(op, "allreduce_coalesced")
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) != 1:
+            raise TypeError("hsdpd backend allreduce_coalesced: all tensors must share one "
+                            f"dtype, got {sorted(str(d) for d in dtypes)}")
+        dt = _reducible(tensors[0], "allreduce_coalesced")
+        plan = Plan(self._client)
+        _, ref, _ = plan.packed(tensors, copy_in=True, copy_out=True, align=ALIGN)
+        # One op over the packed region; the padding between tensors is reduced too, harmlessly.
+        count = plan.staged_bytes // tensors[0].element_size()
+        return self._submit("allreduce_coalesced", plan, lambda: self._client.raw.all_reduce(
+            self._group, ref, ref, count, dt, op=name, premul=premul), tensors)
+
+    # -- all-gather ----------------------------------------------------------
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        inputs = _as_list(input_tensors)
+        if inputs and isinstance(output_tensors, (list, tuple)) and output_tensors and \
+                isinstance(output_tensors[0], torch.Tensor):
+            output_tensors = [output_tensors]  # the (List[Tensor], Tensor) overload
+        if len(inputs) != 1 or len(output_tensors) != 1:
+            raise RuntimeError("hsdpd backend allgather: exactly one input tensor per process "
+                               "(multi-device lists are not supported)")
+        x, outs = inputs[0], list(output_tensors[0])
+        _check(x, "allgather")
+        n = self.size()
+        if len(outs) != n:
+            raise ValueError(f"hsdpd backend allgather: need {n} output tensors, got {len(outs)}")
+        for o in outs:
+            _check(o, "allgather")
+            if o.numel() != x.numel() or o.dtype != x.dtype:
+                raise ValueError("hsdpd backend allgather: every output must match the input's "
+                                 f"numel {x.numel()} and dtype {x.dtype}")
+        dt, count = _wire(x)
+        plan = Plan(self._client)
+        send = plan.input(x)
+        recv = self._span(outs)
+        if recv is None:
+            recv, views = self._dense_region(plan, outs, copy_in=False)
+            plan.after(lambda: [o.copy_(v) for o, v in zip(outs, views)])
+        return self._submit("allgather", plan, lambda: self._client.raw.all_gather(
+            self._group, send, recv, count, dt), outs)
+
+    def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's name
+        _check(input, "_allgather_base")
+        _check(output, "_allgather_base")
+        if output.numel() != input.numel() * self.size() or output.dtype != input.dtype:
+            raise ValueError(
+                f"hsdpd backend all_gather_into_tensor: output must hold size*input = "
+                f"{self.size()}*{input.numel()} elements of {input.dtype}, got "
+                f"{output.numel()} of {output.dtype}")
+        dt, count = _wire(input)
+        plan = Plan(self._client)
+        send, recv = plan.input(input), plan.output(output)
+        return self._submit("all_gather_into_tensor", plan, lambda: self._client.raw.all_gather(
+            self._group, send, recv, count, dt), [output])
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """output_lists[r][j] receives input_list[j] of group rank r."""
+        inputs = list(input_list)
+        n = self.size()
+        if len(output_lists) != n or any(len(ol) != len(inputs) for ol in output_lists):
+            raise ValueError("hsdpd backend allgather_coalesced: output_lists must be "
+                             f"{n} lists of {len(inputs)} tensors")
+        for t in inputs:
+            _check(t, "allgather_coalesced")
+        plan = Plan(self._client)
+        lease, send, offsets = plan.packed(inputs, copy_in=True, align=ALIGN)
+        total = plan.staged_bytes
+        rlease, recv = plan.scratch(total * n)
+
+        def copy_out():
+            for r in range(n):
+                for j, t in enumerate(inputs):
+                    output_lists[r][j].copy_(region_like(rlease, t, r * total + offsets[j]))
+        plan.after(copy_out)
+        flat = [o for ol in output_lists for o in ol]
+        return self._submit("allgather_coalesced", plan, lambda: self._client.raw.all_gather(
+            self._group, send, recv, total, "uint8"), flat)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        """outputs[j] (size * numel) receives inputs[j] of every group rank, in rank order."""
+        outputs, inputs = list(outputs), list(inputs)
+        n = self.size()
+        if len(outputs) != len(inputs):
+            raise ValueError("hsdpd backend allgather_into_tensor_coalesced: "
+                             f"{len(outputs)} outputs for {len(inputs)} inputs")
+        for o, t in zip(outputs, inputs):
+            _check(t, "allgather_into_tensor_coalesced")
+            _check(o, "allgather_into_tensor_coalesced")
+            if o.numel() != t.numel() * n or o.dtype != t.dtype:
+                raise ValueError("hsdpd backend allgather_into_tensor_coalesced: output must "
+                                 "hold size * input elements of the input's dtype")
+        plan = Plan(self._client)
+        lease, send, offsets = plan.packed(inputs, copy_in=True, align=ALIGN)
+        total = plan.staged_bytes
+        rlease, recv = plan.scratch(total * n)
+
+        def copy_out():
+            for j, (o, t) in enumerate(zip(outputs, inputs)):
+                rows = o.view(n, -1) if o.is_contiguous() else None
+                for r in range(n):
+                    src = region_like(rlease, t, r * total + offsets[j]).reshape(-1)
+                    if rows is not None:
+                        rows[r].copy_(src)
+                    else:
+                        o.view(-1)[r * t.numel():(r + 1) * t.numel()].copy_(src)
+        plan.after(copy_out)
+        return self._submit("allgather_into_tensor_coalesced", plan,
+                            lambda: self._client.raw.all_gather(
+                                self._group, send, recv, total, "uint8"), outputs)
+
+    # -- reduce-scatter ------------------------------------------------------
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        outs = _as_list(output_tensors)
+        if isinstance(input_tensors, (list, tuple)) and input_tensors and \
+                isinstance(input_tensors[0], torch.Tensor):
+            input_tensors = [input_tensors]  # the (Tensor, List[Tensor]) overload
+        if len(outs) != 1 or len(input_tensors) != 1:
+            raise RuntimeError("hsdpd backend reduce_scatter: exactly one output tensor per "
+                               "process (multi-device lists are not supported)")
+        out, ins = outs[0], list(input_tensors[0])
+        _check(out, "reduce_scatter")
+        n = self.size()
+        if len(ins) != n:
+            raise ValueError(f"hsdpd backend reduce_scatter: need {n} input tensors, "
+                             f"got {len(ins)}")
+        for t in ins:
+            _check(t, "reduce_scatter")
+            if t.numel() != out.numel() or t.dtype != out.dtype:
+                raise ValueError("hsdpd backend reduce_scatter: every input must match the "
+                                 f"output's numel {out.numel()} and dtype {out.dtype}")
+        name, premul = reduce_ops.to_hsdp(_opt(opts, "reduceOp", dist.ReduceOp.SUM),
+                                          "reduce_scatter")
+        dt = _reducible(out, "reduce_scatter")
+        plan = Plan(self._client)
+        send = self._span(ins)
+        if send is None:
+            send, _ = self._dense_region(plan, ins, copy_in=True)
+        recv = plan.output(out)
+        return self._submit("reduce_scatter", plan, lambda: self._client.raw.reduce_scatter(
+            self._group, send, recv, out.numel(), dt, op=name, premul=premul), [out])
+
+    def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
+        _check(input, "_reduce_scatter_base")
+        _check(output, "_reduce_scatter_base")
+        if input.numel() != output.numel() * self.size() or output.dtype != input.dtype:
+            raise ValueError(
+                f"hsdpd backend reduce_scatter_tensor: input must hold size*output = "
+                f"{self.size()}*{output.numel()} elements of {output.dtype}, got "
+                f"{input.numel()} of {input.dtype}")
+        name, premul = reduce_ops.to_hsdp(_opt(opts, "reduceOp", dist.ReduceOp.SUM),
+                                          "reduce_scatter_tensor")
+        dt = _reducible(output, "reduce_scatter_tensor")
+        plan = Plan(self._client)
+        send, recv = plan.input(input), plan.output(output)
+        return self._submit("reduce_scatter_tensor", plan,
+                            lambda: self._client.raw.reduce_scatter(
+                                self._group, send, recv, output.numel(), dt, op=name,
+                                premul=premul), [output])
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        """outputs[j] receives chunk `rank` of the reduction of inputs[j]."""
+        outputs, inputs = list(outputs), list(inputs)
+        n = self.size()
+        if len(outputs) != len(inputs) or not outputs:
+            raise ValueError("hsdpd backend reduce_scatter_tensor_coalesced: need matching, "
+                             "non-empty output and input lists")
+        dtypes = {t.dtype for t in inputs} | {o.dtype for o in outputs}
+        if len(dtypes) != 1:
+            raise TypeError("hsdpd backend reduce_scatter_tensor_coalesced: one dtype only, "
+                            f"got {sorted(str(d) for d in dtypes)}")
+        for o, t in zip(outputs, inputs):
+            _check(o, "reduce_scatter_tensor_coalesced")
+            _check(t, "reduce_scatter_tensor_coalesced")
+            if t.numel() != o.numel() * n:
+                raise ValueError("hsdpd backend reduce_scatter_tensor_coalesced: each input "
+                                 "must hold size * output elements")
+        name, premul = reduce_ops.to_hsdp(_opt(opts, "reduceOp", dist.ReduceOp.SUM),
+                                          "reduce_scatter_tensor_coalesced")
+        dt = _reducible(outputs[0], "reduce_scatter_tensor_coalesced")
+        es = outputs[0].element_size()
+        per_rank = sum(o.numel() for o in outputs)  # elements each rank receives
+        plan = Plan(self._client)
+        slease, send = plan.scratch(per_rank * n * es)
+        flat_send = slease.view(outputs[0].dtype, per_rank * n).view(n, per_rank)
+        col = 0
+        for o, t in zip(outputs, inputs):
+            k = o.numel()
+            flat_send[:, col:col + k].copy_(t.reshape(n, k))
+            col += k
+        recv, views = self._dense_region(plan, outputs, copy_in=False)
+        plan.after(lambda: [o.copy_(v) for o, v in zip(outputs, views)])
+        return self._submit("reduce_scatter_tensor_coalesced", plan,
+                            lambda: self._client.raw.reduce_scatter(
+                                self._group, send, recv, per_rank, dt, op=name,
+                                premul=premul), outputs)
+
+    # -- broadcast / barrier -------------------------------------------------
+    def broadcast(self, tensors, opts=None):
+        if isinstance(opts, int):  # the (Tensor, root) overload
+            root, root_tensor = opts, 0
+        else:
+            root, root_tensor = _opt(opts, "rootRank", 0), _opt(opts, "rootTensor", 0)
+        tensors = _as_list(tensors)
+        if len(tensors) != 1 or root_tensor != 0:
+            raise RuntimeError("hsdpd backend broadcast: exactly one tensor per process")
+        t = tensors[0]
+        _check(t, "broadcast")
+        dt, count = _wire(t)
+        plan = Plan(self._client)
+        ref = plan.inout(t)
+        return self._submit("broadcast", plan, lambda: self._client.raw.broadcast(
+            self._group, ref, ref, count, dt, root), tensors)
+
+    def barrier(self, opts=None):
+        return self._submit("barrier", Plan(self._client),
+                            lambda: self._client.raw.barrier(self._group), [])
+
+    # -- rooted collectives, emulated on the symmetric ones -------------------
+    def reduce(self, tensors, opts=None):
+        """Reduce to `rootRank` (an all-reduce of a copy; only the root's tensor changes)."""
+        tensors = _as_list(tensors)
+        if len(tensors) != 1:
+            raise RuntimeError("hsdpd backend reduce: exactly one tensor per process")
+        t = tensors[0]
+        _check(t, "reduce")
+        root = _opt(opts, "rootRank", 0)
+        name, premul = reduce_ops.to_hsdp(_opt(opts, "reduceOp", dist.ReduceOp.SUM), "reduce")
+        dt = _reducible(t, "reduce")
+        plan = Plan(self._client)
+        lease, ref, _ = plan.packed([t], copy_in=True)
+        if self.rank() == root:
+            plan.after(lambda: t.copy_(region_like(lease, t)))
+        return self._submit("reduce", plan, lambda: self._client.raw.all_reduce(
+            self._group, ref, ref, t.numel(), dt, op=name, premul=premul), tensors)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        """Gather to `rootRank` (an all-gather; only the root copies out)."""
+        inputs = _as_list(input_tensors)
+        if len(inputs) != 1:
+            raise RuntimeError("hsdpd backend gather: exactly one input tensor per process")
+        x = inputs[0]
+        _check(x, "gather")
+        root = _opt(opts, "rootRank", 0)
+        n = self.size()
+        outs = list(output_tensors[0]) if output_tensors else []
+        if self.rank() == root and len(outs) != n:
+            raise ValueError(f"hsdpd backend gather: the root needs {n} output tensors")
+        dt, count = _wire(x)
+        plan = Plan(self._client)
+        send = plan.input(x)
+        rlease, recv = plan.scratch(_nbytes(x) * n)
+        if self.rank() == root:
+            plan.after(lambda: [o.copy_(region_like(rlease, x, r * _nbytes(x)))
+                                for r, o in enumerate(outs)])
+        return self._submit("gather", plan, lambda: self._client.raw.all_gather(
+            self._group, send, recv, count, dt), outs)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        """Scatter from `rootRank` (a broadcast of all chunks; each rank keeps its own)."""
+        outs = _as_list(output_tensors)
+        if len(outs) != 1:
+            raise RuntimeError("hsdpd backend scatter: exactly one output tensor per process")
+        out = outs[0]
+        _check(out, "scatter")
+        root = _opt(opts, "rootRank", 0)
+        n = self.size()
+        plan = Plan(self._client)
+        lease, ref = plan.scratch(_nbytes(out) * n)
+        if self.rank() == root:
+            ins = list(input_tensors[0])
+            if len(ins) != n:
+                raise ValueError(f"hsdpd backend scatter: the root needs {n} input tensors")
+            for r, t in enumerate(ins):
+                region_like(lease, out, r * _nbytes(out)).copy_(t)
+        me = self.rank()
+        plan.after(lambda: out.copy_(region_like(lease, out, me * _nbytes(out))))
+        return self._submit("scatter", plan, lambda: self._client.raw.broadcast(
+            self._group, ref, ref, _nbytes(out) * n, "uint8", root), outs)
+
+    # -- coalescing contexts (torch calls these around batched ops) ----------
+    def _start_coalescing(self, *args, **kwargs):
+        pass
+
+    def _end_coalescing(self, *args, **kwargs):
+        return completed_work()
+
+    # -- unsupported -----------------------------------------------------------
+    def _unsupported(self, what, instead):
+        raise NotImplementedError(
+            f"hsdpd backend: {what} is not supported; {instead}. Supported: {_SUPPORTED_OPS}")
+
+    def alltoall(self, *args, **kwargs):
+        self._unsupported("alltoall", "use all_gather and select your chunks, or a gloo group")
+
+    def alltoall_base(self, *args, **kwargs):
+        self._unsupported("all_to_all_single (alltoall_base)",
+                          "use all_gather and select your chunks, or a gloo group")
+
+    def send(self, *args, **kwargs):
+        self._unsupported("send (point-to-point)", "use broadcast within a 2-rank group, "
+                          "or a gloo group for point-to-point traffic")
+
+    def recv(self, *args, **kwargs):
+        self._unsupported("recv (point-to-point)", "use broadcast within a 2-rank group, "
+                          "or a gloo group for point-to-point traffic")
+
+    def recv_anysource(self, *args, **kwargs):
+        self._unsupported("recv_anysource", "use a gloo group for point-to-point traffic")
+
+    def monitored_barrier(self, *args, **kwargs):
+        self._unsupported("monitored_barrier", "use barrier (hsdpd reports which ranks are "
+                          "missing in its error and operator status)")
+
+    # -- lifetime --------------------------------------------------------------
+    def shutdown(self):
+        self._completer.close()
+
+
+def _global_ranks(store, group_rank, group_size):
+    """Global ranks of the group's members, agreed through the group's store."""
+    global_rank = dist.get_rank()
+    store.set(_GROUP_RANK_KEY.format(group_rank), str(global_rank))
+    return [int(store.get(_GROUP_RANK_KEY.format(i)).decode()) for i in range(group_size)]
+
+
+def create_process_group(store, group_rank, group_size, timeout):
+    """The creator function torch calls for init_process_group / new_group."""
+    timeout_s = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else 1800.0
+    if not dist.is_initialized():  # the default group: attach this process
+        client = session.attach(store, group_rank, group_size, timeout_s)
+        ranks = list(range(group_size))
+    else:
+        client = session.current()
+        ranks = _global_ranks(store, group_rank, group_size)
+    group = client.new_group(ranks)
+    if group.rank != group_rank or group.size != group_size:
+        raise RuntimeError(
+            f"hsdpd backend: hsdpd placed this process at rank {group.rank}/{group.size} of "
+            f"group {ranks}, torch at {group_rank}/{group_size}")
+    return ProcessGroupHsdp(client, group, group_rank, group_size, timeout)
+
+
+def create_process_group_extended(backend_opts, pg_options=None):
+    """Extended-API creator (torch passes _DistributedBackendOptions)."""
+    return create_process_group(backend_opts.store, backend_opts.group_rank,
+                                backend_opts.group_size, backend_opts.timeout)
+
+
+def register():
+    """Registers "hsdpd" with torch.distributed (idempotent)."""
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    from hsdp.torch import _compat
+    kwargs = {"devices": ["cpu"]} if _compat.register_backend_takes_devices() else {}
+    dist.Backend.register_backend(BACKEND_NAME, create_process_group, **kwargs)
+    reduce_ops.install_premul_tracker()

@@ -1,0 +1,88 @@
+"""Completion of hsdpd operations behind torch Work objects.
+
+torch's C++ callers (DDP's Reducer, c10d's wait) can only wait on Work
+objects created in C++; a Python Work subclass loses its Python overrides
+when handed to C++ in torch 1.13. So every collective returns
+_create_work_from_future(fut) and a Completer thread per process group waits
+on the hsdpd operation (GIL released), runs the staging copy-outs and then
+completes `fut` with the output tensors, or fails it with the error.
+Operations of one process group complete in submission order.
+"""
+import queue
+import threading
+
+import torch
+from torch._C._distributed_c10d import _create_work_from_future
+
+from hsdp import _hsdp
+
+
+def completed_work(result=None):
+    fut = torch.futures.Future()
+    fut.set_result(result if result is not None else [])
+    return _create_work_from_future(fut)
+
+
+def failed_error(what, e):
+    """An exception like `e` whose message names the operation."""
+    msg = f"hsdpd {what} failed: {e}"
+    try:
+        err = type(e)(msg)
+        for attr in ("code", "code_name", "message"):
+            if hasattr(e, attr):
+                setattr(err, attr, getattr(e, attr))
+        return err
+    except Exception:
+        return RuntimeError(msg)
+
+
+class Completer:
+    """One helper thread completing the operations of one process group."""
+
+    def __init__(self, name, timeout_s):
+        self._name = name
+        self._timeout = timeout_s
+        self._q = queue.SimpleQueue()
+        self._thread = None
+        self._lock = threading.Lock()
+
+    def add(self, raw_work, plan, result, what):
+        """Returns a torch Work completed once `raw_work` and its copy-outs are done."""
+        fut = torch.futures.Future()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                name=f"hsdp-completer-{self._name}")
+                self._thread.start()
+        self._q.put((raw_work, plan, fut, result, what))
+        return _create_work_from_future(fut)
+
+    def close(self):
+        with self._lock:
+            if self._thread is not None:
+                self._q.put(None)
+                self._thread = None
+
+    def _loop(self):
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            raw, plan, fut, result, what = item
+            try:
+                raw.wait(self._timeout)
+            except _hsdp.DeadlineExceeded as e:
+                plan.abandon()  # the daemon may still write the staging buffers
+                fut.set_exception(failed_error(
+                    f"{what} (timed out after {self._timeout:.0f} s)", e))
+                continue
+            except BaseException as e:  # noqa: B902 - every failure reaches the waiter
+                plan.release()
+                fut.set_exception(failed_error(what, e))
+                continue
+            try:
+                plan.finish()
+            except BaseException as e:  # noqa: B902
+                fut.set_exception(failed_error(f"{what} copy-out", e))
+                continue
+            fut.set_result(result)
