@@ -1,0 +1,327 @@
+// Helpers for the integration tests: temporary directories, a real hsdpd
+// subprocess from this build (HSDP_BIN_DIR), shell commands, forked child
+// processes that report through a pipe, and Status via `hsdpctl --json`.
+//
+// Fork rule: a test forks its client processes before it uses gRPC itself
+// (fork + exec of hsdpd/hsdpctl is always fine).
+#ifndef HSDP_TESTS_INTEGRATION_TEST_UTIL_H_
+#define HSDP_TESTS_INTEGRATION_TEST_UTIL_H_
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "google/protobuf/util/json_util.h"
+#include "hsdp/common/unix_socket.h"
+#include "hsdp/v1/admin.pb.h"
+
+namespace hsdp::testing {
+
+inline std::string BinDir() { return HSDP_BIN_DIR; }
+
+inline int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+inline void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+}
+
+inline bool Exists(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/hsdp-it.XXXXXX";
+    path_ = ::mkdtemp(tmpl) != nullptr ? tmpl : "";
+  }
+  ~TempDir() {
+    if (!path_.empty()) {
+      const std::string cmd = "rm -rf '" + path_ + "'";
+      (void)std::system(cmd.c_str());
+    }
+  }
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Waits for `pid` up to `timeout_ms`; returns the exit code, 128 + signal,
+// or -1 on timeout (the process is left running).
+inline int WaitExit(pid_t pid, int timeout_ms) {
+  const int64_t deadline = NowMs() + timeout_ms;
+  for (;;) {
+    int status = 0;
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (r < 0) return -2;
+    if (NowMs() >= deadline) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+// A private hsdpd. Its stderr goes to <dir>/hsdpd.log.
+class DaemonProcess {
+ public:
+  explicit DaemonProcess(const TempDir& dir) : dir_(dir.path()) {
+    socket_ = dir_ + "/hsdpd.sock";
+    log_ = dir_ + "/hsdpd.log";
+  }
+  ~DaemonProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      WaitExit(pid_, 5000);
+    }
+  }
+
+  // Starts `hsdpd --socket S [--node-config F] args...` with `env` added
+  // ("K=V"). With `wait_ready`, returns once the socket accepts
+  // connections (false if the daemon exited or never listened).
+  bool Start(const std::string& config_yaml = "", std::vector<std::string> args = {},
+             std::vector<std::string> env = {}, bool wait_ready = true) {
+    std::vector<std::string> argv = {BinDir() + "/hsdpd", "--socket", socket_, "--log-level",
+                                     "info"};
+    if (!config_yaml.empty()) {
+      const std::string cfg = dir_ + "/node.yaml";
+      WriteFile(cfg, config_yaml);
+      argv.push_back("--node-config");
+      argv.push_back(cfg);
+    }
+    for (auto& a : args) argv.push_back(a);
+    pid_ = Spawn(argv, env, log_);
+    if (pid_ <= 0) return false;
+    if (!wait_ready) return true;
+    return WaitReady(10000);
+  }
+
+  bool WaitReady(int timeout_ms) {
+    const int64_t deadline = NowMs() + timeout_ms;
+    while (NowMs() < deadline) {
+      if (Exists(socket_) && ConnectUnix(socket_).ok()) return true;
+      int status;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  static pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                     const std::string& log) {
+    const pid_t pid = ::fork();
+    if (pid != 0) return pid;
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
+    std::vector<char*> a;
+    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+    a.push_back(nullptr);
+    ::execv(a[0], a.data());
+    _exit(127);
+  }
+
+  // SIGTERM; returns the exit code (or -1 if it did not exit in time).
+  int Stop(int timeout_ms = 15000) {
+    if (pid_ <= 0) return -3;
+    ::kill(pid_, SIGTERM);
+    const int rc = WaitExit(pid_, timeout_ms);
+    if (rc != -1) pid_ = -1;
+    return rc;
+  }
+  void Kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    WaitExit(pid_, 5000);
+    pid_ = -1;
+  }
+  bool Alive() const { return pid_ > 0 && ::kill(pid_, 0) == 0 && WaitExit(pid_, 0) == -1; }
+
+  pid_t pid() const { return pid_; }
+  const std::string& socket() const { return socket_; }
+  std::string Log() const { return ReadFile(log_); }
+
+ private:
+  std::string dir_;
+  std::string socket_;
+  std::string log_;
+  pid_t pid_ = -1;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Runs `cmd` with /bin/sh; captures stdout+stderr.
+inline CommandResult RunCommand(const std::string& cmd) {
+  CommandResult r;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+inline std::string Hsdpctl(const std::string& socket, const std::string& args) {
+  return BinDir() + "/hsdpctl --socket '" + socket + "' " + args;
+}
+
+// The daemon's Status, via `hsdpctl --json status` parsed into the proto.
+inline bool QueryStatus(const std::string& socket, v1::StatusResponse* out,
+                        std::string* error = nullptr) {
+  CommandResult r = RunCommand(Hsdpctl(socket, "--json status") + " 2>/dev/null");
+  if (r.exit_code != 0) {
+    if (error) *error = r.output;
+    return false;
+  }
+  google::protobuf::util::JsonParseOptions o;
+  o.ignore_unknown_fields = true;
+  auto s = google::protobuf::util::JsonStringToMessage(r.output, out, o);
+  if (!s.ok() && error) *error = s.ToString() + ": " + r.output;
+  return s.ok();
+}
+
+inline int CountSessions(const std::string& socket, const std::string& job = "") {
+  v1::StatusResponse st;
+  if (!QueryStatus(socket, &st)) return -1;
+  int n = 0;
+  for (const auto& s : st.sessions()) n += job.empty() || s.job_id() == job;
+  return n;
+}
+
+// Polls `pred` every 20 ms for up to `timeout_ms`.
+inline bool Eventually(const std::function<bool()>& pred, int timeout_ms) {
+  const int64_t deadline = NowMs() + timeout_ms;
+  while (NowMs() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
+}
+
+// A forked child process running `body(out)`; whatever it writes to `out`
+// (a pipe) comes back to the parent. Its return value is the exit code.
+class Child {
+ public:
+  using Body = std::function<int(FILE* out)>;
+  explicit Child(const Body& body) {
+    int p[2];
+    if (::pipe(p) != 0) return;
+    std::fflush(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::close(p[0]);
+      FILE* out = ::fdopen(p[1], "w");
+      std::setvbuf(out, nullptr, _IOLBF, 0);
+      const int rc = body(out);
+      std::fflush(out);
+      std::fflush(nullptr);
+      _exit(rc);
+    }
+    ::close(p[1]);
+    fd_ = p[0];
+  }
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      WaitExit(pid_, 5000);
+    }
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Child(const Child&) = delete;
+
+  pid_t pid() const { return pid_; }
+
+  // Waits until the child's output contains `text` (true) or `timeout_ms`
+  // passes or the child closes its output (false).
+  bool WaitFor(const std::string& text, int timeout_ms) {
+    const int64_t deadline = NowMs() + timeout_ms;
+    while (output_.find(text) == std::string::npos) {
+      const int64_t left = deadline - NowMs();
+      if (left <= 0 || !ReadSome(static_cast<int>(left))) return output_.find(text) != std::string::npos;
+    }
+    return true;
+  }
+
+  // Reads all output and reaps the child: exit code, 128 + signal, or -1
+  // after `timeout_ms` (then the child is killed).
+  int Finish(int timeout_ms) {
+    const int64_t deadline = NowMs() + timeout_ms;
+    while (NowMs() < deadline && ReadSome(static_cast<int>(deadline - NowMs()))) {
+    }
+    int rc = WaitExit(pid_, static_cast<int>(std::max<int64_t>(0, deadline - NowMs())));
+    if (rc == -1) {
+      ::kill(pid_, SIGKILL);
+      WaitExit(pid_, 5000);
+      output_ += "\n[test] child timed out and was killed\n";
+    }
+    reaped_ = true;
+    return rc;
+  }
+
+  void Kill(int sig = SIGKILL) { ::kill(pid_, sig); }
+
+  const std::string& output() const { return output_; }
+
+ private:
+  // False on EOF or timeout.
+  bool ReadSome(int timeout_ms) {
+    if (fd_ < 0) return false;
+    struct pollfd pfd{fd_, POLLIN, 0};
+    if (::poll(&pfd, 1, timeout_ms) <= 0) return false;
+    char buf[4096];
+    const ssize_t n = ::read(fd_, buf, sizeof(buf));
+    if (n <= 0) {
+      ::close(fd_);
+      fd_ = -1;
+      return false;
+    }
+    output_.append(buf, static_cast<size_t>(n));
+    return true;
+  }
+
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  bool reaped_ = false;
+  std::string output_;
+};
+
+}  // namespace hsdp::testing
+
+#endif  // HSDP_TESTS_INTEGRATION_TEST_UTIL_H_
