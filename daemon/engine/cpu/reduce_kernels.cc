@@ -115,9 +115,9 @@ uint32_t EncodeFromInt64(int64_t v) {
   return EncodeExact<kExpBits, kManBits>(v < 0, magnitude, 0);
 }
 
-}  // namespace
-
-float HalfToFloat(uint16_t h) {
+// The cheap conversions, always inlined into the kernels (the exported
+// functions below wrap them).
+__attribute__((always_inline)) inline float HalfToFloatInline(uint16_t h) {
   const uint32_t sign = uint32_t{h & 0x8000u} << 16;
   const uint32_t biased = (h >> 10) & 0x1F;
   const uint32_t mantissa = h & 0x3FFu;
@@ -132,19 +132,27 @@ float HalfToFloat(uint16_t h) {
   return std::bit_cast<float>(sign | ((biased + 112) << 23) | (mantissa << 13));
 }
 
-uint16_t FloatToHalf(float f) { return static_cast<uint16_t>(EncodeFromFloat<5, 10>(f)); }
-uint16_t DoubleToHalf(double d) { return static_cast<uint16_t>(EncodeFromDouble<5, 10>(d)); }
-
-float BFloat16ToFloat(uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16); }
-
-uint16_t FloatToBFloat16(float f) {
-  const uint32_t bits = std::bit_cast<uint32_t>(f);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  // Adding 0x7FFF (+1 when the kept part is odd) carries into bit 16 exactly
-  // when the dropped half is above the midpoint, or at it with an odd result.
-  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1)) >> 16);
+__attribute__((always_inline)) inline float BFloat16ToFloatInline(uint16_t b) {
+  return std::bit_cast<float>(uint32_t{b} << 16);
 }
 
+__attribute__((always_inline)) inline uint16_t FloatToBFloat16Inline(float f) {
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  // Adding 0x7FFF (+1 when the kept part is odd) carries into bit 16 exactly
+  // when the dropped half is above the midpoint, or at it with an odd result.
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x40;
+  // Branch-free so that loops over it vectorise.
+  return static_cast<uint16_t>((bits & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
+}
+
+}  // namespace
+
+float HalfToFloat(uint16_t h) { return HalfToFloatInline(h); }
+float BFloat16ToFloat(uint16_t b) { return BFloat16ToFloatInline(b); }
+uint16_t FloatToBFloat16(float f) { return FloatToBFloat16Inline(f); }
+uint16_t FloatToHalf(float f) { return static_cast<uint16_t>(EncodeFromFloat<5, 10>(f)); }
+uint16_t DoubleToHalf(double d) { return static_cast<uint16_t>(EncodeFromDouble<5, 10>(d)); }
 uint16_t DoubleToBFloat16(double d) { return static_cast<uint16_t>(EncodeFromDouble<8, 7>(d)); }
 
 Isa BestIsa() {
@@ -176,9 +184,9 @@ template <DataType kD> using ElemT = typename Elem<kD>::T;
 template <DataType kD, typename C>
 C ToCompute(ElemT<kD> v) {
   if constexpr (kD == DataType::kFloat16) {
-    return HalfToFloat(v);
+    return HalfToFloatInline(v);
   } else if constexpr (kD == DataType::kBFloat16) {
-    return BFloat16ToFloat(v);
+    return BFloat16ToFloatInline(v);
   } else {
     static_assert(std::is_same_v<C, double> || kD != DataType::kFloat64);
     return static_cast<C>(v);
@@ -192,7 +200,7 @@ ElemT<kD> FromCompute(C v) {
     if constexpr (std::is_same_v<C, float>) return FloatToHalf(v);
     else return DoubleToHalf(v);
   } else if constexpr (kD == DataType::kBFloat16) {
-    if constexpr (std::is_same_v<C, float>) return FloatToBFloat16(v);
+    if constexpr (std::is_same_v<C, float>) return FloatToBFloat16Inline(v);
     else return DoubleToBFloat16(v);
   } else {
     return static_cast<ElemT<kD>>(v);
@@ -260,9 +268,9 @@ C RoundToWire(Wire wire, C x) {
     case Wire::kFloat32:
       return static_cast<C>(static_cast<float>(x));
     case Wire::kFloat16:
-      return HalfToFloat(FromCompute<DataType::kFloat16, C>(x));
+      return HalfToFloatInline(FromCompute<DataType::kFloat16, C>(x));
     case Wire::kBFloat16:
-      return BFloat16ToFloat(FromCompute<DataType::kBFloat16, C>(x));
+      return BFloat16ToFloatInline(FromCompute<DataType::kBFloat16, C>(x));
   }
   return x;
 }
@@ -279,31 +287,65 @@ C Combine(C acc, C x) {
 // ---------------------------------------------------------------------------
 // Scalar kernel set: floating point.
 
+// The stages below run over one block held in C; each tests the plan once per
+// block, leaving loops simple enough for the compiler to vectorise.
+
+template <typename C>
+void ScaleBlock(const Scale<C>& scale, C* x, size_t len) {
+  if (scale.mode == ScaleMode::kMul) {
+    for (size_t k = 0; k < len; ++k) x[k] *= scale.value;
+  } else if (scale.mode == ScaleMode::kDiv) {
+    for (size_t k = 0; k < len; ++k) x[k] /= scale.value;
+  }
+}
+
+template <typename C>
+void RoundBlockToWire(Wire wire, C* x, size_t len) {
+  switch (wire) {
+    case Wire::kNone:
+      return;
+    case Wire::kFloat32:
+      for (size_t k = 0; k < len; ++k) x[k] = static_cast<C>(static_cast<float>(x[k]));
+      return;
+    case Wire::kFloat16:
+      for (size_t k = 0; k < len; ++k) x[k] = RoundToWire(Wire::kFloat16, x[k]);
+      return;
+    case Wire::kBFloat16:
+      for (size_t k = 0; k < len; ++k) x[k] = RoundToWire(Wire::kBFloat16, x[k]);
+      return;
+  }
+}
+
+// x[k] = inputs element k, pre-scaled and rounded to the wire type.
+template <DataType kD, typename C>
+void LoadBlock(const FloatPlan<C>& plan, const ElemT<kD>* src, C* x, size_t len) {
+  for (size_t k = 0; k < len; ++k) x[k] = ToCompute<kD, C>(src[k]);
+  ScaleBlock(plan.pre, x, len);
+  RoundBlockToWire(plan.wire, x, len);
+}
+
 // Reduces elements [begin, end). Works in blocks: reads every input of a block
 // before writing any output, so exact aliasing is safe.
 template <DataType kD, typename C, FloatOp kOp>
 void ReduceFloatScalar(const FloatPlan<C>& plan, const void* const* inputs, int n_inputs,
                        void* const* outputs, int n_outputs, size_t begin, size_t end) {
   using T = ElemT<kD>;
-  constexpr size_t kBlock = 256;
+  constexpr size_t kBlock = 512;
   C acc[kBlock];
+  C x[kBlock];
+  T encoded[kBlock];
   for (size_t base = begin; base < end; base += kBlock) {
     const size_t len = std::min(kBlock, end - base);
-    const T* first = static_cast<const T*>(inputs[0]) + base;
-    for (size_t k = 0; k < len; ++k) {
-      acc[k] = RoundToWire(plan.wire, plan.pre.Apply(ToCompute<kD, C>(first[k])));
-    }
+    LoadBlock<kD>(plan, static_cast<const T*>(inputs[0]) + base, acc, len);
     for (int r = 1; r < n_inputs; ++r) {
-      const T* src = static_cast<const T*>(inputs[r]) + base;
-      for (size_t k = 0; k < len; ++k) {
-        const C x = RoundToWire(plan.wire, plan.pre.Apply(ToCompute<kD, C>(src[k])));
-        acc[k] = Combine<kOp>(acc[k], x);
-      }
+      LoadBlock<kD>(plan, static_cast<const T*>(inputs[r]) + base, x, len);
+      for (size_t k = 0; k < len; ++k) acc[k] = Combine<kOp>(acc[k], x[k]);
     }
-    for (size_t k = 0; k < len; ++k) acc[k] = RoundToWire(plan.wire, plan.post.Apply(acc[k]));
+    ScaleBlock(plan.post, acc, len);
+    RoundBlockToWire(plan.wire, acc, len);
+    for (size_t k = 0; k < len; ++k) encoded[k] = FromCompute<kD, C>(acc[k]);
     for (int j = 0; j < n_outputs; ++j) {
-      T* dst = static_cast<T*>(outputs[j]) + base;
-      for (size_t k = 0; k < len; ++k) dst[k] = FromCompute<kD, C>(acc[k]);
+      std::memcpy(static_cast<T*>(outputs[j]) + base, encoded, len * sizeof(T));
     }
   }
 }
@@ -607,7 +649,8 @@ constexpr uintptr_t kStreamAlignment = 32;
 // for the rest. kNoStreaming when not streaming.
 size_t StreamingHead(size_t min_bytes, size_t elem_size, const void* const* inputs, int n_inputs,
                      void* const* outputs, int n_outputs, size_t count) {
-  if (count * elem_size * static_cast<size_t>(n_outputs) < min_bytes) return kNoStreaming;
+  const size_t touched = count * elem_size * static_cast<size_t>(n_inputs + n_outputs);
+  if (touched < min_bytes) return kNoStreaming;
   for (int j = 0; j < n_outputs; ++j) {
     for (int r = 0; r < n_inputs; ++r) {
       if (outputs[j] == inputs[r]) return kNoStreaming;
