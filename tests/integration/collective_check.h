@@ -1,0 +1,90 @@
+// Test inputs and an independent reference (computed in double) for the
+// multi-process collective tests.
+#ifndef HSDP_TESTS_INTEGRATION_COLLECTIVE_CHECK_H_
+#define HSDP_TESTS_INTEGRATION_COLLECTIVE_CHECK_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "hsdp/types.h"
+
+namespace hsdp::testing {
+
+// Input of global rank r at element i: small values exact in every dtype.
+inline double Input(DataType t, int r, uint64_t i) {
+  const int v = int((r * 5 + i * 3 + (i >> 4)) % 9);
+  if (t == DataType::kUInt8) return v + 1;
+  if (IsFloatingPoint(t)) return (v - 4) * 0.5;
+  return v - 4;
+}
+
+inline double Tolerance(DataType t, double expect) {
+  const double mag = std::max(1.0, std::fabs(expect));
+  switch (t) {
+    case DataType::kFloat16: return 2e-3 * mag;
+    case DataType::kBFloat16: return 1.6e-2 * mag;
+    case DataType::kFloat32: return 1e-6 * mag;
+    case DataType::kFloat64: return 1e-12 * mag;
+    default: return 0;
+  }
+}
+
+inline double Tolerance(DataType t, const ReduceOptions& o, double expect) {
+  double tol = Tolerance(t, expect);
+  if (o.reduce_dtype != DataType::kInvalid) tol = std::max(tol, Tolerance(o.reduce_dtype, expect));
+  return tol;
+}
+
+// Reduction over the inputs of `ranks` at element i, as SEMANTICS.md defines it.
+template <typename Ranks>
+double Reference(DataType t, const ReduceOptions& o, const Ranks& ranks, uint64_t i) {
+  const int n = static_cast<int>(std::size(ranks));
+  if (!IsFloatingPoint(t)) {
+    bool first = true;
+    int64_t acc = 0;
+    for (int r : ranks) {
+      const int64_t x = int64_t(Input(t, r, i));
+      if (first) {
+        acc = x;
+        first = false;
+        continue;
+      }
+      switch (o.op) {
+        case ReduceOp::kMin: acc = std::min(acc, x); break;
+        case ReduceOp::kMax: acc = std::max(acc, x); break;
+        case ReduceOp::kProduct: acc *= x; break;
+        default: acc += x;
+      }
+    }
+    double w = double(acc);
+    if (t == DataType::kUInt8) w = double(uint8_t(acc));
+    if (t == DataType::kInt32) w = double(int32_t(uint32_t(acc)));
+    if (o.op == ReduceOp::kAvg) w = std::trunc(w / n);
+    return w;
+  }
+  bool first = true;
+  double acc = 0;
+  for (int r : ranks) {
+    double x = Input(t, r, i) / o.pre_divide;
+    if (o.op == ReduceOp::kPremulSum) x *= o.premul_factor;
+    if (first) {
+      acc = x;
+      first = false;
+      continue;
+    }
+    switch (o.op) {
+      case ReduceOp::kMin: acc = std::min(acc, x); break;
+      case ReduceOp::kMax: acc = std::max(acc, x); break;
+      case ReduceOp::kProduct: acc *= x; break;
+      default: acc += x;
+    }
+  }
+  acc /= o.post_divide;
+  if (o.op == ReduceOp::kAvg) acc /= n;
+  return acc;
+}
+
+}  // namespace hsdp::testing
+
+#endif  // HSDP_TESTS_INTEGRATION_COLLECTIVE_CHECK_H_
