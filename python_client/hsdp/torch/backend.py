@@ -19,7 +19,7 @@ from hsdp.dtypes import hsdp_dtype
 from hsdp.memory import ALIGN, address_of, is_contiguous
 from hsdp.plan import Plan, region_like
 from hsdp.torch import reduce_ops, session
-from hsdp.torch.completion import Completer, completed_work
+from hsdp.torch.completion import Completer, completed_work, install_error_propagation
 
 BACKEND_NAME = "hsdpd"
 _GROUP_RANK_KEY = "hsdp/global_rank/{}"
@@ -518,3 +518,4 @@ def register():
     kwargs = {"devices": ["cpu"]} if _compat.register_backend_takes_devices() else {}
     dist.Backend.register_backend(BACKEND_NAME, create_process_group, **kwargs)
     reduce_ops.install_premul_tracker()
+    install_error_propagation()

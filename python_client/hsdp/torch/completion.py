@@ -7,6 +7,12 @@ _create_work_from_future(fut) and a Completer thread per process group waits
 on the hsdpd operation (GIL released), runs the staging copy-outs and then
 completes `fut` with the output tensors, or fails it with the error.
 Operations of one process group complete in submission order.
+
+Failures: torch.futures.Future.set_exception only marks the future on the
+Python side (C++ waiters see a "value"), so the Work is built on a child
+future `parent.then(_unwrap)`: the callback raises for a failed operation,
+which puts the child into a real C++ error state that DDP's Reducer and
+Future.wait() both see.
 """
 import queue
 import threading
@@ -36,6 +42,20 @@ def failed_error(what, e):
         return RuntimeError(msg)
 
 
+class _Failure:
+    __slots__ = ("error",)
+
+    def __init__(self, error):
+        self.error = error
+
+
+def _unwrap(fut):
+    value = fut.value()
+    if isinstance(value, _Failure):
+        raise value.error
+    return value
+
+
 class Completer:
     """One helper thread completing the operations of one process group."""
 
@@ -49,13 +69,14 @@ class Completer:
     def add(self, raw_work, plan, result, what):
         """Returns a torch Work completed once `raw_work` and its copy-outs are done."""
         fut = torch.futures.Future()
+        child = fut.then(_unwrap)
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, daemon=True,
                                                 name=f"hsdp-completer-{self._name}")
                 self._thread.start()
         self._q.put((raw_work, plan, fut, result, what))
-        return _create_work_from_future(fut)
+        return _create_work_from_future(child)
 
     def close(self):
         with self._lock:
@@ -73,16 +94,57 @@ class Completer:
                 raw.wait(self._timeout)
             except _hsdp.DeadlineExceeded as e:
                 plan.abandon()  # the daemon may still write the staging buffers
-                fut.set_exception(failed_error(
-                    f"{what} (timed out after {self._timeout:.0f} s)", e))
+                fut.set_result(_Failure(failed_error(
+                    f"{what} (timed out after {self._timeout:.0f} s)", e)))
                 continue
             except BaseException as e:  # noqa: B902 - every failure reaches the waiter
                 plan.release()
-                fut.set_exception(failed_error(what, e))
+                fut.set_result(_Failure(failed_error(what, e)))
                 continue
             try:
                 plan.finish()
             except BaseException as e:  # noqa: B902
-                fut.set_exception(failed_error(f"{what} copy-out", e))
+                fut.set_result(_Failure(failed_error(f"{what} copy-out", e)))
                 continue
             fut.set_result(result)
+
+
+def _wait_swallows_errors():
+    fut = torch.futures.Future()
+    child = fut.then(_unwrap)
+    fut.set_result(_Failure(RuntimeError("probe")))
+    try:
+        _create_work_from_future(child).wait()
+    except Exception:  # noqa: BLE001 - this torch propagates errors itself
+        return False
+    return True
+
+
+def install_error_propagation():
+    """Makes Work.wait() raise the error of a failed future-backed Work.
+
+    torch's FutureWrappingWork::wait() (1.13 through at least 2.11) returns
+    True even when its future failed, so a failed hsdpd operation would pass
+    silently through dist.all_reduce(...). This wraps Work.wait: after the
+    original wait, a completed future with an error is re-raised. Works
+    without a future (some backends) are unaffected. Idempotent; a no-op on a
+    torch whose wait already raises.
+    """
+    import torch._C._distributed_c10d as c10d
+    orig = c10d.Work.wait
+    if getattr(orig, "_hsdp_wrapped", False) or not _wait_swallows_errors():
+        return
+
+    def wait(self, *args, **kwargs):
+        result = orig(self, *args, **kwargs)
+        try:
+            fut = self.get_future()
+        except RuntimeError:
+            return result
+        if fut.done():
+            fut.wait()  # re-raises the operation's error
+        return result
+
+    wait._hsdp_wrapped = True
+    wait.__doc__ = orig.__doc__
+    c10d.Work.wait = wait
