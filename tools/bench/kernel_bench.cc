@@ -53,8 +53,8 @@ void Fill(char* p, size_t bytes, uint32_t seed) {
 // Best (over `rounds` batches) seconds per call of `fn`.
 double TimePerCall(const std::function<void()>& fn, size_t bytes_per_call, double min_seconds) {
   fn();  // warm up: page faults, caches
-  const size_t calls =
-      std::max<size_t>(1, static_cast<size_t>((size_t{256} << 20) / std::max<size_t>(bytes_per_call, 1)));
+  const size_t calls = std::max<size_t>(
+      1, static_cast<size_t>((size_t{256} << 20) / std::max<size_t>(bytes_per_call, 1)));
   double best = 1e30;
   double total = 0;
   for (int round = 0; round < 5 || total < min_seconds; ++round) {
@@ -83,19 +83,18 @@ int main(int argc, char** argv) {
     } else if (arg == "--min-seconds" && i + 1 < argc) {
       min_seconds = std::strtod(argv[++i], nullptr);
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--scalar] [--stream-min-bytes N] [--min-seconds S]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--scalar] [--stream-min-bytes N] [--min-seconds S]\n",
+                   argv[0]);
       return 2;
     }
   }
   std::printf("isa=%s streaming_store_min_bytes=%zu\n",
               options.isa == internal::Isa::kAvx2 ? "avx2" : "scalar",
               options.streaming_store_min_bytes);
-  std::printf("%9s | %8s | %8s %6s | %8s %6s | %8s %6s | %8s %6s\n", "buffer", "memcpy",
-              "f32 sum", "x mcpy", "f32 inpl", "x mcpy", "bf16 sum", "x mcpy", "f32 w16",
-              "x mcpy");
-  std::printf("%9s | %8s | %8s %6s | %8s %6s | %8s %6s | %8s %6s\n", "", "GB/s", "GB/s", "",
-              "GB/s", "", "GB/s", "", "GB/s", "");
+  std::printf("%9s | %8s | %8s %6s | %8s %6s | %8s %6s | %8s %6s\n", "buffer", "memcpy", "f32 sum",
+              "x mcpy", "f32 inpl", "x mcpy", "bf16 sum", "x mcpy", "f32 w16", "x mcpy");
+  std::printf("%9s | %8s | %8s %6s | %8s %6s | %8s %6s | %8s %6s\n", "", "GB/s", "GB/s", "", "GB/s",
+              "", "GB/s", "", "GB/s", "");
 
   for (size_t bytes = size_t{64} << 10; bytes <= size_t{64} << 20; bytes *= 4) {
     AlignedBuffer in0(bytes), in1(bytes), out0(bytes), out1(bytes);
@@ -116,9 +115,8 @@ int main(int argc, char** argv) {
       spec.op = ReduceOp::kSum;
       spec.wire_dtype = wire;
       const size_t count = bytes / hsdp::DataTypeSize(dtype);
-      return TimePerCall(
-          [&] { internal::ReduceWith(options, spec, inputs, 2, outs, 2, count); }, 4 * bytes,
-          min_seconds);
+      return TimePerCall([&] { internal::ReduceWith(options, spec, inputs, 2, outs, 2, count); },
+                         4 * bytes, min_seconds);
     };
     const double t_f32 = reduce(DataType::kFloat32, DataType::kInvalid, outputs);
     // In place the values double every call and end up at +inf; infinities

@@ -104,8 +104,7 @@ uint32_t EncodeFromDouble(double d) {
                                                mantissa >> (52 - kManBits));
   }
   if (biased == 0) return EncodeExact<kExpBits, kManBits>(negative, mantissa, -1074);
-  return EncodeExact<kExpBits, kManBits>(negative, mantissa | (uint64_t{1} << 52),
-                                         biased - 1075);
+  return EncodeExact<kExpBits, kManBits>(negative, mantissa | (uint64_t{1} << 52), biased - 1075);
 }
 
 template <int kExpBits, int kManBits>
@@ -169,15 +168,38 @@ namespace {
 // ---------------------------------------------------------------------------
 // Element types.
 
-template <DataType kD> struct Elem;
-template <> struct Elem<DataType::kFloat32> { using T = float; };
-template <> struct Elem<DataType::kFloat16> { using T = uint16_t; };
-template <> struct Elem<DataType::kBFloat16> { using T = uint16_t; };
-template <> struct Elem<DataType::kFloat64> { using T = double; };
-template <> struct Elem<DataType::kInt32> { using T = int32_t; };
-template <> struct Elem<DataType::kInt64> { using T = int64_t; };
-template <> struct Elem<DataType::kUInt8> { using T = uint8_t; };
-template <DataType kD> using ElemT = typename Elem<kD>::T;
+template <DataType kD>
+struct Elem;
+template <>
+struct Elem<DataType::kFloat32> {
+  using T = float;
+};
+template <>
+struct Elem<DataType::kFloat16> {
+  using T = uint16_t;
+};
+template <>
+struct Elem<DataType::kBFloat16> {
+  using T = uint16_t;
+};
+template <>
+struct Elem<DataType::kFloat64> {
+  using T = double;
+};
+template <>
+struct Elem<DataType::kInt32> {
+  using T = int32_t;
+};
+template <>
+struct Elem<DataType::kInt64> {
+  using T = int64_t;
+};
+template <>
+struct Elem<DataType::kUInt8> {
+  using T = uint8_t;
+};
+template <DataType kD>
+using ElemT = typename Elem<kD>::T;
 
 // Value of a floating-point element in C (float or double). Exact, except
 // float64 -> float, which is never asked for.
@@ -197,11 +219,15 @@ C ToCompute(ElemT<kD> v) {
 template <DataType kD, typename C>
 ElemT<kD> FromCompute(C v) {
   if constexpr (kD == DataType::kFloat16) {
-    if constexpr (std::is_same_v<C, float>) return FloatToHalf(v);
-    else return DoubleToHalf(v);
+    if constexpr (std::is_same_v<C, float>)
+      return FloatToHalf(v);
+    else
+      return DoubleToHalf(v);
   } else if constexpr (kD == DataType::kBFloat16) {
-    if constexpr (std::is_same_v<C, float>) return FloatToBFloat16Inline(v);
-    else return DoubleToBFloat16(v);
+    if constexpr (std::is_same_v<C, float>)
+      return FloatToBFloat16Inline(v);
+    else
+      return DoubleToBFloat16(v);
   } else {
     return static_cast<ElemT<kD>>(v);
   }
@@ -219,15 +245,6 @@ template <typename C>
 struct Scale {
   ScaleMode mode = ScaleMode::kNone;
   C value = 1;
-
-  C Apply(C x) const {
-    switch (mode) {
-      case ScaleMode::kNone: return x;
-      case ScaleMode::kMul: return x * value;
-      case ScaleMode::kDiv: return x / value;
-    }
-    return x;
-  }
 };
 
 // x * factor, with the factor rounded to C.
@@ -245,7 +262,8 @@ Scale<C> Divider(double divisor) {
   const C d = static_cast<C>(divisor);
   if (d == C{1}) return {};
   int exponent = 0;
-  const bool power_of_two = std::isfinite(d) && std::frexp(static_cast<double>(d), &exponent) == 0.5;
+  const bool power_of_two =
+      std::isfinite(d) && std::frexp(static_cast<double>(d), &exponent) == 0.5;
   if (power_of_two) {
     const C reciprocal = C{1} / d;
     if (std::isnormal(reciprocal)) return {ScaleMode::kMul, reciprocal};
@@ -394,8 +412,7 @@ struct VecF64 {
 HSDP_AVX2_INLINE __m256i BFloat16InHighHalf(__m256 x) {
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb);
+  const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb);
   const __m256i quiet_nan = _mm256_or_si256(bits, _mm256_set1_epi32(0x00400000));
   const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
   return _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
@@ -426,7 +443,8 @@ constexpr int kHalfRounding = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 //     work may happen in between. Pack2 encodes once for all the outputs.
 //     Stream2 is a non-temporal store and needs 32-byte alignment (fp16:
 //     16-byte).
-template <DataType kD> struct Avx2Io;
+template <DataType kD>
+struct Avx2Io;
 
 template <>
 struct Avx2Io<DataType::kFloat32> {
@@ -600,9 +618,8 @@ HSDP_AVX2_INLINE void LoadStep(const FloatPlan<typename Avx2Io<kD>::Vec::C>& pla
 // wire type (the common case, compiled without those checks).
 template <DataType kD, FloatOp kOp, bool kStream, bool kPlainInputs>
 HSDP_AVX2 size_t ReduceFloatAvx2Steps(const FloatPlan<typename Avx2Io<kD>::Vec::C>& plan,
-                                      const void* const* inputs, int n_inputs,
-                                      void* const* outputs, int n_outputs, size_t begin,
-                                      size_t end) {
+                                      const void* const* inputs, int n_inputs, void* const* outputs,
+                                      int n_outputs, size_t begin, size_t end) {
   using Io = Avx2Io<kD>;
   using Vec = typename Io::Vec;
   using V = typename Vec::V;
@@ -670,8 +687,8 @@ HSDP_AVX2 size_t ReduceFloatAvx2(const FloatPlan<typename Avx2Io<kD>::Vec::C>& p
                                  const void* const* inputs, int n_inputs, void* const* outputs,
                                  int n_outputs, size_t begin, size_t end) {
   if (plan.pre.mode == ScaleMode::kNone && plan.wire == Wire::kNone) {
-    return ReduceFloatAvx2Steps<kD, kOp, kStream, true>(plan, inputs, n_inputs, outputs,
-                                                        n_outputs, begin, end);
+    return ReduceFloatAvx2Steps<kD, kOp, kStream, true>(plan, inputs, n_inputs, outputs, n_outputs,
+                                                        begin, end);
   }
   return ReduceFloatAvx2Steps<kD, kOp, kStream, false>(plan, inputs, n_inputs, outputs, n_outputs,
                                                        begin, end);
@@ -702,8 +719,8 @@ HSDP_AVX2 void RunFloatAvx2(const KernelOptions& options,
 template <DataType kD, typename C, FloatOp kOp>
 void RunFloat(const KernelOptions& options, const FloatPlan<C>& plan, const void* const* inputs,
               int n_inputs, void* const* outputs, int n_outputs, size_t count) {
-  constexpr bool kHasAvx2 = std::is_same_v<C, float> ? kD != DataType::kFloat64
-                                                     : kD == DataType::kFloat64;
+  constexpr bool kHasAvx2 =
+      std::is_same_v<C, float> ? kD != DataType::kFloat64 : kD == DataType::kFloat64;
   if constexpr (kHasAvx2) {
     // The double lanes have no wire rounding.
     if (options.isa == Isa::kAvx2 && (std::is_same_v<C, float> || plan.wire == Wire::kNone)) {
@@ -726,8 +743,8 @@ void RunFloatOp(const KernelOptions& options, ReduceOp op, const FloatPlan<C>& p
       return RunFloat<kD, C, FloatOp::kMax>(options, plan, inputs, n_inputs, outputs, n_outputs,
                                             count);
     case ReduceOp::kProduct:
-      return RunFloat<kD, C, FloatOp::kProduct>(options, plan, inputs, n_inputs, outputs,
-                                                n_outputs, count);
+      return RunFloat<kD, C, FloatOp::kProduct>(options, plan, inputs, n_inputs, outputs, n_outputs,
+                                                count);
     default:  // kSum, kAvg, kPremulSum: the differences are in the plan
       return RunFloat<kD, C, FloatOp::kSum>(options, plan, inputs, n_inputs, outputs, n_outputs,
                                             count);
@@ -739,8 +756,8 @@ FloatPlan<C> MakeFloatPlan(const ReduceSpec& spec, int n_inputs, DataType wire) 
   FloatPlan<C> plan;
   plan.pre = spec.op == ReduceOp::kPremulSum ? Multiplier<C>(spec.premul_factor / spec.pre_divide)
                                              : Divider<C>(spec.pre_divide);
-  plan.post = Divider<C>(spec.op == ReduceOp::kAvg ? spec.post_divide * n_inputs
-                                                   : spec.post_divide);
+  plan.post =
+      Divider<C>(spec.op == ReduceOp::kAvg ? spec.post_divide * n_inputs : spec.post_divide);
   switch (wire) {
     case DataType::kFloat32:
       plan.wire = std::is_same_v<C, float> ? Wire::kNone : Wire::kFloat32;
@@ -775,8 +792,8 @@ void ReduceFloatingPoint(const KernelOptions& options, const ReduceSpec& spec, D
                                                 n_outputs, count);
     case DataType::kFloat64:
       if constexpr (std::is_same_v<C, double>) {
-        return RunFloatOp<DataType::kFloat64, C>(options, spec.op, plan, inputs, n_inputs,
-                                                 outputs, n_outputs, count);
+        return RunFloatOp<DataType::kFloat64, C>(options, spec.op, plan, inputs, n_inputs, outputs,
+                                                 n_outputs, count);
       }
       return;
     default:
@@ -799,7 +816,8 @@ template <typename T, FloatOp kOp>
 __attribute__((always_inline)) inline T CombineInt(T acc, T x) {
   using U = std::make_unsigned_t<T>;
   // Unsigned arithmetic wraps; converting back is modular (C++20).
-  if constexpr (kOp == FloatOp::kSum) return static_cast<T>(static_cast<U>(acc) + static_cast<U>(x));
+  if constexpr (kOp == FloatOp::kSum)
+    return static_cast<T>(static_cast<U>(acc) + static_cast<U>(x));
   if constexpr (kOp == FloatOp::kProduct) {
     return static_cast<T>(static_cast<U>(acc) * static_cast<U>(x));
   }
@@ -821,12 +839,14 @@ __attribute__((always_inline)) inline void ReduceIntBody(const IntPlan<T>& plan,
       if (r == 0 && !plan.premul) {
         std::memcpy(acc, src, len * sizeof(T));
       } else if (r == 0) {
-        for (size_t k = 0; k < len; ++k) acc[k] = CombineInt<T, FloatOp::kProduct>(src[k], plan.factor);
+        for (size_t k = 0; k < len; ++k)
+          acc[k] = CombineInt<T, FloatOp::kProduct>(src[k], plan.factor);
       } else if (!plan.premul) {
         for (size_t k = 0; k < len; ++k) acc[k] = CombineInt<T, kOp>(acc[k], src[k]);
       } else {
         for (size_t k = 0; k < len; ++k) {
-          acc[k] = CombineInt<T, kOp>(acc[k], CombineInt<T, FloatOp::kProduct>(src[k], plan.factor));
+          acc[k] =
+              CombineInt<T, kOp>(acc[k], CombineInt<T, FloatOp::kProduct>(src[k], plan.factor));
         }
       }
     }
@@ -850,7 +870,7 @@ __attribute__((always_inline)) inline void ReduceIntTyped(const ReduceSpec& spec
   if (spec.op == ReduceOp::kPremulSum) {
     // Truncate toward zero, saturating to int64, then wrap into T.
     const double f = std::trunc(spec.premul_factor);
-    const int64_t f64 = f != f ? 0
+    const int64_t f64 = f != f        ? 0
                         : f >= 0x1p63 ? std::numeric_limits<int64_t>::max()
                         : f < -0x1p63 ? std::numeric_limits<int64_t>::min()
                                       : static_cast<int64_t>(f);
@@ -864,17 +884,16 @@ __attribute__((always_inline)) inline void ReduceIntTyped(const ReduceSpec& spec
     case ReduceOp::kMax:
       return ReduceIntBody<T, FloatOp::kMax>(plan, inputs, n_inputs, outputs, n_outputs, count);
     case ReduceOp::kProduct:
-      return ReduceIntBody<T, FloatOp::kProduct>(plan, inputs, n_inputs, outputs, n_outputs,
-                                                 count);
+      return ReduceIntBody<T, FloatOp::kProduct>(plan, inputs, n_inputs, outputs, n_outputs, count);
     default:
       return ReduceIntBody<T, FloatOp::kSum>(plan, inputs, n_inputs, outputs, n_outputs, count);
   }
 }
 
 __attribute__((always_inline)) inline void ReduceIntAnyIsa(const ReduceSpec& spec,
-                                                           const void* const* inputs,
-                                                           int n_inputs, void* const* outputs,
-                                                           int n_outputs, size_t count) {
+                                                           const void* const* inputs, int n_inputs,
+                                                           void* const* outputs, int n_outputs,
+                                                           size_t count) {
   switch (spec.dtype) {
     case DataType::kInt32:
       return ReduceIntTyped<int32_t>(spec, inputs, n_inputs, outputs, n_outputs, count);
@@ -902,8 +921,10 @@ HSDP_AVX2 void ReduceIntAvx2(const ReduceSpec& spec, const void* const* inputs, 
 
 template <DataType kD>
 double FloatToDouble(ElemT<kD> v) {
-  if constexpr (kD == DataType::kFloat64) return v;
-  else return ToCompute<kD, float>(v);
+  if constexpr (kD == DataType::kFloat64)
+    return v;
+  else
+    return ToCompute<kD, float>(v);
 }
 
 template <typename T>
@@ -957,27 +978,43 @@ void CastScalarTyped(const void* in, void* out, size_t count) {
 template <DataType kFrom>
 void CastScalarFrom(const void* in, DataType to, void* out, size_t count) {
   switch (to) {
-    case DataType::kFloat32: return CastScalarTyped<kFrom, DataType::kFloat32>(in, out, count);
-    case DataType::kFloat16: return CastScalarTyped<kFrom, DataType::kFloat16>(in, out, count);
-    case DataType::kBFloat16: return CastScalarTyped<kFrom, DataType::kBFloat16>(in, out, count);
-    case DataType::kFloat64: return CastScalarTyped<kFrom, DataType::kFloat64>(in, out, count);
-    case DataType::kInt32: return CastScalarTyped<kFrom, DataType::kInt32>(in, out, count);
-    case DataType::kInt64: return CastScalarTyped<kFrom, DataType::kInt64>(in, out, count);
-    case DataType::kUInt8: return CastScalarTyped<kFrom, DataType::kUInt8>(in, out, count);
-    default: return;
+    case DataType::kFloat32:
+      return CastScalarTyped<kFrom, DataType::kFloat32>(in, out, count);
+    case DataType::kFloat16:
+      return CastScalarTyped<kFrom, DataType::kFloat16>(in, out, count);
+    case DataType::kBFloat16:
+      return CastScalarTyped<kFrom, DataType::kBFloat16>(in, out, count);
+    case DataType::kFloat64:
+      return CastScalarTyped<kFrom, DataType::kFloat64>(in, out, count);
+    case DataType::kInt32:
+      return CastScalarTyped<kFrom, DataType::kInt32>(in, out, count);
+    case DataType::kInt64:
+      return CastScalarTyped<kFrom, DataType::kInt64>(in, out, count);
+    case DataType::kUInt8:
+      return CastScalarTyped<kFrom, DataType::kUInt8>(in, out, count);
+    default:
+      return;
   }
 }
 
 void CastScalar(DataType from, const void* in, DataType to, void* out, size_t count) {
   switch (from) {
-    case DataType::kFloat32: return CastScalarFrom<DataType::kFloat32>(in, to, out, count);
-    case DataType::kFloat16: return CastScalarFrom<DataType::kFloat16>(in, to, out, count);
-    case DataType::kBFloat16: return CastScalarFrom<DataType::kBFloat16>(in, to, out, count);
-    case DataType::kFloat64: return CastScalarFrom<DataType::kFloat64>(in, to, out, count);
-    case DataType::kInt32: return CastScalarFrom<DataType::kInt32>(in, to, out, count);
-    case DataType::kInt64: return CastScalarFrom<DataType::kInt64>(in, to, out, count);
-    case DataType::kUInt8: return CastScalarFrom<DataType::kUInt8>(in, to, out, count);
-    default: return;
+    case DataType::kFloat32:
+      return CastScalarFrom<DataType::kFloat32>(in, to, out, count);
+    case DataType::kFloat16:
+      return CastScalarFrom<DataType::kFloat16>(in, to, out, count);
+    case DataType::kBFloat16:
+      return CastScalarFrom<DataType::kBFloat16>(in, to, out, count);
+    case DataType::kFloat64:
+      return CastScalarFrom<DataType::kFloat64>(in, to, out, count);
+    case DataType::kInt32:
+      return CastScalarFrom<DataType::kInt32>(in, to, out, count);
+    case DataType::kInt64:
+      return CastScalarFrom<DataType::kInt64>(in, to, out, count);
+    case DataType::kUInt8:
+      return CastScalarFrom<DataType::kUInt8>(in, to, out, count);
+    default:
+      return;
   }
 }
 
@@ -997,19 +1034,27 @@ HSDP_AVX2 size_t CastAvx2Typed(const void* in, void* out, size_t count) {
 template <DataType kFrom>
 HSDP_AVX2 size_t CastAvx2From(const void* in, DataType to, void* out, size_t count) {
   switch (to) {
-    case DataType::kFloat32: return CastAvx2Typed<kFrom, DataType::kFloat32>(in, out, count);
-    case DataType::kFloat16: return CastAvx2Typed<kFrom, DataType::kFloat16>(in, out, count);
-    case DataType::kBFloat16: return CastAvx2Typed<kFrom, DataType::kBFloat16>(in, out, count);
-    default: return 0;
+    case DataType::kFloat32:
+      return CastAvx2Typed<kFrom, DataType::kFloat32>(in, out, count);
+    case DataType::kFloat16:
+      return CastAvx2Typed<kFrom, DataType::kFloat16>(in, out, count);
+    case DataType::kBFloat16:
+      return CastAvx2Typed<kFrom, DataType::kBFloat16>(in, out, count);
+    default:
+      return 0;
   }
 }
 
 HSDP_AVX2 size_t CastAvx2(DataType from, const void* in, DataType to, void* out, size_t count) {
   switch (from) {
-    case DataType::kFloat32: return CastAvx2From<DataType::kFloat32>(in, to, out, count);
-    case DataType::kFloat16: return CastAvx2From<DataType::kFloat16>(in, to, out, count);
-    case DataType::kBFloat16: return CastAvx2From<DataType::kBFloat16>(in, to, out, count);
-    default: return 0;
+    case DataType::kFloat32:
+      return CastAvx2From<DataType::kFloat32>(in, to, out, count);
+    case DataType::kFloat16:
+      return CastAvx2From<DataType::kFloat16>(in, to, out, count);
+    case DataType::kBFloat16:
+      return CastAvx2From<DataType::kBFloat16>(in, to, out, count);
+    default:
+      return 0;
   }
 }
 
@@ -1052,8 +1097,8 @@ void CastWith(const KernelOptions& options, DataType from, const void* in, DataT
 
 }  // namespace internal
 
-void Reduce(const ReduceSpec& spec, const void* const* inputs, int n_inputs,
-            void* const* outputs, int n_outputs, size_t count) {
+void Reduce(const ReduceSpec& spec, const void* const* inputs, int n_inputs, void* const* outputs,
+            int n_outputs, size_t count) {
   internal::ReduceWith({.isa = internal::BestIsa()}, spec, inputs, n_inputs, outputs, n_outputs,
                        count);
 }

@@ -14,12 +14,12 @@ namespace hsdp::cpu {
 
 // Fully validated parameters (the caller checked every combination).
 struct ReduceSpec {
-  DataType dtype = DataType::kFloat32;        // of inputs and outputs
+  DataType dtype = DataType::kFloat32;  // of inputs and outputs
   ReduceOp op = ReduceOp::kSum;
-  DataType wire_dtype = DataType::kInvalid;   // kInvalid = dtype; else a float type
-  double premul_factor = 1.0;                 // kPremulSum only
-  double pre_divide = 1.0;                    // > 0
-  double post_divide = 1.0;                   // > 0; kAvg multiplies this by n_inputs
+  DataType wire_dtype = DataType::kInvalid;  // kInvalid = dtype; else a float type
+  double premul_factor = 1.0;                // kPremulSum only
+  double pre_divide = 1.0;                   // > 0
+  double post_divide = 1.0;                  // > 0; kAvg multiplies this by n_inputs
 };
 
 // For every i in [0, count):
@@ -58,8 +58,8 @@ struct ReduceSpec {
 // inputs[r] for any j, r), never partially. Large calls whose outputs alias no
 // input write the outputs with non-temporal (cache-bypassing) stores.
 // n_inputs >= 1; n_outputs >= 0; buffers need only element alignment.
-void Reduce(const ReduceSpec& spec, const void* const* inputs, int n_inputs,
-            void* const* outputs, int n_outputs, size_t count);
+void Reduce(const ReduceSpec& spec, const void* const* inputs, int n_inputs, void* const* outputs,
+            int n_outputs, size_t count);
 
 // Converts `count` elements from `from` to `to`:
 //   float -> float: round to nearest even (one rounding), overflow to +-inf,

@@ -38,8 +38,8 @@ constexpr size_t kCounts[] = {1, 7, 1023, 4097, 100003};
 
 bool HaveAvx2() { return internal::BestIsa() == Isa::kAvx2; }
 
-#define SKIP_IF_UNSUPPORTED(isa)                                             \
-  do {                                                                       \
+#define SKIP_IF_UNSUPPORTED(isa)                                            \
+  do {                                                                      \
     if ((isa) == Isa::kAvx2 && !HaveAvx2()) GTEST_SKIP() << "no AVX2/F16C"; \
   } while (0)
 
@@ -49,8 +49,8 @@ std::string IsaName(Isa isa) { return isa == Isa::kAvx2 ? "avx2" : "scalar"; }
 // Reference number formats.
 
 struct Format {
-  int precision;      // significant bits, the implicit one included
-  int min_exponent;   // exponent of the smallest normal
+  int precision;     // significant bits, the implicit one included
+  int min_exponent;  // exponent of the smallest normal
   double max_finite;
 };
 constexpr Format kHalf{11, -14, 65504.0};
@@ -148,14 +148,22 @@ void StoreAt(void* p, size_t i, T v) {
 // Exact value of element i (integers: exact below 2^53, used for float types).
 double GetDouble(DataType t, const void* p, size_t i) {
   switch (t) {
-    case DataType::kFloat32: return Load<float>(p, i);
-    case DataType::kFloat16: return RefHalfToDouble(Load<uint16_t>(p, i));
-    case DataType::kBFloat16: return RefBFloat16ToDouble(Load<uint16_t>(p, i));
-    case DataType::kFloat64: return Load<double>(p, i);
-    case DataType::kInt32: return Load<int32_t>(p, i);
-    case DataType::kInt64: return static_cast<double>(Load<int64_t>(p, i));
-    case DataType::kUInt8: return Load<uint8_t>(p, i);
-    default: return 0;
+    case DataType::kFloat32:
+      return Load<float>(p, i);
+    case DataType::kFloat16:
+      return RefHalfToDouble(Load<uint16_t>(p, i));
+    case DataType::kBFloat16:
+      return RefBFloat16ToDouble(Load<uint16_t>(p, i));
+    case DataType::kFloat64:
+      return Load<double>(p, i);
+    case DataType::kInt32:
+      return Load<int32_t>(p, i);
+    case DataType::kInt64:
+      return static_cast<double>(Load<int64_t>(p, i));
+    case DataType::kUInt8:
+      return Load<uint8_t>(p, i);
+    default:
+      return 0;
   }
 }
 
@@ -164,14 +172,22 @@ void SetDouble(DataType t, void* p, size_t i, double v) {
   if (std::isnan(v) && t == DataType::kFloat16) return StoreAt<uint16_t>(p, i, 0x7E00);
   if (std::isnan(v) && t == DataType::kBFloat16) return StoreAt<uint16_t>(p, i, 0x7FC0);
   switch (t) {
-    case DataType::kFloat32: return StoreAt<float>(p, i, static_cast<float>(v));
-    case DataType::kFloat16: return StoreAt<uint16_t>(p, i, RefHalfBits(v));
-    case DataType::kBFloat16: return StoreAt<uint16_t>(p, i, RefBFloat16Bits(v));
-    case DataType::kFloat64: return StoreAt<double>(p, i, v);
-    case DataType::kInt32: return StoreAt<int32_t>(p, i, static_cast<int32_t>(v));
-    case DataType::kInt64: return StoreAt<int64_t>(p, i, static_cast<int64_t>(v));
-    case DataType::kUInt8: return StoreAt<uint8_t>(p, i, static_cast<uint8_t>(v));
-    default: return;
+    case DataType::kFloat32:
+      return StoreAt<float>(p, i, static_cast<float>(v));
+    case DataType::kFloat16:
+      return StoreAt<uint16_t>(p, i, RefHalfBits(v));
+    case DataType::kBFloat16:
+      return StoreAt<uint16_t>(p, i, RefBFloat16Bits(v));
+    case DataType::kFloat64:
+      return StoreAt<double>(p, i, v);
+    case DataType::kInt32:
+      return StoreAt<int32_t>(p, i, static_cast<int32_t>(v));
+    case DataType::kInt64:
+      return StoreAt<int64_t>(p, i, static_cast<int64_t>(v));
+    case DataType::kUInt8:
+      return StoreAt<uint8_t>(p, i, static_cast<uint8_t>(v));
+    default:
+      return;
   }
 }
 
@@ -199,20 +215,29 @@ void FillRandom(Buffer& b, ReduceOp op, std::mt19937_64& rng) {
       }
       case DataType::kFloat32: {
         const uint32_t e = product ? 126 + (r >> 30) % 2 : 100 + (r >> 30) % 30;
-        StoreAt<uint32_t>(b.data(), i, (negative ? 0x80000000u : 0u) | (e << 23) |
-                                           static_cast<uint32_t>(r & 0x7FFFFF));
+        StoreAt<uint32_t>(
+            b.data(), i,
+            (negative ? 0x80000000u : 0u) | (e << 23) | static_cast<uint32_t>(r & 0x7FFFFF));
         break;
       }
       case DataType::kFloat64: {
         const uint64_t e = product ? 1022 + (r >> 60) % 2 : 1000 + (r >> 56) % 30;
-        StoreAt<uint64_t>(b.data(), i, (negative ? uint64_t{1} << 63 : 0) | (e << 52) |
-                                           (rng() & ((uint64_t{1} << 52) - 1)));
+        StoreAt<uint64_t>(
+            b.data(), i,
+            (negative ? uint64_t{1} << 63 : 0) | (e << 52) | (rng() & ((uint64_t{1} << 52) - 1)));
         break;
       }
-      case DataType::kInt32: StoreAt<int32_t>(b.data(), i, static_cast<int32_t>(r)); break;
-      case DataType::kInt64: StoreAt<int64_t>(b.data(), i, static_cast<int64_t>(r)); break;
-      case DataType::kUInt8: StoreAt<uint8_t>(b.data(), i, static_cast<uint8_t>(r)); break;
-      default: break;
+      case DataType::kInt32:
+        StoreAt<int32_t>(b.data(), i, static_cast<int32_t>(r));
+        break;
+      case DataType::kInt64:
+        StoreAt<int64_t>(b.data(), i, static_cast<int64_t>(r));
+        break;
+      case DataType::kUInt8:
+        StoreAt<uint8_t>(b.data(), i, static_cast<uint8_t>(r));
+        break;
+      default:
+        break;
     }
   }
 }
@@ -223,26 +248,34 @@ void FillRandom(Buffer& b, ReduceOp op, std::mt19937_64& rng) {
 double AccumulationEpsilon(DataType t) { return t == DataType::kFloat64 ? 0x1p-53 : 0x1p-24; }
 double OutputEpsilon(DataType t) {
   switch (t) {
-    case DataType::kFloat16: return 0x1p-11;
-    case DataType::kBFloat16: return 0x1p-8;
-    case DataType::kFloat32: return 0x1p-24;
-    default: return 0x1p-53;
+    case DataType::kFloat16:
+      return 0x1p-11;
+    case DataType::kBFloat16:
+      return 0x1p-8;
+    case DataType::kFloat32:
+      return 0x1p-24;
+    default:
+      return 0x1p-53;
   }
 }
 double SmallestSubnormal(DataType t) {
   switch (t) {
-    case DataType::kFloat16: return 0x1p-24;
-    case DataType::kBFloat16: return 0x1p-133;
-    case DataType::kFloat32: return 0x1p-149;
-    default: return std::numeric_limits<double>::denorm_min();
+    case DataType::kFloat16:
+      return 0x1p-24;
+    case DataType::kBFloat16:
+      return 0x1p-133;
+    case DataType::kFloat32:
+      return 0x1p-149;
+    default:
+      return std::numeric_limits<double>::denorm_min();
   }
 }
 
 // Checks `out` against a float64 reference of spec over `inputs`, with an
 // error bound derived from the accumulation and output precisions. Returns
 // the number of mismatches (reports the first few).
-int CheckFloatReduction(const ReduceSpec& spec, const std::vector<Buffer>& inputs,
-                        const void* out, size_t count, const std::string& what) {
+int CheckFloatReduction(const ReduceSpec& spec, const std::vector<Buffer>& inputs, const void* out,
+                        size_t count, const std::string& what) {
   const DataType t = spec.dtype;
   const int n = static_cast<int>(inputs.size());
   const double scale = spec.op == ReduceOp::kPremulSum ? spec.premul_factor / spec.pre_divide
@@ -255,10 +288,18 @@ int CheckFloatReduction(const ReduceSpec& spec, const std::vector<Buffer>& input
     for (int r = 0; r < n; ++r) {
       const double x = GetDouble(t, inputs[r].data(), i) * scale;
       switch (spec.op) {
-        case ReduceOp::kMin: ref = r == 0 ? x : std::min(ref, x); break;
-        case ReduceOp::kMax: ref = r == 0 ? x : std::max(ref, x); break;
-        case ReduceOp::kProduct: ref = r == 0 ? x : ref * x; break;
-        default: ref += x; break;
+        case ReduceOp::kMin:
+          ref = r == 0 ? x : std::min(ref, x);
+          break;
+        case ReduceOp::kMax:
+          ref = r == 0 ? x : std::max(ref, x);
+          break;
+        case ReduceOp::kProduct:
+          ref = r == 0 ? x : ref * x;
+          break;
+        default:
+          ref += x;
+          break;
       }
       magnitude += std::fabs(x);
     }
@@ -266,9 +307,15 @@ int CheckFloatReduction(const ReduceSpec& spec, const std::vector<Buffer>& input
     magnitude /= divisor;
     switch (spec.op) {
       case ReduceOp::kMin:
-      case ReduceOp::kMax: tol = 3 * eps * std::fabs(ref); break;
-      case ReduceOp::kProduct: tol = (2 * n + 4) * eps * std::fabs(ref); break;
-      default: tol = (n + 3) * eps * magnitude; break;
+      case ReduceOp::kMax:
+        tol = 3 * eps * std::fabs(ref);
+        break;
+      case ReduceOp::kProduct:
+        tol = (2 * n + 4) * eps * std::fabs(ref);
+        break;
+      default:
+        tol = (n + 3) * eps * magnitude;
+        break;
     }
     tol += OutputEpsilon(t) * std::fabs(ref) + SmallestSubnormal(t);
     // Unscaled min/max select one input: exact.
@@ -277,8 +324,8 @@ int CheckFloatReduction(const ReduceSpec& spec, const std::vector<Buffer>& input
     const double got = GetDouble(t, out, i);
     if (!(std::fabs(got - ref) <= tol)) {
       if (++failures <= 5) {
-        ADD_FAILURE() << what << " element " << i << ": got " << got << ", want " << ref
-                      << " +- " << tol;
+        ADD_FAILURE() << what << " element " << i << ": got " << got << ", want " << ref << " +- "
+                      << tol;
       }
     }
   }
@@ -320,10 +367,14 @@ int CheckIntReductionTyped(const ReduceSpec& spec, const std::vector<Buffer>& in
 int CheckReduction(const ReduceSpec& spec, const std::vector<Buffer>& inputs, const void* out,
                    size_t count, const std::string& what) {
   switch (spec.dtype) {
-    case DataType::kInt32: return CheckIntReductionTyped<int32_t>(spec, inputs, out, count, what);
-    case DataType::kInt64: return CheckIntReductionTyped<int64_t>(spec, inputs, out, count, what);
-    case DataType::kUInt8: return CheckIntReductionTyped<uint8_t>(spec, inputs, out, count, what);
-    default: return CheckFloatReduction(spec, inputs, out, count, what);
+    case DataType::kInt32:
+      return CheckIntReductionTyped<int32_t>(spec, inputs, out, count, what);
+    case DataType::kInt64:
+      return CheckIntReductionTyped<int64_t>(spec, inputs, out, count, what);
+    case DataType::kUInt8:
+      return CheckIntReductionTyped<uint8_t>(spec, inputs, out, count, what);
+    default:
+      return CheckFloatReduction(spec, inputs, out, count, what);
   }
 }
 
@@ -339,8 +390,8 @@ std::vector<void*> OutputPointers(std::vector<Buffer>& buffers) {
 }
 
 void RunReduce(Isa isa, const ReduceSpec& spec, const std::vector<const void*>& in,
-               const std::vector<void*>& out, size_t count, size_t streaming_min_bytes =
-                                                                internal::kDefaultStreamingStoreMinBytes) {
+               const std::vector<void*>& out, size_t count,
+               size_t streaming_min_bytes = internal::kDefaultStreamingStoreMinBytes) {
   internal::ReduceWith({.isa = isa, .streaming_store_min_bytes = streaming_min_bytes}, spec,
                        in.data(), static_cast<int>(in.size()), out.data(),
                        static_cast<int>(out.size()), count);
@@ -391,8 +442,10 @@ TEST(Conversions, FloatToHalfAndBFloat16MatchReference) {
     const double b = RefBFloat16ToDouble(internal::FloatToBFloat16(f));
     const double want_h = RefRound(f, kHalf);
     const double want_b = RefRound(f, kBFloat);
-    const bool ok_h = std::isnan(want_h) ? std::isnan(h) : (h == want_h && std::signbit(h) == std::signbit(want_h));
-    const bool ok_b = std::isnan(want_b) ? std::isnan(b) : (b == want_b && std::signbit(b) == std::signbit(want_b));
+    const bool ok_h = std::isnan(want_h) ? std::isnan(h)
+                                         : (h == want_h && std::signbit(h) == std::signbit(want_h));
+    const bool ok_b = std::isnan(want_b) ? std::isnan(b)
+                                         : (b == want_b && std::signbit(b) == std::signbit(want_b));
     if (!ok_h || !ok_b) {
       ++failures;
       ADD_FAILURE() << "float bits " << std::hex << bits << ": half " << h << " want " << want_h
@@ -436,8 +489,7 @@ TEST(Conversions, DoubleRoundsOnce) {
     const double d = std::ldexp(std::uniform_real_distribution<double>(-2, 2)(rng),
                                 static_cast<int>(rng() % 300) - 150);
     ExpectRounded(RefHalfToDouble(internal::DoubleToHalf(d)), RefRound(d, kHalf), "half");
-    ExpectRounded(RefBFloat16ToDouble(internal::DoubleToBFloat16(d)), RefRound(d, kBFloat),
-                  "bf16");
+    ExpectRounded(RefBFloat16ToDouble(internal::DoubleToBFloat16(d)), RefRound(d, kBFloat), "bf16");
     if (HasFailure()) break;
   }
 }
@@ -505,24 +557,24 @@ TEST_P(ReduceAllTest, InPlace) {
       std::vector<const void*> in(out.begin(), out.begin() + n);
       RunReduce(isa, spec, in, out, count);
       for (size_t j = 0; j < buffers.size(); ++j) {
-        const std::string what = std::string(DataTypeName(dtype)) + " " +
-                                 std::string(ReduceOpName(op)) + " in place n=" +
-                                 std::to_string(n) + " output " + std::to_string(j);
+        const std::string what =
+            std::string(DataTypeName(dtype)) + " " + std::string(ReduceOpName(op)) +
+            " in place n=" + std::to_string(n) + " output " + std::to_string(j);
         ASSERT_EQ(CheckReduction(spec, originals, buffers[j].data(), count, what), 0);
       }
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllTypesOpsIsas, ReduceAllTest,
-    ::testing::Combine(::testing::ValuesIn(kAllTypes), ::testing::ValuesIn(kAllOps),
-                       ::testing::Values(Isa::kScalar, Isa::kAvx2)),
-    [](const ::testing::TestParamInfo<ReduceAllTest::ParamType>& info) {
-      return std::string(DataTypeName(std::get<0>(info.param))) + "_" +
-             std::string(ReduceOpName(std::get<1>(info.param))) + "_" +
-             IsaName(std::get<2>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(AllTypesOpsIsas, ReduceAllTest,
+                         ::testing::Combine(::testing::ValuesIn(kAllTypes),
+                                            ::testing::ValuesIn(kAllOps),
+                                            ::testing::Values(Isa::kScalar, Isa::kAvx2)),
+                         [](const ::testing::TestParamInfo<ReduceAllTest::ParamType>& info) {
+                           return std::string(DataTypeName(std::get<0>(info.param))) + "_" +
+                                  std::string(ReduceOpName(std::get<1>(info.param))) + "_" +
+                                  IsaName(std::get<2>(info.param));
+                         });
 
 // ---------------------------------------------------------------------------
 // Floating-point specifics, per kernel set.
@@ -536,10 +588,11 @@ TEST_P(ReduceFloatTest, PreAndPostDivide) {
     double premul, pre, post;
   };
   const Case cases[] = {
-      {ReduceOp::kSum, 1, 2, 4},      {ReduceOp::kSum, 1, 3, 1},   {ReduceOp::kSum, 1, 1, 3},
-      {ReduceOp::kAvg, 1, 2, 1},      {ReduceOp::kAvg, 1, 1, 0.5}, {ReduceOp::kPremulSum, 0.3, 2, 1},
-      {ReduceOp::kPremulSum, 5, 1, 7}, {ReduceOp::kMax, 1, 4, 1},  {ReduceOp::kMin, 1, 3, 3},
-      {ReduceOp::kProduct, 1, 2, 2},
+      {ReduceOp::kSum, 1, 2, 4},       {ReduceOp::kSum, 1, 3, 1},
+      {ReduceOp::kSum, 1, 1, 3},       {ReduceOp::kAvg, 1, 2, 1},
+      {ReduceOp::kAvg, 1, 1, 0.5},     {ReduceOp::kPremulSum, 0.3, 2, 1},
+      {ReduceOp::kPremulSum, 5, 1, 7}, {ReduceOp::kMax, 1, 4, 1},
+      {ReduceOp::kMin, 1, 3, 3},       {ReduceOp::kProduct, 1, 2, 2},
   };
   std::mt19937_64 rng(11);
   for (DataType dtype : kFloatTypes) {
@@ -558,9 +611,8 @@ TEST_P(ReduceFloatTest, PreAndPostDivide) {
         std::vector<Buffer> outputs(2, Buffer(dtype, count));
         RunReduce(GetParam(), spec, InputPointers(inputs), OutputPointers(outputs), count);
         const std::string what = std::string(DataTypeName(dtype)) + " " +
-                                 std::string(ReduceOpName(c.op)) + " pre=" +
-                                 std::to_string(c.pre) + " post=" + std::to_string(c.post) +
-                                 " n=" + std::to_string(n);
+                                 std::string(ReduceOpName(c.op)) + " pre=" + std::to_string(c.pre) +
+                                 " post=" + std::to_string(c.post) + " n=" + std::to_string(n);
         ASSERT_EQ(CheckReduction(spec, inputs, outputs[1].data(), count, what), 0);
       }
     }
@@ -650,9 +702,9 @@ TEST_P(ReduceFloatTest, Float16OverflowsToInfinity) {
   EXPECT_EQ(ReduceValues(GetParam(), sum, {65504, 16}), INFINITY);  // tie at the top: rounds up
   EXPECT_EQ(ReduceValues(GetParam(), sum, {65504, 15}), 65504);
   EXPECT_EQ(ReduceValues(GetParam(), sum, {65504, 65504, -65504}), 65504);  // float32 accumulator
-  EXPECT_EQ(ReduceValues(GetParam(), DefaultSpec(DataType::kFloat16, ReduceOp::kProduct),
-                         {256, 256}),
-            INFINITY);
+  EXPECT_EQ(
+      ReduceValues(GetParam(), DefaultSpec(DataType::kFloat16, ReduceOp::kProduct), {256, 256}),
+      INFINITY);
   ReduceSpec avg = DefaultSpec(DataType::kFloat16, ReduceOp::kAvg);
   EXPECT_EQ(ReduceValues(GetParam(), avg, {60000, 60000}), 60000);  // no intermediate overflow
   const ReduceSpec bf16 = DefaultSpec(DataType::kBFloat16, ReduceOp::kSum);
@@ -674,8 +726,8 @@ TEST_P(ReduceFloatTest, NaNPropagates) {
             << DataTypeName(dtype) << " " << ReduceOpName(op) << " NaN at " << position;
       }
     }
-    EXPECT_TRUE(std::isnan(ReduceValues(GetParam(), DefaultSpec(dtype, ReduceOp::kSum),
-                                        {INFINITY, -INFINITY})));
+    EXPECT_TRUE(std::isnan(
+        ReduceValues(GetParam(), DefaultSpec(dtype, ReduceOp::kSum), {INFINITY, -INFINITY})));
     EXPECT_EQ(ReduceValues(GetParam(), DefaultSpec(dtype, ReduceOp::kMax), {-INFINITY, 2, 1}), 2);
     EXPECT_EQ(ReduceValues(GetParam(), DefaultSpec(dtype, ReduceOp::kMin), {INFINITY, 2, 1}), 1);
   }
@@ -684,10 +736,10 @@ TEST_P(ReduceFloatTest, NaNPropagates) {
 TEST_P(ReduceFloatTest, ResultTiesRoundToEven) {
   SKIP_IF_UNSUPPORTED(GetParam());
   const ReduceSpec bf16 = DefaultSpec(DataType::kBFloat16, ReduceOp::kSum);
-  EXPECT_EQ(ReduceValues(GetParam(), bf16, {1, 0x1p-8}), 1);                       // to even: down
-  EXPECT_EQ(ReduceValues(GetParam(), bf16, {1 + 0x1p-7, 0x1p-8}), 1 + 0x1p-6);     // to even: up
+  EXPECT_EQ(ReduceValues(GetParam(), bf16, {1, 0x1p-8}), 1);                    // to even: down
+  EXPECT_EQ(ReduceValues(GetParam(), bf16, {1 + 0x1p-7, 0x1p-8}), 1 + 0x1p-6);  // to even: up
   EXPECT_EQ(ReduceValues(GetParam(), bf16, {-1 - 0x1p-7, -0x1p-8}), -1 - 0x1p-6);
-  EXPECT_EQ(ReduceValues(GetParam(), bf16, {1, 0x1p-8, 0x1p-20}), 1 + 0x1p-7);     // above tie
+  EXPECT_EQ(ReduceValues(GetParam(), bf16, {1, 0x1p-8, 0x1p-20}), 1 + 0x1p-7);  // above tie
   const ReduceSpec half = DefaultSpec(DataType::kFloat16, ReduceOp::kSum);
   EXPECT_EQ(ReduceValues(GetParam(), half, {1, 0x1p-11}), 1);
   EXPECT_EQ(ReduceValues(GetParam(), half, {1 + 0x1p-10, 0x1p-11}), 1 + 0x1p-9);
@@ -705,9 +757,11 @@ TEST_P(ReduceFloatTest, ResultTiesRoundToEven) {
 TEST_P(ReduceFloatTest, MinMaxKeepSignedZerosInInputOrder) {
   SKIP_IF_UNSUPPORTED(GetParam());
   for (DataType dtype : kFloatTypes) {
-    const double max_zero = ReduceValues(GetParam(), DefaultSpec(dtype, ReduceOp::kMax), {-0.0, 0.0});
+    const double max_zero =
+        ReduceValues(GetParam(), DefaultSpec(dtype, ReduceOp::kMax), {-0.0, 0.0});
     EXPECT_TRUE(max_zero == 0 && std::signbit(max_zero)) << DataTypeName(dtype);
-    const double min_zero = ReduceValues(GetParam(), DefaultSpec(dtype, ReduceOp::kMin), {0.0, -0.0});
+    const double min_zero =
+        ReduceValues(GetParam(), DefaultSpec(dtype, ReduceOp::kMin), {0.0, -0.0});
     EXPECT_TRUE(min_zero == 0 && !std::signbit(min_zero)) << DataTypeName(dtype);
   }
 }
@@ -769,7 +823,8 @@ TEST(ReduceIsas, ScalarAndAvx2AreBitIdentical) {
     for (ReduceOp op : kAllOps) {
       for (DataType wire : wires) {
         for (const Scales& s : scales) {
-          if (!IsFloatingPoint(dtype) && (wire != DataType::kInvalid || s.pre != 1 || s.post != 1)) {
+          if (!IsFloatingPoint(dtype) &&
+              (wire != DataType::kInvalid || s.pre != 1 || s.post != 1)) {
             continue;
           }
           for (int n : {1, 2, 5}) {
@@ -806,8 +861,8 @@ TEST(ReduceIsas, ScalarAndAvx2AreBitIdentical) {
                   ASSERT_TRUE(SameBitsOrBothNaN(dtype, out_a[j], out_b[j], count))
                       << DataTypeName(dtype) << " " << ReduceOpName(op) << " wire "
                       << static_cast<int>(wire) << " premul " << s.premul << " pre " << s.pre
-                      << " post " << s.post << " n=" << n << " offset " << offset
-                      << " streaming " << streaming;
+                      << " post " << s.post << " n=" << n << " offset " << offset << " streaming "
+                      << streaming;
                 }
               }
             }
@@ -847,18 +902,15 @@ TEST(ReduceIsas, StreamingStoresWithDifferentlyAlignedOutputs) {
 TEST(ReduceIntegers, WrapAndTruncate) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2}) {
     if (isa == Isa::kAvx2 && !HaveAvx2()) continue;
-    EXPECT_EQ(ReduceValues(isa, DefaultSpec(DataType::kInt32, ReduceOp::kSum),
-                           {2147483647.0, 1}),
+    EXPECT_EQ(ReduceValues(isa, DefaultSpec(DataType::kInt32, ReduceOp::kSum), {2147483647.0, 1}),
               -2147483648.0);
     EXPECT_EQ(ReduceValues(isa, DefaultSpec(DataType::kUInt8, ReduceOp::kSum), {200, 100}), 44);
-    EXPECT_EQ(ReduceValues(isa, DefaultSpec(DataType::kUInt8, ReduceOp::kProduct), {16, 17}),
-              16);
+    EXPECT_EQ(ReduceValues(isa, DefaultSpec(DataType::kUInt8, ReduceOp::kProduct), {16, 17}), 16);
     EXPECT_EQ(ReduceValues(isa, DefaultSpec(DataType::kInt32, ReduceOp::kAvg), {-7, 0}), -3);
     EXPECT_EQ(ReduceValues(isa, DefaultSpec(DataType::kInt32, ReduceOp::kAvg), {7, 0, 1}), 2);
     EXPECT_EQ(ReduceValues(isa, DefaultSpec(DataType::kUInt8, ReduceOp::kMax), {200, 100}), 200);
     EXPECT_EQ(ReduceValues(isa, DefaultSpec(DataType::kInt64, ReduceOp::kMin), {-5, 3}), -5);
-    EXPECT_EQ(ReduceValues(isa, DefaultSpec(DataType::kInt64, ReduceOp::kPremulSum), {-5, 3}),
-              -6);
+    EXPECT_EQ(ReduceValues(isa, DefaultSpec(DataType::kInt64, ReduceOp::kPremulSum), {-5, 3}), -6);
   }
 }
 
@@ -930,9 +982,8 @@ TEST_P(CastTest, RoundingSaturationAndWrapping) {
   EXPECT_EQ(cast_one(DataType::kBFloat16, -5, DataType::kUInt8), 0);
   EXPECT_EQ(cast_one(DataType::kFloat32, -0.5, DataType::kUInt8), 0);
   EXPECT_EQ(cast_one(DataType::kFloat16, INFINITY, DataType::kInt32), 2147483647);
-  EXPECT_EQ(cast_one(DataType::kFloat64, std::numeric_limits<double>::quiet_NaN(),
-                     DataType::kInt64),
-            0);
+  EXPECT_EQ(
+      cast_one(DataType::kFloat64, std::numeric_limits<double>::quiet_NaN(), DataType::kInt64), 0);
   // float -> narrower float: round to nearest even, overflow to inf.
   EXPECT_EQ(cast_one(DataType::kFloat32, 1 + 0x1p-11, DataType::kFloat16), 1);
   EXPECT_EQ(cast_one(DataType::kFloat32, 1 + 0x3p-11, DataType::kFloat16), 1 + 0x1p-9);
