@@ -94,6 +94,11 @@ class ProcessGroupHsdp(ProcessGroup):
     def hsdp_client(self):
         return self._client
 
+    def hsdp_stats(self):
+        """{"ops", "failed", "exec_ns", "queued_ns"}: completed operations of this group and
+        the daemon-side time spent executing / waiting for peers."""
+        return self._completer.stats()
+
     def __repr__(self):
         return (f"<ProcessGroupHsdp rank={self.rank()} size={self.size()} "
                 f"ranks={self._group.ranks} hsdpd_group={self._group.id}>")

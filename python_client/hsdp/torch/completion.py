@@ -65,6 +65,19 @@ class Completer:
         self._q = queue.SimpleQueue()
         self._thread = None
         self._lock = threading.Lock()
+        self._stats = {"ops": 0, "failed": 0, "exec_ns": 0, "queued_ns": 0}
+
+    def stats(self):
+        """Completed operations and the daemon's execution/queueing time for them."""
+        with self._lock:
+            return dict(self._stats)
+
+    def _count(self, raw, failed):
+        with self._lock:
+            self._stats["ops"] += 1
+            self._stats["failed"] += int(failed)
+            self._stats["exec_ns"] += raw.exec_ns
+            self._stats["queued_ns"] += raw.queued_ns
 
     def add(self, raw_work, plan, result, what):
         """Returns a torch Work completed once `raw_work` and its copy-outs are done."""
@@ -98,9 +111,11 @@ class Completer:
                     f"{what} (timed out after {self._timeout:.0f} s)", e)))
                 continue
             except BaseException as e:  # noqa: B902 - every failure reaches the waiter
+                self._count(raw, True)
                 plan.release()
                 fut.set_result(_Failure(failed_error(what, e)))
                 continue
+            self._count(raw, False)
             try:
                 plan.finish()
             except BaseException as e:  # noqa: B902
