@@ -20,8 +20,8 @@ enum class Isa : uint8_t {
 // The best set this CPU supports; what Reduce() and Cast() use.
 Isa BestIsa();
 
-// The AVX2 set writes the outputs of a Reduce call with non-temporal
-// (cache-bypassing) stores when the call touches at least this many bytes,
+// Reduce writes its outputs with non-temporal (cache-bypassing) stores (AVX2
+// set; integers in both sets) when the call touches at least this many bytes,
 // count * element size * (n_inputs + n_outputs), and no output aliases an
 // input: data that large leaves the cache before anyone reads it again, and
 // streaming saves reading every output line before writing it. Measured on a
