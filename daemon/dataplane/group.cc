@@ -403,8 +403,28 @@ void Group::CheckTimeouts(int64_t now_ns) {
       fails.emplace_back(FailLocked(seq, s), s);
     }
   }
+  bool skipped = false;
+  {
+    // Complete operations queued behind a sequence number nobody submitted
+    // (only a misbehaving client can cause this): fail that number so the
+    // queue moves on instead of waiting forever.
+    absl::MutexLock l(&mu_);
+    if (!in_flight_ && broken_.ok() && !pending_.empty() && pending_.count(next_run_) == 0 &&
+        failed_.count(next_run_) == 0) {
+      int64_t oldest = now_ns;
+      for (auto& [seq, op] : pending_) oldest = std::min(oldest, op.first_ns);
+      if (now_ns - oldest > timeout_ns_) {
+        failed_[next_run_] = absl::DeadlineExceededError(absl::StrCat(
+            "seq ", next_run_, " in group ", id_, " was never submitted by any member within ",
+            timeout_ns_ / 1000000, " ms; later operations were waiting for it"));
+        ++ops_failed_;
+        PruneFailedLocked();
+        skipped = true;
+      }
+    }
+  }
   for (auto& [arrivals, s] : fails) Notify(std::move(arrivals), s, 0, 0);
-  if (!fails.empty()) Pump();
+  if (!fails.empty() || skipped) Pump();
 }
 
 GroupStats Group::stats() const {

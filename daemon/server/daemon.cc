@@ -55,7 +55,9 @@ absl::Status Daemon::Start() {
       sessions_.get(), node_page_.get(), [this](uint32_t uid) { return peers_->Allowed(uid); });
   RETURN_IF_ERROR(data_server_->Start());
 
-  node_service_ = std::make_unique<NodeServiceImpl>(sessions_.get(), peers_.get(), config_);
+  rpc_tracker_ = std::make_unique<RpcTracker>();
+  node_service_ = std::make_unique<NodeServiceImpl>(sessions_.get(), peers_.get(), config_,
+                                                    rpc_tracker_.get());
   admin_service_ = std::make_unique<AdminServiceImpl>(sessions_.get(), peers_.get(), config_,
                                                       engine_.get(), config_.socket_path);
   health_service_ = std::make_unique<HealthServiceImpl>(peers_.get());
@@ -88,8 +90,13 @@ void Daemon::Shutdown() {
   if (dispatcher_) dispatcher_->Stop();
   if (engine_) engine_->Shutdown();
   if (grpc_server_) {
-    grpc_server_->Shutdown(std::chrono::system_clock::now() +
-                           std::chrono::milliseconds(config_.shutdown_grace_ms));
+    // Let running Node RPCs finish (up to the grace period), then cancel
+    // whatever is left; idle connections do not hold shutdown up.
+    const absl::Time grace_end = absl::Now() + absl::Milliseconds(config_.shutdown_grace_ms);
+    while (rpc_tracker_->in_flight() > 0 && absl::Now() < grace_end) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    grpc_server_->Shutdown(std::chrono::system_clock::now());
   }
   if (data_server_) data_server_->Stop();
   if (started_) HSDP_LOG(Info) << "hsdpd stopped";

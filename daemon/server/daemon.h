@@ -26,6 +26,7 @@ class PeerRegistry;
 class SessionManager;
 class NodeServiceImpl;
 class AdminServiceImpl;
+class RpcTracker;
 
 class Daemon {
  public:
@@ -50,6 +51,7 @@ class Daemon {
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<DataConnServer> data_server_;
+  std::unique_ptr<RpcTracker> rpc_tracker_;
   std::unique_ptr<NodeServiceImpl> node_service_;
   std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<HealthServiceImpl> health_service_;

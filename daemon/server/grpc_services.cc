@@ -35,6 +35,7 @@ absl::StatusOr<PeerCred> Authenticate(const PeerRegistry& peers, grpc::ServerCon
 
 grpc::Status NodeServiceImpl::Attach(grpc::ServerContext* ctx, const v1::AttachRequest* req,
                                      v1::AttachResponse* resp) {
+  RpcTracker::Scope in_flight(tracker_);
   AUTHENTICATE_OR_RETURN(cred);
   AttachParams p;
   p.job_id = req->job_id();
@@ -56,6 +57,7 @@ grpc::Status NodeServiceImpl::Attach(grpc::ServerContext* ctx, const v1::AttachR
 
 grpc::Status NodeServiceImpl::Detach(grpc::ServerContext* ctx, const v1::DetachRequest* req,
                                      v1::DetachResponse*) {
+  RpcTracker::Scope in_flight(tracker_);
   AUTHENTICATE_OR_RETURN(cred);
   return ToGrpc(sessions_->Detach(req->session_id(), cred));
 }
@@ -63,6 +65,7 @@ grpc::Status NodeServiceImpl::Detach(grpc::ServerContext* ctx, const v1::DetachR
 grpc::Status NodeServiceImpl::RegisterBuffer(grpc::ServerContext* ctx,
                                              const v1::RegisterBufferRequest* req,
                                              v1::RegisterBufferResponse* resp) {
+  RpcTracker::Scope in_flight(tracker_);
   AUTHENTICATE_OR_RETURN(cred);
   absl::StatusOr<uint64_t> id = sessions_->RegisterBuffer(req->session_id(), req->fd_tag(),
                                                           req->size_bytes(), req->name(), cred);
@@ -73,12 +76,14 @@ grpc::Status NodeServiceImpl::RegisterBuffer(grpc::ServerContext* ctx,
 
 grpc::Status NodeServiceImpl::FreeBuffer(grpc::ServerContext* ctx, const v1::FreeBufferRequest* req,
                                          v1::FreeBufferResponse*) {
+  RpcTracker::Scope in_flight(tracker_);
   AUTHENTICATE_OR_RETURN(cred);
   return ToGrpc(sessions_->FreeBuffer(req->session_id(), req->buffer_id(), cred));
 }
 
 grpc::Status NodeServiceImpl::NewGroup(grpc::ServerContext* ctx, const v1::NewGroupRequest* req,
                                        v1::NewGroupResponse* resp) {
+  RpcTracker::Scope in_flight(tracker_);
   AUTHENTICATE_OR_RETURN(cred);
   std::vector<int> ranks(req->ranks().begin(), req->ranks().end());
   absl::StatusOr<NewGroupResult> r = sessions_->NewGroup(req->session_id(), ranks, cred);

@@ -19,14 +19,33 @@
 
 namespace hsdp {
 
+// Counts RPC handlers currently running, so shutdown can wait for them and
+// no longer.
+class RpcTracker {
+ public:
+  class Scope {
+   public:
+    explicit Scope(RpcTracker* t) : t_(t) { t_->count_.fetch_add(1); }
+    ~Scope() { t_->count_.fetch_sub(1); }
+
+   private:
+    RpcTracker* t_;
+  };
+  int in_flight() const { return count_.load(); }
+
+ private:
+  std::atomic<int> count_{0};
+};
+
 // The caller's credentials, or PERMISSION_DENIED when its uid is not allowed.
 absl::StatusOr<PeerCred> Authenticate(const PeerRegistry& peers, grpc::ServerContext* ctx);
 grpc::Status ToGrpc(const absl::Status& s);
 
 class NodeServiceImpl final : public v1::Node::Service {
  public:
-  NodeServiceImpl(SessionManager* sessions, const PeerRegistry* peers, const NodeConfig& config)
-      : sessions_(sessions), peers_(peers), config_(config) {}
+  NodeServiceImpl(SessionManager* sessions, const PeerRegistry* peers, const NodeConfig& config,
+                  RpcTracker* tracker)
+      : sessions_(sessions), peers_(peers), config_(config), tracker_(tracker) {}
   grpc::Status Attach(grpc::ServerContext*, const v1::AttachRequest*, v1::AttachResponse*) override;
   grpc::Status Detach(grpc::ServerContext*, const v1::DetachRequest*, v1::DetachResponse*) override;
   grpc::Status RegisterBuffer(grpc::ServerContext*, const v1::RegisterBufferRequest*,
@@ -40,6 +59,7 @@ class NodeServiceImpl final : public v1::Node::Service {
   SessionManager* const sessions_;
   const PeerRegistry* const peers_;
   const NodeConfig& config_;
+  RpcTracker* const tracker_;
 };
 
 class AdminServiceImpl final : public v1::Admin::Service {
