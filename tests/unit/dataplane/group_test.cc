@@ -140,6 +140,25 @@ TEST_F(GroupTest, OutOfOrderArrivalWaitsForEarlierSequence) {
   EXPECT_TRUE(Result(11, 1)->ok());
 }
 
+TEST_F(GroupTest, SequenceNobodySubmittedTimesOutInsteadOfBlockingLaterOps) {
+  auto g = NewGroup(1, {10, 11});
+  // Both members submit seq 2; nobody ever submits seq 1.
+  g->Arrive(0, Make(*g, 0, 2, 2, Collective::kAllReduce, 222));
+  g->Arrive(1, Make(*g, 1, 2, 2, Collective::kAllReduce, 222));
+  const int64_t t0 = shm::NowNanos();
+  g->CheckTimeouts(t0 + kTimeoutNs / 2);
+  EXPECT_EQ(engine_.pending(), 0u) << "still within the timeout";
+  g->CheckTimeouts(t0 + 2 * kTimeoutNs);
+  ASSERT_EQ(engine_.pending(), 1u) << "seq 2 runs once seq 1 is given up";
+  EXPECT_EQ(engine_.Finish().count, 222u);
+  EXPECT_TRUE(Result(10, 2)->ok());
+  // A late seq 1 gets the timeout, naming the sequence number.
+  g->Arrive(0, Make(*g, 0, 1, 1));
+  ASSERT_TRUE(Result(10, 1).has_value());
+  EXPECT_EQ(Result(10, 1)->code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(Result(10, 1)->message()), HasSubstr("seq 1"));
+}
+
 TEST_F(GroupTest, DuplicateSequenceIsRejected) {
   auto g = NewGroup(1, {10, 11});
   g->Arrive(0, Make(*g, 0, 1, 1));
