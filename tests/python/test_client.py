@@ -7,7 +7,6 @@ import torch
 import torch.utils.dlpack
 
 import hsdp
-from hsdp import _hsdp
 
 
 @pytest.fixture
