@@ -444,10 +444,9 @@ constexpr int kHalfRounding = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 //   Load / Pack / Store: 8 (float64: 4) elements in order (used by Cast).
 //   Load2 / Pack2 / Store2 / Stream2: a pair of vectors, kPairElems elements
 //     (used by Reduce). The pair's lane order may be a permutation of memory
-//     order (bfloat16: the cheapest unpack), undone by Pack2; only element-wise
-//     work may happen in between. Pack2 encodes once for all the outputs.
-//     Stream2 is a non-temporal store and needs 32-byte alignment (fp16:
-//     16-byte).
+//     order (bfloat16: even elements in one vector, odd in the other), undone by Pack2; only
+//     element-wise work may happen in between. Pack2 encodes once for all the outputs. Stream2 is a
+//     non-temporal store and needs 32-byte alignment (fp16: 16-byte).
 template <DataType kD>
 struct Avx2Io;
 
@@ -522,17 +521,16 @@ struct Avx2Io<DataType::kBFloat16> {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v);
   }
 
-  // Interleaving with zeros puts each bfloat16 in the high half of a float32
-  // lane: a = elements 0-3 and 8-11, b = 4-7 and 12-15. Packing per 128-bit
-  // lane (packus) restores the memory order.
+  // A bfloat16 is the high half of a float32: a = the even elements (shifted
+  // up), b = the odd ones (masked). Pack2 interleaves them back.
   static HSDP_AVX2_INLINE void Load2(const uint16_t* p, __m256& a, __m256& b) {
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    const __m256i zero = _mm256_setzero_si256();
-    a = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, x));
-    b = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, x));
+    a = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    b = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
   }
   static HSDP_AVX2_INLINE Packed Pack2(__m256 a, __m256 b) {
-    return _mm256_packus_epi32(BFloat16Bits(a), BFloat16Bits(b));
+    return _mm256_blend_epi16(_mm256_srli_epi32(BFloat16InHighHalf(a), 16), BFloat16InHighHalf(b),
+                              0xAA);
   }
   static HSDP_AVX2_INLINE void Store2(uint16_t* p, const Packed& v) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
