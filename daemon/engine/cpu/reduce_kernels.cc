@@ -444,9 +444,10 @@ constexpr int kHalfRounding = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 //   Load / Pack / Store: 8 (float64: 4) elements in order (used by Cast).
 //   Load2 / Pack2 / Store2 / Stream2: a pair of vectors, kPairElems elements
 //     (used by Reduce). The pair's lane order may be a permutation of memory
-//     order (bfloat16: even elements in one vector, odd in the other), undone by Pack2; only
-//     element-wise work may happen in between. Pack2 encodes once for all the outputs. Stream2 is a
-//     non-temporal store and needs 32-byte alignment (fp16: 16-byte).
+//     order (bfloat16: even elements in one vector, odd in the other), undone
+//     by Pack2; only element-wise work may happen in between. Pack2 encodes
+//     once for all the outputs. Stream2 is a non-temporal store and needs
+//     32-byte alignment (fp16: 16-byte).
 template <DataType kD>
 struct Avx2Io;
 
