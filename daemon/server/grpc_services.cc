@@ -107,7 +107,8 @@ grpc::Status AdminServiceImpl::Status(grpc::ServerContext* ctx, const v1::Status
   resp->set_engine(engine_->name());
   resp->set_engine_threads(engine_->threads());
   resp->set_config_summary(NodeConfigSummary(config_));
-  uint64_t done = 0, failed = 0;
+  uint64_t done = sessions_->retired_ops_completed();
+  uint64_t failed = sessions_->retired_ops_failed();
   for (const std::shared_ptr<Session>& s : sessions_->Snapshot()) {
     v1::SessionInfo* si = resp->add_sessions();
     si->set_session_id(s->id());

@@ -301,6 +301,8 @@ void SessionManager::EndSession(uint64_t session_id, const std::string& why) {
   }
   s->Close();
   for (const std::shared_ptr<Group>& g : groups) g->MemberLeft(s.get(), why);
+  retired_completed_.fetch_add(s->ops_completed());
+  retired_failed_.fetch_add(s->ops_failed());
   HSDP_LOG(Info) << "session " << session_id << " (job \"" << s->info().job_id << "\" rank "
                  << s->info().rank << ") ended: " << why;
 }

@@ -86,6 +86,9 @@ class SessionManager : public SessionDirectory {
   void EndAll(const std::string& why);
 
   std::vector<JobSummary> Jobs() const;
+  // Operations of sessions that already ended (live ones count their own).
+  uint64_t retired_ops_completed() const { return retired_completed_.load(); }
+  uint64_t retired_ops_failed() const { return retired_failed_.load(); }
   uint64_t bytes_registered() const;
   uint64_t max_node_bytes() const { return max_node_bytes_; }
 
@@ -116,6 +119,8 @@ class SessionManager : public SessionDirectory {
   Engine* const engine_;
 
   std::atomic<uint64_t> version_{0};
+  std::atomic<uint64_t> retired_completed_{0};
+  std::atomic<uint64_t> retired_failed_{0};
   mutable absl::Mutex mu_;
   uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint32_t next_group_id_ ABSL_GUARDED_BY(mu_) = 1;
