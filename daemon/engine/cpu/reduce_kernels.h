@@ -40,10 +40,11 @@ struct ReduceSpec {
 //     exact reciprocal (bit-identical to the division); a divisor or s equal to
 //     1 is not applied at all.
 //   * Every rounding is to nearest, ties to even; overflow gives +-inf;
-//     subnormals are kept (no flush to zero). NaNs stay NaN: conversions to a
-//     narrower float keep the sign and the top payload bits and set the quiet
-//     bit (what F16C does). Which payload survives when NaNs meet is
-//     unspecified.
+//     subnormals are kept, never flushed to zero (the calling thread must keep
+//     the default MXCSR: round to nearest, no FTZ/DAZ). NaNs stay NaN:
+//     conversions to a narrower float keep the sign and the top payload bits
+//     and set the quiet bit (what F16C does). Which payload survives when NaNs
+//     meet is unspecified.
 //   * kMin/kMax: if any x_r is NaN the result is NaN (like torch); otherwise
 //     x_r replaces the running value only when strictly smaller/greater, so
 //     among equal values (-0 vs +0) the earlier input wins.
