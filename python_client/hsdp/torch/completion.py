@@ -102,26 +102,29 @@ class Completer:
             item = self._q.get()
             if item is None:
                 return
-            raw, plan, fut, result, what = item
-            try:
-                raw.wait(self._timeout)
-            except _hsdp.DeadlineExceeded as e:
-                plan.abandon()  # the daemon may still write the staging buffers
-                fut.set_result(_Failure(failed_error(
-                    f"{what} (timed out after {self._timeout:.0f} s)", e)))
-                continue
-            except BaseException as e:  # noqa: B902 - every failure reaches the waiter
-                self._count(raw, True)
-                plan.release()
-                fut.set_result(_Failure(failed_error(what, e)))
-                continue
-            self._count(raw, False)
-            try:
-                plan.finish()
-            except BaseException as e:  # noqa: B902
-                fut.set_result(_Failure(failed_error(f"{what} copy-out", e)))
-                continue
-            fut.set_result(result)
+            self._complete(*item)
+            del item  # drop the last operation's tensors before blocking again
+
+    def _complete(self, raw, plan, fut, result, what):
+        try:
+            raw.wait(self._timeout)
+        except _hsdp.DeadlineExceeded as e:
+            plan.abandon()  # the daemon may still write the staging buffers
+            fut.set_result(_Failure(failed_error(
+                f"{what} (timed out after {self._timeout:.0f} s)", e)))
+            return
+        except BaseException as e:  # noqa: B902 - every failure reaches the waiter
+            self._count(raw, True)
+            plan.release()
+            fut.set_result(_Failure(failed_error(what, e)))
+            return
+        self._count(raw, False)
+        try:
+            plan.finish()
+        except BaseException as e:  # noqa: B902
+            fut.set_result(_Failure(failed_error(f"{what} copy-out", e)))
+            return
+        fut.set_result(result)
 
 
 def _wait_swallows_errors():
