@@ -38,8 +38,11 @@ def collectives_worker(rank, world):
     # Zero-copy tensors and non-contiguous ones.
     z = hsdp.torch.empty((5, 7))
     z.copy_(x)
+    staged_before = hsdp.torch.client().staging.stats()["acquisitions"]
     dist.all_reduce(z)
     check("zero-copy all_reduce", z, total)
+    assert hsdp.torch.client().staging.stats()["acquisitions"] == staged_before, \
+        "an all_reduce of an hsdpd tensor must not stage"
     nc = x.clone().t()
     dist.all_reduce(nc)
     check("non-contiguous all_reduce", nc, total.T)
