@@ -179,3 +179,18 @@ def test_capabilities_is_readable():
     caps = hsdp.torch.capabilities()
     assert caps["backend"] == "hsdpd" and "message" in caps
     assert "FSDP2" in caps["message"]
+
+
+def hsdpd_subgroup_under_gloo_worker(rank, world):
+    import torch
+    import torch.distributed as dist
+    import hsdp.torch  # noqa: F401
+    g = dist.new_group(list(range(world)), backend="hsdpd")
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t, group=g)
+    return t.tolist(), dist.get_backend(g)
+
+
+def test_hsdpd_group_under_a_gloo_default_group(run):
+    for got, name in run(hsdpd_subgroup_under_gloo_worker, 2, backend="gloo"):
+        assert got == [3.0, 3.0, 3.0] and name == "hsdpd"

@@ -499,7 +499,7 @@ def create_process_group(store, group_rank, group_size, timeout):
         client = session.attach(store, group_rank, group_size, timeout_s)
         ranks = list(range(group_size))
     else:
-        client = session.current()
+        client = session.current_or_attach(timeout_s)
         ranks = _global_ranks(store, group_rank, group_size)
     group = client.new_group(ranks)
     if group.rank != group_rank or group.size != group_size:

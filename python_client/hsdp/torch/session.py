@@ -3,7 +3,8 @@
 One hsdp.Client per process, attached when the default process group is
 created (global rank and world size), shared by all subgroups, detached when
 a new default group replaces it or at exit. The job id is $HSDP_JOB_ID, or
-one that global rank 0 makes up and publishes through torch's store, so
+one that the first process to attach makes up and publishes through torch's
+store, so
 that several jobs (and successive init_process_group calls) never collide.
 """
 import atexit
@@ -17,13 +18,15 @@ _lock = threading.Lock()
 _session = None
 
 JOB_KEY = "hsdp/job_id"
+ELECT_KEY = "hsdp/job_id_elect"
 
 
-def _agree_job_id(store, rank):
+def _agree_job_id(store):
+    """$HSDP_JOB_ID, else the id published by the first process to get here."""
     env = os.environ.get("HSDP_JOB_ID")
     if env:
         return env
-    if rank == 0:
+    if store.add(ELECT_KEY, 1) == 1:
         store.set(JOB_KEY, f"torch-{uuid.uuid4().hex[:12]}")
     return store.get(JOB_KEY).decode()
 
@@ -31,7 +34,7 @@ def _agree_job_id(store, rank):
 def attach(store, rank, world_size, timeout_s):
     """Attaches this process (global `rank` of `world_size`); replaces an older session."""
     global _session
-    job_id = _agree_job_id(store, rank)
+    job_id = _agree_job_id(store)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     with _lock:
         old, _session = _session, None
@@ -45,13 +48,26 @@ def attach(store, rank, world_size, timeout_s):
 
 
 def current():
-    """The attached session; RuntimeError before init_process_group("hsdpd")."""
+    """The attached session; RuntimeError before any "hsdpd" process group exists."""
     with _lock:
         s = _session
     if s is None:
         raise RuntimeError(
-            "no hsdpd session: call torch.distributed.init_process_group('hsdpd', ...) first")
+            "no hsdpd session: call torch.distributed.init_process_group('hsdpd', ...) or "
+            "create a group with new_group(..., backend='hsdpd') first")
     return s
+
+
+def current_or_attach(timeout_s):
+    """The session; attaches one for a default group of another backend (e.g. Gloo
+    default group + new_group(backend="hsdpd")), agreeing on the job id through
+    the default store."""
+    s = get()
+    if s is not None:
+        return s
+    import torch.distributed as dist
+    store = dist.distributed_c10d._get_default_store()
+    return attach(store, dist.get_rank(), dist.get_world_size(), timeout_s)
 
 
 def get():
