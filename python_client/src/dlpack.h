@@ -50,9 +50,8 @@ DLDataType DlpackDataType(const std::string& name);
 // `dtype`. `owner` is kept alive until the consumer releases the tensor;
 // `on_release` (may be empty) runs then, with the GIL held. The capsule's
 // destructor releases it if it was never consumed.
-pybind11::capsule MakeDlpackCapsule(void* data, const std::vector<int64_t>& shape,
-                                    DLDataType dtype, pybind11::object owner,
-                                    std::function<void()> on_release);
+pybind11::capsule MakeDlpackCapsule(void* data, const std::vector<int64_t>& shape, DLDataType dtype,
+                                    pybind11::object owner, std::function<void()> on_release);
 
 }  // namespace hsdp::python
 

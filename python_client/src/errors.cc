@@ -39,7 +39,8 @@ void RegisterErrors(py::module_& m) {
   auto add = [&](C code, const char* name, PyObject* builtin, const char* doc) {
     g_by_code[static_cast<int>(code)] = NewSubclass(m, name, builtin, doc);
   };
-  add(C::kCancelled, "Cancelled", nullptr, "The operation was cancelled (e.g. the client detached).");
+  add(C::kCancelled, "Cancelled", nullptr,
+      "The operation was cancelled (e.g. the client detached).");
   add(C::kInvalidArgument, "InvalidArgument", PyExc_ValueError, "A bad argument or option.");
   add(C::kDeadlineExceeded, "DeadlineExceeded", PyExc_TimeoutError, "A wait timed out.");
   add(C::kNotFound, "NotFound", PyExc_LookupError, "An unknown buffer, group or session.");

@@ -35,8 +35,8 @@ constexpr const char* kReduceOpNames = "sum, avg, premul_sum, min, max, product"
 DataType ParseDtypeOrThrow(const std::string& name, const char* field) {
   DataType t = ParseDataType(name);
   if (t == DataType::kInvalid) {
-    ThrowStatus(absl::InvalidArgumentError(absl::StrCat(field, ": unknown dtype '", name,
-                                                        "'; expected one of ", kDtypeNames)));
+    ThrowStatus(absl::InvalidArgumentError(
+        absl::StrCat(field, ": unknown dtype '", name, "'; expected one of ", kDtypeNames)));
   }
   return t;
 }
@@ -45,8 +45,8 @@ absl::Duration SecondsOrInfinite(std::optional<double> seconds) {
   if (!seconds.has_value()) return absl::InfiniteDuration();
   const double v = *seconds;
   if (std::isnan(v) || v < 0) {
-    ThrowStatus(absl::InvalidArgumentError(
-        absl::StrCat("timeout: must be >= 0 seconds or None, got ", v)));
+    ThrowStatus(
+        absl::InvalidArgumentError(absl::StrCat("timeout: must be >= 0 seconds or None, got ", v)));
   }
   if (std::isinf(v)) return absl::InfiniteDuration();
   return absl::Seconds(v);
@@ -75,8 +75,8 @@ ReduceOptions MakeReduceOptions(const std::string& op, double premul, double pre
   if (rdtype.has_value()) {
     r.reduce_dtype = ParseDtypeOrThrow(*rdtype, "reduce_dtype");
     if (!IsFloatingPoint(r.reduce_dtype)) {
-      ThrowStatus(absl::InvalidArgumentError(absl::StrCat(
-          "reduce_dtype: must be a floating-point type, got '", *rdtype, "'")));
+      ThrowStatus(absl::InvalidArgumentError(
+          absl::StrCat("reduce_dtype: must be a floating-point type, got '", *rdtype, "'")));
     }
   }
   return r;
@@ -93,13 +93,13 @@ BufferRef ToRef(py::handle h, const char* field) {
     auto t = h.cast<std::pair<uint64_t, uint64_t>>();
     return {t.first, t.second};
   } catch (const py::cast_error&) {
-    ThrowStatus(absl::InvalidArgumentError(absl::StrCat(
-        field, ": expected a Buffer or a (buffer_id, byte_offset) tuple, got ",
-        std::string(py::str(py::type::of(h))))));
+    ThrowStatus(absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected a Buffer or a (buffer_id, byte_offset) tuple, got ",
+                     std::string(py::str(py::type::of(h))))));
   }
 }
 
-// Python-facing Work: the C++ handle plus the submission parameters for repr.
+// Python-facing Work: wraps the C++ handle; wait() releases the GIL and raises.
 class PyWork {
  public:
   explicit PyWork(Work w) : work_(std::move(w)) {}
@@ -283,8 +283,7 @@ else the default socket path.)doc")
             BufferRef s = ToRef(send, "send"), r = ToRef(recv, "recv");
             DataType dt = ParseDtypeOrThrow(dtype, "dtype");
             ReduceOptions ro = MakeReduceOptions(op, premul, pre_divide, post_divide, reduce_dtype);
-            return c.Submit(
-                [&](Client& cl) { return cl.ReduceScatter(g, s, r, count, dt, ro); });
+            return c.Submit([&](Client& cl) { return cl.ReduceScatter(g, s, r, count, dt, ro); });
           },
           py::arg("group"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
           py::kw_only(), py::arg("op") = "sum", py::arg("premul") = 1.0,
@@ -328,8 +327,7 @@ else the default socket path.)doc")
            "Ends the session now; outstanding Work fails with Cancelled. Buffers stay mapped "
            "until their Python objects are gone.")
       .def_property_readonly("session_id", [](PyClient& c) { return c.client().session_id(); })
-      .def_property_readonly("socket_path",
-                             [](PyClient& c) { return c.client().socket_path(); })
+      .def_property_readonly("socket_path", [](PyClient& c) { return c.client().socket_path(); })
       .def_property_readonly("rank", [](PyClient& c) { return c.client().options().rank; })
       .def_property_readonly("world_size",
                              [](PyClient& c) { return c.client().options().world_size; })

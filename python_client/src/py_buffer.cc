@@ -25,8 +25,7 @@ int GetBufferSlot(PyObject* obj, Py_buffer* view, int flags) {
     return -1;
   }
   if (b->freed()) {
-    PyErr_SetString(PyExc_BufferError,
-                    absl::StrCat("hsdp Buffer ", b->id(), " was freed").c_str());
+    PyErr_SetString(PyExc_BufferError, absl::StrCat("hsdp Buffer ", b->id(), " was freed").c_str());
     return -1;
   }
   void* data = reinterpret_cast<void*>(b->address());
@@ -54,9 +53,8 @@ py::capsule Export(py::object self, uint64_t offset, int64_t nbytes, const std::
   b.CheckUsable();
   if (nbytes < 0) {
     if (offset > b.nbytes()) {
-      ThrowStatus(absl::OutOfRangeError(
-          absl::StrCat("offset ", offset, " is beyond buffer ", b.id(), " of ", b.nbytes(),
-                       " bytes")));
+      ThrowStatus(absl::OutOfRangeError(absl::StrCat("offset ", offset, " is beyond buffer ",
+                                                     b.id(), " of ", b.nbytes(), " bytes")));
     }
     nbytes = static_cast<int64_t>(b.nbytes() - offset);
   }
@@ -78,8 +76,8 @@ py::capsule Export(py::object self, uint64_t offset, int64_t nbytes, const std::
     elems *= d;
   }
   if (elems * es != nbytes) {
-    ThrowStatus(absl::InvalidArgumentError(absl::StrCat(
-        "shape holds ", elems * es, " bytes but the view is ", nbytes, " bytes")));
+    ThrowStatus(absl::InvalidArgumentError(
+        absl::StrCat("shape holds ", elems * es, " bytes but the view is ", nbytes, " bytes")));
   }
   PyBuffer* raw = &b;
   b.AddExport();
@@ -93,8 +91,8 @@ py::capsule Export(py::object self, uint64_t offset, int64_t nbytes, const std::
 
 void PyBuffer::CheckUsable() const {
   if (freed_) {
-    ThrowStatus(absl::FailedPreconditionError(
-        absl::StrCat("hsdp Buffer ", buffer_.id, " was freed")));
+    ThrowStatus(
+        absl::FailedPreconditionError(absl::StrCat("hsdp Buffer ", buffer_.id, " was freed")));
   }
 }
 
@@ -140,8 +138,7 @@ Created by Client.alloc(); freed by Client.free() or Buffer.free().)doc");
       .def_property_readonly("address", &PyBuffer::address,
                              "Address of the first byte in this process (for range checks).")
       .def_property_readonly("freed", &PyBuffer::freed)
-      .def_property_readonly("exports", &PyBuffer::exports,
-                             "Number of live zero-copy views.")
+      .def_property_readonly("exports", &PyBuffer::exports, "Number of live zero-copy views.")
       .def("__len__", &PyBuffer::nbytes)
       .def("free", &PyBuffer::Free)
       .def(
@@ -179,8 +176,8 @@ Created by Client.alloc(); freed by Client.free() or Buffer.free().)doc");
       .def("__dlpack_device__", [](const PyBuffer&) { return py::make_tuple(int{kDLCPU}, 0); })
       .def("__repr__", [](const PyBuffer& b) {
         return absl::StrCat("<hsdp Buffer id=", b.id(), " nbytes=", b.nbytes(),
-                            b.name().empty() ? "" : " name=", b.name(),
-                            b.freed() ? " freed" : "", ">");
+                            b.name().empty() ? "" : " name=", b.name(), b.freed() ? " freed" : "",
+                            ">");
       });
 }
 
