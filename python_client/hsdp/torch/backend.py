@@ -453,6 +453,19 @@ class ProcessGroupHsdp(ProcessGroup):
     def _end_coalescing(self, *args, **kwargs):
         return completed_work()
 
+    # Names newer torch trampolines look up (C++ callers such as functional
+    # collectives); same semantics as the historical names above.
+    all_gather_single = _allgather_base
+    reduce_scatter_single = _reduce_scatter_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def start_coalescing(self, *args, **kwargs):
+        pass
+
+    def end_coalescing(self, *args, **kwargs):
+        return completed_work()
+
     # -- unsupported -----------------------------------------------------------
     def _unsupported(self, what, instead):
         raise NotImplementedError(
@@ -464,6 +477,8 @@ class ProcessGroupHsdp(ProcessGroup):
     def alltoall_base(self, *args, **kwargs):
         self._unsupported("all_to_all_single (alltoall_base)",
                           "use all_gather and select your chunks, or a gloo group")
+
+    all_to_all_single = alltoall_base
 
     def send(self, *args, **kwargs):
         self._unsupported("send (point-to-point)", "use broadcast within a 2-rank group, "
