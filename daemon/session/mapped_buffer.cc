@@ -24,7 +24,9 @@ absl::StatusOr<std::shared_ptr<MappedBuffer>> MappedBuffer::Map(UniqueFd fd, uin
     return absl::InvalidArgumentError(absl::StrCat("size_bytes: ", size,
                                                    " exceeds the memfd's size of ", st.st_size));
   }
-  void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  // MAP_POPULATE: fault the (already allocated) pages in now, at
+  // registration, not during the first collective.
+  void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
   if (m == MAP_FAILED) return ErrnoStatus(errno, "mmap(buffer)", __FILE__, __LINE__);
   std::shared_ptr<MappedBuffer> b(new MappedBuffer());
   b->data_ = static_cast<char*>(m);

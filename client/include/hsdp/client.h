@@ -95,6 +95,9 @@ class Client {
   // Collectives. `count` is in elements of `dtype` (see shm/layout.h):
   //   AllReduce / Broadcast: count per rank;  AllGather: count each rank sends;
   //   ReduceScatter: count each rank receives.
+  // In place: AllReduce / Broadcast with send == recv; AllGather with send at
+  // recv + rank * count elements (FSDP2's layout); ReduceScatter with recv at
+  // send + rank * count elements. Any other overlap is INVALID_ARGUMENT.
   // Arguments are checked here (INVALID_ARGUMENT); the daemon checks them
   // again and against the other members. The returned Work completes with
   // the operation's status.
