@@ -1,8 +1,6 @@
-// Node configuration: YAML parsing, validation and rendering.
-//
-// The schema lives in one table (kSections below): each key names its parser,
-// its renderer and a one-line comment, so parsing, NodeConfigToYaml and
-// DefaultNodeConfigYaml cannot drift apart.
+// Node configuration: the key table (the schema) and YAML parsing and
+// validation against it, from text or from a file. Scalar values are read by
+// config_values.cc; rendering back to YAML is in node_config_yaml.cc.
 #include "daemon/config/node_config.h"
 
 #include <fcntl.h>
@@ -12,34 +10,28 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
-#include <limits>
 #include <map>
-#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/config/config_values.h"
+#include "daemon/config/node_config_schema.h"
 #include "hsdp/common/logging.h"
 #include "hsdp/common/status_macros.h"
 #include "hsdp/common/unique_fd.h"
 #include "yaml-cpp/yaml.h"
 
 namespace hsdp {
+namespace config_internal {
 namespace {
-
-constexpr uint64_t kKiB = uint64_t{1} << 10;
-constexpr uint64_t kMiB = uint64_t{1} << 20;
-constexpr uint64_t kGiB = uint64_t{1} << 30;
-constexpr uint64_t kTiB = uint64_t{1} << 40;
-constexpr uint64_t kNoLimit = std::numeric_limits<uint64_t>::max();
 
 // A socket path must leave room for the terminating NUL in sun_path.
 constexpr size_t kMaxSocketPathBytes = sizeof(sockaddr_un{}.sun_path) - 1;
@@ -47,70 +39,9 @@ constexpr size_t kMaxNodeNameBytes = 255;
 // Node configs are a few hundred bytes; this only stops `--node-config
 // /dev/zero` from eating memory.
 constexpr size_t kMaxConfigFileBytes = 1 << 20;
-// Longest value quoted verbatim in an error message.
-constexpr size_t kMaxQuotedBytes = 80;
 
 // ---------------------------------------------------------------------------
-// Text helpers.
-
-// `text` in double quotes, C-escaped and truncated, for error messages.
-std::string Quote(const std::string& text) {
-  if (text.size() <= kMaxQuotedBytes) return absl::StrCat("\"", absl::CHexEscape(text), "\"");
-  return absl::StrCat("\"", absl::CHexEscape(text.substr(0, kMaxQuotedBytes)), "...\"");
-}
-
-// `text` as a YAML double-quoted scalar that yaml-cpp reads back byte for
-// byte (control characters become \xNN escapes; other bytes pass through).
-std::string YamlQuote(const std::string& text) {
-  std::string out = "\"";
-  for (unsigned char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20 || c == 0x7f) {
-      char escape[5];
-      std::snprintf(escape, sizeof(escape), "\\x%02x", c);
-      out += escape;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
-// Bytes in the unit that divides them exactly with the smallest quotient:
-// 64 << 30 -> "64GiB", 65536 -> "64KiB", 10^12 -> "1TB", 1000 -> "1KB",
-// 4097 -> "4097", 0 -> "0". ParseNodeConfig reads every result back.
-std::string FormatSize(uint64_t bytes) {
-  static constexpr std::pair<uint64_t, const char*> kUnits[] = {
-      {kTiB, "TiB"},  {1000ull * 1000 * 1000 * 1000, "TB"}, {kGiB, "GiB"},
-      {1000ull * 1000 * 1000, "GB"}, {kMiB, "MiB"}, {1000ull * 1000, "MB"},
-      {kKiB, "KiB"},  {1000, "KB"}};
-  std::string best = absl::StrCat(bytes);
-  if (bytes == 0) return best;
-  uint64_t best_quotient = bytes;
-  for (const auto& [unit, name] : kUnits) {
-    if (bytes % unit == 0 && bytes / unit < best_quotient) {
-      best_quotient = bytes / unit;
-      best = absl::StrCat(best_quotient, name);
-    }
-  }
-  return best;
-}
-
-// A mode in octal with a leading 0: 0660 -> "0660".
-std::string FormatOctalMode(uint32_t mode) {
-  char text[16];
-  std::snprintf(text, sizeof(text), "0%o", static_cast<unsigned>(mode));
-  return text;
-}
-
-// `text` without leading and trailing ASCII whitespace.
-std::string_view TrimWhitespace(std::string_view text) {
-  while (!text.empty() && absl::ascii_isspace(text.front())) text.remove_prefix(1);
-  while (!text.empty() && absl::ascii_isspace(text.back())) text.remove_suffix(1);
-  return text;
-}
+// Suggestions.
 
 // Levenshtein distance, for "did you mean" suggestions.
 size_t EditDistance(std::string_view a, std::string_view b) {
@@ -133,198 +64,6 @@ bool LooksLikeTypo(std::string_view typed, std::string_view candidate) {
   if (absl::EqualsIgnoreCase(std::string(typed), std::string(candidate))) return true;
   const size_t distance = EditDistance(typed, candidate);
   return distance <= 2 && 2 * distance < typed.size();
-}
-
-// ---------------------------------------------------------------------------
-// Integers.
-
-// The digits of a non-negative integer in `base`; `overflow` is set when the
-// value does not fit in 64 bits.
-struct Digits {
-  uint64_t value = 0;
-  bool overflow = false;
-};
-
-// Parses one or more digits of `base` (8 or 10), nothing else.
-std::optional<Digits> ParseDigits(std::string_view text, unsigned base) {
-  if (text.empty()) return std::nullopt;
-  Digits out;
-  for (char c : text) {
-    const unsigned digit = static_cast<unsigned>(c - '0');
-    if (c < '0' || digit >= base) return std::nullopt;
-    if (out.value > (kNoLimit - digit) / base) out.overflow = true;
-    out.value = out.value * base + digit;
-  }
-  return out;
-}
-
-// A decimal integer with optional sign, as written.
-struct SignedDigits {
-  bool negative = false;
-  Digits magnitude;
-};
-
-std::optional<SignedDigits> ParseSignedDecimal(std::string_view text) {
-  SignedDigits out;
-  if (!text.empty() && (text[0] == '-' || text[0] == '+')) {
-    out.negative = text[0] == '-';
-    text.remove_prefix(1);
-  }
-  std::optional<Digits> digits = ParseDigits(text, 10);
-  if (!digits.has_value()) return std::nullopt;
-  out.magnitude = *digits;
-  return out;
-}
-
-// ---------------------------------------------------------------------------
-// Values being parsed.
-
-// Line (1-based) where `node` starts, or `fallback` when it has no position
-// of its own (an empty value's mark points at the next token).
-int LineOf(const YAML::Node& node, int fallback) {
-  if (node.IsNull() || node.Mark().is_null()) return fallback;
-  return node.Mark().line + 1;
-}
-
-// How a value looks, for "expected X, got Y" messages.
-std::string Describe(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Scalar:
-      return node.Tag() == "!" ? absl::StrCat("the quoted string ", Quote(node.Scalar()))
-                               : Quote(node.Scalar());
-    case YAML::NodeType::Map:
-      return "a map";
-    case YAML::NodeType::Sequence:
-      return "a list";
-    default:
-      return "no value";
-  }
-}
-
-// One value being parsed, with everything an error message needs.
-struct Field {
-  const std::string& source;  // "node.yaml"
-  std::string path;           // "limits.max_sessions", "node.allowed_uids[2]"
-  YAML::Node value;
-  int line;  // 1-based
-
-  // INVALID_ARGUMENT "<source>:<line>: <path>: <what>".
-  absl::Status Error(const std::string& what) const {
-    return absl::InvalidArgumentError(absl::StrCat(source, ":", line, ": ", path, ": ", what));
-  }
-};
-
-// OK when the field is a scalar (read it with f.value.Scalar()); otherwise an
-// error saying that `expected` (e.g. "an integer") was expected instead of a
-// map, a list or nothing.
-absl::Status CheckScalar(const Field& f, const std::string& expected) {
-  if (f.value.IsNull()) {
-    return f.Error(absl::StrCat("missing value: expected ", expected,
-                                " (remove the key to keep the default)"));
-  }
-  if (!f.value.IsScalar()) {
-    return f.Error(absl::StrCat("expected ", expected, ", got ", Describe(f.value)));
-  }
-  return absl::OkStatus();
-}
-
-// An unquoted decimal integer in [min, max].
-absl::StatusOr<uint64_t> IntegerInRange(const Field& f, uint64_t min, uint64_t max) {
-  RETURN_IF_ERROR(CheckScalar(f, "an integer"));
-  const std::string& text = f.value.Scalar();
-  std::optional<SignedDigits> number;
-  if (f.value.Tag() != "!") number = ParseSignedDecimal(text);  // "!" = quoted
-  if (!number.has_value()) {
-    return f.Error(absl::StrCat("expected an integer, got ", Describe(f.value)));
-  }
-  const uint64_t value = number->magnitude.value;
-  const bool below = number->negative ? value != 0 : value < min;
-  if (below || number->magnitude.overflow || value > max) {
-    return f.Error(absl::StrCat("value ", Quote(text), " is out of range [", min, ", ", max, "]"));
-  }
-  return value;
-}
-
-template <typename T>
-absl::Status SetInteger(const Field& f, uint64_t min, uint64_t max, T* out) {
-  ASSIGN_OR_RETURN(const uint64_t value, IntegerInRange(f, min, max));
-  *out = static_cast<T>(value);
-  return absl::OkStatus();
-}
-
-// Bytes per unit; case-insensitive; "" and "B" are bytes. KiB.. are powers
-// of 1024, KB.. powers of 1000.
-std::optional<uint64_t> UnitMultiplier(std::string_view unit) {
-  static constexpr std::pair<std::string_view, uint64_t> kUnits[] = {
-      {"", 1},           {"b", 1},
-      {"kib", kKiB},     {"mib", kMiB},       {"gib", kGiB},          {"tib", kTiB},
-      {"kb", 1000},      {"mb", 1000 * 1000}, {"gb", 1000ull * 1000 * 1000},
-      {"tb", 1000ull * 1000 * 1000 * 1000}};
-  const std::string lower = absl::AsciiStrToLower(std::string(unit));
-  for (const auto& [name, multiplier] : kUnits) {
-    if (lower == name) return multiplier;
-  }
-  return std::nullopt;
-}
-
-// A byte count: an integer or "<integer>[ ]<unit>" (see UnitMultiplier).
-absl::StatusOr<uint64_t> SizeValue(const Field& f) {
-  static constexpr char kExpected[] = "a size such as 65536, 512KiB, 64MiB or 8GiB";
-  RETURN_IF_ERROR(CheckScalar(f, kExpected));
-  const std::string& text = f.value.Scalar();
-  std::string_view rest = TrimWhitespace(text);
-  const bool negative = !rest.empty() && rest[0] == '-';
-  if (negative || (!rest.empty() && rest[0] == '+')) rest.remove_prefix(1);
-  const size_t digit_count =
-      std::find_if(rest.begin(), rest.end(), [](char c) { return !absl::ascii_isdigit(c); }) -
-      rest.begin();
-  std::optional<Digits> number = ParseDigits(rest.substr(0, digit_count), 10);
-  if (!number.has_value()) {
-    return f.Error(absl::StrCat("expected ", kExpected, ", got ", Describe(f.value)));
-  }
-  if (negative && number->value != 0) {
-    return f.Error(absl::StrCat("size ", Quote(text), " must not be negative"));
-  }
-  const std::string_view unit = TrimWhitespace(rest.substr(digit_count));
-  if (!unit.empty() && unit[0] == '.') {
-    return f.Error(absl::StrCat("size ", Quote(text),
-                                " has a fraction; write a whole number of a smaller unit "
-                                "(1536MiB, not 1.5GiB)"));
-  }
-  const std::optional<uint64_t> multiplier = UnitMultiplier(unit);
-  if (!multiplier.has_value()) {
-    return f.Error(absl::StrCat("unknown unit ", Quote(std::string(unit)), " in size ", Quote(text),
-                                "; use B, KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB "
-                                "(powers of 1000)"));
-  }
-  if (number->overflow || number->value > kNoLimit / *multiplier) {
-    return f.Error(absl::StrCat("size ", Quote(text), " is too large (over 2^64 bytes)"));
-  }
-  return number->value * *multiplier;
-}
-
-// Allowed byte counts: [min, max], and also 0 when `zero_ok` (for limits
-// where 0 means "automatic").
-struct SizeRange {
-  uint64_t min;
-  uint64_t max;
-  bool zero_ok;
-};
-
-absl::Status SetSize(const Field& f, SizeRange range, uint64_t* out) {
-  ASSIGN_OR_RETURN(const uint64_t bytes, SizeValue(f));
-  if ((bytes == 0 && range.zero_ok) || (bytes >= range.min && bytes <= range.max)) {
-    *out = bytes;
-    return absl::OkStatus();
-  }
-  std::string allowed =
-      range.max == kNoLimit
-          ? absl::StrCat("at least ", range.min, " bytes (", FormatSize(range.min), ")")
-          : absl::StrCat("between ", FormatSize(range.min), " and ", FormatSize(range.max), " (",
-                         range.max, " bytes)");
-  if (range.zero_ok) allowed = absl::StrCat("0 or ", allowed);
-  return f.Error(absl::StrCat("value ", Quote(f.value.Scalar()), " (", bytes,
-                              " bytes) is out of range: must be ", allowed));
 }
 
 // ---------------------------------------------------------------------------
@@ -366,26 +105,10 @@ absl::Status ParseSocketPath(const Field& f, NodeConfig* config) {
   return absl::OkStatus();
 }
 
-// An octal mode written with a leading 0 (YAML 1.1 style, 0660) or 0o (YAML
-// 1.2 style, 0o660), quoted or not. A bare 660 is rejected: it is ambiguous.
+// An octal mode (see OctalModeValue).
 absl::Status ParseSocketMode(const Field& f, NodeConfig* config) {
-  static constexpr char kExpected[] = "an octal mode with a leading 0 such as 0660 or 0o660";
-  RETURN_IF_ERROR(CheckScalar(f, kExpected));
-  const std::string& text = f.value.Scalar();
-  std::string_view digits = text;
-  if (digits.size() >= 2 && digits[0] == '0' && (digits[1] == 'o' || digits[1] == 'O')) {
-    digits.remove_prefix(2);
-  } else if (digits.empty() || digits[0] != '0') {
-    return f.Error(absl::StrCat("expected ", kExpected, ", got ", Describe(f.value)));
-  }
-  const std::optional<Digits> mode = ParseDigits(digits, 8);
-  if (!mode.has_value()) {
-    return f.Error(absl::StrCat("expected ", kExpected, ", got ", Describe(f.value)));
-  }
-  if (mode->overflow || mode->value > 0777) {
-    return f.Error(absl::StrCat("value ", Quote(text), " is out of range [0, 0777]"));
-  }
-  config->socket_mode = static_cast<uint32_t>(mode->value);
+  ASSIGN_OR_RETURN(const uint32_t mode, OctalModeValue(f));
+  config->socket_mode = mode;
   return absl::OkStatus();
 }
 
@@ -449,22 +172,6 @@ absl::Status ParseLevel(const Field& f, NodeConfig* config) {
 
 // ---------------------------------------------------------------------------
 // The schema.
-
-using KeyParser = absl::Status (*)(const Field&, NodeConfig*);
-using KeyRenderer = std::string (*)(const NodeConfig&);
-
-struct KeySpec {
-  std::string_view name;
-  std::string_view comment;  // one line, for the rendered YAML
-  KeyParser parse;
-  KeyRenderer render;  // YAML text of the value
-};
-
-struct SectionSpec {
-  std::string_view name;
-  std::string_view comment;
-  std::span<const KeySpec> keys;
-};
 
 // Renderers shared by several keys.
 template <auto kMember>
@@ -579,6 +286,12 @@ constexpr SectionSpec kSections[] = {
     {"timeouts", "all in milliseconds", kTimeoutsKeys},
     {"log", "daemon logging (stderr)", kLogKeys},
 };
+
+}  // namespace
+
+std::span<const SectionSpec> NodeConfigSections() { return kSections; }
+
+namespace {
 
 // "kind, threads, inline_max_bytes".
 std::string KeyNames(std::span<const KeySpec> keys) {
@@ -728,25 +441,6 @@ absl::Status ParseDocument(const YAML::Node& root, const std::string& source, No
 }
 
 // ---------------------------------------------------------------------------
-// Rendering.
-
-// Renders every key of `config` with its comment, after `header`.
-std::string RenderYaml(const NodeConfig& config, std::string_view header) {
-  static constexpr size_t kCommentColumn = 36;
-  std::string out(header);
-  for (const SectionSpec& section : kSections) {
-    absl::StrAppend(&out, "\n", std::string(section.name), ":  # ",
-                    std::string(section.comment), "\n");
-    for (const KeySpec& key : section.keys) {
-      std::string line = absl::StrCat("  ", std::string(key.name), ": ", key.render(config));
-      line.resize(std::max(line.size() + 2, kCommentColumn), ' ');
-      absl::StrAppend(&out, line, "# ", std::string(key.comment), "\n");
-    }
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------------------
 // Files.
 
 // The status for a failed open/read of `path`: NOT_FOUND, PERMISSION_DENIED,
@@ -792,6 +486,7 @@ absl::StatusOr<std::string> ReadConfigFile(const std::string& path) {
 }
 
 }  // namespace
+}  // namespace config_internal
 
 absl::StatusOr<NodeConfig> ParseNodeConfig(std::string_view yaml_text, std::string_view source) {
   const std::string name = source.empty() ? "<config>" : std::string(source);
@@ -801,10 +496,12 @@ absl::StatusOr<NodeConfig> ParseNodeConfig(std::string_view yaml_text, std::stri
     for (size_t i = 1; i < documents.size(); ++i) {
       if (documents[i].IsNull()) continue;  // a trailing "---" or "..."
       return absl::InvalidArgumentError(absl::StrCat(
-          name, ":", LineOf(documents[i], 1),
+          name, ":", config_internal::LineOf(documents[i], 1),
           ": (top level): a second YAML document; a node config is a single document"));
     }
-    if (!documents.empty()) RETURN_IF_ERROR(ParseDocument(documents[0], name, &config));
+    if (!documents.empty()) {
+      RETURN_IF_ERROR(config_internal::ParseDocument(documents[0], name, &config));
+    }
   } catch (const YAML::Exception& e) {
     const int line = e.mark.is_null() ? 1 : e.mark.line + 1;
     return absl::InvalidArgumentError(absl::StrCat(name, ":", line, ": YAML syntax error: ", e.msg));
@@ -813,34 +510,8 @@ absl::StatusOr<NodeConfig> ParseNodeConfig(std::string_view yaml_text, std::stri
 }
 
 absl::StatusOr<NodeConfig> LoadNodeConfigFile(const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string text, ReadConfigFile(path));
+  ASSIGN_OR_RETURN(const std::string text, config_internal::ReadConfigFile(path));
   return ParseNodeConfig(text, path == "-" ? "<stdin>" : path);
-}
-
-std::string DefaultNodeConfigYaml() {
-  return RenderYaml(
-      NodeConfig{},
-      "# hsdpd node configuration: the defaults (hsdpd --node-config FILE).\n"
-      "# Every key is optional; a missing key keeps the value shown here. Unknown\n"
-      "# keys are errors. Sizes take units: KiB, MiB, GiB, TiB (powers of 1024) or\n"
-      "# KB, MB, GB, TB (powers of 1000). See docs/configuration.md.\n");
-}
-
-std::string NodeConfigToYaml(const NodeConfig& config) {
-  return RenderYaml(config,
-                    "# hsdpd node configuration (see docs/configuration.md for every key).\n");
-}
-
-std::string NodeConfigSummary(const NodeConfig& config) {
-  return absl::StrCat(
-      "engine=", config.engine_kind,
-      " threads=", config.engine_threads == 0 ? "auto" : absl::StrCat(config.engine_threads),
-      " ring_entries=", config.ring_entries, " spin_us=", config.spin_us,
-      " collective_timeout_ms=", config.collective_timeout_ms,
-      " max_sessions=", config.max_sessions,
-      " max_session_bytes=", FormatSize(config.max_session_bytes),
-      " max_node_bytes=", config.max_node_bytes == 0 ? "auto" : FormatSize(config.max_node_bytes),
-      " log_level=", config.log_level);
 }
 
 }  // namespace hsdp

@@ -1,0 +1,39 @@
+// The node configuration's schema: one table of sections and keys, each key
+// naming its parser, its renderer and a one-line comment, so that parsing
+// (node_config.cc) and rendering (node_config_yaml.cc) cannot drift apart.
+// Internal to daemon/config; the table itself is defined in node_config.cc.
+#ifndef HSDP_DAEMON_CONFIG_NODE_CONFIG_SCHEMA_H_
+#define HSDP_DAEMON_CONFIG_NODE_CONFIG_SCHEMA_H_
+
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "daemon/config/config_values.h"
+#include "daemon/config/node_config.h"
+
+namespace hsdp::config_internal {
+
+using KeyParser = absl::Status (*)(const Field&, NodeConfig*);
+using KeyRenderer = std::string (*)(const NodeConfig&);
+
+struct KeySpec {
+  std::string_view name;
+  std::string_view comment;  // one line, for the rendered YAML
+  KeyParser parse;
+  KeyRenderer render;  // YAML text of the value
+};
+
+struct SectionSpec {
+  std::string_view name;
+  std::string_view comment;
+  std::span<const KeySpec> keys;
+};
+
+// Every section of the node configuration, in document order.
+std::span<const SectionSpec> NodeConfigSections();
+
+}  // namespace hsdp::config_internal
+
+#endif  // HSDP_DAEMON_CONFIG_NODE_CONFIG_SCHEMA_H_
