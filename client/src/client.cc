@@ -116,13 +116,10 @@ class Client::Impl {
       const size_t es = DataTypeSize(dtype);
       if (es == 0) return absl::InvalidArgumentError("dtype: invalid data type");
       if (count == 0) return absl::InvalidArgumentError("count: must be > 0");
-      uint64_t send_elems = count, recv_elems = count;
-      if (kind == Collective::kAllGather) recv_elems = count * g.size;
-      if (kind == Collective::kReduceScatter || kind == Collective::kReduceScatterAllReduce) {
-        send_elems = count * g.size;
-      }
-      RETURN_IF_ERROR(CheckRange("send", send, send_elems * es));
-      RETURN_IF_ERROR(CheckRange("recv", recv, recv_elems * es));
+      if (count > (uint64_t{1} << 40)) return absl::InvalidArgumentError("count: above 2^40");
+      const shm::OpExtents ext = shm::ComputeOpExtents(kind, count, es, g.size);
+      RETURN_IF_ERROR(CheckRange("send", send, ext.send_bytes));
+      RETURN_IF_ERROR(CheckRange("recv", recv, ext.recv_bytes));
       d.dtype = static_cast<uint8_t>(dtype);
       d.send = {send.buffer_id, send.offset_bytes};
       d.recv = {recv.buffer_id, recv.offset_bytes};

@@ -94,11 +94,8 @@ absl::Status ResolveBuffers(const shm::OpDescriptor& d, int group_rank, int grou
   }
   const uint64_t es = DataTypeSize(static_cast<DataType>(d.dtype));
   const uint64_t unit = d.count * es;  // fits: count <= 2^40, es <= 8
-  uint64_t send_bytes = unit, recv_bytes = unit;
-  if (c == Collective::kAllGather) recv_bytes = unit * group_size;
-  if (c == Collective::kReduceScatter || c == Collective::kReduceScatterAllReduce) {
-    send_bytes = unit * group_size;
-  }
+  const shm::OpExtents ext = shm::ComputeOpExtents(c, d.count, es, group_size);
+  const uint64_t send_bytes = ext.send_bytes, recv_bytes = ext.recv_bytes;
   char* send = nullptr;
   char* recv = nullptr;
   if (absl::Status s = Resolve("send", d.send, send_bytes, session, &a->send_buf, &send); !s.ok()) return s;

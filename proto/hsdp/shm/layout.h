@@ -90,6 +90,26 @@ struct alignas(64) Completion {
 };
 static_assert(sizeof(Completion) == 256);
 
+// Bytes an operation reads from `send` and writes to `recv` for one member
+// of a group of `group_size` (see OpDescriptor for what `count` means).
+// Callers bound count (<= 2^40), elem_size (<= 8) and group_size so the
+// products cannot overflow.
+struct OpExtents {
+  uint64_t send_bytes;
+  uint64_t recv_bytes;
+};
+constexpr OpExtents ComputeOpExtents(Collective c, uint64_t count, uint64_t elem_size,
+                                     uint64_t group_size) {
+  const uint64_t unit = count * elem_size;
+  switch (c) {
+    case Collective::kAllGather: return {unit, unit * group_size};
+    case Collective::kReduceScatter:
+    case Collective::kReduceScatterAllReduce: return {unit * group_size, unit};
+    case Collective::kBarrier: return {0, 0};
+    default: return {unit, unit};
+  }
+}
+
 enum ChannelState : uint32_t {
   kChannelOpen = 1,
   kChannelClosed = 2,  // the daemon ended the session; every op fails
