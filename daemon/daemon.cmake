@@ -3,6 +3,9 @@ add_library(hsdp_daemon_lib STATIC
   ${CMAKE_CURRENT_LIST_DIR}/dataplane/dispatcher.cc
   ${CMAKE_CURRENT_LIST_DIR}/dataplane/group.cc
   ${CMAKE_CURRENT_LIST_DIR}/dataplane/validate.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine/engine.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine/engine_factory.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine/fake/fake_engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/engine/cpu/cpu_engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/engine/cpu/thread_pool.cc
   ${CMAKE_CURRENT_LIST_DIR}/server/daemon.cc
@@ -14,6 +17,8 @@ add_library(hsdp_daemon_lib STATIC
   ${CMAKE_CURRENT_LIST_DIR}/session/session.cc
   ${CMAKE_CURRENT_LIST_DIR}/session/session_manager.cc
   ${CMAKE_CURRENT_LIST_DIR}/session/shm_channel.cc
+  ${CMAKE_CURRENT_LIST_DIR}/util/executor.cc
+  ${CMAKE_CURRENT_LIST_DIR}/server/authenticator.cc
   ${CMAKE_CURRENT_LIST_DIR}/util/sd_notify.cc)
 target_include_directories(hsdp_daemon_lib PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(hsdp_daemon_lib PUBLIC

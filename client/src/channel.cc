@@ -3,6 +3,8 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <string>
@@ -25,22 +27,23 @@ absl::Status LayoutMismatch(const char* field, uint64_t got, uint64_t want) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<SessionChannel>> SessionChannel::Map(
-    UniqueFd channel_fd, uint64_t channel_bytes, UniqueFd node_page_fd,
-    uint64_t node_page_bytes, UniqueFd data_conn, uint64_t session_id) {
+    UniqueFd channel_fd, uint64_t channel_bytes, UniqueFd wake_fd, UniqueFd data_conn,
+    uint64_t session_id, uint64_t features) {
   std::shared_ptr<SessionChannel> ch(new SessionChannel());
   ch->data_conn_ = std::move(data_conn);
+  ch->wake_fd_ = std::move(wake_fd);
   ch->session_id_ = session_id;
-  if (channel_bytes < sizeof(shm::ChannelHeader) || node_page_bytes < sizeof(shm::NodePage)) {
-    return absl::FailedPreconditionError("hsdpd sent a channel smaller than its header");
+  struct stat st;
+  if (::fstat(channel_fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError("hsdpd sent a session channel that is not a memfd");
+  }
+  if (channel_bytes < sizeof(shm::ChannelHeader) || channel_bytes > uint64_t(st.st_size)) {
+    return LayoutMismatch("channel size", channel_bytes, static_cast<uint64_t>(st.st_size));
   }
   void* m = ::mmap(nullptr, channel_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, channel_fd.get(), 0);
   if (m == MAP_FAILED) return ErrnoStatus(errno, "mmap(session channel)", __FILE__, __LINE__);
   ch->channel_map_ = m;
   ch->channel_bytes_ = channel_bytes;
-  m = ::mmap(nullptr, node_page_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, node_page_fd.get(), 0);
-  if (m == MAP_FAILED) return ErrnoStatus(errno, "mmap(node page)", __FILE__, __LINE__);
-  ch->node_map_ = m;
-  ch->node_bytes_ = node_page_bytes;
 
   auto* h = static_cast<shm::ChannelHeader*>(ch->channel_map_);
   if (h->magic != shm::kChannelMagic) return LayoutMismatch("channel magic", h->magic, shm::kChannelMagic);
@@ -50,28 +53,35 @@ absl::StatusOr<std::shared_ptr<SessionChannel>> SessionChannel::Map(
   if (h->completion_bytes != sizeof(shm::Completion)) return LayoutMismatch("sizeof(Completion)", h->completion_bytes, sizeof(shm::Completion));
   if (h->doorbell_bytes != sizeof(shm::Doorbell)) return LayoutMismatch("sizeof(Doorbell)", h->doorbell_bytes, sizeof(shm::Doorbell));
   const uint32_t n = h->ring_entries;
-  if (n == 0 || (n & (n - 1)) != 0) return LayoutMismatch("ring_entries (power of two)", n, 1024);
+  if (n == 0 || (n & (n - 1)) != 0 || n > (1u << 20)) {
+    return LayoutMismatch("ring_entries (a power of two up to 2^20)", n, 1024);
+  }
   const shm::ChannelLayout layout = shm::ComputeChannelLayout(n);
   if (h->ring_offset != layout.ring_offset || h->completion_offset != layout.completion_offset ||
       h->total_bytes != layout.total_bytes || channel_bytes < layout.total_bytes) {
     return LayoutMismatch("channel size", channel_bytes, layout.total_bytes);
   }
   if (h->session_id != session_id) return LayoutMismatch("session id", h->session_id, session_id);
-  auto* node = static_cast<shm::NodePage*>(ch->node_map_);
-  if (node->magic != shm::kNodePageMagic) return LayoutMismatch("node page magic", node->magic, shm::kNodePageMagic);
-  if (node->version != shm::kLayoutVersion) return LayoutMismatch("node page version", node->version, shm::kLayoutVersion);
+  if (h->features != features) return LayoutMismatch("features", h->features, features);
 
   ch->header_ = h;
   ch->ring_ = reinterpret_cast<shm::OpDescriptor*>(static_cast<char*>(ch->channel_map_) + layout.ring_offset);
   ch->completions_ = reinterpret_cast<shm::Completion*>(static_cast<char*>(ch->channel_map_) + layout.completion_offset);
-  ch->node_ = node;
   ch->entries_ = n;
   return ch;
 }
 
 SessionChannel::~SessionChannel() {
   if (channel_map_ != nullptr) ::munmap(channel_map_, channel_bytes_);
-  if (node_map_ != nullptr) ::munmap(node_map_, node_bytes_);
+}
+
+void SessionChannel::KickDaemon() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (header_->daemon_sleeping.load(std::memory_order_seq_cst) != 0) {
+    const uint64_t one = 1;
+    ssize_t ignored = ::write(wake_fd_.get(), &one, sizeof(one));  // EAGAIN: already pending
+    (void)ignored;
+  }
 }
 
 absl::Status SessionChannel::CheckAlive() {
@@ -128,8 +138,8 @@ absl::StatusOr<Work> SessionChannel::Submit(shm::OpDescriptor desc, bool composi
     }
   }
   desc.op_id = op_id;
-  desc.seq = ++next_seq_[desc.group_id];
-  if (composite) desc.seq2 = ++next_seq_[desc.group2_id];
+  desc.seq = ++next_seq_[(uint64_t{desc.group_id} << 32) | desc.epoch];
+  if (composite) desc.seq2 = ++next_seq_[(uint64_t{desc.group2_id} << 32) | desc.epoch2];
   auto state = std::make_shared<WorkState>();
   state->channel = shared_from_this();
   state->op_id = op_id;
@@ -140,7 +150,7 @@ absl::StatusOr<Work> SessionChannel::Submit(shm::OpDescriptor desc, bool composi
   const uint64_t head = header_->head.load(std::memory_order_relaxed);
   ring_[head & (entries_ - 1)] = desc;
   header_->head.store(head + 1, std::memory_order_release);
-  shm::RingDoorbell(&node_->daemon_bell);
+  KickDaemon();
   ++next_op_id_;
   return Work(std::move(state));
 }

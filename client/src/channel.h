@@ -32,14 +32,16 @@ struct WorkState {
 
 class SessionChannel : public std::enable_shared_from_this<SessionChannel> {
  public:
-  // Maps the channel and node page fds (taking ownership) and validates the
-  // layout. FAILED_PRECONDITION on a version or size mismatch.
+  // Maps the channel fd (taking ownership of it, the daemon's wake eventfd
+  // and the data connection) and validates the layout: every size the
+  // daemon published is checked against this build and against the memfd's
+  // real size. FAILED_PRECONDITION on a version or size mismatch.
   static absl::StatusOr<std::shared_ptr<SessionChannel>> Map(UniqueFd channel_fd,
                                                              uint64_t channel_bytes,
-                                                             UniqueFd node_page_fd,
-                                                             uint64_t node_page_bytes,
+                                                             UniqueFd wake_fd,
                                                              UniqueFd data_conn,
-                                                             uint64_t session_id);
+                                                             uint64_t session_id,
+                                                             uint64_t features);
   ~SessionChannel();
 
   // Fills op_id and the per-group sequence numbers (seq for group_id, seq2
@@ -63,17 +65,17 @@ class SessionChannel : public std::enable_shared_from_this<SessionChannel> {
   bool HarvestLocked(WorkState* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Non-OK when the daemon ended the session or went away.
   absl::Status CheckAlive();
+  // Wakes the daemon's dispatcher if it published that it may sleep.
+  void KickDaemon();
 
   void* channel_map_ = nullptr;
   uint64_t channel_bytes_ = 0;
-  void* node_map_ = nullptr;
-  uint64_t node_bytes_ = 0;
+  UniqueFd wake_fd_;
   UniqueFd data_conn_;
   uint64_t session_id_ = 0;
   shm::ChannelHeader* header_ = nullptr;
   shm::OpDescriptor* ring_ = nullptr;
   shm::Completion* completions_ = nullptr;
-  shm::NodePage* node_ = nullptr;
   uint32_t entries_ = 0;
   uint32_t spin_ns_ = 200000;
 
@@ -81,7 +83,8 @@ class SessionChannel : public std::enable_shared_from_this<SessionChannel> {
   // may be held while waiting for a ring slot; mu_ is never held while waiting.
   absl::Mutex submit_mu_;
   uint64_t next_op_id_ ABSL_GUARDED_BY(submit_mu_) = 1;
-  std::unordered_map<uint32_t, uint64_t> next_seq_ ABSL_GUARDED_BY(submit_mu_);
+  // Next sequence number by (group id << 32 | epoch): restarts in a new epoch.
+  std::unordered_map<uint64_t, uint64_t> next_seq_ ABSL_GUARDED_BY(submit_mu_);
   absl::Mutex mu_;
   // Ops pushed and not yet harvested, by op id.
   std::unordered_map<uint64_t, std::weak_ptr<WorkState>> pending_ ABSL_GUARDED_BY(mu_);

@@ -14,9 +14,11 @@
 #include "grpcpp/grpcpp.h"
 #include "hsdp/common/socket_path.h"
 #include "hsdp/common/status_macros.h"
+#include "hsdp/common/version.h"
 #include "hsdp/common/unix_socket.h"
 #include "hsdp/shm/data_conn.h"
 #include "hsdp/shm/layout.h"
+#include "hsdp/shm/op_rules.h"
 #include "hsdp/v1/node.grpc.pb.h"
 
 namespace hsdp {
@@ -52,6 +54,7 @@ class Client::Impl {
   std::shared_ptr<grpc::Channel> grpc_channel;
   std::unique_ptr<v1::Node::Stub> stub;
   uint64_t session_id = 0;
+  uint64_t features = 0;  // negotiated at Attach
   std::shared_ptr<internal::SessionChannel> channel;
 
   absl::Mutex mu;
@@ -86,6 +89,7 @@ class Client::Impl {
 
   // Checks that [ref.offset, ref.offset + bytes) lies in a buffer of this client.
   absl::Status CheckRange(const char* field, BufferRef ref, uint64_t bytes) {
+    if (bytes == 0) return absl::OkStatus();  // nothing is read or written
     absl::MutexLock l(&mu);
     auto it = buffers.find(ref.buffer_id);
     if (it == buffers.end()) {
@@ -109,31 +113,32 @@ class Client::Impl {
     shm::OpDescriptor d{};
     d.collective = static_cast<uint8_t>(kind);
     d.group_id = g.id;
-    d.group2_id = g2 != nullptr ? g2->id : 0;
-    d.count = count;
+    d.epoch = g.epoch;
+    if (g2 != nullptr) {
+      d.group2_id = g2->id;
+      d.epoch2 = g2->epoch;
+    }
     d.root = root;
+    d.premul_factor = d.pre_divide = d.post_divide = 1.0;
     if (kind != Collective::kBarrier) {
-      const size_t es = DataTypeSize(dtype);
-      if (es == 0) return absl::InvalidArgumentError("dtype: invalid data type");
-      if (count == 0) return absl::InvalidArgumentError("count: must be > 0");
-      if (count > (uint64_t{1} << 40)) return absl::InvalidArgumentError("count: above 2^40");
-      const shm::OpExtents ext = shm::ComputeOpExtents(kind, count, es, g.size);
-      RETURN_IF_ERROR(CheckRange("send", send, ext.send_bytes));
-      RETURN_IF_ERROR(CheckRange("recv", recv, ext.recv_bytes));
+      d.count = count;
       d.dtype = static_cast<uint8_t>(dtype);
       d.send = {send.buffer_id, send.offset_bytes};
       d.recv = {recv.buffer_id, recv.offset_bytes};
     }
-    const bool reducing = kind == Collective::kAllReduce || kind == Collective::kReduceScatter ||
-                          kind == Collective::kReduceScatterAllReduce;
-    if (reducing) {
+    if (shm::IsReducing(kind)) {
       d.reduce_op = static_cast<uint8_t>(reduce.op);
       d.reduce_dtype = static_cast<uint8_t>(reduce.reduce_dtype);
       d.premul_factor = reduce.premul_factor;
       d.pre_divide = reduce.pre_divide;
       d.post_divide = reduce.post_divide;
-    } else {
-      d.premul_factor = d.pre_divide = d.post_divide = 1.0;
+    }
+    // The daemon's own rules (hsdp/shm/op_rules.h), applied before anything moves.
+    RETURN_IF_ERROR(shm::CheckDescriptorFields(d, features));
+    if (kind != Collective::kBarrier) {
+      const shm::OpExtents ext = shm::ComputeOpExtents(kind, count, DataTypeSize(dtype), g.size);
+      RETURN_IF_ERROR(CheckRange("send", send, ext.send_bytes));
+      RETURN_IF_ERROR(CheckRange("recv", recv, ext.recv_bytes));
     }
     return channel->Submit(d, g2 != nullptr);
   }
@@ -168,6 +173,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   req.set_device(options.device);
   req.set_pid(::getpid());
   req.set_protocol_version(shm::kLayoutVersion);
+  req.set_features(shm::kFeaturesImplemented);
   v1::AttachResponse resp;
   {
     grpc::ClientContext ctx;
@@ -175,6 +181,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     RETURN_IF_ERROR(FromGrpc(impl->stub->Attach(&ctx, req, &resp), "Attach"));
   }
   impl->session_id = resp.session_id();
+  impl->features = resp.features();
+  if ((impl->features & ~shm::kFeaturesImplemented) != 0 ||
+      (impl->features & shm::kFeaturesRequired) != shm::kFeaturesRequired) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "hsdpd ", resp.daemon_version(), " negotiated features 0x", absl::Hex(impl->features),
+        " that this client (", kHsdpVersion, ") cannot use"));
+  }
 
   // Claim the session's shared-memory channel over a data connection.
   ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(path));
@@ -201,8 +214,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   ASSIGN_OR_RETURN(impl->channel,
                    internal::SessionChannel::Map(std::move(fds[0]), reply.channel_bytes,
-                                                 std::move(fds[1]), reply.node_page_bytes,
-                                                 std::move(conn), resp.session_id()));
+                                                 std::move(fds[1]), std::move(conn),
+                                                 resp.session_id(), impl->features));
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -302,7 +315,19 @@ absl::StatusOr<Group> Client::NewGroup(const std::vector<int>& ranks) {
   for (int r : ranks) req.add_ranks(r);
   v1::NewGroupResponse resp;
   RETURN_IF_ERROR(FromGrpc(impl_->stub->NewGroup(&ctx, req, &resp), "NewGroup"));
-  return Group{resp.group_id(), resp.group_rank(), resp.group_size(), ranks};
+  return Group{resp.group_id(), resp.group_rank(), resp.group_size(), ranks, resp.epoch()};
+}
+
+absl::StatusOr<Group> Client::RejoinGroup(const Group& group) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::NewGroupRequest req;
+  req.set_session_id(impl_->session_id);
+  req.set_rejoin_group_id(group.id);
+  for (int r : group.ranks) req.add_ranks(r);
+  v1::NewGroupResponse resp;
+  RETURN_IF_ERROR(FromGrpc(impl_->stub->NewGroup(&ctx, req, &resp), "NewGroup(rejoin)"));
+  return Group{resp.group_id(), resp.group_rank(), resp.group_size(), group.ranks, resp.epoch()};
 }
 
 absl::StatusOr<Work> Client::AllReduce(const Group& g, BufferRef send, BufferRef recv,

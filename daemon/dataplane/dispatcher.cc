@@ -9,8 +9,8 @@ namespace {
 constexpr int64_t kTickNs = 20'000'000;  // timeouts and housekeeping every 20 ms
 }
 
-Dispatcher::Dispatcher(SessionDirectory* directory, shm::Doorbell* daemon_bell, int64_t spin_ns)
-    : directory_(directory), bell_(daemon_bell), spin_ns_(spin_ns) {}
+Dispatcher::Dispatcher(SessionDirectory* directory, const WakeFd* wake, int64_t spin_ns)
+    : directory_(directory), wake_(wake), spin_ns_(spin_ns) {}
 
 Dispatcher::~Dispatcher() { Stop(); }
 
@@ -18,18 +18,27 @@ void Dispatcher::Start() { thread_ = std::thread([this] { Loop(); }); }
 
 void Dispatcher::Stop() {
   stop_.store(true);
-  shm::RingDoorbell(bell_);
+  wake_->Wake();
   if (thread_.joinable()) thread_.join();
 }
 
 void Dispatcher::Handle(const std::shared_ptr<Session>& session, const shm::OpDescriptor& d) {
   const int64_t now = shm::NowNanos();
+  session->BeginOp();
   auto fail_alone = [&](const absl::Status& s) {
     HSDP_LOG(Warning) << "session " << session->id() << " op " << d.op_id << ": " << s.message();
     session->Complete(d.op_id, s, 0, 0);
   };
+  // A client cannot have more operations outstanding than its ring has
+  // completion slots; one that pushes more anyway is refused here, so the
+  // daemon's memory per session stays bounded.
+  if (session->ops_in_flight() > int64_t{session->channel().ring_entries()}) {
+    return fail_alone(absl::ResourceExhaustedError(absl::StrCat(
+        "session ", session->id(), " has more than ", session->channel().ring_entries(),
+        " operations outstanding (its ring size); wait for completions before submitting more")));
+  }
   std::shared_ptr<Group> group = directory_->FindGroup(d.group_id);
-  if (group == nullptr) {
+  if (group == nullptr || group->job_id() != session->info().job_id) {
     return fail_alone(absl::InvalidArgumentError(
         absl::StrCat("group_id: unknown group ", d.group_id)));
   }
@@ -41,9 +50,10 @@ void Dispatcher::Handle(const std::shared_ptr<Session>& session, const shm::OpDe
   Arrival a;
   a.session = session;
   a.desc = d;
+  a.epoch = d.epoch;
   a.seq = d.seq;
   a.first_ns = now;
-  a.rejected = ValidateFields(d);
+  a.rejected = ValidateFields(d, session->info().features);
   if (a.rejected.ok() && static_cast<Collective>(d.collective) == Collective::kReduceScatterAllReduce) {
     std::shared_ptr<Group> g2 = directory_->FindGroup(d.group2_id);
     const int r2 = g2 != nullptr ? g2->RankOf(session->info().rank) : -1;
@@ -92,20 +102,38 @@ void Dispatcher::Loop() {
       next_tick = now + kTickNs;
     }
     if (any) continue;
-    shm::AwaitDoorbell(
-        bell_,
-        [&] {
-          if (stop_.load(std::memory_order_relaxed) ||
-              directory_->version() != seen_version_) {
-            return true;
-          }
-          for (const std::shared_ptr<Session>& s : sessions_) {
-            if (s->channel().HasWork()) return true;
-          }
-          return false;
-        },
-        spin_ns_, next_tick);
+    Idle(next_tick);
   }
+}
+
+bool Dispatcher::AnyWork() const {
+  if (stop_.load(std::memory_order_relaxed) || directory_->version() != seen_version_) return true;
+  for (const std::shared_ptr<Session>& s : sessions_) {
+    if (s->channel().HasWork()) return true;
+  }
+  return false;
+}
+
+void Dispatcher::Idle(int64_t deadline_ns) {
+  const int64_t spin_until = shm::NowNanos() + spin_ns_;
+  for (uint32_t i = 0;; ++i) {
+    if (AnyWork()) return;
+    if ((i & 63) == 0) {
+      const int64_t now = shm::NowNanos();
+      if (now >= deadline_ns) return;
+      if (now >= spin_until) break;
+      sched_yield();  // more spinners than cores on small nodes
+    }
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  // Publish "sleeping", then look once more: a client either sees the flag
+  // (and kicks the eventfd, which stays readable) or its push is seen here.
+  for (const std::shared_ptr<Session>& s : sessions_) s->channel().SetDaemonSleeping(true);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!AnyWork()) wake_->Wait(deadline_ns - shm::NowNanos());
+  for (const std::shared_ptr<Session>& s : sessions_) s->channel().SetDaemonSleeping(false);
 }
 
 }  // namespace hsdp

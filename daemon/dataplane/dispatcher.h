@@ -1,7 +1,8 @@
 // The dispatcher: one thread that drains every session's ring, validates
-// each descriptor, and hands it to its group. Idle, it spins briefly and
-// then sleeps on the node doorbell that clients ring after a push. It also
-// drives timeouts and session housekeeping.
+// each descriptor, and hands it to its group. Idle, it spins briefly, then
+// publishes "sleeping" in every session's channel and sleeps on the WakeFd
+// that clients write after a push while that flag is set. It also drives
+// timeouts and session housekeeping.
 #ifndef HSDP_DAEMON_DATAPLANE_DISPATCHER_H_
 #define HSDP_DAEMON_DATAPLANE_DISPATCHER_H_
 
@@ -14,6 +15,7 @@
 
 #include "daemon/dataplane/group.h"
 #include "daemon/session/session.h"
+#include "daemon/session/shm_channel.h"
 #include "hsdp/shm/layout.h"
 
 namespace hsdp {
@@ -34,7 +36,7 @@ class SessionDirectory {
 
 class Dispatcher {
  public:
-  Dispatcher(SessionDirectory* directory, shm::Doorbell* daemon_bell, int64_t spin_ns);
+  Dispatcher(SessionDirectory* directory, const WakeFd* wake, int64_t spin_ns);
   ~Dispatcher();
 
   void Start();
@@ -50,7 +52,12 @@ class Dispatcher {
   bool DrainAll();
 
   SessionDirectory* const directory_;
-  shm::Doorbell* const bell_;
+  // Spins, then sleeps until a ring has work, the session set changed, a
+  // stop, or `deadline_ns`.
+  void Idle(int64_t deadline_ns);
+  bool AnyWork() const;
+
+  const WakeFd* const wake_;
   const int64_t spin_ns_;
   std::atomic<bool> stop_{false};
   std::thread thread_;

@@ -1,17 +1,20 @@
 #include "daemon/dataplane/group.h"
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_join.h"
 #include "hsdp/common/logging.h"
 #include "hsdp/shm/doorbell.h"
+#include "hsdp/shm/op_rules.h"
 
 namespace hsdp {
 namespace {
 
 constexpr size_t kMaxRememberedFailures = 4096;
-constexpr uint64_t kMaxSeqAhead = 1 << 20;
+constexpr size_t kMaxListedRanks = 16;
 
 bool SameDouble(double a, double b) { return std::memcmp(&a, &b, sizeof(double)) == 0; }
 
@@ -22,75 +25,149 @@ int PriorityOf(Collective c) {
              : 1;
 }
 
+// "[0, 1, 2]", or the first kMaxListedRanks and a count of the rest, so a
+// huge group cannot flood logs and completion messages.
+std::string ListRanks(const std::vector<int>& ranks) {
+  if (ranks.size() <= kMaxListedRanks) return absl::StrCat("[", absl::StrJoin(ranks, ", "), "]");
+  std::vector<int> head(ranks.begin(), ranks.begin() + kMaxListedRanks);
+  return absl::StrCat("[", absl::StrJoin(head, ", "), ", ... (", ranks.size() - kMaxListedRanks,
+                      " more)]");
+}
+
 }  // namespace
 
-Group::Group(uint32_t id, std::string job_id, std::vector<int> ranks, Engine* engine,
-             GroupLookup lookup, int64_t timeout_ns)
-    : id_(id),
-      job_id_(std::move(job_id)),
-      ranks_(std::move(ranks)),
-      engine_(engine),
-      lookup_(std::move(lookup)),
-      timeout_ns_(timeout_ns),
-      members_(ranks_.size()) {}
+std::string GroupKey(const std::string& job_id, const std::vector<int>& ranks, int k) {
+  // Unambiguous: a length-prefixed job id, then numbers.
+  return absl::StrCat(job_id.size(), ":", job_id, "/", absl::StrJoin(ranks, ","), "#", k);
+}
+
+Group::Group(GroupSpec spec, Engine* engine, GroupLookup lookup)
+    : spec_(std::move(spec)), engine_(engine), lookup_(std::move(lookup)) {
+  const int n = size();
+  local_index_.assign(n, -1);
+  for (int r = 0; r < n; ++r) {
+    const bool local = spec_.nodes.empty() || spec_.nodes[r] == spec_.this_node;
+    if (local) {
+      local_index_[r] = static_cast<int>(local_ranks_.size());
+      local_ranks_.push_back(r);
+    }
+  }
+  members_.resize(n);
+  joined_epoch_.assign(n, 1);
+  waits_.resize(n);
+}
 
 int Group::RankOf(int global_rank) const {
-  for (size_t i = 0; i < ranks_.size(); ++i) {
-    if (ranks_[i] == global_rank) return static_cast<int>(i);
+  for (size_t i = 0; i < spec_.ranks.size(); ++i) {
+    if (spec_.ranks[i] == global_rank) return static_cast<int>(i);
   }
   return -1;
 }
 
-absl::Status Group::Join(int group_rank, std::shared_ptr<Session> session) {
+bool Group::IsLocal(int group_rank) const {
+  return group_rank >= 0 && group_rank < size() && local_index_[group_rank] >= 0;
+}
+
+uint32_t Group::epoch() const {
   absl::MutexLock l(&mu_);
-  if (group_rank < 0 || group_rank >= size()) {
-    return absl::InvalidArgumentError(absl::StrCat("group rank ", group_rank, " out of range"));
+  return epoch_;
+}
+
+absl::StatusOr<uint32_t> Group::Join(int group_rank, std::shared_ptr<Session> session) {
+  uint32_t result;
+  {
+    absl::MutexLock l(&mu_);
+    if (!IsLocal(group_rank)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group rank ", group_rank, " is not a member of group ", spec_.id, " on this node"));
+    }
+    std::shared_ptr<Session>& slot = members_[group_rank];
+    if (slot != nullptr && slot.get() != session.get() && !slot->closed()) {
+      return absl::AlreadyExistsError(absl::StrCat("group ", spec_.id, ": rank ",
+                                                   spec_.ranks[group_rank],
+                                                   " already joined by session ", slot->id()));
+    }
+    slot = std::move(session);
+    if (epoch_failure_.ok()) {
+      joined_epoch_[group_rank] = epoch_;
+      return epoch_;
+    }
+    result = epoch_ + 1;
+    joined_epoch_[group_rank] = result;
+    MaybeAdvanceLocked();
   }
-  if (!broken_.ok()) return broken_;
-  std::shared_ptr<Session>& slot = members_[group_rank];
-  if (slot != nullptr && slot.get() != session.get() && !slot->closed()) {
-    return absl::AlreadyExistsError(absl::StrCat("group ", id_, ": rank ", ranks_[group_rank],
-                                                 " already joined by session ", slot->id()));
+  Pump();  // submissions for the new epoch may already be queued
+  return result;
+}
+
+void Group::RemoteJoined(int group_rank, uint32_t epoch) {
+  {
+    absl::MutexLock l(&mu_);
+    if (group_rank < 0 || group_rank >= size() || IsLocal(group_rank)) return;
+    joined_epoch_[group_rank] = std::max(joined_epoch_[group_rank], epoch);
+    MaybeAdvanceLocked();
   }
-  slot = std::move(session);
-  return absl::OkStatus();
+  Pump();
+}
+
+void Group::MaybeAdvanceLocked() {
+  if (epoch_failure_.ok()) return;
+  for (int r = 0; r < size(); ++r) {
+    if (joined_epoch_[r] != epoch_ + 1) return;
+    if (IsLocal(r) && (members_[r] == nullptr || members_[r]->closed())) return;
+  }
+  ++epoch_;
+  epoch_failure_ = absl::OkStatus();
+  failed_.clear();
+  next_run_ = 1;
+  EngineGroupSpec es{spec_.key, epoch_, spec_.ranks, spec_.nodes, spec_.this_node};
+  if (es.nodes.empty()) es.nodes.assign(spec_.ranks.size(), spec_.this_node);
+  if (absl::Status s = engine_->CreateGroup(es); !s.ok()) {
+    epoch_failure_ = s;  // the engine cannot run the new epoch: it stays failed
+  }
+  HSDP_LOG(Info) << "group " << spec_.id << " (job \"" << spec_.job_id << "\") re-formed in epoch "
+                 << epoch_;
 }
 
 bool Group::IsMember(int group_rank, const Session* session) const {
   absl::MutexLock l(&mu_);
-  return group_rank >= 0 && group_rank < size() && members_[group_rank].get() == session;
+  return IsLocal(group_rank) && members_[group_rank].get() == session;
 }
 
 std::string Group::RanksList(const std::vector<int>& group_ranks) const {
   std::vector<int> global;
-  for (int r : group_ranks) global.push_back(ranks_[r]);
-  return absl::StrCat("[", absl::StrJoin(global, ", "), "]");
+  for (int r : group_ranks) global.push_back(spec_.ranks[r]);
+  return ListRanks(global);
+}
+
+const Arrival& Group::AnyArrival(const PendingOp& op) const {
+  for (const auto& a : op.arrivals) {
+    if (a.has_value()) return *a;
+  }
+  static const Arrival kNone;
+  return kNone;
 }
 
 std::string Group::Describe(const PendingOp& op) const {
-  Collective c = Collective::kInvalid;
-  bool phase2 = false;
-  for (const auto& a : op.arrivals) {
-    if (a.has_value()) {
-      c = static_cast<Collective>(a->desc.collective);
-      phase2 = a->phase2;
-      break;
-    }
-  }
-  return absl::StrCat(std::string(CollectiveName(c)), phase2 ? " (all-reduce phase)" : "", " seq ", op.seq,
-                      " in group ", id_, " (job \"", job_id_, "\", ranks [",
-                      absl::StrJoin(ranks_, ", "), "])");
+  const Arrival& a = AnyArrival(op);
+  const auto c = static_cast<Collective>(a.desc.collective);
+  return absl::StrCat(std::string(CollectiveName(c)), a.phase2 ? " (all-reduce phase)" : "",
+                      " seq ", op.seq, op.epoch > 1 ? absl::StrCat(" epoch ", op.epoch) : "",
+                      " in group ", spec_.id, " (job \"", spec_.job_id, "\", ranks ",
+                      ListRanks(spec_.ranks), ")");
 }
 
 std::string Group::Disagreement(const PendingOp& op) const {
   const Arrival& ref = *op.arrivals[0];
+  const int n = static_cast<int>(local_ranks_.size());
+  const int ref_rank = spec_.ranks[local_ranks_[0]];
   std::vector<std::string> problems;
   auto check = [&](const char* field, auto get, auto show) {
-    for (int r = 1; r < size(); ++r) {
-      const Arrival& a = *op.arrivals[r];
+    for (int i = 1; i < n; ++i) {
+      const Arrival& a = *op.arrivals[i];
       if (!(get(a) == get(ref))) {
-        problems.push_back(absl::StrCat(field, ": rank ", ranks_[0], " has ", show(ref), ", rank ",
-                                        ranks_[r], " has ", show(a)));
+        problems.push_back(absl::StrCat(field, ": rank ", ref_rank, " has ", show(ref), ", rank ",
+                                        spec_.ranks[local_ranks_[i]], " has ", show(a)));
         return;
       }
     }
@@ -104,9 +181,7 @@ std::string Group::Disagreement(const PendingOp& op) const {
   check("dtype", [](const Arrival& a) { return a.desc.dtype; },
         [](const Arrival& a) { return std::string(DataTypeName(static_cast<DataType>(a.desc.dtype))); });
   const Collective c = static_cast<Collective>(ref.desc.collective);
-  const bool reducing = c == Collective::kAllReduce || c == Collective::kReduceScatter ||
-                        c == Collective::kReduceScatterAllReduce;
-  if (reducing) {
+  if (shm::IsReducing(c)) {
     check("reduce_op", [](const Arrival& a) { return a.desc.reduce_op; },
           [](const Arrival& a) { return std::string(ReduceOpName(static_cast<ReduceOp>(a.desc.reduce_op))); });
     check("reduce_dtype", [](const Arrival& a) { return a.desc.reduce_dtype; },
@@ -118,11 +193,12 @@ std::string Group::Disagreement(const PendingOp& op) const {
     for (auto [field, member] : {std::pair{"premul_factor", &shm::OpDescriptor::premul_factor},
                                  std::pair{"pre_divide", &shm::OpDescriptor::pre_divide},
                                  std::pair{"post_divide", &shm::OpDescriptor::post_divide}}) {
-      for (int r = 1; r < size(); ++r) {
-        const Arrival& a = *op.arrivals[r];
+      for (int i = 1; i < n; ++i) {
+        const Arrival& a = *op.arrivals[i];
         if (!SameDouble(a.desc.*member, ref.desc.*member)) {
-          problems.push_back(absl::StrCat(field, ": rank ", ranks_[0], " has ", ref.desc.*member,
-                                          ", rank ", ranks_[r], " has ", a.desc.*member));
+          problems.push_back(absl::StrCat(field, ": rank ", ref_rank, " has ", ref.desc.*member,
+                                          ", rank ", spec_.ranks[local_ranks_[i]], " has ",
+                                          a.desc.*member));
           break;
         }
       }
@@ -147,16 +223,15 @@ EngineTask Group::Lower(const PendingOp& op) const {
   t.collective = static_cast<Collective>(d.collective);
   t.count = d.count;
   t.root = d.root;
+  t.group_key = spec_.key;
+  t.epoch = op.epoch;
+  t.seq = op.seq;
   t.spec.dtype = static_cast<DataType>(d.dtype);
   t.spec.op = static_cast<ReduceOp>(d.reduce_op);
   t.spec.wire_dtype = static_cast<DataType>(d.reduce_dtype);
   t.spec.premul_factor = d.premul_factor;
   t.spec.pre_divide = d.pre_divide;
   t.spec.post_divide = d.post_divide;
-  for (const auto& a : op.arrivals) {
-    t.send.push_back(a->send);
-    t.recv.push_back(a->recv);
-  }
   if (t.collective == Collective::kReduceScatterAllReduce) {
     const bool sum_like = t.spec.op == ReduceOp::kSum || t.spec.op == ReduceOp::kAvg ||
                           t.spec.op == ReduceOp::kPremulSum;
@@ -177,6 +252,24 @@ EngineTask Group::Lower(const PendingOp& op) const {
       t.spec.pre_divide = 1.0;
     }
   }
+  const shm::OpExtents ext =
+      shm::ComputeOpExtents(t.collective, t.count, DataTypeSize(t.spec.dtype), size());
+  t.members.resize(size());
+  for (int r = 0; r < size(); ++r) {
+    EngineMember& m = t.members[r];
+    m.global_rank = spec_.ranks[r];
+    m.node = spec_.nodes.empty() ? spec_.this_node : spec_.nodes[r];
+    m.local = IsLocal(r);
+    if (!m.local) continue;
+    const Arrival& a = *op.arrivals[local_index_[r]];
+    m.send = BufferView{MemoryKind::kHost, -1, const_cast<void*>(a.send), ext.send_bytes};
+    m.recv = BufferView{MemoryKind::kHost, -1, a.recv, ext.recv_bytes};
+    for (uint64_t dep : a.depends_on) {
+      if (std::find(t.depends_on.begin(), t.depends_on.end(), dep) == t.depends_on.end()) {
+        t.depends_on.push_back(dep);
+      }
+    }
+  }
   t.priority = PriorityOf(t.collective);
   return t;
 }
@@ -187,46 +280,81 @@ void Group::Arrive(int group_rank, Arrival arrival) {
   {
     absl::MutexLock l(&mu_);
     const uint64_t seq = arrival.seq;
+    const uint32_t epoch = arrival.epoch;
+    arrival.arrived_ns = shm::NowNanos();
     auto reject_one = [&](absl::Status s) {
       to_fail.push_back(std::move(arrival));
       fail_status = std::move(s);
     };
-    if (!broken_.ok()) {
-      reject_one(broken_);
-    } else if (auto f = failed_.find(seq); f != failed_.end()) {
-      reject_one(f->second);
-    } else if (seq < next_run_) {
+    const bool local = IsLocal(group_rank);
+    const bool next_epoch_queue = local && !epoch_failure_.ok() && epoch == epoch_ + 1 &&
+                                  joined_epoch_[group_rank] == epoch_ + 1;
+    const bool runnable_slot = epoch == epoch_ && epoch_failure_.ok() && seq >= next_run_ &&
+                               seq <= next_run_ + spec_.max_pending;
+    if (!local) {
+      reject_one(absl::InvalidArgumentError(absl::StrCat("group_id: group rank ", group_rank,
+                                                         " is not on this node")));
+    } else if (!arrival.rejected.ok() && !runnable_slot) {
+      // Invalid, and not naming an operation it could fail for the others.
+      reject_one(arrival.rejected);
+    } else if (epoch < epoch_ || (epoch == epoch_ && !epoch_failure_.ok())) {
+      reject_one(epoch == epoch_
+                     ? epoch_failure_
+                     : absl::FailedPreconditionError(absl::StrCat(
+                           "epoch: epoch ", epoch, " of group ", spec_.id, " is over (now ",
+                           epoch_, "); join the group again for the current epoch")));
+    } else if (epoch != epoch_ && !next_epoch_queue) {
       reject_one(absl::InvalidArgumentError(absl::StrCat(
-          "seq: ", seq, " in group ", id_, " already ran (next is ", next_run_, ")")));
-    } else if (seq > next_run_ + kMaxSeqAhead) {
-      reject_one(absl::InvalidArgumentError(absl::StrCat("seq: ", seq, " in group ", id_,
-                                                         " is too far ahead of ", next_run_)));
+          "epoch: ", epoch, " is not an epoch group ", spec_.id, " can run (current ", epoch_,
+          epoch_failure_.ok() ? ")" : ", failed; join the group again first)")));
+    } else if (epoch == epoch_ && failed_.count(seq) > 0) {
+      reject_one(failed_.at(seq));
+    } else if (seq == 0 || (epoch == epoch_ && seq < next_run_)) {
+      reject_one(absl::InvalidArgumentError(absl::StrCat(
+          "seq: ", seq, " in group ", spec_.id, " already ran (next is ", next_run_, ")")));
+    } else if (seq > (epoch == epoch_ ? next_run_ : 1) + spec_.max_pending) {
+      reject_one(absl::InvalidArgumentError(absl::StrCat(
+          "seq: ", seq, " in group ", spec_.id, " is more than ", spec_.max_pending,
+          " operations ahead of the next one to run")));
+    } else if (pending_.count({epoch, seq}) == 0 && pending_.size() >= spec_.max_pending) {
+      reject_one(absl::ResourceExhaustedError(
+          absl::StrCat("group ", spec_.id, " already has ", pending_.size(),
+                       " operations waiting for members (limits.max_pending_ops)")));
     } else {
-      PendingOp& op = pending_[seq];
+      PendingOp& op = pending_[{epoch, seq}];
       if (op.arrivals.empty()) {
+        op.epoch = epoch;
         op.seq = seq;
-        op.arrivals.resize(ranks_.size());
+        op.arrivals.resize(local_ranks_.size());
         op.first_ns = arrival.first_ns;
       }
-      if (op.arrivals[group_rank].has_value()) {
-        reject_one(absl::InvalidArgumentError(absl::StrCat(
-            "seq: rank ", ranks_[group_rank], " submitted seq ", seq, " of group ", id_, " twice")));
+      const int li = local_index_[group_rank];
+      if (op.arrivals[li].has_value()) {
+        reject_one(absl::InvalidArgumentError(absl::StrCat("seq: rank ", spec_.ranks[group_rank],
+                                                           " submitted seq ", seq, " of group ",
+                                                           spec_.id, " twice")));
       } else if (!arrival.rejected.ok()) {
         // An invalid submission fails the operation for every member.
-        const absl::Status s(arrival.rejected.code(),
-                             absl::StrCat(Describe(op), ": rank ", ranks_[group_rank],
-                                          "'s submission was rejected: ",
-                                          arrival.rejected.message()));
-        to_fail = FailLocked(seq, s);
-        to_fail.push_back(std::move(arrival));
+        const absl::Status rejected = arrival.rejected;
+        const bool first_phase_failed = arrival.phase2;  // its only way to be rejected
+        op.arrivals[li] = std::move(arrival);  // so Describe names its collective
+        const absl::Status s =
+            first_phase_failed
+                ? rejected
+                : absl::Status(rejected.code(),
+                               absl::StrCat(Describe(op), ": rank ", spec_.ranks[group_rank],
+                                            "'s submission was rejected: ", rejected.message()));
+        to_fail = FailLocked({epoch, seq}, s);
         fail_status = s;
       } else {
         op.first_ns = std::min(op.first_ns, arrival.first_ns);
-        op.arrivals[group_rank] = std::move(arrival);
-        if (++op.arrived == size()) {
+        op.arrivals[li] = std::move(arrival);
+        if (++op.arrived == static_cast<int>(local_ranks_.size())) {
           if (std::string why = Disagreement(op); !why.empty()) {
             fail_status = absl::InvalidArgumentError(absl::StrCat(Describe(op), ": ", why));
-            to_fail = FailLocked(seq, fail_status);
+            to_fail = FailLocked({epoch, seq}, fail_status);
+          } else {
+            RecordWaitsLocked(op);
           }
         }
       }
@@ -239,80 +367,158 @@ void Group::Arrive(int group_rank, Arrival arrival) {
   Pump();
 }
 
-std::vector<Arrival> Group::FailLocked(uint64_t seq, const absl::Status& status) {
+void Group::RecordWaitsLocked(const PendingOp& op) {
+  if (op.arrivals.size() < 2) return;
+  int last = -1;
+  int64_t last_ns = INT64_MIN, second_ns = INT64_MIN;
+  for (size_t i = 0; i < op.arrivals.size(); ++i) {
+    const int64_t t = op.arrivals[i]->arrived_ns;
+    if (t > last_ns) {
+      second_ns = last_ns;
+      last_ns = t;
+      last = static_cast<int>(i);
+    } else if (t > second_ns) {
+      second_ns = t;
+    }
+  }
+  RankWait& w = waits_[local_ranks_[last]];
+  ++w.times_last;
+  w.waited_ns += static_cast<uint64_t>(last_ns - second_ns);
+}
+
+std::vector<Arrival> Group::FailLocked(OpKey key, const absl::Status& status) {
   std::vector<Arrival> out;
-  auto it = pending_.find(seq);
+  auto it = pending_.find(key);
   if (it != pending_.end()) {
     for (auto& a : it->second.arrivals) {
       if (a.has_value()) out.push_back(std::move(*a));
     }
     pending_.erase(it);
   }
-  failed_[seq] = status;
+  if (key.first == epoch_) {
+    failed_[key.second] = status;
+    while (failed_.size() > kMaxRememberedFailures) failed_.erase(failed_.begin());
+  }
   ++ops_failed_;
-  PruneFailedLocked();
   return out;
 }
 
-void Group::PruneFailedLocked() {
-  while (failed_.size() > kMaxRememberedFailures) failed_.erase(failed_.begin());
+void Group::FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to_fail,
+                            std::vector<uint64_t>* to_abort) {
+  if (!epoch_failure_.ok()) return;
+  epoch_failure_ = status;
+  std::vector<OpKey> keys;
+  for (auto& [key, op] : pending_) {
+    if (key.first == epoch_) keys.push_back(key);
+  }
+  for (const OpKey& key : keys) {
+    for (Arrival& a : FailLocked(key, status)) to_fail->push_back(std::move(a));
+  }
+  for (const std::shared_ptr<RunningOp>& run : running_) {
+    if (run->ticket != 0) to_abort->push_back(run->ticket);
+  }
+}
+
+void Group::FailEpoch(const absl::Status& status) {
+  std::vector<Arrival> to_fail;
+  std::vector<uint64_t> to_abort;
+  {
+    absl::MutexLock l(&mu_);
+    FailEpochLocked(status, &to_fail, &to_abort);
+  }
+  // Running operations end through the engine (aborted where it can), or at
+  // their deadline.
+  for (uint64_t t : to_abort) engine_->Abort(t, status);
+  if (!to_fail.empty()) Notify(std::move(to_fail), status, 0, 0);
 }
 
 void Group::Pump() {
   for (;;) {
-    PendingOp op;
+    auto run = std::make_shared<RunningOp>();
     {
       absl::MutexLock l(&mu_);
       while (failed_.count(next_run_) > 0) ++next_run_;
-      auto it = pending_.find(next_run_);
-      if (in_flight_ || !broken_.ok() || it == pending_.end() || it->second.arrived < size()) {
+      auto it = pending_.find({epoch_, next_run_});
+      if (awaiting_launch_ || !epoch_failure_.ok() || it == pending_.end() ||
+          it->second.arrived < static_cast<int>(local_ranks_.size())) {
         return;
       }
-      op = std::move(it->second);
+      run->op = std::move(it->second);
       pending_.erase(it);
       ++next_run_;
       ++ops_started_;
-      in_flight_ = true;
+      awaiting_launch_ = true;
+      run->start_ns = shm::NowNanos();
+      running_.push_back(run);
     }
-    const int64_t start_ns = shm::NowNanos();
-    EngineTask task = Lower(op);
-    auto shared_op = std::make_shared<PendingOp>(std::move(op));
-    // 0: Submit has not returned; 1: finished before Submit returned (this
-    // loop goes on); 2: Submit returned first (the callback pumps).
+    EngineTask task = Lower(run->op);
+    // 0: Launch has not returned; 1: launched before Launch returned (this
+    // loop goes on); 2: Launch returned first (the callback pumps).
     auto phase = std::make_shared<std::atomic<int>>(0);
-    engine_->Submit(std::move(task), [this, self = shared_from_this(), shared_op, start_ns, phase](
-                                         absl::Status s, uint64_t exec_ns) {
-      {
-        absl::MutexLock l(&mu_);
-        in_flight_ = false;
-      }
-      OnDone(std::move(*shared_op), start_ns, std::move(s), exec_ns);
+    EngineCallbacks cb;
+    cb.launched = [self = shared_from_this(), run, phase](uint64_t ticket) {
+      self->OnLaunched(run, ticket);
       int expected = 0;
-      if (!phase->compare_exchange_strong(expected, 1)) Pump();
-    });
+      if (!phase->compare_exchange_strong(expected, 1)) self->Pump();
+    };
+    cb.completed = [self = shared_from_this(), run](absl::Status s, uint64_t exec_ns) {
+      self->OnCompleted(run, std::move(s), exec_ns);
+    };
+    const uint64_t ticket = engine_->Launch(std::move(task), std::move(cb));
+    {
+      absl::MutexLock l(&mu_);
+      if (run->ticket == 0) run->ticket = ticket;
+    }
     int expected = 0;
     if (phase->compare_exchange_strong(expected, 2)) return;
   }
 }
 
-void Group::OnDone(PendingOp op, int64_t start_ns, absl::Status status, uint64_t exec_ns) {
+void Group::OnLaunched(const std::shared_ptr<RunningOp>& run, uint64_t ticket) {
+  std::vector<Arrival> forward;
+  {
+    absl::MutexLock l(&mu_);
+    awaiting_launch_ = false;
+    run->ticket = ticket;
+    const Arrival& a = *run->op.arrivals[0];
+    if (static_cast<Collective>(a.desc.collective) == Collective::kReduceScatterAllReduce &&
+        !a.phase2 && !run->finished.load()) {
+      run->forwarded = true;
+      for (auto& arr : run->op.arrivals) forward.push_back(*arr);  // phase 1 keeps its own
+    }
+  }
+  // The second phase may start as soon as the engine ordered the first.
+  if (!forward.empty()) ForwardPhase2(std::move(forward), absl::OkStatus(), ticket);
+}
+
+void Group::OnCompleted(const std::shared_ptr<RunningOp>& run, absl::Status status,
+                        uint64_t exec_ns) {
+  bool forwarded;
+  {
+    absl::MutexLock l(&mu_);
+    running_.erase(std::remove(running_.begin(), running_.end(), run), running_.end());
+    if (run->finished.exchange(true)) return;  // already failed at its deadline
+    forwarded = run->forwarded;
+    if (!status.ok()) ++ops_failed_;
+  }
+  PendingOp& op = run->op;
   std::vector<Arrival> arrivals;
   for (auto& a : op.arrivals) arrivals.push_back(std::move(*a));
-  const Collective c = static_cast<Collective>(arrivals[0].desc.collective);
+  const auto c = static_cast<Collective>(arrivals[0].desc.collective);
   if (c == Collective::kReduceScatterAllReduce && !arrivals[0].phase2) {
-    ForwardPhase2(std::move(arrivals), status, start_ns);
+    // The second phase reports (it depends on this one and fails with it).
+    if (!forwarded) ForwardPhase2(std::move(arrivals), status, 0);
     return;
   }
   if (!status.ok()) {
     status = absl::Status(status.code(), absl::StrCat(Describe(op), ": ", status.message()));
   }
-  const uint64_t queued = static_cast<uint64_t>(std::max<int64_t>(0, start_ns - op.first_ns));
+  const uint64_t queued = static_cast<uint64_t>(std::max<int64_t>(0, run->start_ns - op.first_ns));
   Notify(std::move(arrivals), status, queued, exec_ns);
 }
 
 void Group::ForwardPhase2(std::vector<Arrival> arrivals, const absl::Status& status,
-                          int64_t start_ns) {
-  (void)start_ns;
+                          uint64_t depends_on) {
   for (Arrival& a : arrivals) {
     std::shared_ptr<Group> g2 = lookup_(a.desc.group2_id);
     const int r2 = g2 != nullptr ? g2->RankOf(a.session->info().rank) : -1;
@@ -326,6 +532,7 @@ void Group::ForwardPhase2(std::vector<Arrival> arrivals, const absl::Status& sta
     Arrival next;
     next.session = a.session;
     next.desc = a.desc;
+    next.epoch = a.desc.epoch2;
     next.seq = a.desc.seq2;
     next.phase2 = true;
     next.shard_size = size();
@@ -333,9 +540,10 @@ void Group::ForwardPhase2(std::vector<Arrival> arrivals, const absl::Status& sta
     next.recv = a.recv;
     next.recv_buf = a.recv_buf;
     next.first_ns = a.first_ns;
+    if (depends_on != 0) next.depends_on.push_back(depends_on);
     if (!status.ok()) {
-      next.rejected = absl::Status(status.code(), absl::StrCat("reduce-scatter phase in group ",
-                                                               id_, " failed: ", status.message()));
+      next.rejected = absl::Status(
+          status.code(), absl::StrCat("reduce-scatter phase failed: ", status.message()));
     }
     g2->Arrive(r2, std::move(next));
   }
@@ -345,7 +553,7 @@ void Group::Notify(std::vector<Arrival> arrivals, const absl::Status& status, ui
                    uint64_t exec_ns) {
   if (!status.ok()) HSDP_LOG(Warning) << status.message();
   for (Arrival& a : arrivals) {
-    const Collective c = static_cast<Collective>(a.desc.collective);
+    const auto c = static_cast<Collective>(a.desc.collective);
     if (!status.ok() && c == Collective::kReduceScatterAllReduce && !a.phase2 &&
         a.rejected.ok()) {
       // A failed first phase still has to release the member's second-phase
@@ -358,78 +566,122 @@ void Group::Notify(std::vector<Arrival> arrivals, const absl::Status& status, ui
 }
 
 void Group::MemberLeft(const Session* session, const std::string& why) {
-  std::vector<Arrival> to_fail;
   absl::Status status;
   {
     absl::MutexLock l(&mu_);
     int rank = -1;
-    for (int r = 0; r < size(); ++r) {
+    for (int r : local_ranks_) {
       if (members_[r].get() == session) rank = r;
     }
     if (rank < 0) return;
     members_[rank].reset();
-    if (broken_.ok()) {
-      broken_ = absl::FailedPreconditionError(absl::StrCat(
-          "group ", id_, " (job \"", job_id_, "\") is broken: rank ", ranks_[rank], " left (",
-          why, "); re-attach the job and create its groups again"));
-    }
-    status = absl::AbortedError(absl::StrCat("rank ", ranks_[rank], " left the job (", why,
-                                             ") while this operation was pending"));
-    std::vector<uint64_t> seqs;
-    for (auto& [seq, op] : pending_) seqs.push_back(seq);
-    for (uint64_t seq : seqs) {
-      std::vector<Arrival> f = FailLocked(seq, status);
-      for (Arrival& a : f) to_fail.push_back(std::move(a));
-    }
+    joined_epoch_[rank] = 0;
+    status = absl::AbortedError(absl::StrCat(
+        "rank ", spec_.ranks[rank], " left the job (", why, "); epoch ", epoch_, " of group ",
+        spec_.id, " (job \"", spec_.job_id, "\") ended: join the group again to continue"));
   }
-  if (!to_fail.empty()) Notify(std::move(to_fail), status, 0, 0);
+  FailEpoch(status);
+}
+
+void Group::PeerLost(int node, const std::string& why) {
+  std::vector<int> lost;
+  for (int r = 0; r < size(); ++r) {
+    if (!spec_.nodes.empty() && spec_.nodes[r] == node && !IsLocal(r)) lost.push_back(r);
+  }
+  if (lost.empty()) return;
+  {
+    absl::MutexLock l(&mu_);
+    for (int r : lost) joined_epoch_[r] = 0;
+  }
+  FailEpoch(absl::AbortedError(absl::StrCat("node ", node, " hosting rank(s) ", RanksList(lost),
+                                            " was lost (", why, "); the epoch of group ",
+                                            spec_.id, " (job \"", spec_.job_id, "\") ended")));
 }
 
 void Group::CheckTimeouts(int64_t now_ns) {
   std::vector<std::pair<std::vector<Arrival>, absl::Status>> fails;
-  {
-    absl::MutexLock l(&mu_);
-    std::vector<uint64_t> expired;
-    for (auto& [seq, op] : pending_) {
-      if (op.arrived < size() && now_ns - op.first_ns > timeout_ns_) expired.push_back(seq);
-    }
-    for (uint64_t seq : expired) {
-      const PendingOp& op = pending_[seq];
-      std::vector<int> missing, arrived;
-      for (int r = 0; r < size(); ++r) (op.arrivals[r].has_value() ? arrived : missing).push_back(r);
-      absl::Status s = absl::DeadlineExceededError(absl::StrCat(
-          Describe(op), ": timed out after ", timeout_ns_ / 1000000, " ms waiting for rank(s) ",
-          RanksList(missing), "; arrived: ", RanksList(arrived)));
-      fails.emplace_back(FailLocked(seq, s), s);
-    }
-  }
+  std::vector<std::shared_ptr<RunningOp>> overdue;
   bool skipped = false;
   {
+    absl::MutexLock l(&mu_);
+    std::vector<OpKey> expired;
+    for (auto& [key, op] : pending_) {
+      if (op.arrived < static_cast<int>(local_ranks_.size()) &&
+          now_ns - op.first_ns > spec_.timeout_ns) {
+        expired.push_back(key);
+      }
+    }
+    for (const OpKey& key : expired) {
+      const PendingOp& op = pending_[key];
+      std::vector<int> missing, arrived;
+      for (int r : local_ranks_) {
+        (op.arrivals[local_index_[r]].has_value() ? arrived : missing).push_back(r);
+      }
+      absl::Status s = absl::DeadlineExceededError(absl::StrCat(
+          Describe(op), ": timed out after ", spec_.timeout_ns / 1000000,
+          " ms waiting for rank(s) ", RanksList(missing), "; arrived: ", RanksList(arrived)));
+      fails.emplace_back(FailLocked(key, s), s);
+    }
+    for (const std::shared_ptr<RunningOp>& run : running_) {
+      if (now_ns - run->start_ns > spec_.timeout_ns && !run->finished.load()) {
+        overdue.push_back(run);
+      }
+    }
     // Complete operations queued behind a sequence number nobody submitted
     // (only a misbehaving client can cause this): fail that number so the
     // queue moves on instead of waiting forever.
-    absl::MutexLock l(&mu_);
-    if (!in_flight_ && broken_.ok() && !pending_.empty() && pending_.count(next_run_) == 0 &&
-        failed_.count(next_run_) == 0) {
+    if (!awaiting_launch_ && epoch_failure_.ok() && !pending_.empty() &&
+        pending_.count({epoch_, next_run_}) == 0 && failed_.count(next_run_) == 0) {
       int64_t oldest = now_ns;
-      for (auto& [seq, op] : pending_) oldest = std::min(oldest, op.first_ns);
-      if (now_ns - oldest > timeout_ns_) {
+      for (auto& [key, op] : pending_) {
+        if (key.first == epoch_) oldest = std::min(oldest, op.first_ns);
+      }
+      if (now_ns - oldest > spec_.timeout_ns) {
         failed_[next_run_] = absl::DeadlineExceededError(absl::StrCat(
-            "seq ", next_run_, " in group ", id_, " was never submitted by any member within ",
-            timeout_ns_ / 1000000, " ms; later operations were waiting for it"));
+            "seq ", next_run_, " in group ", spec_.id, " was never submitted by any member within ",
+            spec_.timeout_ns / 1000000, " ms; later operations were waiting for it"));
         ++ops_failed_;
-        PruneFailedLocked();
         skipped = true;
       }
     }
   }
   for (auto& [arrivals, s] : fails) Notify(std::move(arrivals), s, 0, 0);
+  for (const std::shared_ptr<RunningOp>& run : overdue) {
+    const absl::Status s = absl::DeadlineExceededError(absl::StrCat(
+        Describe(run->op), ": still running after ", spec_.timeout_ns / 1000000,
+        " ms (timeouts.collective_ms); aborted, and the group's epoch ended"));
+    uint64_t ticket;
+    bool forwarded;
+    {
+      absl::MutexLock l(&mu_);
+      if (run->finished.exchange(true)) continue;  // completed meanwhile
+      running_.erase(std::remove(running_.begin(), running_.end(), run), running_.end());
+      ++ops_failed_;
+      ticket = run->ticket;
+      forwarded = run->forwarded;
+      awaiting_launch_ = false;  // it will never be launched now
+    }
+    if (ticket != 0) engine_->Abort(ticket, s);
+    std::vector<Arrival> arrivals;
+    for (auto& a : run->op.arrivals) arrivals.push_back(std::move(*a));
+    // A forwarded composite phase reports through its replicate group.
+    if (!forwarded) Notify(std::move(arrivals), s, 0, 0);
+    FailEpoch(s);
+  }
   if (!fails.empty() || skipped) Pump();
 }
 
 GroupStats Group::stats() const {
   absl::MutexLock l(&mu_);
-  return GroupStats{ops_started_, ops_failed_, pending_.size(), !broken_.ok()};
+  GroupStats st;
+  st.ops_started = ops_started_;
+  st.ops_failed = ops_failed_;
+  st.pending = pending_.size();
+  st.running = running_.size();
+  st.epoch = epoch_;
+  st.broken = !epoch_failure_.ok();
+  st.waits = waits_;
+  return st;
 }
 
 }  // namespace hsdp

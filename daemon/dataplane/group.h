@@ -1,30 +1,46 @@
-// A communication group on this node: matches the members' n-th
-// submissions, checks they agree, runs matched operations in sequence order
-// on the engine, and reports every outcome to every member — success, a
-// disagreement, a timeout naming who is missing, or a member that left.
+// A communication group as this daemon sees it: matches its local members'
+// n-th submissions, checks they agree, hands matched operations to the
+// engine in sequence order, and reports every outcome to every local member
+// — success, a disagreement, a timeout naming who is missing, a member or a
+// peer node lost, a running operation past its deadline.
 //
-// Sequence numbers: every member numbers its submissions to a group 1, 2, 3
-// (the client library does this). Operation n starts when all members'
-// n-th submissions are in and operation n-1 has finished. Submissions may
-// arrive out of order (the second phase of a composite op arrives when its
-// first phase ends), so matching is keyed by sequence number.
+// Members: every rank of the group is either a local session (it submits
+// through this daemon's rings) or a remote member hosted by another node's
+// daemon (the engine reaches it through its transport). An operation starts
+// when all LOCAL members' submissions are in; remote members are matched by
+// their own daemons.
+//
+// Epochs: a group runs in epoch 1, 2, ... Sequence numbers restart at 1 in
+// every epoch. When a member is lost (its session ended, its node failed) or
+// a running operation overruns its deadline, the epoch fails: every pending
+// and running operation of it fails at every local member, and later
+// submissions for it fail with the same error. The group is re-formed when
+// every member has joined again (Join / RemoteJoined) for the next epoch;
+// submissions for that next epoch may queue before that.
+//
+// Pipelining: the next operation is handed to the engine as soon as the
+// previous one is *launched* (ordered by the engine), not finished; the
+// second phase of a composite reduce-scatter+all-reduce is forwarded to the
+// replicate group when the first phase is launched, depending on it.
 //
 // Thread-safety: all public methods are thread-safe. mu_ is never held while
 // calling the engine, completing sessions or calling into another group.
 #ifndef HSDP_DAEMON_DATAPLANE_GROUP_H_
 #define HSDP_DAEMON_DATAPLANE_GROUP_H_
 
+#include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/engine/engine.h"
 #include "daemon/session/session.h"
@@ -35,11 +51,27 @@ namespace hsdp {
 class Group;
 using GroupLookup = std::function<std::shared_ptr<Group>(uint32_t group_id)>;
 
+struct GroupSpec {
+  uint32_t id = 0;          // this daemon's handle (what descriptors name)
+  std::string key;          // global: the same on every daemon (GroupKey())
+  std::string job_id;
+  std::vector<int> ranks;   // global ranks, by group rank
+  std::vector<int> nodes;   // node of each rank; empty: all on this node
+  int this_node = 0;
+  int64_t timeout_ns = 60'000'000'000;  // matching timeout and running-op deadline
+  uint32_t max_pending = 4096;          // queued operations (and sequence window)
+};
+
+// The global key of the `k`-th group a job creates with `ranks` (k from 0):
+// every daemon hosting a member derives the same string.
+std::string GroupKey(const std::string& job_id, const std::vector<int>& ranks, int k);
+
 // One member's submission of one operation, validated and resolved.
 struct Arrival {
   std::shared_ptr<Session> session;
   shm::OpDescriptor desc{};
-  uint64_t seq = 0;      // sequence number in the group it arrives at
+  uint32_t epoch = 1;    // epoch of the group it arrives at
+  uint64_t seq = 0;      // sequence number in that epoch
   bool phase2 = false;   // second phase of a reduce-scatter+all-reduce
   int shard_size = 0;    // phase 2: size of the member's shard group
   const void* send = nullptr;
@@ -47,95 +79,135 @@ struct Arrival {
   std::shared_ptr<MappedBuffer> send_buf;  // keep the mappings alive
   std::shared_ptr<MappedBuffer> recv_buf;
   int64_t first_ns = 0;   // when the operation first entered the daemon
+  int64_t arrived_ns = 0; // when this submission reached this group
+  std::vector<uint64_t> depends_on;  // phase 2: the first phase's ticket
   absl::Status rejected;  // not OK: this member's submission was invalid
+};
+
+// How often, and for how long in total, the others waited for a rank that
+// arrived last (the raw material of straggler reports).
+struct RankWait {
+  uint64_t times_last = 0;
+  uint64_t waited_ns = 0;
 };
 
 struct GroupStats {
   uint64_t ops_started = 0;
   uint64_t ops_failed = 0;
   size_t pending = 0;
-  bool broken = false;
+  size_t running = 0;
+  uint32_t epoch = 1;
+  bool broken = false;  // the current epoch failed; waiting to be re-formed
+  std::vector<RankWait> waits;  // by group rank (local members only)
 };
 
 class Group : public std::enable_shared_from_this<Group> {
  public:
-  Group(uint32_t id, std::string job_id, std::vector<int> ranks, Engine* engine,
-        GroupLookup lookup, int64_t timeout_ns);
+  Group(GroupSpec spec, Engine* engine, GroupLookup lookup);
 
-  uint32_t id() const { return id_; }
-  const std::string& job_id() const { return job_id_; }
-  const std::vector<int>& ranks() const { return ranks_; }
-  int size() const { return static_cast<int>(ranks_.size()); }
+  uint32_t id() const { return spec_.id; }
+  const std::string& key() const { return spec_.key; }
+  const std::string& job_id() const { return spec_.job_id; }
+  const std::vector<int>& ranks() const { return spec_.ranks; }
+  int size() const { return static_cast<int>(spec_.ranks.size()); }
   // Index of `global_rank` in ranks(), or -1.
   int RankOf(int global_rank) const;
+  bool IsLocal(int group_rank) const;
+  uint32_t epoch() const;
 
-  // Registers `session` as member `group_rank` (its NewGroup call).
-  // ALREADY_EXISTS if another live session holds that rank.
-  absl::Status Join(int group_rank, std::shared_ptr<Session> session);
+  // Registers `session` as local member `group_rank` and returns the epoch
+  // it must submit in: the current one, or — when the current epoch failed —
+  // the next one, which starts once every member joined it.
+  // ALREADY_EXISTS if another live session holds the rank.
+  absl::StatusOr<uint32_t> Join(int group_rank, std::shared_ptr<Session> session);
   // True when `session` joined as `group_rank`.
   bool IsMember(int group_rank, const Session* session) const;
+  // A remote member joined `epoch` (told by its daemon).
+  void RemoteJoined(int group_rank, uint32_t epoch);
 
   // Adds a submission. Completes it at once (to its session) when it is
-  // malformed for this group, when the group is broken, or when its
-  // sequence number already failed.
+  // malformed for this group, when its epoch is over, when its sequence
+  // number already failed, or when the group has too much queued.
   void Arrive(int group_rank, Arrival arrival);
 
-  // The member's session ended: pending operations fail with ABORTED and the
-  // group refuses further work (FAILED_PRECONDITION).
+  // A local member's session ended / the node hosting remote members was
+  // lost: the current epoch fails with ABORTED naming the ranks.
   void MemberLeft(const Session* session, const std::string& why);
+  void PeerLost(int node, const std::string& why);
 
-  // Fails partially matched operations older than the timeout.
+  // Fails partially matched operations older than the timeout, and running
+  // operations past their deadline (aborting them in the engine).
   void CheckTimeouts(int64_t now_ns);
 
   GroupStats stats() const;
 
  private:
   struct PendingOp {
+    uint32_t epoch = 1;
     uint64_t seq = 0;
-    std::vector<std::optional<Arrival>> arrivals;  // by group rank
+    std::vector<std::optional<Arrival>> arrivals;  // by local index
     int arrived = 0;
     int64_t first_ns = 0;
   };
+  struct RunningOp {
+    PendingOp op;
+    int64_t start_ns = 0;
+    uint64_t ticket = 0;         // 0 until the engine named it
+    bool forwarded = false;      // composite: phase 2 already handed on
+    std::atomic<bool> finished{false};
+  };
+  using OpKey = std::pair<uint32_t, uint64_t>;  // (epoch, seq)
 
   std::string Describe(const PendingOp& op) const;
   std::string RanksList(const std::vector<int>& group_ranks) const;
   // Empty when all arrivals agree; otherwise names the fields and ranks.
   std::string Disagreement(const PendingOp& op) const;
   EngineTask Lower(const PendingOp& op) const;
+  const Arrival& AnyArrival(const PendingOp& op) const;
 
-  // Takes `op` out of pending_, records the failure for late arrivals and
-  // returns the arrivals to notify.
-  std::vector<Arrival> FailLocked(uint64_t seq, const absl::Status& status)
+  // Takes (epoch, seq) out of pending_, records the failure for late
+  // arrivals and returns the arrivals to notify.
+  std::vector<Arrival> FailLocked(OpKey key, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PruneFailedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the current epoch: returns what to notify and the tickets to abort.
+  void FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to_fail,
+                       std::vector<uint64_t>* to_abort) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailEpoch(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Enters the next epoch when every member joined it.
+  void MaybeAdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordWaitsLocked(const PendingOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Starts ready operations in order until one is in flight.
+  // Launches ready operations in order while the engine keeps launching.
   void Pump() ABSL_LOCKS_EXCLUDED(mu_);
-  void OnDone(PendingOp op, int64_t start_ns, absl::Status status, uint64_t exec_ns);
-  // Sends each arrival its completion (or, for a composite first phase, on to
-  // its replicate group).
+  void OnLaunched(const std::shared_ptr<RunningOp>& run, uint64_t ticket);
+  void OnCompleted(const std::shared_ptr<RunningOp>& run, absl::Status status, uint64_t exec_ns);
+  // Sends each arrival its completion (a composite first phase goes on to
+  // its replicate group instead).
   void Notify(std::vector<Arrival> arrivals, const absl::Status& status, uint64_t queued_ns,
               uint64_t exec_ns);
   void ForwardPhase2(std::vector<Arrival> arrivals, const absl::Status& status,
-                     int64_t start_ns);
+                     uint64_t depends_on);
 
-  const uint32_t id_;
-  const std::string job_id_;
-  const std::vector<int> ranks_;
+  const GroupSpec spec_;
   Engine* const engine_;
   const GroupLookup lookup_;
-  const int64_t timeout_ns_;
+  std::vector<int> local_index_;   // by group rank: index among local members, or -1
+  std::vector<int> local_ranks_;   // group ranks of local members
 
   mutable absl::Mutex mu_;
-  std::vector<std::shared_ptr<Session>> members_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, PendingOp> pending_ ABSL_GUARDED_BY(mu_);
-  // Failed sequence numbers, so late arrivals get the same answer.
+  std::vector<std::shared_ptr<Session>> members_ ABSL_GUARDED_BY(mu_);  // by group rank
+  std::vector<uint32_t> joined_epoch_ ABSL_GUARDED_BY(mu_);             // by group rank
+  uint32_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::Status epoch_failure_ ABSL_GUARDED_BY(mu_);  // not OK: the current epoch failed
+  std::map<OpKey, PendingOp> pending_ ABSL_GUARDED_BY(mu_);
+  // Failed sequence numbers of the current epoch, so late arrivals get the same answer.
   std::map<uint64_t, absl::Status> failed_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<RunningOp>> running_ ABSL_GUARDED_BY(mu_);
   uint64_t next_run_ ABSL_GUARDED_BY(mu_) = 1;
-  bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  bool awaiting_launch_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t ops_started_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t ops_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<RankWait> waits_ ABSL_GUARDED_BY(mu_);  // by group rank
 };
 
 }  // namespace hsdp

@@ -10,9 +10,10 @@
 
 namespace hsdp {
 
-// Checks the fields that do not depend on a group: collective, dtype,
-// reduce op, reduce dtype, factors, count. INVALID_ARGUMENT naming the field.
-absl::Status ValidateFields(const shm::OpDescriptor& d);
+// Checks the fields that do not depend on a group (shm::CheckDescriptorFields,
+// the rules the clients apply too) against the session's negotiated
+// `features`. INVALID_ARGUMENT naming the field.
+absl::Status ValidateFields(const shm::OpDescriptor& d, uint64_t features);
 
 // Checks buffers and ranges for a member of a group of `group_size` and
 // fills arrival->send/recv and the keep-alive references.

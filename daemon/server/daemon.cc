@@ -7,7 +7,9 @@
 #include <thread>
 
 #include "daemon/dataplane/dispatcher.h"
-#include "daemon/engine/cpu/cpu_engine.h"
+#include "daemon/engine/engine_factory.h"
+#include "daemon/server/authenticator.h"
+#include "daemon/util/executor.h"
 #include "daemon/server/data_conn_server.h"
 #include "daemon/server/grpc_services.h"
 #include "daemon/server/listener.h"
@@ -45,22 +47,28 @@ absl::Status Daemon::Start() {
   std::vector<uint32_t> uids(config_.allowed_uids.begin(), config_.allowed_uids.end());
   peers_ = std::make_unique<PeerRegistry>(uids);
   ASSIGN_OR_RETURN(listener_, Listener::Bind(config_.socket_path, config_.socket_mode));
-  ASSIGN_OR_RETURN(node_page_, NodePage::Create());
+  auth_ = std::make_unique<UnixPeerAuthenticator>(peers_.get());
+  ASSIGN_OR_RETURN(wake_, WakeFd::Create());
   const int threads = config_.engine_threads > 0 ? config_.engine_threads : UsableCores();
-  engine_ = std::make_unique<CpuEngine>(threads, config_.inline_max_bytes);
-  sessions_ = std::make_unique<SessionManager>(config_, ResolveMaxNodeBytes(config_), engine_.get());
-  dispatcher_ = std::make_unique<Dispatcher>(sessions_.get(), node_page_->daemon_bell(),
+  ASSIGN_OR_RETURN(engine_,
+                   MakeEngine(EngineOptions{config_.engine_kind, threads, config_.inline_max_bytes}));
+  control_ = std::make_unique<Executor>(2);
+  NodeLimits limits;
+  limits.max_node_bytes = ResolveMaxNodeBytes(config_);
+  limits.max_mappings = MappingBudget(KernelMaxMapCount());
+  sessions_ = std::make_unique<SessionManager>(config_, limits, engine_.get(), control_.get());
+  dispatcher_ = std::make_unique<Dispatcher>(sessions_.get(), wake_.get(),
                                              int64_t{config_.spin_us} * 1000);
   data_server_ = std::make_unique<DataConnServer>(
-      sessions_.get(), node_page_.get(), [this](uint32_t uid) { return peers_->Allowed(uid); });
+      sessions_.get(), wake_.get(), [this](uint32_t uid) { return peers_->Allowed(uid); });
   RETURN_IF_ERROR(data_server_->Start());
 
   rpc_tracker_ = std::make_unique<RpcTracker>();
-  node_service_ = std::make_unique<NodeServiceImpl>(sessions_.get(), peers_.get(), config_,
+  node_service_ = std::make_unique<NodeServiceImpl>(sessions_.get(), auth_.get(), config_,
                                                     rpc_tracker_.get());
-  admin_service_ = std::make_unique<AdminServiceImpl>(sessions_.get(), peers_.get(), config_,
+  admin_service_ = std::make_unique<AdminServiceImpl>(sessions_.get(), auth_.get(), config_,
                                                       engine_.get(), config_.socket_path);
-  health_service_ = std::make_unique<HealthServiceImpl>(peers_.get());
+  health_service_ = std::make_unique<HealthServiceImpl>(auth_.get());
   grpc::ServerBuilder builder;
   builder.RegisterService(node_service_.get());
   builder.RegisterService(admin_service_.get());
@@ -89,6 +97,7 @@ void Daemon::Shutdown() {
   if (sessions_) sessions_->EndAll("hsdpd is shutting down");
   if (dispatcher_) dispatcher_->Stop();
   if (engine_) engine_->Shutdown();
+  if (control_) control_->Shutdown();
   if (grpc_server_) {
     // Let running Node RPCs finish (up to the grace period), then cancel
     // whatever is left; idle connections do not hold shutdown up.

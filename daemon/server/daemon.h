@@ -16,12 +16,14 @@ class Server;
 
 namespace hsdp {
 
-class CpuEngine;
+class Authenticator;
+class Engine;
+class Executor;
 class DataConnServer;
 class Dispatcher;
 class HealthServiceImpl;
 class Listener;
-class NodePage;
+class WakeFd;
 class PeerRegistry;
 class SessionManager;
 class NodeServiceImpl;
@@ -45,9 +47,11 @@ class Daemon {
 
  private:
   NodeConfig config_;
-  std::unique_ptr<NodePage> node_page_;
-  std::unique_ptr<CpuEngine> engine_;
+  std::unique_ptr<WakeFd> wake_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Executor> control_;
   std::unique_ptr<PeerRegistry> peers_;
+  std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<DataConnServer> data_server_;

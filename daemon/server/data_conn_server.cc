@@ -24,15 +24,15 @@ void Reply(int fd, absl::StatusCode code, const std::string& message, uint64_t c
   r.message_len = static_cast<uint32_t>(std::min(message.size(), sizeof(r.message)));
   std::memcpy(r.message, message.data(), r.message_len);
   r.channel_bytes = channel_bytes;
-  r.node_page_bytes = node_bytes;
+  (void)node_bytes;
   (void)SendWithFds(fd, &r, sizeof(r), fds);
 }
 
 }  // namespace
 
-DataConnServer::DataConnServer(SessionManager* sessions, const NodePage* node_page,
+DataConnServer::DataConnServer(SessionManager* sessions, const WakeFd* wake,
                                UidCheck allowed)
-    : sessions_(sessions), node_page_(node_page), allowed_(std::move(allowed)) {}
+    : sessions_(sessions), wake_(wake), allowed_(std::move(allowed)) {}
 
 DataConnServer::~DataConnServer() { Stop(); }
 
@@ -111,8 +111,7 @@ void DataConnServer::Hello(Conn& c, bool* drop) {
   }
   c.session_id = hello.session_id;
   const SharedRegion& ch = (*session)->channel().region();
-  Reply(c.fd.get(), absl::StatusCode::kOk, "", ch.bytes(), node_page_->region().bytes(),
-        {ch.fd(), node_page_->region().fd()});
+  Reply(c.fd.get(), absl::StatusCode::kOk, "", ch.bytes(), 0, {ch.fd(), wake_->fd()});
 }
 
 void DataConnServer::OnReadable(Conn& c, bool* drop) {

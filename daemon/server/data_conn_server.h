@@ -24,7 +24,7 @@ namespace hsdp {
 class DataConnServer {
  public:
   using UidCheck = std::function<bool(uint32_t uid)>;
-  DataConnServer(SessionManager* sessions, const NodePage* node_page, UidCheck allowed);
+  DataConnServer(SessionManager* sessions, const WakeFd* wake, UidCheck allowed);
   ~DataConnServer();
 
   absl::Status Start();
@@ -45,7 +45,7 @@ class DataConnServer {
   void Drop(int fd, const char* why);
 
   SessionManager* const sessions_;
-  const NodePage* const node_page_;
+  const WakeFd* const wake_;
   const UidCheck allowed_;
   UniqueFd epoll_fd_;
   UniqueFd wake_fd_;

@@ -3,34 +3,19 @@
 #include <unistd.h>
 
 #include "hsdp/common/status_macros.h"
+#include "hsdp/common/version.h"
 #include "hsdp/shm/layout.h"
 
 namespace hsdp {
-
-#ifndef HSDP_VERSION
-#define HSDP_VERSION "0.1.0"
-#endif
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-absl::StatusOr<PeerCred> Authenticate(const PeerRegistry& peers, grpc::ServerContext* ctx) {
-  std::optional<PeerCred> cred = peers.Lookup(ctx->peer());
-  if (!cred.has_value()) {
-    return absl::PermissionDeniedError("cannot identify the caller (SO_PEERCRED unavailable)");
-  }
-  if (!peers.Allowed(cred->uid)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "uid ", cred->uid, " is not allowed to use this hsdpd (see node.allowed_uids)"));
-  }
-  return *cred;
-}
-
-#define AUTHENTICATE_OR_RETURN(cred)                                   \
-  absl::StatusOr<PeerCred> cred##_or = Authenticate(*peers_, ctx);     \
-  if (!cred##_or.ok()) return ToGrpc(cred##_or.status());              \
+#define AUTHENTICATE_OR_RETURN(cred)                                \
+  absl::StatusOr<PeerCred> cred##_or = auth_->Authenticate(*ctx);   \
+  if (!cred##_or.ok()) return ToGrpc(cred##_or.status());           \
   const PeerCred& cred = *cred##_or
 
 grpc::Status NodeServiceImpl::Attach(grpc::ServerContext* ctx, const v1::AttachRequest* req,
@@ -45,13 +30,15 @@ grpc::Status NodeServiceImpl::Attach(grpc::ServerContext* ctx, const v1::AttachR
   p.device = req->device();
   p.pid = req->pid();
   p.protocol_version = req->protocol_version();
+  p.features = req->features();
   absl::StatusOr<AttachResult> r = sessions_->Attach(p, cred);
   if (!r.ok()) return ToGrpc(r.status());
   resp->set_session_id(r->session_id);
   resp->set_session_token(std::string(r->token.begin(), r->token.end()));
   resp->set_ring_entries(r->ring_entries);
-  resp->set_daemon_version(HSDP_VERSION);
+  resp->set_daemon_version(kHsdpVersion);
   resp->set_data_connect_timeout_ms(config_.data_connect_timeout_ms);
+  resp->set_features(r->features);
   return grpc::Status::OK;
 }
 
@@ -62,16 +49,23 @@ grpc::Status NodeServiceImpl::Detach(grpc::ServerContext* ctx, const v1::DetachR
   return ToGrpc(sessions_->Detach(req->session_id(), cred));
 }
 
-grpc::Status NodeServiceImpl::RegisterBuffer(grpc::ServerContext* ctx,
-                                             const v1::RegisterBufferRequest* req,
-                                             v1::RegisterBufferResponse* resp) {
-  RpcTracker::Scope in_flight(tracker_);
-  AUTHENTICATE_OR_RETURN(cred);
-  absl::StatusOr<uint64_t> id = sessions_->RegisterBuffer(req->session_id(), req->fd_tag(),
-                                                          req->size_bytes(), req->name(), cred);
-  if (!id.ok()) return ToGrpc(id.status());
-  resp->set_buffer_id(*id);
-  return grpc::Status::OK;
+grpc::ServerUnaryReactor* NodeServiceImpl::RegisterBuffer(grpc::CallbackServerContext* ctx,
+                                                         const v1::RegisterBufferRequest* req,
+                                                         v1::RegisterBufferResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::StatusOr<PeerCred> cred = auth_->Authenticate(*ctx);
+  if (!cred.ok()) {
+    reactor->Finish(ToGrpc(cred.status()));
+    return reactor;
+  }
+  // Counted until `done` runs, so shutdown waits for registrations in flight.
+  auto scope = std::make_shared<RpcTracker::Scope>(tracker_);
+  sessions_->RegisterBuffer(req->session_id(), req->fd_tag(), req->size_bytes(), req->name(),
+                            *cred, [reactor, resp, scope](absl::StatusOr<uint64_t> id) {
+                              if (id.ok()) resp->set_buffer_id(*id);
+                              reactor->Finish(ToGrpc(id.status()));
+                            });
+  return reactor;
 }
 
 grpc::Status NodeServiceImpl::FreeBuffer(grpc::ServerContext* ctx, const v1::FreeBufferRequest* req,
@@ -86,19 +80,23 @@ grpc::Status NodeServiceImpl::NewGroup(grpc::ServerContext* ctx, const v1::NewGr
   RpcTracker::Scope in_flight(tracker_);
   AUTHENTICATE_OR_RETURN(cred);
   std::vector<int> ranks(req->ranks().begin(), req->ranks().end());
-  absl::StatusOr<NewGroupResult> r = sessions_->NewGroup(req->session_id(), ranks, cred);
+  absl::StatusOr<NewGroupResult> r =
+      sessions_->NewGroup(req->session_id(), ranks, cred, req->rejoin_group_id());
   if (!r.ok()) return ToGrpc(r.status());
   resp->set_group_id(r->group_id);
   resp->set_group_rank(r->group_rank);
   resp->set_group_size(r->group_size);
+  resp->set_epoch(r->epoch);
   return grpc::Status::OK;
 }
 
 grpc::Status AdminServiceImpl::Status(grpc::ServerContext* ctx, const v1::StatusRequest*,
                                       v1::StatusResponse* resp) {
   AUTHENTICATE_OR_RETURN(cred);
-  (void)cred;
-  resp->set_version(HSDP_VERSION);
+  // Everyone allowed sees the node's totals; only root and the daemon's uid
+  // see other users' jobs and sessions.
+  const bool admin = auth_->IsAdmin(cred.uid);
+  resp->set_version(kHsdpVersion);
   resp->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
@@ -110,6 +108,9 @@ grpc::Status AdminServiceImpl::Status(grpc::ServerContext* ctx, const v1::Status
   uint64_t done = sessions_->retired_ops_completed();
   uint64_t failed = sessions_->retired_ops_failed();
   for (const std::shared_ptr<Session>& s : sessions_->Snapshot()) {
+    done += s->ops_completed();
+    failed += s->ops_failed();
+    if (!admin && s->info().uid != cred.uid) continue;
     v1::SessionInfo* si = resp->add_sessions();
     si->set_session_id(s->id());
     si->set_job_id(s->info().job_id);
@@ -126,15 +127,15 @@ grpc::Status AdminServiceImpl::Status(grpc::ServerContext* ctx, const v1::Status
     si->set_ops_completed(s->ops_completed());
     si->set_ops_failed(s->ops_failed());
     si->set_data_connected(s->data_connected());
-    done += s->ops_completed();
-    failed += s->ops_failed();
   }
-  for (const JobSummary& j : sessions_->Jobs()) {
+  for (const JobSummary& j :
+       sessions_->Jobs(admin ? std::nullopt : std::optional<uint32_t>(cred.uid))) {
     v1::JobInfo* ji = resp->add_jobs();
     ji->set_job_id(j.job_id);
     ji->set_world_size(j.world_size);
     ji->set_attached_ranks(j.attached);
     ji->set_groups(j.groups);
+    ji->set_owner_uid(j.owner_uid);
   }
   resp->set_ops_completed(done);
   resp->set_ops_failed(failed);

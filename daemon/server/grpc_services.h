@@ -1,6 +1,8 @@
 // gRPC services on the daemon's Unix socket. Handlers authenticate the
-// caller (SO_PEERCRED via PeerRegistry), translate messages, and hand the
-// work to the session manager; they never touch the data plane.
+// caller (an Authenticator), translate messages, and hand the work to the
+// session manager; they never touch the data plane and never block:
+// RegisterBuffer, the one call that waits (for its fd), is a callback method
+// completed when the fd arrives or its deadline passes.
 #ifndef HSDP_DAEMON_SERVER_GRPC_SERVICES_H_
 #define HSDP_DAEMON_SERVER_GRPC_SERVICES_H_
 
@@ -11,7 +13,7 @@
 #include "absl/time/time.h"
 #include "daemon/config/node_config.h"
 #include "daemon/engine/engine.h"
-#include "daemon/server/peer_registry.h"
+#include "daemon/server/authenticator.h"
 #include "daemon/session/session_manager.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "hsdp/v1/admin.grpc.pb.h"
@@ -37,19 +39,18 @@ class RpcTracker {
   std::atomic<int> count_{0};
 };
 
-// The caller's credentials, or PERMISSION_DENIED when its uid is not allowed.
-absl::StatusOr<PeerCred> Authenticate(const PeerRegistry& peers, grpc::ServerContext* ctx);
 grpc::Status ToGrpc(const absl::Status& s);
 
-class NodeServiceImpl final : public v1::Node::Service {
+class NodeServiceImpl final : public v1::Node::WithCallbackMethod_RegisterBuffer<v1::Node::Service> {
  public:
-  NodeServiceImpl(SessionManager* sessions, const PeerRegistry* peers, const NodeConfig& config,
+  NodeServiceImpl(SessionManager* sessions, const Authenticator* auth, const NodeConfig& config,
                   RpcTracker* tracker)
-      : sessions_(sessions), peers_(peers), config_(config), tracker_(tracker) {}
+      : sessions_(sessions), auth_(auth), config_(config), tracker_(tracker) {}
   grpc::Status Attach(grpc::ServerContext*, const v1::AttachRequest*, v1::AttachResponse*) override;
   grpc::Status Detach(grpc::ServerContext*, const v1::DetachRequest*, v1::DetachResponse*) override;
-  grpc::Status RegisterBuffer(grpc::ServerContext*, const v1::RegisterBufferRequest*,
-                              v1::RegisterBufferResponse*) override;
+  grpc::ServerUnaryReactor* RegisterBuffer(grpc::CallbackServerContext*,
+                                           const v1::RegisterBufferRequest*,
+                                           v1::RegisterBufferResponse*) override;
   grpc::Status FreeBuffer(grpc::ServerContext*, const v1::FreeBufferRequest*,
                           v1::FreeBufferResponse*) override;
   grpc::Status NewGroup(grpc::ServerContext*, const v1::NewGroupRequest*,
@@ -57,16 +58,16 @@ class NodeServiceImpl final : public v1::Node::Service {
 
  private:
   SessionManager* const sessions_;
-  const PeerRegistry* const peers_;
+  const Authenticator* const auth_;
   const NodeConfig& config_;
   RpcTracker* const tracker_;
 };
 
 class AdminServiceImpl final : public v1::Admin::Service {
  public:
-  AdminServiceImpl(SessionManager* sessions, const PeerRegistry* peers, const NodeConfig& config,
+  AdminServiceImpl(SessionManager* sessions, const Authenticator* auth, const NodeConfig& config,
                    const Engine* engine, std::string socket_path)
-      : sessions_(sessions), peers_(peers), config_(config), engine_(engine),
+      : sessions_(sessions), auth_(auth), config_(config), engine_(engine),
         socket_path_(std::move(socket_path)), started_(absl::Now()) {}
   grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusResponse*) override;
   grpc::Status GetConfig(grpc::ServerContext*, const v1::GetConfigRequest*,
@@ -74,7 +75,7 @@ class AdminServiceImpl final : public v1::Admin::Service {
 
  private:
   SessionManager* const sessions_;
-  const PeerRegistry* const peers_;
+  const Authenticator* const auth_;
   const NodeConfig& config_;
   const Engine* const engine_;
   const std::string socket_path_;
@@ -83,13 +84,13 @@ class AdminServiceImpl final : public v1::Admin::Service {
 
 class HealthServiceImpl final : public grpc::health::v1::Health::Service {
  public:
-  explicit HealthServiceImpl(const PeerRegistry* peers) : peers_(peers) {}
+  explicit HealthServiceImpl(const Authenticator* auth) : auth_(auth) {}
   grpc::Status Check(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest*,
                      grpc::health::v1::HealthCheckResponse*) override;
   void SetServing(bool serving) { serving_.store(serving); }
 
  private:
-  const PeerRegistry* const peers_;
+  const Authenticator* const auth_;
   std::atomic<bool> serving_{true};
 };
 

@@ -1,6 +1,9 @@
 #include "daemon/session/session.h"
 
 #include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 namespace hsdp {
 
@@ -31,27 +34,95 @@ bool Session::MarkDataConnected(int64_t peer_pid) {
 }
 
 void Session::PutFd(uint64_t tag, UniqueFd fd) {
-  absl::MutexLock l(&mu_);
-  if (pending_fds_.size() >= kMaxPendingFds) pending_fds_.erase(pending_fds_.begin());
-  pending_fds_[tag] = std::move(fd);
+  FdCallback done;
+  {
+    absl::MutexLock l(&mu_);
+    if (ended_) return;
+    auto it = fd_waiters_.find(tag);
+    if (it == fd_waiters_.end()) {
+      if (pending_fds_.size() >= kMaxPendingFds) pending_fds_.erase(pending_fds_.begin());
+      pending_fds_[tag] = std::move(fd);
+      return;
+    }
+    done = std::move(it->second.done);
+    fd_waiters_.erase(it);
+  }
+  done(std::move(fd));
 }
 
-absl::StatusOr<UniqueFd> Session::TakeFd(uint64_t tag, absl::Duration timeout) {
-  absl::MutexLock l(&mu_);
-  auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_fds_.count(tag) > 0; };
-  mu_.AwaitWithTimeout(absl::Condition(&arrived), timeout);
-  auto it = pending_fds_.find(tag);
-  if (it == pending_fds_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "fd_tag: no file descriptor tagged ", tag, " arrived on the session's data connection"));
+absl::Status Session::AwaitFd(uint64_t tag, absl::Time deadline, FdCallback done) {
+  UniqueFd fd;
+  {
+    absl::MutexLock l(&mu_);
+    if (ended_) return absl::NotFoundError(absl::StrCat("session_id: session ", id_, " ended"));
+    auto it = pending_fds_.find(tag);
+    if (it == pending_fds_.end()) {
+      if (fd_waiters_.count(tag) > 0) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("fd_tag: a RegisterBuffer call for tag ", tag, " is already waiting"));
+      }
+      if (fd_waiters_.size() >= kMaxFdWaiters) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "session ", id_, " already has ", fd_waiters_.size(),
+            " RegisterBuffer calls waiting for their file descriptors"));
+      }
+      fd_waiters_[tag] = FdWaiter{deadline, std::move(done)};
+      return absl::OkStatus();
+    }
+    fd = std::move(it->second);
+    pending_fds_.erase(it);
   }
-  UniqueFd fd = std::move(it->second);
-  pending_fds_.erase(it);
-  return fd;
+  done(std::move(fd));
+  return absl::OkStatus();
+}
+
+void Session::ExpireFdWaiters(absl::Time now) {
+  std::vector<std::pair<uint64_t, FdCallback>> expired;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto it = fd_waiters_.begin(); it != fd_waiters_.end();) {
+      if (it->second.deadline <= now) {
+        expired.emplace_back(it->first, std::move(it->second.done));
+        it = fd_waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& [tag, done] : expired) {
+    done(absl::NotFoundError(absl::StrCat(
+        "fd_tag: no file descriptor tagged ", tag, " arrived on the session's data connection")));
+  }
+}
+
+absl::Status Session::ReserveBuffer(uint64_t bytes, uint64_t max_bytes, uint32_t max_buffers) {
+  absl::MutexLock l(&mu_);
+  const uint64_t used = buffer_bytes_ + reserved_bytes_;
+  if (bytes > max_bytes || used > max_bytes - bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a buffer of ", bytes, " bytes does not fit session ", id_, ": it holds ", used,
+        " bytes (incl. registrations in progress) of limits.max_session_bytes = ", max_bytes));
+  }
+  if (buffers_.size() + reserved_count_ >= max_buffers) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session ", id_, " already has ", buffers_.size() + reserved_count_,
+        " buffers (incl. registrations in progress; limits.max_buffers_per_session = ",
+        max_buffers, ")"));
+  }
+  reserved_bytes_ += bytes;
+  ++reserved_count_;
+  return absl::OkStatus();
+}
+
+void Session::ReleaseReservation(uint64_t bytes) {
+  absl::MutexLock l(&mu_);
+  reserved_bytes_ -= bytes;
+  --reserved_count_;
 }
 
 uint64_t Session::AddBuffer(std::shared_ptr<MappedBuffer> buffer) {
   absl::MutexLock l(&mu_);
+  if (ended_) return 0;
   const uint64_t id = next_buffer_id_++;
   buffer_bytes_ += buffer->size();
   buffers_[id] = std::move(buffer);
@@ -87,17 +158,27 @@ uint64_t Session::buffer_bytes() const {
 }
 
 uint64_t Session::ClearBuffers() {
-  absl::MutexLock l(&mu_);
-  const uint64_t bytes = buffer_bytes_;
-  buffers_.clear();
-  pending_fds_.clear();
-  buffer_bytes_ = 0;
+  std::map<uint64_t, FdWaiter> waiters;
+  uint64_t bytes;
+  {
+    absl::MutexLock l(&mu_);
+    ended_ = true;
+    bytes = buffer_bytes_;
+    buffers_.clear();
+    pending_fds_.clear();
+    buffer_bytes_ = 0;
+    waiters.swap(fd_waiters_);
+  }
+  for (auto& [tag, w] : waiters) {
+    w.done(absl::NotFoundError(absl::StrCat("session_id: session ", id_, " ended")));
+  }
   return bytes;
 }
 
 void Session::Complete(uint64_t op_id, const absl::Status& status, uint64_t queued_ns,
                        uint64_t exec_ns) {
   (status.ok() ? ops_completed_ : ops_failed_).fetch_add(1, std::memory_order_relaxed);
+  in_flight_.fetch_sub(1, std::memory_order_relaxed);
   channel_->Complete(op_id, status, queued_ns, exec_ns);
 }
 

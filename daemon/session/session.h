@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -32,6 +33,8 @@ struct SessionInfo {
   std::string device;
   int64_t pid = 0;       // as the client reported it
   uint32_t uid = 0;      // from SO_PEERCRED of the Attach call
+  uint32_t gid = 0;
+  uint64_t features = 0; // negotiated at Attach (shm::Feature bits)
 };
 
 using SessionToken = std::array<uint8_t, shm::kSessionTokenBytes>;
@@ -53,11 +56,31 @@ class Session {
   int64_t peer_pid() const { return peer_pid_.load(); }
 
   // --- fds passed over the data connection, claimed by RegisterBuffer ---
+  using FdCallback = std::function<void(absl::StatusOr<UniqueFd>)>;
+  // Hands the fd to a waiter for `tag`, or parks it (bounded) until one comes.
   void PutFd(uint64_t tag, UniqueFd fd);
-  // Waits up to `timeout` for the fd tagged `tag`. NOT_FOUND when it never came.
-  absl::StatusOr<UniqueFd> TakeFd(uint64_t tag, absl::Duration timeout);
+  // Calls `done` with the fd tagged `tag` once it is here — at once if it
+  // already is — or with NOT_FOUND once `deadline` passes (ExpireFdWaiters)
+  // or the session ends. Never blocks. RESOURCE_EXHAUSTED (returned, `done`
+  // not called) when the session already has kMaxFdWaiters waiters or a
+  // waiter for `tag`. `done` runs on the thread that resolves it and must
+  // not block.
+  absl::Status AwaitFd(uint64_t tag, absl::Time deadline, FdCallback done);
+  // Fails waiters whose deadline passed.
+  void ExpireFdWaiters(absl::Time now);
+  static constexpr size_t kMaxFdWaiters = 16;
+
+  // --- limits: reserved before the work, committed or released after ---
+  // Reserves one more buffer of `bytes` against the session's limits.
+  // RESOURCE_EXHAUSTED naming the limit when it does not fit.
+  absl::Status ReserveBuffer(uint64_t bytes, uint64_t max_bytes, uint32_t max_buffers);
+  void ReleaseReservation(uint64_t bytes);
+  // Operations submitted and not yet completed (bounded by the dispatcher).
+  int64_t ops_in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
+  void BeginOp() { in_flight_.fetch_add(1, std::memory_order_relaxed); }
 
   // --- buffers ---
+  // Returns the new buffer's id (> 0), or 0 when the session already ended.
   uint64_t AddBuffer(std::shared_ptr<MappedBuffer> buffer);
   // Returns the removed buffer, or NOT_FOUND.
   absl::StatusOr<std::shared_ptr<MappedBuffer>> RemoveBuffer(uint64_t id);
@@ -65,7 +88,9 @@ class Session {
   std::shared_ptr<MappedBuffer> FindBuffer(uint64_t id) const;
   uint32_t buffer_count() const;
   uint64_t buffer_bytes() const;
-  // Drops every buffer (end of session); returns the bytes released.
+  // Drops every buffer and fd waiter (end of session); returns the bytes
+  // released (registered buffers only; reservations are released by their
+  // owners).
   uint64_t ClearBuffers();
 
   // --- operations ---
@@ -91,12 +116,21 @@ class Session {
   std::atomic<bool> closed_{false};
   std::atomic<uint64_t> ops_completed_{0};
   std::atomic<uint64_t> ops_failed_{0};
+  std::atomic<int64_t> in_flight_{0};  // may dip below 0 for ops completed without BeginOp (tests)
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<MappedBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // registrations in progress
+  uint32_t reserved_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, UniqueFd> pending_fds_ ABSL_GUARDED_BY(mu_);
+  struct FdWaiter {
+    absl::Time deadline;
+    FdCallback done;
+  };
+  std::map<uint64_t, FdWaiter> fd_waiters_ ABSL_GUARDED_BY(mu_);
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace hsdp

@@ -4,13 +4,16 @@
 
 #include <algorithm>
 #include <random>
-#include <set>
+#include <cstdio>
 
 #include "absl/strings/str_join.h"
+#include "daemon/util/executor.h"
 #include "hsdp/common/logging.h"
+#include "hsdp/common/version.h"
 #include "hsdp/common/status_macros.h"
 #include "hsdp/shm/doorbell.h"
 #include "hsdp/shm/layout.h"
+#include "hsdp/shm/op_rules.h"
 
 namespace hsdp {
 namespace {
@@ -23,6 +26,9 @@ std::string FormatBytes(uint64_t b) {
   if (b >= (1ull << 20)) return absl::StrCat(b, " bytes (", b >> 20, " MiB)");
   return absl::StrCat(b, " bytes");
 }
+
+// a + b without wrapping (for messages and comparisons).
+uint64_t SaturatingAdd(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 
 absl::Status ValidateAttach(const AttachParams& p) {
   if (p.job_id.empty() || p.job_id.size() > 128) {
@@ -54,7 +60,14 @@ absl::Status ValidateAttach(const AttachParams& p) {
   if (p.protocol_version != shm::kLayoutVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
         "protocol_version: the client speaks shared-memory layout ", p.protocol_version,
-        ", this hsdpd speaks ", shm::kLayoutVersion, "; use matching versions"));
+        ", this hsdpd (", kHsdpVersion, ") speaks layout ", shm::kLayoutVersion,
+        "; use a client library and daemon of matching versions"));
+  }
+  if ((p.features & shm::kFeaturesRequired) != shm::kFeaturesRequired) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "features: the client offers 0x", absl::Hex(p.features), ", this hsdpd (", kHsdpVersion,
+        ") requires 0x", absl::Hex(shm::kFeaturesRequired),
+        "; use a client library and daemon of matching versions"));
   }
   return absl::OkStatus();
 }
@@ -71,8 +84,23 @@ SessionToken NewToken() {
 
 }  // namespace
 
-SessionManager::SessionManager(const NodeConfig& config, uint64_t max_node_bytes, Engine* engine)
-    : config_(config), max_node_bytes_(max_node_bytes), engine_(engine) {}
+uint64_t MappingBudget(uint64_t kernel_limit) {
+  return kernel_limit / 4 * 3 > 1024 ? kernel_limit / 4 * 3 : 1024;
+}
+
+uint64_t KernelMaxMapCount() {
+  FILE* f = std::fopen("/proc/sys/vm/max_map_count", "re");
+  unsigned long long v = 0;
+  if (f != nullptr) {
+    if (std::fscanf(f, "%llu", &v) != 1) v = 0;
+    std::fclose(f);
+  }
+  return v > 0 ? v : 65530;
+}
+
+SessionManager::SessionManager(const NodeConfig& config, NodeLimits limits, Engine* engine,
+                               Executor* control)
+    : config_(config), limits_(limits), engine_(engine), control_(control) {}
 
 SessionManager::~SessionManager() = default;
 
@@ -100,6 +128,10 @@ absl::StatusOr<AttachResult> SessionManager::Attach(const AttachParams& p, const
   auto job_it = jobs_.find(p.job_id);
   if (job_it != jobs_.end()) {
     Job& job = job_it->second;
+    if (caller.uid != 0 && caller.uid != job.owner_uid) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "job_id: job \"", p.job_id, "\" belongs to another user; pick another job id"));
+    }
     if (job.world_size != p.world_size) {
       return absl::InvalidArgumentError(absl::StrCat("world_size: job \"", p.job_id,
                                                      "\" has world size ", job.world_size,
@@ -112,16 +144,29 @@ absl::StatusOr<AttachResult> SessionManager::Attach(const AttachParams& p, const
           other->id(), ", pid ", other->info().pid, ")"));
     }
   }
+  if (node_mappings_ >= limits_.max_mappings) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this node already has ", node_mappings_, " shared-memory mappings (the budget below "
+        "vm.max_map_count is ", limits_.max_mappings, ")"));
+  }
   const uint64_t id = next_session_id_++;
+  const uint64_t features = p.features & shm::kFeaturesImplemented;
   ASSIGN_OR_RETURN(std::unique_ptr<ShmChannel> channel,
-                   ShmChannel::Create(id, config_.ring_entries));
-  SessionInfo info{p.job_id, p.rank, p.world_size, p.local_rank, p.device, p.pid, caller.uid};
+                   ShmChannel::Create(id, config_.ring_entries, features));
+  SessionInfo info{p.job_id,  p.rank,     p.world_size, p.local_rank, p.device,
+                   p.pid,     caller.uid, caller.gid,   features};
   const SessionToken token = NewToken();
   auto session = std::make_shared<Session>(id, info, token, std::move(channel));
+  const bool new_job = jobs_.count(p.job_id) == 0;
   Job& job = jobs_[p.job_id];
+  if (new_job) {
+    job.owner_uid = caller.uid;
+    job.owner_gid = caller.gid;
+  }
   job.world_size = p.world_size;
   job.rank_to_session[p.rank] = id;
   sessions_[id] = session;
+  ++node_mappings_;
   version_.fetch_add(1, std::memory_order_release);
   HSDP_LOG(Info) << "session " << id << " attached: job \"" << p.job_id << "\" rank " << p.rank
                  << "/" << p.world_size << " pid " << p.pid << " uid " << caller.uid << " device "
@@ -130,6 +175,7 @@ absl::StatusOr<AttachResult> SessionManager::Attach(const AttachParams& p, const
   result.session_id = id;
   result.ring_entries = config_.ring_entries;
   result.token = token;
+  result.features = features;
   return result;
 }
 
@@ -158,60 +204,104 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::ClaimSession(uint64_t s
   return s;
 }
 
-absl::StatusOr<uint64_t> SessionManager::RegisterBuffer(uint64_t session_id, uint64_t fd_tag,
-                                                        uint64_t size_bytes,
-                                                        const std::string& name,
-                                                        const PeerCred& caller) {
+void SessionManager::RegisterBuffer(uint64_t session_id, uint64_t fd_tag, uint64_t size_bytes,
+                                    const std::string& name, const PeerCred& caller,
+                                    RegisterDone done) {
   std::shared_ptr<Session> s;
   {
     absl::MutexLock l(&mu_);
-    ASSIGN_OR_RETURN(s, Lookup(session_id, caller));
-    if (size_bytes == 0) return absl::InvalidArgumentError("size_bytes: must be > 0");
-    const uint64_t session_bytes = s->buffer_bytes();
-    if (size_bytes > config_.max_session_bytes ||
-        session_bytes > config_.max_session_bytes - size_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "a buffer of ", FormatBytes(size_bytes), " would bring session ", session_id, " to ",
-          FormatBytes(session_bytes + size_bytes), ", over limits.max_session_bytes = ",
-          FormatBytes(config_.max_session_bytes)));
-    }
-    if (size_bytes > max_node_bytes_ || node_bytes_ > max_node_bytes_ - size_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
+    absl::StatusOr<std::shared_ptr<Session>> found = Lookup(session_id, caller);
+    if (!found.ok()) return done(found.status());
+    s = *std::move(found);
+    if (size_bytes == 0) return done(absl::InvalidArgumentError("size_bytes: must be > 0"));
+    if (size_bytes > limits_.max_node_bytes ||
+        node_bytes_ > limits_.max_node_bytes - size_bytes) {
+      return done(absl::ResourceExhaustedError(absl::StrCat(
           "a buffer of ", FormatBytes(size_bytes), " would bring this node to ",
-          FormatBytes(node_bytes_ + size_bytes), ", over the node limit of ",
-          FormatBytes(max_node_bytes_), " (limits.max_node_bytes)"));
+          FormatBytes(SaturatingAdd(node_bytes_, size_bytes)), ", over the node limit of ",
+          FormatBytes(limits_.max_node_bytes), " (limits.max_node_bytes)")));
     }
-    if (s->buffer_count() >= config_.max_buffers_per_session) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "session ", session_id, " already has ", s->buffer_count(),
-          " buffers (limits.max_buffers_per_session)"));
+    if (node_mappings_ >= limits_.max_mappings) {
+      return done(absl::ResourceExhaustedError(absl::StrCat(
+          "this node already has ", node_mappings_, " shared-memory mappings (the budget below "
+          "vm.max_map_count is ", limits_.max_mappings, ")")));
     }
-    if (fd_tag == 0) return uint64_t{0};
-    node_bytes_ += size_bytes;  // reserved now, released below on failure
+    if (absl::Status r = s->ReserveBuffer(size_bytes, config_.max_session_bytes,
+                                          config_.max_buffers_per_session);
+        !r.ok()) {
+      return done(r);
+    }
+    if (fd_tag == 0) {
+      s->ReleaseReservation(size_bytes);
+      return done(uint64_t{0});
+    }
+    node_bytes_ += size_bytes;  // reserved now; committed or released below
+    ++node_mappings_;
   }
-  auto release = [&] {
-    absl::MutexLock l(&mu_);
-    node_bytes_ -= size_bytes;
+  auto finish = [this, s, size_bytes, name, done](absl::StatusOr<UniqueFd> fd) {
+    auto work = [this, s, size_bytes, name, done, fd = std::make_shared<absl::StatusOr<UniqueFd>>(
+                                                      std::move(fd))]() mutable {
+      done(FinishRegister(s, std::move(*fd), size_bytes, name));
+    };
+    if (control_ != nullptr) {
+      control_->Post(std::move(work));
+    } else {
+      work();
+    }
   };
-  absl::StatusOr<UniqueFd> fd = s->TakeFd(fd_tag, kFdArrivalTimeout);
-  if (!fd.ok()) {
-    release();
-    return fd.status();
+  if (absl::Status w = s->AwaitFd(fd_tag, absl::Now() + kFdArrivalTimeout, finish); !w.ok()) {
+    s->ReleaseReservation(size_bytes);
+    ReleaseNode(size_bytes, 1);
+    done(w);
   }
+}
+
+absl::StatusOr<uint64_t> SessionManager::FinishRegister(const std::shared_ptr<Session>& s,
+                                                        absl::StatusOr<UniqueFd> fd,
+                                                        uint64_t size_bytes,
+                                                        const std::string& name) {
   absl::StatusOr<std::shared_ptr<MappedBuffer>> buf =
-      MappedBuffer::Map(std::move(*fd), size_bytes, name);
+      fd.ok() ? MappedBuffer::Map(std::move(*fd), size_bytes, name)
+              : absl::StatusOr<std::shared_ptr<MappedBuffer>>(fd.status());
+  s->ReleaseReservation(size_bytes);
+  if (buf.ok() && s->closed()) {
+    buf = absl::NotFoundError(absl::StrCat("session_id: session ", s->id(), " ended"));
+  }
   if (!buf.ok()) {
-    release();
+    ReleaseNode(size_bytes, 1);
     return buf.status();
   }
-  if (s->closed()) {
-    release();
-    return absl::NotFoundError(absl::StrCat("session_id: session ", session_id, " ended"));
-  }
   const uint64_t id = s->AddBuffer(std::move(*buf));
-  HSDP_LOG(Debug) << "session " << session_id << " registered buffer " << id << " ("
-                  << size_bytes << " bytes)";
+  if (id == 0) {  // ended while mapping: its ClearBuffers did not count this one
+    ReleaseNode(size_bytes, 1);
+    return absl::NotFoundError(absl::StrCat("session_id: session ", s->id(), " ended"));
+  }
+  HSDP_LOG(Debug) << "session " << s->id() << " registered buffer " << id << " (" << size_bytes
+                  << " bytes)";
   return id;
+}
+
+void SessionManager::ReleaseNode(uint64_t bytes, uint64_t mappings) {
+  absl::MutexLock l(&mu_);
+  node_bytes_ -= bytes;
+  node_mappings_ -= mappings;
+}
+
+absl::StatusOr<uint64_t> SessionManager::RegisterBufferSync(uint64_t session_id, uint64_t fd_tag,
+                                                            uint64_t size_bytes,
+                                                            const std::string& name,
+                                                            const PeerCred& caller) {
+  absl::Mutex mu;
+  std::optional<absl::StatusOr<uint64_t>> result;
+  RegisterBuffer(session_id, fd_tag, size_bytes, name, caller,
+                 [&](absl::StatusOr<uint64_t> r) {
+                   absl::MutexLock l(&mu);
+                   result = std::move(r);
+                 });
+  absl::MutexLock l(&mu);
+  mu.Await(absl::Condition(+[](std::optional<absl::StatusOr<uint64_t>>* r) { return r->has_value(); },
+                           &result));
+  return *std::move(result);
 }
 
 absl::Status SessionManager::FreeBuffer(uint64_t session_id, uint64_t buffer_id,
@@ -220,61 +310,107 @@ absl::Status SessionManager::FreeBuffer(uint64_t session_id, uint64_t buffer_id,
   ASSIGN_OR_RETURN(std::shared_ptr<Session> s, Lookup(session_id, caller));
   ASSIGN_OR_RETURN(std::shared_ptr<MappedBuffer> b, s->RemoveBuffer(buffer_id));
   node_bytes_ -= b->size();
+  --node_mappings_;
   return absl::OkStatus();  // unmapped when the last in-flight op lets go
 }
 
 absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
                                                         const std::vector<int>& ranks,
-                                                        const PeerCred& caller) {
+                                                        const PeerCred& caller,
+                                                        uint32_t rejoin_group_id) {
   std::shared_ptr<Group> group;
   std::shared_ptr<Session> s;
-  int group_rank = -1;
   {
     absl::MutexLock l(&mu_);
     ASSIGN_OR_RETURN(s, Lookup(session_id, caller));
     Job& job = jobs_.at(s->info().job_id);
-    if (ranks.empty()) return absl::InvalidArgumentError("ranks: must not be empty");
-    std::set<int> seen;
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      if (ranks[i] < 0 || ranks[i] >= job.world_size) {
-        return absl::InvalidArgumentError(absl::StrCat("ranks[", i, "]: ", ranks[i],
-                                                       " is outside [0, world_size=",
-                                                       job.world_size, ")"));
+    if (rejoin_group_id != 0) {
+      auto it = groups_.find(rejoin_group_id);
+      if (it == groups_.end() || it->second->job_id() != s->info().job_id) {
+        return absl::NotFoundError(
+            absl::StrCat("rejoin_group_id: job \"", s->info().job_id, "\" has no group ",
+                         rejoin_group_id));
       }
-      if (!seen.insert(ranks[i]).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("ranks[", i, "]: rank ", ranks[i], " appears twice"));
+      if (!ranks.empty() && ranks != it->second->ranks()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ranks: group ", rejoin_group_id, " has other ranks; pass its ranks or none"));
       }
-      if (ranks[i] == s->info().rank) group_rank = static_cast<int>(i);
-    }
-    if (group_rank < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ranks: the caller's rank ", s->info().rank, " is not in [", absl::StrJoin(ranks, ", "),
-          "]; only members call NewGroup"));
-    }
-    const int k = job.calls[{session_id, ranks}]++;
-    auto key = std::make_pair(ranks, k);
-    auto it = job.groups.find(key);
-    if (it != job.groups.end()) {
-      group = groups_.at(it->second);
+      group = it->second;
     } else {
-      if (job.groups.size() >= config_.max_groups_per_job) {
-        job.calls[{session_id, ranks}]--;
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "job \"", s->info().job_id, "\" already has ", job.groups.size(),
-            " groups (limits.max_groups_per_job)"));
+      if (ranks.empty()) return absl::InvalidArgumentError("ranks: must not be empty");
+      if (ranks.size() > static_cast<size_t>(job.world_size)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ranks: ", ranks.size(), " ranks in a job of world size ", job.world_size));
       }
-      const uint32_t id = next_group_id_++;
-      group = std::make_shared<Group>(
-          id, s->info().job_id, ranks, engine_,
-          [this](uint32_t gid) { return FindGroup(gid); },
-          int64_t{config_.collective_timeout_ms} * 1'000'000);
-      groups_[id] = group;
-      job.groups[key] = id;
+      bool has_caller = false;
+      {
+        std::vector<bool> seen(job.world_size, false);  // bounded by the job's world size
+        for (size_t i = 0; i < ranks.size(); ++i) {
+          if (ranks[i] < 0 || ranks[i] >= job.world_size) {
+            return absl::InvalidArgumentError(absl::StrCat("ranks[", i, "]: ", ranks[i],
+                                                           " is outside [0, world_size=",
+                                                           job.world_size, ")"));
+          }
+          if (seen[ranks[i]]) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("ranks[", i, "]: rank ", ranks[i], " appears twice"));
+          }
+          seen[ranks[i]] = true;
+          if (ranks[i] == s->info().rank) has_caller = true;
+        }
+      }
+      if (!has_caller) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ranks: the caller's rank ", s->info().rank, " is not in the list of ", ranks.size(),
+            " ranks; only members call NewGroup"));
+      }
+      auto call_it = job.calls.find({session_id, ranks});
+      const int k = call_it == job.calls.end() ? 0 : call_it->second;
+      const std::string key = GroupKey(s->info().job_id, ranks, k);
+      auto it = job.groups.find(key);
+      if (it != job.groups.end()) {
+        group = groups_.at(it->second);
+      } else {
+        if (job.groups.size() >= config_.max_groups_per_job) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "job \"", s->info().job_id, "\" already has ", job.groups.size(),
+              " groups (limits.max_groups_per_job)"));
+        }
+        if (job.group_members + ranks.size() > limits_.max_group_members_per_job ||
+            node_group_members_ + ranks.size() > limits_.max_group_members) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "a group of ", ranks.size(), " ranks would bring job \"", s->info().job_id,
+              "\" to ", job.group_members + ranks.size(), " group members (at most ",
+              limits_.max_group_members_per_job, " per job and ", limits_.max_group_members,
+              " per node, ", node_group_members_, " in use)"));
+        }
+        const uint32_t id = next_group_id_++;
+        GroupSpec spec;
+        spec.id = id;
+        spec.key = key;
+        spec.job_id = s->info().job_id;
+        spec.ranks = ranks;
+        spec.timeout_ns = int64_t{config_.collective_timeout_ms} * 1'000'000;
+        spec.max_pending = config_.ring_entries;
+        group = std::make_shared<Group>(std::move(spec), engine_,
+                                        [this](uint32_t gid) { return FindGroup(gid); });
+        EngineGroupSpec es{key, 1, ranks, std::vector<int>(ranks.size(), 0), 0};
+        RETURN_IF_ERROR(engine_->CreateGroup(es));
+        groups_[id] = group;
+        job.groups[key] = id;
+        job.group_members += ranks.size();
+        node_group_members_ += ranks.size();
+      }
+      job.calls[{session_id, ranks}] = k + 1;  // counted only once accepted
     }
   }
-  RETURN_IF_ERROR(group->Join(group_rank, s));
-  return NewGroupResult{group->id(), group_rank, group->size()};
+  const int group_rank = group->RankOf(s->info().rank);
+  if (group_rank < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("rejoin_group_id: rank ", s->info().rank,
+                                                   " is not a member of group ", group->id()));
+  }
+  ASSIGN_OR_RETURN(const uint32_t epoch, group->Join(group_rank, s));
+  return NewGroupResult{group->id(), group_rank, group->size(), epoch};
 }
 
 void SessionManager::EndSession(uint64_t session_id, const std::string& why) {
@@ -292,10 +428,15 @@ void SessionManager::EndSession(uint64_t session_id, const std::string& why) {
       job.rank_to_session.erase(s->info().rank);
       for (auto& [key, gid] : job.groups) groups.push_back(groups_.at(gid));
       if (job.rank_to_session.empty()) {
-        for (auto& [key, gid] : job.groups) groups_.erase(gid);
+        for (auto& [key, gid] : job.groups) {
+          groups_.erase(gid);
+          engine_->DestroyGroup(key);
+        }
+        node_group_members_ -= job.group_members;
         jobs_.erase(job_it);
       }
     }
+    node_mappings_ -= 1 + s->buffer_count();
     node_bytes_ -= s->ClearBuffers();
     version_.fetch_add(1, std::memory_order_release);
   }
@@ -318,14 +459,18 @@ void SessionManager::EndAll(const std::string& why) {
 
 void SessionManager::Housekeeping() {
   std::vector<uint64_t> expired;
+  std::vector<std::shared_ptr<Session>> all;
   {
     absl::MutexLock l(&mu_);
     for (auto& [id, s] : sessions_) {
+      all.push_back(s);
       if (!s->data_connected() && s->AgeSeconds() * 1000 > config_.data_connect_timeout_ms) {
         expired.push_back(id);
       }
     }
   }
+  const absl::Time now = absl::Now();
+  for (const std::shared_ptr<Session>& s : all) s->ExpireFdWaiters(now);
   for (uint64_t id : expired) {
     EndSession(id, "no data connection arrived within timeouts.data_connect_ms");
   }
@@ -357,14 +502,20 @@ std::vector<std::shared_ptr<Group>> SessionManager::AllGroups() const {
   return out;
 }
 
-std::vector<JobSummary> SessionManager::Jobs() const {
+std::vector<JobSummary> SessionManager::Jobs(std::optional<uint32_t> only_uid) const {
   absl::MutexLock l(&mu_);
   std::vector<JobSummary> out;
   for (auto& [name, job] : jobs_) {
+    if (only_uid.has_value() && job.owner_uid != *only_uid) continue;
     out.push_back(JobSummary{name, job.world_size, static_cast<int>(job.rank_to_session.size()),
-                             static_cast<uint32_t>(job.groups.size())});
+                             static_cast<uint32_t>(job.groups.size()), job.owner_uid});
   }
   return out;
+}
+
+uint64_t SessionManager::mappings() const {
+  absl::MutexLock l(&mu_);
+  return node_mappings_;
 }
 
 uint64_t SessionManager::bytes_registered() const {

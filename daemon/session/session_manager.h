@@ -1,7 +1,15 @@
 // The session manager: attached sessions, the jobs they form, buffer
 // registration against the memory limits, and group creation. The gRPC
 // services and the data-connection server call into it; the dispatcher reads
-// it through SessionDirectory.
+// it through SessionDirectory. No method blocks: RegisterBuffer waits for
+// its fd through a callback and maps on the control executor.
+//
+// Isolation: a job belongs to the uid of its first Attach; other uids (root
+// excepted) cannot attach to it, create its groups or see it.
+//
+// Limits are reserved atomically before the work they bound (buffer bytes
+// and count per session, bytes and mappings per node, group members per job
+// and per node) and released when the work fails.
 //
 // Thread-safety: all methods are thread-safe. Lock order: mu_ before any
 // Group's or Session's lock; Group::MemberLeft is called without mu_.
@@ -11,7 +19,9 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,18 +47,21 @@ struct AttachParams {
   std::string device = "cpu";
   int64_t pid = 0;
   uint32_t protocol_version = 0;
+  uint64_t features = 0;  // shm::Feature bits the client offers
 };
 
 struct AttachResult {
   uint64_t session_id = 0;
   SessionToken token{};
   uint32_t ring_entries = 0;
+  uint64_t features = 0;  // negotiated
 };
 
 struct NewGroupResult {
   uint32_t group_id = 0;
   int group_rank = 0;
   int group_size = 0;
+  uint32_t epoch = 1;  // the epoch the member submits in
 };
 
 struct JobSummary {
@@ -56,12 +69,30 @@ struct JobSummary {
   int world_size = 0;
   int attached = 0;
   uint32_t groups = 0;
+  uint32_t owner_uid = 0;
 };
+
+// Node-wide bounds derived from the configuration and the kernel.
+struct NodeLimits {
+  uint64_t max_node_bytes = 0;     // registered buffer bytes
+  uint64_t max_mappings = 0;       // buffers + channels mapped (below vm.max_map_count)
+  uint64_t max_group_members_per_job = 1 << 20;  // sum of group sizes
+  uint64_t max_group_members = 1 << 22;          // node-wide sum of group sizes
+};
+
+// The mapping budget for `vm.max_map_count` = `kernel_limit`: three quarters,
+// leaving room for the daemon's own libraries, stacks and heap.
+uint64_t MappingBudget(uint64_t kernel_limit);
+// Reads /proc/sys/vm/max_map_count (65530 when unreadable).
+uint64_t KernelMaxMapCount();
+
+class Executor;
 
 class SessionManager : public SessionDirectory {
  public:
-  // `max_node_bytes`: the resolved node-wide buffer limit.
-  SessionManager(const NodeConfig& config, uint64_t max_node_bytes, Engine* engine);
+  // `control`: where buffer mapping runs (nullptr: inline, for tests).
+  SessionManager(const NodeConfig& config, NodeLimits limits, Engine* engine,
+                 Executor* control = nullptr);
   ~SessionManager() override;
 
   absl::StatusOr<AttachResult> Attach(const AttachParams& params, const PeerCred& caller);
@@ -71,13 +102,24 @@ class SessionManager : public SessionDirectory {
   absl::StatusOr<std::shared_ptr<Session>> ClaimSession(uint64_t session_id, const uint8_t* token,
                                                         const PeerCred& peer);
 
-  // fd_tag 0: only check that `size_bytes` fits the limits.
-  absl::StatusOr<uint64_t> RegisterBuffer(uint64_t session_id, uint64_t fd_tag,
-                                          uint64_t size_bytes, const std::string& name,
-                                          const PeerCred& caller);
+  // Registers the memfd tagged `fd_tag` on the session's data connection as
+  // a buffer of `size_bytes`, then calls `done` with its id — once, possibly
+  // before returning, possibly from another thread. Never blocks. fd_tag 0:
+  // only checks that `size_bytes` fits the limits.
+  using RegisterDone = std::function<void(absl::StatusOr<uint64_t>)>;
+  void RegisterBuffer(uint64_t session_id, uint64_t fd_tag, uint64_t size_bytes,
+                      const std::string& name, const PeerCred& caller, RegisterDone done);
+  // Blocking form for tests and tools.
+  absl::StatusOr<uint64_t> RegisterBufferSync(uint64_t session_id, uint64_t fd_tag,
+                                              uint64_t size_bytes, const std::string& name,
+                                              const PeerCred& caller);
   absl::Status FreeBuffer(uint64_t session_id, uint64_t buffer_id, const PeerCred& caller);
+  // Creates or joins the k-th group of the caller's job with `ranks` (k
+  // counted per session). With `rejoin_group_id` != 0, joins that existing
+  // group again instead (after its epoch failed), and `ranks` must be its
+  // ranks or empty.
   absl::StatusOr<NewGroupResult> NewGroup(uint64_t session_id, const std::vector<int>& ranks,
-                                          const PeerCred& caller);
+                                          const PeerCred& caller, uint32_t rejoin_group_id = 0);
 
   // nullptr when unknown.
   std::shared_ptr<Session> FindSession(uint64_t session_id) const;
@@ -85,12 +127,14 @@ class SessionManager : public SessionDirectory {
   // Ends every session (daemon shutdown).
   void EndAll(const std::string& why);
 
-  std::vector<JobSummary> Jobs() const;
+  // Every job, or only those of `uid` when `only_uid` is set.
+  std::vector<JobSummary> Jobs(std::optional<uint32_t> only_uid = std::nullopt) const;
   // Operations of sessions that already ended (live ones count their own).
   uint64_t retired_ops_completed() const { return retired_completed_.load(); }
   uint64_t retired_ops_failed() const { return retired_failed_.load(); }
   uint64_t bytes_registered() const;
-  uint64_t max_node_bytes() const { return max_node_bytes_; }
+  uint64_t max_node_bytes() const { return limits_.max_node_bytes; }
+  uint64_t mappings() const;
 
   // SessionDirectory.
   uint64_t version() const override { return version_.load(std::memory_order_acquire); }
@@ -103,20 +147,30 @@ class SessionManager : public SessionDirectory {
  private:
   struct Job {
     int world_size = 0;
+    uint32_t owner_uid = 0;
+    uint32_t owner_gid = 0;
     std::map<int, uint64_t> rank_to_session;
-    // (ranks, k) -> group id: the k-th NewGroup call with `ranks`.
-    std::map<std::pair<std::vector<int>, int>, uint32_t> groups;
-    // (session id, ranks) -> calls so far.
+    // GroupKey(job, ranks, k) -> group id: the k-th NewGroup call with `ranks`.
+    std::map<std::string, uint32_t> groups;
+    // (session id, ranks) -> calls so far. Only accepted calls are counted.
     std::map<std::pair<uint64_t, std::vector<int>>, int> calls;
+    uint64_t group_members = 0;  // sum of the sizes of its groups
   };
 
   // The session, checking that `caller` may act on it.
   absl::StatusOr<std::shared_ptr<Session>> Lookup(uint64_t session_id, const PeerCred& caller) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Maps fd into a buffer for `s` and commits its reservation (or releases it).
+  absl::StatusOr<uint64_t> FinishRegister(const std::shared_ptr<Session>& s,
+                                          absl::StatusOr<UniqueFd> fd, uint64_t size_bytes,
+                                          const std::string& name);
+  void ReleaseNode(uint64_t bytes, uint64_t mappings);
+
   const NodeConfig config_;
-  const uint64_t max_node_bytes_;
+  const NodeLimits limits_;
   Engine* const engine_;
+  Executor* const control_;
 
   std::atomic<uint64_t> version_{0};
   std::atomic<uint64_t> retired_completed_{0};
@@ -124,7 +178,9 @@ class SessionManager : public SessionDirectory {
   mutable absl::Mutex mu_;
   uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint32_t next_group_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t node_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t node_bytes_ ABSL_GUARDED_BY(mu_) = 0;     // incl. registrations in progress
+  uint64_t node_mappings_ ABSL_GUARDED_BY(mu_) = 0;  // buffers and channels
+  uint64_t node_group_members_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,8 @@
 #include "daemon/session/shm_channel.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -35,18 +37,33 @@ SharedRegion::~SharedRegion() {
   if (data_ != nullptr) ::munmap(data_, bytes_);
 }
 
-absl::StatusOr<std::unique_ptr<NodePage>> NodePage::Create() {
-  auto page = std::make_unique<NodePage>();
-  ASSIGN_OR_RETURN(page->region_, SharedRegion::Create("hsdp:node-page", 4096));
-  page->page_ = new (page->region_->data()) shm::NodePage();
-  page->page_->magic = shm::kNodePageMagic;
-  page->page_->version = shm::kLayoutVersion;
-  page->page_->page_bytes = sizeof(shm::NodePage);
-  return page;
+absl::StatusOr<std::unique_ptr<WakeFd>> WakeFd::Create() {
+  auto w = std::make_unique<WakeFd>();
+  w->fd_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!w->fd_.valid()) return ErrnoStatus(errno, "eventfd", __FILE__, __LINE__);
+  return w;
+}
+
+void WakeFd::Wake() const {
+  const uint64_t one = 1;
+  ssize_t ignored = ::write(fd_.get(), &one, sizeof(one));  // EAGAIN: already pending
+  (void)ignored;
+}
+
+void WakeFd::Wait(int64_t timeout_ns) const {
+  struct pollfd pfd{fd_.get(), POLLIN, 0};
+  int timeout_ms = -1;
+  if (timeout_ns >= 0) timeout_ms = static_cast<int>((timeout_ns + 999'999) / 1'000'000);
+  if (::poll(&pfd, 1, timeout_ms) > 0) {
+    uint64_t v;
+    ssize_t ignored = ::read(fd_.get(), &v, sizeof(v));
+    (void)ignored;
+  }
 }
 
 absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Create(uint64_t session_id,
-                                                               uint32_t ring_entries) {
+                                                               uint32_t ring_entries,
+                                                               uint64_t features) {
   if (ring_entries == 0 || (ring_entries & (ring_entries - 1)) != 0) {
     return absl::InvalidArgumentError("ring_entries must be a power of two");
   }
@@ -66,7 +83,9 @@ absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Create(uint64_t session_
   h->ring_offset = layout.ring_offset;
   h->completion_offset = layout.completion_offset;
   h->total_bytes = layout.total_bytes;
+  h->features = features;
   h->state.store(shm::kChannelOpen);
+  h->daemon_sleeping.store(1);  // until the dispatcher first looks at this ring
   ch->header_ = h;
   ch->ring_ = reinterpret_cast<shm::OpDescriptor*>(base + layout.ring_offset);
   ch->completions_ = reinterpret_cast<shm::Completion*>(base + layout.completion_offset);
@@ -101,6 +120,10 @@ void ShmChannel::Complete(uint64_t op_id, const absl::Status& status, uint64_t q
   c.exec_ns = exec_ns;
   c.op_id.store(op_id, std::memory_order_release);
   shm::RingDoorbell(&header_->client_bell);
+}
+
+void ShmChannel::SetDaemonSleeping(bool sleeping) {
+  header_->daemon_sleeping.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
 }
 
 void ShmChannel::Close() {

@@ -33,15 +33,22 @@ class SharedRegion {
   uint64_t bytes_ = 0;
 };
 
-class NodePage {
+// The dispatcher's wake-up: a non-blocking eventfd. Every session's client
+// holds a write-only use of it (it can only make the daemon look at the
+// rings: a flood costs the daemon a wake-up, never a lost one, because the
+// eventfd stays readable while its counter is non-zero).
+class WakeFd {
  public:
-  static absl::StatusOr<std::unique_ptr<NodePage>> Create();
-  shm::Doorbell* daemon_bell() { return &page_->daemon_bell; }
-  const SharedRegion& region() const { return *region_; }
+  static absl::StatusOr<std::unique_ptr<WakeFd>> Create();
+  int fd() const { return fd_.get(); }
+  // Wakes the waiter. Thread-safe, never blocks.
+  void Wake() const;
+  // Sleeps until woken or `timeout_ns` passes (< 0: no timeout), then
+  // clears pending wake-ups.
+  void Wait(int64_t timeout_ns) const;
 
  private:
-  std::unique_ptr<SharedRegion> region_;
-  shm::NodePage* page_ = nullptr;
+  UniqueFd fd_;
 };
 
 // Thread-safety: Pop/HasWork from one consumer thread only (the
@@ -49,7 +56,8 @@ class NodePage {
 class ShmChannel {
  public:
   static absl::StatusOr<std::unique_ptr<ShmChannel>> Create(uint64_t session_id,
-                                                            uint32_t ring_entries);
+                                                            uint32_t ring_entries,
+                                                            uint64_t features = shm::kFeaturesRequired);
 
   enum class PopResult { kEmpty, kOk, kCorrupt };
   // Copies the next descriptor out of the ring (so later client writes can't
@@ -64,6 +72,10 @@ class ShmChannel {
 
   // Tells the client the session is over (its waits fail fast).
   void Close();
+
+  // Publishes whether the dispatcher may sleep (the client then kicks the
+  // WakeFd after a push). Written, never read back.
+  void SetDaemonSleeping(bool sleeping);
 
   const SharedRegion& region() const { return *region_; }
   uint32_t ring_entries() const { return entries_; }

@@ -11,7 +11,7 @@ from hsdp.client import Client, Work, default_socket_path  # noqa: F401
 from hsdp.errors import *  # noqa: F401,F403
 from hsdp.errors import __all__ as _error_names
 
-__version__ = "0.1.0"
+__version__ = _hsdp.__version__  # one definition: project(VERSION) in CMakeLists.txt
 
 
 def default_pre_divide_factor(world_size):

@@ -19,6 +19,7 @@
 #include "errors.h"
 #include "hsdp/client.h"
 #include "hsdp/common/socket_path.h"
+#include "hsdp/common/version.h"
 #include "hsdp/types.h"
 #include "hsdp/work.h"
 #include "py_buffer.h"
@@ -60,24 +61,13 @@ ReduceOptions MakeReduceOptions(const std::string& op, double premul, double pre
     ThrowStatus(absl::InvalidArgumentError(
         absl::StrCat("op: unknown reduce op '", op, "'; expected one of ", kReduceOpNames)));
   }
-  auto check_factor = [](const char* field, double v) {
-    if (!std::isfinite(v) || v == 0.0) {
-      ThrowStatus(absl::InvalidArgumentError(
-          absl::StrCat(field, ": must be a finite non-zero number, got ", v)));
-    }
-  };
-  check_factor("premul", premul);
-  check_factor("pre_divide", pre_divide);
-  check_factor("post_divide", post_divide);
+  // The factors are checked, with the buffer dtype, by the client library's
+  // Submit (hsdp/shm/op_rules.h: the daemon's rules, defined once).
   r.premul_factor = premul;
   r.pre_divide = pre_divide;
   r.post_divide = post_divide;
   if (rdtype.has_value()) {
     r.reduce_dtype = ParseDtypeOrThrow(*rdtype, "reduce_dtype");
-    if (!IsFloatingPoint(r.reduce_dtype)) {
-      ThrowStatus(absl::InvalidArgumentError(
-          absl::StrCat("reduce_dtype: must be a floating-point type, got '", *rdtype, "'")));
-    }
   }
   return r;
 }
@@ -187,6 +177,15 @@ class PyClient {
     return ValueOrThrow(std::move(g));
   }
 
+  Group RejoinGroup(const Group& group) {
+    absl::StatusOr<Group> g;
+    {
+      py::gil_scoped_release release;
+      g = client_->RejoinGroup(group);
+    }
+    return ValueOrThrow(std::move(g));
+  }
+
   // Runs a submission with the GIL released and wraps the Work.
   template <typename F>
   PyWork Submit(F&& submit) {
@@ -219,6 +218,7 @@ void BindClient(py::module_& m) {
       .def_readonly("rank", &Group::rank)
       .def_readonly("size", &Group::size)
       .def_readonly("ranks", &Group::ranks)
+      .def_readonly("epoch", &Group::epoch)
       .def("__repr__", [](const Group& g) {
         return absl::StrCat("<hsdp Group id=", g.id, " rank=", g.rank, " size=", g.size, ">");
       });
@@ -248,6 +248,8 @@ else the default socket path.)doc")
       .def("alloc", &PyClient::Alloc, py::arg("nbytes"), py::arg("name") = "",
            "Allocates and registers `nbytes` of zero-filled shared memory.")
       .def("free", &PyClient::Free, py::arg("buffer"))
+      .def("rejoin_group", &PyClient::RejoinGroup, py::arg("group"),
+           "Joins `group` again after its epoch failed; returns it in the next epoch.")
       .def("new_group", &PyClient::NewGroup, py::arg("ranks"),
            "Creates or joins the group of these global ranks (every member passes the same "
            "list; the k-th call with a list names the same group).")
@@ -341,6 +343,7 @@ void InitModule(py::module_& m) {
   RegisterErrors(m);
   BindBuffer(m);
   BindClient(m);
+  m.attr("__version__") = kHsdpVersion;
   m.def("default_socket_path", &ClientDefaultSocketPath,
         "The socket a client uses with no explicit path: $HSDPD_SOCKET, else the first "
         "existing default socket, else the daemon's default path.");

@@ -30,7 +30,6 @@ class RawSession {
  public:
   ~RawSession() {
     if (channel_ != nullptr) ::munmap(channel_, channel_bytes_);
-    if (node_ != nullptr) ::munmap(node_, node_bytes_);
     for (auto& [p, n] : maps_) ::munmap(p, n);
   }
 
@@ -46,6 +45,7 @@ class RawSession {
     req.set_device("cpu");
     req.set_pid(::getpid());
     req.set_protocol_version(shm::kLayoutVersion);
+    req.set_features(shm::kFeaturesImplemented);
     v1::AttachResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -71,10 +71,9 @@ class RawSession {
       return absl::UnknownError("hello refused: " + std::string(reply.message, reply.message_len));
     }
     channel_bytes_ = reply.channel_bytes;
-    node_bytes_ = reply.node_page_bytes;
     channel_ = ::mmap(nullptr, channel_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0].get(), 0);
-    node_ = ::mmap(nullptr, node_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1].get(), 0);
-    if (channel_ == MAP_FAILED || node_ == MAP_FAILED) return absl::InternalError("mmap");
+    if (channel_ == MAP_FAILED) return absl::InternalError("mmap");
+    wake_ = std::move(fds[1]);
     entries_ = header()->ring_entries;
     ring_offset_ = header()->ring_offset;
     completion_offset_ = header()->completion_offset;
@@ -132,7 +131,15 @@ class RawSession {
     h->head.store(head + 1, std::memory_order_release);
     Bell();
   }
-  void Bell() { shm::RingDoorbell(&static_cast<shm::NodePage*>(node_)->daemon_bell); }
+  // Wakes the daemon the way the client library does (only when it sleeps).
+  void Bell() {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (header()->daemon_sleeping.load() != 0) {
+      const uint64_t one = 1;
+      ssize_t ignored = ::write(wake_.get(), &one, sizeof(one));
+      (void)ignored;
+    }
+  }
 
   // The completion of `op_id`, waiting up to `timeout_ms`.
   std::optional<absl::Status> Completion(uint64_t op_id, int timeout_ms) {
@@ -144,7 +151,7 @@ class RawSession {
     }
     const auto code = static_cast<absl::StatusCode>(c.code);
     if (code == absl::StatusCode::kOk) return absl::OkStatus();
-    return absl::Status(code, std::string(c.message, std::min<uint32_t>(c.message_len, 224)));
+    return absl::Status(code, std::string(c.message, std::min<uint32_t>(c.message_len, sizeof(c.message))));
   }
 
   shm::ChannelHeader* header() { return static_cast<shm::ChannelHeader*>(channel_); }
@@ -164,8 +171,7 @@ class RawSession {
   UniqueFd conn_;
   void* channel_ = nullptr;
   uint64_t channel_bytes_ = 0;
-  void* node_ = nullptr;
-  uint64_t node_bytes_ = 0;
+  UniqueFd wake_;
   uint32_t entries_ = 0;
   uint64_t ring_offset_ = 0, completion_offset_ = 0;
   uint64_t next_tag_ = 1;

@@ -36,6 +36,7 @@ shm::OpDescriptor AllReduce(uint64_t op_id, uint64_t seq, uint32_t group, uint64
   d.recv = {buf, 2048};
   d.premul_factor = d.pre_divide = d.post_divide = 1.0;
   d.group_id = group;
+  d.epoch = 1;
   return d;
 }
 
@@ -61,7 +62,9 @@ TEST(RingTest, BadDescriptorsFailAloneNamingTheField) {
       {"send.offset_bytes", [&](auto* x) { x->send.offset_bytes = 4093; }},
       {"recv.offset_bytes", [&](auto* x) { x->recv.offset_bytes = ~uint64_t{0} - 2; }},
       {"recv.offset_bytes", [&](auto* x) { x->count = 513; }},
-      {"count", [&](auto* x) { x->count = 0; }},
+      {"count", [&](auto* x) { x->count = (uint64_t{1} << 40) + 1; }},
+      {"reserved1", [&](auto* x) { x->reserved1[3] = 1; }},
+      {"flags", [&](auto* x) { x->flags = 0x80; }},
       {"count", [&](auto* x) { x->count = ~uint64_t{0} / 4; }},
       {"dtype", [&](auto* x) { x->dtype = 77; }},
       {"reduce_op", [&](auto* x) { x->reduce_op = 99; }},

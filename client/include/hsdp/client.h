@@ -56,12 +56,15 @@ struct BufferRef {
 };
 
 // A communication group: `ranks` are global ranks; this process is `rank`
-// (index into ranks) of `size`.
+// (index into ranks) of `size`. Operations run in `epoch`: when a member is
+// lost, the group's epoch ends (its operations fail with ABORTED) and the
+// survivors call RejoinGroup to get the next one once the lost rank is back.
 struct Group {
   uint32_t id = 0;
   int rank = 0;
   int size = 0;
   std::vector<int> ranks;
+  uint32_t epoch = 1;
 };
 
 class Client {
@@ -91,8 +94,14 @@ class Client {
   // Creates (or joins) a group. Every member calls it with the same ranks;
   // the k-th call with a given list names the same group for all members.
   absl::StatusOr<Group> NewGroup(const std::vector<int>& ranks);
+  // Joins `group` again after its epoch failed (a member was lost) and
+  // returns it with the epoch to use next; operations submitted in that epoch
+  // start once every member has joined it (a restarted rank joins by calling
+  // NewGroup with the same ranks as before).
+  absl::StatusOr<Group> RejoinGroup(const Group& group);
 
-  // Collectives. `count` is in elements of `dtype` (see shm/layout.h):
+  // Collectives. `count` is in elements of `dtype` (see shm/layout.h); 0 is
+  // allowed (the members still match, nothing moves, buffers are not read):
   //   AllReduce / Broadcast: count per rank;  AllGather: count each rank sends;
   //   ReduceScatter: count each rank receives.
   // In place: AllReduce / Broadcast with send == recv; AllGather with send at

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
+#include "daemon/engine/cpu/reduce_kernels.h"
+
 #include "hsdp/shm/doorbell.h"
 
 namespace hsdp {
@@ -58,16 +61,17 @@ void ForEach(size_t n, cpu::ThreadPool* pool, const std::function<void(size_t)>&
 
 }  // namespace
 
-uint64_t EngineTask::BytesPerRank() const {
-  uint64_t b = count * DataTypeSize(spec.dtype);
-  if (collective == Collective::kAllGather || collective == Collective::kReduceScatter) {
-    b *= send.size();
-  }
-  return b;
-}
+constexpr size_t kMaxRememberedTickets = 4096;
 
 void CpuEngine::Run(const EngineTask& t, cpu::ThreadPool* pool) {
-  const int n = static_cast<int>(t.send.size());
+  const int n = static_cast<int>(t.members.size());
+  if (t.count == 0) return;  // matched; nothing moves
+  std::vector<const void*> send(n);
+  std::vector<void*> recv(n);
+  for (int r = 0; r < n; ++r) {
+    send[r] = t.members[r].send.data;
+    recv[r] = t.members[r].recv.data;
+  }
   const size_t es = DataTypeSize(t.spec.dtype);
   switch (t.collective) {
     case Collective::kAllReduce: {
@@ -87,8 +91,8 @@ void CpuEngine::Run(const EngineTask& t, cpu::ThreadPool* pool) {
           outs = out_big.data();
         }
         for (int r = 0; r < n; ++r) {
-          ins[r] = static_cast<const char*>(t.send[r]) + off;
-          outs[r] = static_cast<char*>(t.recv[r]) + off;
+          ins[r] = static_cast<const char*>(send[r]) + off;
+          outs[r] = static_cast<char*>(recv[r]) + off;
         }
         cpu::Reduce(t.spec, ins, n, outs, n, ranges[i].len);
       });
@@ -102,8 +106,8 @@ void CpuEngine::Run(const EngineTask& t, cpu::ThreadPool* pool) {
         const Range& range = ranges[i % per_rank];
         const uint64_t in_off = (uint64_t(r) * t.count + range.begin) * es;
         std::vector<const void*> ins(n);
-        for (int j = 0; j < n; ++j) ins[j] = static_cast<const char*>(t.send[j]) + in_off;
-        void* out = static_cast<char*>(t.recv[r]) + range.begin * es;
+        for (int j = 0; j < n; ++j) ins[j] = static_cast<const char*>(send[j]) + in_off;
+        void* out = static_cast<char*>(recv[r]) + range.begin * es;
         cpu::Reduce(t.spec, ins.data(), n, &out, 1, range.len);
       });
       break;
@@ -113,8 +117,8 @@ void CpuEngine::Run(const EngineTask& t, cpu::ThreadPool* pool) {
       std::vector<Copy> copies;
       for (int r = 0; r < n; ++r) {
         for (int j = 0; j < n; ++j) {
-          copies.push_back({static_cast<char*>(t.recv[r]) + uint64_t(j) * bytes,
-                            static_cast<const char*>(t.send[j]), bytes});
+          copies.push_back({static_cast<char*>(recv[r]) + uint64_t(j) * bytes,
+                            static_cast<const char*>(send[j]), bytes});
         }
       }
       RunCopies(copies, pool);
@@ -123,8 +127,8 @@ void CpuEngine::Run(const EngineTask& t, cpu::ThreadPool* pool) {
     case Collective::kBroadcast: {
       std::vector<Copy> copies;
       for (int r = 0; r < n; ++r) {
-        copies.push_back({static_cast<char*>(t.recv[r]),
-                          static_cast<const char*>(t.send[t.root]), t.count * es});
+        copies.push_back({static_cast<char*>(recv[r]),
+                          static_cast<const char*>(send[t.root]), t.count * es});
       }
       RunCopies(copies, pool);
       break;
@@ -141,23 +145,78 @@ CpuEngine::CpuEngine(int threads, uint64_t inline_max_bytes)
 
 CpuEngine::~CpuEngine() { Shutdown(); }
 
-void CpuEngine::Submit(EngineTask task, DoneCallback done) {
+uint64_t CpuEngine::Launch(EngineTask task, EngineCallbacks cb) {
+  uint64_t ticket;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ticket = next_ticket_++;
+  }
+  if (!task.AllLocal() || !task.AllHost()) {
+    cb.launched(ticket);
+    cb.completed(absl::UnimplementedError(
+                     !task.AllLocal()
+                         ? "the cpu engine runs groups whose members are all on this node"
+                         : "the cpu engine runs on host memory only"),
+                 0);
+    return ticket;
+  }
   if (task.BytesPerRank() <= inline_max_bytes_) {
-    const int64_t start = shm::NowNanos();
-    Run(task, nullptr);
-    done(absl::OkStatus(), static_cast<uint64_t>(shm::NowNanos() - start));
-    return;
+    Execute(ticket, task, cb, nullptr);
+    return ticket;
   }
   {
     std::lock_guard<std::mutex> l(mu_);
     if (!stopping_) {
-      queue_.push(Queued{task.priority, next_order_++, std::make_shared<EngineTask>(std::move(task)),
-                         std::make_shared<DoneCallback>(std::move(done))});
+      queue_.push(Queued{task.priority, ticket, std::make_shared<EngineTask>(std::move(task)),
+                         std::make_shared<EngineCallbacks>(std::move(cb))});
       cv_.notify_one();
-      return;
+      return ticket;
     }
   }
-  done(absl::UnavailableError("hsdpd is shutting down"), 0);
+  cb.launched(ticket);
+  cb.completed(absl::UnavailableError("hsdpd is shutting down"), 0);
+  return ticket;
+}
+
+absl::Status CpuEngine::Precondition(const EngineTask& task, uint64_t ticket) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (auto it = aborted_.find(ticket); it != aborted_.end()) {
+    absl::Status s = it->second;
+    aborted_.erase(it);
+    return s;
+  }
+  for (uint64_t dep : task.depends_on) {
+    if (auto it = failed_.find(dep); it != failed_.end()) {
+      return absl::Status(it->second.code(),
+                          absl::StrCat("an operation this one depends on failed: ",
+                                       it->second.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CpuEngine::Execute(uint64_t ticket, const EngineTask& task, const EngineCallbacks& cb,
+                        cpu::ThreadPool* pool) {
+  absl::Status status = Precondition(task, ticket);
+  const int64_t start = shm::NowNanos();
+  if (status.ok()) Run(task, pool);
+  const uint64_t exec_ns = static_cast<uint64_t>(shm::NowNanos() - start);
+  if (!status.ok()) {
+    std::lock_guard<std::mutex> l(mu_);
+    failed_[ticket] = status;  // before `launched`: a dependent may launch from it
+    while (failed_.size() > kMaxRememberedTickets) failed_.erase(failed_.begin());
+  }
+  cb.launched(ticket);
+  cb.completed(std::move(status), exec_ns);
+}
+
+void CpuEngine::Abort(uint64_t ticket, const absl::Status& why) {
+  // A running CPU task cannot be interrupted (it only touches memory this
+  // process keeps mapped); a queued one is failed when the executor takes it.
+  std::lock_guard<std::mutex> l(mu_);
+  if (ticket == 0 || ticket >= next_ticket_) return;
+  aborted_[ticket] = why;
+  while (aborted_.size() > kMaxRememberedTickets) aborted_.erase(aborted_.begin());
 }
 
 void CpuEngine::ExecutorLoop() {
@@ -170,9 +229,7 @@ void CpuEngine::ExecutorLoop() {
       q = queue_.top();
       queue_.pop();
     }
-    const int64_t start = shm::NowNanos();
-    Run(*q.task, &pool_);
-    (*q.done)(absl::OkStatus(), static_cast<uint64_t>(shm::NowNanos() - start));
+    Execute(q.order, *q.task, *q.callbacks, &pool_);
   }
 }
 

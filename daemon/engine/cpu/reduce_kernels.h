@@ -8,19 +8,13 @@
 
 #include <cstddef>
 
+#include "daemon/engine/reduce_spec.h"
 #include "hsdp/types.h"
 
 namespace hsdp::cpu {
 
 // Fully validated parameters (the caller checked every combination).
-struct ReduceSpec {
-  DataType dtype = DataType::kFloat32;  // of inputs and outputs
-  ReduceOp op = ReduceOp::kSum;
-  DataType wire_dtype = DataType::kInvalid;  // kInvalid = dtype; else a float type
-  double premul_factor = 1.0;                // kPremulSum only
-  double pre_divide = 1.0;                   // > 0
-  double post_divide = 1.0;                  // > 0; kAvg multiplies this by n_inputs
-};
+using ReduceSpec = ::hsdp::ReduceSpec;  // daemon/engine/reduce_spec.h
 
 // For every i in [0, count):
 //   x_r = inputs[r][i] converted to the compute type C, then

@@ -27,12 +27,13 @@ struct DataHello {
 static_assert(sizeof(DataHello) == 40);
 
 // daemon -> client, reply to DataHello. On success (code 0) it carries two
-// fds: the session channel and the node page.
+// fds: the session channel (a sealed memfd of `channel_bytes`) and the
+// daemon's wake eventfd (write 8 bytes to wake a sleeping dispatcher).
 struct DataHelloReply {
   int32_t code;  // absl::StatusCode
   uint32_t message_len;
   uint64_t channel_bytes;
-  uint64_t node_page_bytes;
+  uint64_t reserved;  // 0
   char message[232];
 };
 static_assert(sizeof(DataHelloReply) == 256);

@@ -3,13 +3,21 @@
 // One channel per session: a memfd created by the daemon and mapped by both
 // sides. It holds a versioned header, a single-producer (client) /
 // single-consumer (daemon) ring of fixed-size operation descriptors, and one
-// completion record per ring slot. A second, node-wide page holds the daemon's
-// doorbell, which every client rings after pushing a descriptor.
+// completion record per ring slot. Nothing in a channel is shared with any
+// other session: a client that scribbles over its channel can only hurt its
+// own session. The client wakes a sleeping daemon by writing to the kick
+// eventfd it received with the channel (see data_conn.h), only when the
+// daemon has published `daemon_sleeping` in this channel.
 //
 // Every struct is standard-layout and fixed-size; its size is recorded in the
 // header and checked by both sides, so a daemon and trainers built at different
 // times refuse each other with a clear message instead of misreading memory.
 // Everything the daemon reads from here is untrusted input.
+//
+// Evolving the ABI: reserved fields and unknown flag bits must be zero (the
+// daemon rejects the operation otherwise), so a later version can give them
+// meaning behind a feature bit negotiated at Attach (Feature below) without
+// bumping kLayoutVersion.
 #ifndef HSDP_SHM_LAYOUT_H_
 #define HSDP_SHM_LAYOUT_H_
 
@@ -22,9 +30,22 @@
 
 namespace hsdp::shm {
 
-inline constexpr uint64_t kChannelMagic = 0x314E484350445348ull;  // "HSDPCHN1"
-inline constexpr uint64_t kNodePageMagic = 0x31474150505344ull;   // "DSPPAG1"
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint64_t kChannelMagic = 0x324E484350445348ull;  // "HSDPCHN2"
+// Version 2: per-session wake-up (no node page), epochs, feature bits,
+// 192-byte descriptors with checked reserved fields.
+inline constexpr uint32_t kLayoutVersion = 2;
+
+// Capabilities negotiated at Attach: the client offers its set, the daemon
+// answers with the intersection; a descriptor may only use what was agreed.
+enum Feature : uint64_t {
+  kFeatureEpochs = 1ull << 0,        // descriptors carry group epochs (baseline of v2)
+  kFeatureDeviceMemory = 1ull << 1,  // device buffers and device events (GPU engine)
+  kFeaturePointToPoint = 1ull << 2,  // peer / tag / splits fields (send, recv, all-to-all)
+};
+// Features this build implements (client and daemon).
+inline constexpr uint64_t kFeaturesImplemented = kFeatureEpochs;
+// Features a peer must offer to be accepted at all.
+inline constexpr uint64_t kFeaturesRequired = kFeatureEpochs;
 
 // A futex-backed event count. `seq` changes on every Ring(); `waiters` counts
 // sleepers so that Ring() skips the syscall when nobody sleeps.
@@ -45,18 +66,25 @@ struct BufRef {
 
 enum DescriptorFlags : uint32_t {
   kFlagNone = 0,
+  // Wait for device event `event_id` before starting (needs kFeatureDeviceMemory).
+  kFlagWaitEvent = 1u << 0,
 };
+inline constexpr uint32_t kKnownFlags = kFlagWaitEvent;
 
-// One queued collective. `count` is in elements of `dtype`:
+// One queued collective. `count` is in elements of `dtype` (0 is allowed: the
+// members still match and agree, nothing moves):
 //   all-reduce, broadcast: elements per rank (send and recv have `count`);
 //   all-gather: elements each rank contributes (recv has count * group size);
 //   reduce-scatter: elements each rank receives (send has count * group size);
 //   reduce-scatter+all-reduce: as reduce-scatter in the shard group `group_id`,
 //   then all-reduce in the replicate group `group2_id` (sequence `seq2`).
 // In-place when send and recv name the same range. barrier ignores buffers.
+// (epoch, seq) identify the operation in its group: sequence numbers restart
+// at 1 in every epoch (a group enters a new epoch when it is re-formed after
+// a failure; NewGroup tells the member which epoch to use).
 struct OpDescriptor {
   uint64_t op_id;  // session-wide, 1, 2, 3, ... in ring order
-  uint64_t seq;    // per-group sequence number, 1, 2, 3, ...
+  uint64_t seq;    // per-group, per-epoch sequence number, 1, 2, 3, ...
   uint64_t seq2;   // sequence number in group2 (composite ops only)
   uint64_t count;
   BufRef send;
@@ -66,16 +94,23 @@ struct OpDescriptor {
   double post_divide;
   uint32_t group_id;
   uint32_t group2_id;
-  int32_t root;  // broadcast: rank in the group
+  int32_t root;          // broadcast: rank in the group
   uint8_t collective;    // hsdp::Collective
   uint8_t dtype;         // hsdp::DataType
   uint8_t reduce_op;     // hsdp::ReduceOp
   uint8_t reduce_dtype;  // hsdp::DataType, 0 = same as dtype
-  uint32_t flags;
-  uint32_t reserved0;
-  uint64_t reserved1[2];
+  uint32_t flags;        // DescriptorFlags; unknown bits are rejected
+  uint32_t epoch;        // epoch of group_id
+  uint32_t epoch2;       // epoch of group2_id (composite ops only)
+  // kFeaturePointToPoint (not implemented yet: must be 0).
+  int32_t peer;          // send: destination, recv: source group rank
+  int32_t tag;
+  uint32_t reserved0;    // must be 0
+  uint64_t event_id;     // kFlagWaitEvent: device event to wait on; else 0
+  BufRef splits;         // all-to-all split sizes; else {0, 0}
+  uint64_t reserved1[5];  // must be 0
 };
-static_assert(sizeof(OpDescriptor) == 128);
+static_assert(sizeof(OpDescriptor) == 192);
 static_assert(std::is_trivially_copyable_v<OpDescriptor>);
 
 // Written by the daemon when op `op_id` ends. `op_id` is stored last with
@@ -86,7 +121,8 @@ struct alignas(64) Completion {
   uint32_t message_len;  // bytes of message used
   uint64_t queued_ns;    // time from the first member's arrival to start
   uint64_t exec_ns;      // time the daemon spent executing
-  char message[224];
+  uint64_t event_id;     // device completion event (kFeatureDeviceMemory); else 0
+  char message[216];
 };
 static_assert(sizeof(Completion) == 256);
 
@@ -128,21 +164,17 @@ struct alignas(64) ChannelHeader {
   uint64_t ring_offset;
   uint64_t completion_offset;
   uint64_t total_bytes;
+  uint64_t features;  // negotiated at Attach (Feature bits)
   // Producer index: written by the client only.
   alignas(64) std::atomic<uint64_t> head;
-  // Consumer index: written by the daemon only.
+  // Consumer index: written by the daemon only (the daemon never reads it back).
   alignas(64) std::atomic<uint64_t> tail;
   // The daemon rings this after writing completions.
   Doorbell client_bell;
   alignas(64) std::atomic<uint32_t> state;  // ChannelState
-};
-
-struct alignas(64) NodePage {
-  uint64_t magic;
-  uint32_t version;
-  uint32_t page_bytes;
-  // Clients ring this after advancing `head` of their ring.
-  alignas(64) Doorbell daemon_bell;
+  // 1 while the daemon's dispatcher may sleep: a client that advanced `head`
+  // must then write to its kick eventfd. Written by the daemon only.
+  alignas(64) std::atomic<uint32_t> daemon_sleeping;
 };
 
 // Byte layout of a channel with `ring_entries` slots.

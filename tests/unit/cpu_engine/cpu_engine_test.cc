@@ -12,11 +12,38 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "daemon/engine/cpu/reduce_kernels.h"
 #include "daemon/engine/cpu/thread_pool.h"
 #include "gtest/gtest.h"
 
 namespace hsdp {
 namespace {
+
+// A local host member reading `send` and writing `recv`.
+void AddRank(EngineTask* t, const void* send, void* recv) {
+  EngineMember m;
+  m.global_rank = static_cast<int>(t->members.size());
+  m.send.data = const_cast<void*>(send);
+  m.recv.data = recv;
+  t->members.push_back(m);
+}
+
+// Launches with `done` as the completion (the launched step is checked to
+// come first, exactly once).
+template <typename Done>
+void Submit(CpuEngine* engine, EngineTask task, Done done) {
+  auto launched = std::make_shared<int>(0);
+  EngineCallbacks cb;
+  cb.launched = [launched](uint64_t ticket) {
+    EXPECT_GT(ticket, 0u);
+    ++*launched;
+  };
+  cb.completed = [launched, done](absl::Status s, uint64_t ns) mutable {
+    EXPECT_EQ(*launched, 1) << "launched must precede completed, once";
+    done(std::move(s), ns);
+  };
+  engine->Launch(std::move(task), std::move(cb));
+}
 
 using bench::LoadAs;
 using bench::StoreAs;
@@ -45,7 +72,7 @@ double Tolerance(DataType t, double expect) {
 }
 
 // A reduce dtype rounds the result too.
-double Tol(const cpu::ReduceSpec& s, double expect) {
+double Tol(const ReduceSpec& s, double expect) {
   double tol = Tolerance(s.dtype, expect);
   if (s.wire_dtype != DataType::kInvalid) tol = std::max(tol, Tolerance(s.wire_dtype, expect));
   return tol;
@@ -61,7 +88,7 @@ double WrapInt(DataType t, int64_t v) {
 }
 
 // The reduced value of element i across n ranks (reference semantics).
-double Reference(const cpu::ReduceSpec& s, int n, uint64_t i) {
+double Reference(const ReduceSpec& s, int n, uint64_t i) {
   const DataType t = s.dtype;
   if (!IsFloatingPoint(t)) {
     int64_t acc = int64_t(Input(t, 0, i));
@@ -118,7 +145,7 @@ class CpuEngineCollectiveTest : public ::testing::TestWithParam<int> {
   }
 
   // All-reduce of `count` elements; `in_place` uses send == recv.
-  void CheckAllReduce(const cpu::ReduceSpec& spec, uint64_t count, bool in_place) {
+  void CheckAllReduce(const ReduceSpec& spec, uint64_t count, bool in_place) {
     const DataType t = spec.dtype;
     const size_t es = DataTypeSize(t);
     Buffers b(n(), count * es, count * es);
@@ -129,15 +156,15 @@ class CpuEngineCollectiveTest : public ::testing::TestWithParam<int> {
     for (int r = 0; r < n(); ++r) {
       void* in = b.send[r].data();
       for (uint64_t i = 0; i < count; ++i) StoreAs(t, in, i, Input(t, r, i));
-      task.send.push_back(in);
-      task.recv.push_back(in_place ? in : b.recv[r].data());
+      AddRank(&task, in,
+              in_place ? in : b.recv[r].data());
     }
     Run(task, count);
     int wrong = 0;
     for (int r = 0; r < n(); ++r) {
       for (uint64_t i = 0; i < count && wrong < 5; ++i) {
         const double want = Reference(spec, n(), i);
-        const double got = LoadAs(t, task.recv[r], i);
+        const double got = LoadAs(t, task.members[r].recv.data, i);
         if (!(std::fabs(got - want) <= Tol(spec, want))) {
           ++wrong;
           ADD_FAILURE() << "all-reduce " << DataTypeName(t) << " " << ReduceOpName(spec.op)
@@ -149,12 +176,12 @@ class CpuEngineCollectiveTest : public ::testing::TestWithParam<int> {
       if (!in_place) {
         const uint64_t p = count * es;
         const unsigned char kFill[4] = {0xef, 0xbe, 0xad, 0xde};
-        EXPECT_EQ(static_cast<unsigned char*>(task.recv[r])[p], kFill[p % 4]) << "overrun";
+        EXPECT_EQ(static_cast<unsigned char*>(task.members[r].recv.data)[p], kFill[p % 4]) << "overrun";
       }
     }
   }
 
-  void CheckReduceScatter(const cpu::ReduceSpec& spec, uint64_t count, bool in_place) {
+  void CheckReduceScatter(const ReduceSpec& spec, uint64_t count, bool in_place) {
     const DataType t = spec.dtype;
     const size_t es = DataTypeSize(t);
     const uint64_t total = count * n();
@@ -166,8 +193,8 @@ class CpuEngineCollectiveTest : public ::testing::TestWithParam<int> {
     for (int r = 0; r < n(); ++r) {
       void* in = b.send[r].data();
       for (uint64_t i = 0; i < total; ++i) StoreAs(t, in, i, Input(t, r, i));
-      task.send.push_back(in);
-      task.recv.push_back(in_place ? static_cast<void*>(static_cast<char*>(in) + r * count * es)
+      AddRank(&task, in,
+              in_place ? static_cast<void*>(static_cast<char*>(in) + r * count * es)
                                     : static_cast<void*>(b.recv[r].data()));
     }
     Run(task, total);
@@ -175,7 +202,7 @@ class CpuEngineCollectiveTest : public ::testing::TestWithParam<int> {
     for (int r = 0; r < n(); ++r) {
       for (uint64_t i = 0; i < count && wrong < 5; ++i) {
         const double want = Reference(spec, n(), uint64_t(r) * count + i);
-        const double got = LoadAs(t, task.recv[r], i);
+        const double got = LoadAs(t, task.members[r].recv.data, i);
         if (!(std::fabs(got - want) <= Tol(spec, want))) {
           ++wrong;
           ADD_FAILURE() << "reduce-scatter " << DataTypeName(t) << " " << ReduceOpName(spec.op)
@@ -198,14 +225,14 @@ class CpuEngineCollectiveTest : public ::testing::TestWithParam<int> {
       void* in = in_place ? static_cast<void*>(static_cast<char*>(out) + r * count * es)
                          : static_cast<void*>(b.send[r].data());
       for (uint64_t i = 0; i < count; ++i) StoreAs(t, in, i, Input(t, r, i));
-      task.send.push_back(in);
-      task.recv.push_back(out);
+      AddRank(&task, in,
+              out);
     }
     Run(task, count * n());
     for (int r = 0; r < n(); ++r) {
       for (int j = 0; j < n(); ++j) {
         for (uint64_t i = 0; i < count; ++i) {
-          ASSERT_EQ(LoadAs(t, task.recv[r], j * count + i), Input(t, j, i))
+          ASSERT_EQ(LoadAs(t, task.members[r].recv.data, j * count + i), Input(t, j, i))
               << "all-gather " << DataTypeName(t) << " n=" << n() << " count=" << count
               << " rank " << r << " slice " << j << " [" << i << "]";
         }
@@ -224,13 +251,13 @@ class CpuEngineCollectiveTest : public ::testing::TestWithParam<int> {
     for (int r = 0; r < n(); ++r) {
       void* in = b.send[r].data();
       for (uint64_t i = 0; i < count; ++i) StoreAs(t, in, i, Input(t, r, i));
-      task.send.push_back(in);
-      task.recv.push_back(in_place ? in : b.recv[r].data());
+      AddRank(&task, in,
+              in_place ? in : b.recv[r].data());
     }
     Run(task, count);
     for (int r = 0; r < n(); ++r) {
       for (uint64_t i = 0; i < count; ++i) {
-        ASSERT_EQ(LoadAs(t, task.recv[r], i), Input(t, root, i))
+        ASSERT_EQ(LoadAs(t, task.members[r].recv.data, i), Input(t, root, i))
             << "broadcast root " << root << " n=" << n() << " rank " << r << " [" << i << "]";
       }
     }
@@ -244,8 +271,8 @@ std::vector<ReduceOp> OpsFor(DataType t) {
   return ops;
 }
 
-cpu::ReduceSpec Spec(DataType t, ReduceOp op) {
-  cpu::ReduceSpec s;
+ReduceSpec Spec(DataType t, ReduceOp op) {
+  ReduceSpec s;
   s.dtype = t;
   s.op = op;
   if (op == ReduceOp::kPremulSum) s.premul_factor = 0.25;
@@ -276,7 +303,7 @@ TEST_P(CpuEngineCollectiveTest, DivideFactorsAndReduceDtype) {
   for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16,
                      DataType::kFloat16}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kPremulSum}) {
-      cpu::ReduceSpec s = Spec(t, op);
+      ReduceSpec s = Spec(t, op);
       s.pre_divide = 2.0;
       s.post_divide = 4.0;
       CheckAllReduce(s, 33, false);
@@ -327,8 +354,7 @@ EngineTask SmallTask(Collective c, std::vector<float>* storage) {
   t.collective = c;
   t.spec.dtype = DataType::kFloat32;
   t.count = 1;
-  t.send = {storage->data()};
-  t.recv = {storage->data() + 1};
+  AddRank(&t, storage->data(), storage->data() + 1);
   t.priority = (c == Collective::kAllGather || c == Collective::kReduceScatter) ? 0 : 1;
   return t;
 }
@@ -337,7 +363,7 @@ TEST(CpuEngineTest, InlineTasksCompleteBeforeSubmitReturns) {
   CpuEngine engine(2, /*inline_max_bytes=*/1024);
   std::vector<float> mem = {3.0f, 0.0f};
   bool done = false;
-  engine.Submit(SmallTask(Collective::kAllReduce, &mem), [&](absl::Status s, uint64_t) {
+  Submit(&engine, SmallTask(Collective::kAllReduce, &mem), [&](absl::Status s, uint64_t) {
     EXPECT_TRUE(s.ok());
     done = true;
   });
@@ -351,7 +377,7 @@ TEST(CpuEngineTest, GatherAndScatterJumpAheadOfQueuedAllReduce) {
   std::promise<void> entered, release;
   std::shared_future<void> released = release.get_future().share();
   // A blocker whose callback holds the executor until the others are queued.
-  engine.Submit(SmallTask(Collective::kBroadcast, &mem), [&](absl::Status, uint64_t) {
+  Submit(&engine, SmallTask(Collective::kBroadcast, &mem), [&](absl::Status, uint64_t) {
     entered.set_value();
     released.wait();
   });
@@ -365,10 +391,10 @@ TEST(CpuEngineTest, GatherAndScatterJumpAheadOfQueuedAllReduce) {
       order.push_back(name);
     };
   };
-  engine.Submit(SmallTask(Collective::kAllReduce, &mem), record("ar1"));
-  engine.Submit(SmallTask(Collective::kAllGather, &mem), record("ag"));
-  engine.Submit(SmallTask(Collective::kAllReduce, &mem), record("ar2"));
-  engine.Submit(SmallTask(Collective::kReduceScatter, &mem), record("rs"));
+  Submit(&engine, SmallTask(Collective::kAllReduce, &mem), record("ar1"));
+  Submit(&engine, SmallTask(Collective::kAllGather, &mem), record("ag"));
+  Submit(&engine, SmallTask(Collective::kAllReduce, &mem), record("ar2"));
+  Submit(&engine, SmallTask(Collective::kReduceScatter, &mem), record("rs"));
   release.set_value();
   engine.Shutdown();  // drains the queue
   EXPECT_EQ(order, (std::vector<std::string>{"ag", "rs", "ar1", "ar2"}));
@@ -380,7 +406,7 @@ TEST(CpuEngineTest, SubmitAfterShutdownFailsUnavailable) {
   std::vector<float> mem = {1.0f, 0.0f};
   absl::Status got = absl::OkStatus();
   bool called = false;
-  engine.Submit(SmallTask(Collective::kAllReduce, &mem), [&](absl::Status s, uint64_t) {
+  Submit(&engine, SmallTask(Collective::kAllReduce, &mem), [&](absl::Status s, uint64_t) {
     got = s;
     called = true;
   });

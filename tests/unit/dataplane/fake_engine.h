@@ -1,5 +1,4 @@
-// Test doubles for the dataplane: an Engine that records tasks and lets the
-// test decide when each `done` runs, and helpers that build real Sessions
+// Test doubles for the dataplane: the fake stream-ordered engine, and helpers that build real Sessions
 // (ShmChannel::Create) with registered memfd buffers.
 #ifndef HSDP_TESTS_UNIT_DATAPLANE_FAKE_ENGINE_H_
 #define HSDP_TESTS_UNIT_DATAPLANE_FAKE_ENGINE_H_
@@ -15,6 +14,7 @@
 #include <utility>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/fake/fake_engine.h"
 #include "daemon/session/mapped_buffer.h"
 #include "daemon/session/session.h"
 #include "daemon/session/shm_channel.h"
@@ -22,56 +22,9 @@
 
 namespace hsdp::testing {
 
-class FakeEngine : public Engine {
- public:
-  struct Pending {
-    EngineTask task;
-    DoneCallback done;
-  };
-
-  void Submit(EngineTask task, DoneCallback done) override {
-    std::lock_guard<std::mutex> l(mu_);
-    ++submitted_;
-    if (shut_down_) {
-      done(absl::UnavailableError("shut down"), 0);
-      return;
-    }
-    pending_.push_back(Pending{std::move(task), std::move(done)});
-  }
-  void Shutdown() override { shut_down_ = true; }
-  std::string name() const override { return "fake"; }
-  int threads() const override { return 1; }
-
-  size_t pending() {
-    std::lock_guard<std::mutex> l(mu_);
-    return pending_.size();
-  }
-  int submitted() {
-    std::lock_guard<std::mutex> l(mu_);
-    return submitted_;
-  }
-  const EngineTask& front() {
-    std::lock_guard<std::mutex> l(mu_);
-    return pending_.front().task;
-  }
-  // Runs the oldest task's callback with `status`; returns its task.
-  EngineTask Finish(absl::Status status = absl::OkStatus(), uint64_t exec_ns = 1000) {
-    Pending p;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      p = std::move(pending_.front());
-      pending_.pop_front();
-    }
-    p.done(std::move(status), exec_ns);  // outside the lock: it may Submit again
-    return std::move(p.task);
-  }
-
- private:
-  std::mutex mu_;
-  std::deque<Pending> pending_;
-  int submitted_ = 0;
-  bool shut_down_ = false;
-};
+// The stream-ordered fake from daemon/engine/fake (tasks complete when the
+// test says so).
+using FakeEngine = FakeStreamEngine;
 
 // A sealed memfd of `bytes`, as the client library makes them.
 inline UniqueFd SealedMemfd(uint64_t bytes) {

@@ -30,15 +30,21 @@ class GroupTest : public ::testing::Test {
   }
 
   std::shared_ptr<Group> NewGroup(uint32_t id, std::vector<int> global_ranks) {
-    auto g = std::make_shared<Group>(
-        id, "job", global_ranks, &engine_,
-        [this](uint32_t gid) -> std::shared_ptr<Group> {
-          auto it = groups_.find(gid);
-          return it == groups_.end() ? nullptr : it->second;
-        },
-        kTimeoutNs);
+    GroupSpec spec;
+    spec.id = id;
+    spec.key = GroupKey("job", global_ranks, 0);
+    spec.job_id = "job";
+    spec.ranks = global_ranks;
+    spec.timeout_ns = kTimeoutNs;
+    spec.max_pending = 64;
+    auto g = std::make_shared<Group>(std::move(spec), &engine_,
+                                     [this](uint32_t gid) -> std::shared_ptr<Group> {
+                                       auto it = groups_.find(gid);
+                                       return it == groups_.end() ? nullptr : it->second;
+                                     });
     for (size_t i = 0; i < global_ranks.size(); ++i) {
-      EXPECT_TRUE(g->Join(static_cast<int>(i), SessionOf(global_ranks[i])).ok());
+      auto epoch = g->Join(static_cast<int>(i), SessionOf(global_ranks[i]));
+      EXPECT_TRUE(epoch.ok() && *epoch == 1u);
     }
     groups_[id] = g;
     return g;
@@ -59,6 +65,8 @@ class GroupTest : public ::testing::Test {
     a.desc.count = count;
     a.desc.premul_factor = a.desc.pre_divide = a.desc.post_divide = 1.0;
     a.desc.group_id = g.id();
+    a.desc.epoch = 1;
+    a.epoch = 1;
     a.seq = seq;
     a.send = &fake_mem_[group_rank][0];
     a.recv = &fake_mem_[group_rank][1];
@@ -90,11 +98,17 @@ TEST_F(GroupTest, StartsOnlyWhenAllMembersArrived) {
   const EngineTask& t = engine_.front();
   EXPECT_EQ(t.collective, Collective::kAllReduce);
   EXPECT_EQ(t.count, 8u);
-  ASSERT_EQ(t.send.size(), 3u);
+  ASSERT_EQ(t.members.size(), 3u);
   for (int r = 0; r < 3; ++r) {  // by group rank
-    EXPECT_EQ(t.send[r], &fake_mem_[r][0]);
-    EXPECT_EQ(t.recv[r], &fake_mem_[r][1]);
+    EXPECT_TRUE(t.members[r].local);
+    EXPECT_EQ(t.members[r].global_rank, 10 + r);
+    EXPECT_EQ(t.members[r].send.data, &fake_mem_[r][0]);
+    EXPECT_EQ(t.members[r].recv.data, &fake_mem_[r][1]);
+    EXPECT_EQ(t.members[r].send.bytes, 8u * 4);
   }
+  EXPECT_EQ(t.group_key, g->key());
+  EXPECT_EQ(t.epoch, 1u);
+  EXPECT_EQ(t.seq, 1u);
   EXPECT_EQ(t.priority, 1);
   EXPECT_FALSE(Result(10, 1).has_value());  // not before the engine finishes
   engine_.Finish();
@@ -107,21 +121,42 @@ TEST_F(GroupTest, StartsOnlyWhenAllMembersArrived) {
   EXPECT_EQ(g->stats().pending, 0u);
 }
 
-TEST_F(GroupTest, RunsInSequenceOrderOneAtATime) {
+TEST_F(GroupTest, LaunchesInSequenceOrderWithoutWaitingForCompletion) {
   auto g = NewGroup(1, {10, 11});
   for (uint64_t seq = 1; seq <= 3; ++seq) {
     g->Arrive(0, Make(*g, 0, seq, seq, Collective::kAllReduce, seq * 100));
     g->Arrive(1, Make(*g, 1, seq, seq, Collective::kAllReduce, seq * 100));
   }
+  // A stream-ordered engine orders each launch at once: all three are in flight.
+  ASSERT_EQ(engine_.pending(), 3u);
+  EXPECT_EQ(g->stats().running, 3u);
   for (uint64_t seq = 1; seq <= 3; ++seq) {
-    ASSERT_EQ(engine_.pending(), 1u) << "only one op in flight per group";
     EXPECT_EQ(engine_.front().count, seq * 100);
+    EXPECT_EQ(engine_.front().seq, seq);
     EXPECT_FALSE(Result(10, seq).has_value());
     engine_.Finish();
     EXPECT_TRUE(Result(10, seq).has_value());
     EXPECT_TRUE(Result(11, seq).has_value());
   }
   EXPECT_EQ(engine_.pending(), 0u);
+  EXPECT_EQ(g->stats().running, 0u);
+}
+
+TEST_F(GroupTest, OnlyOneOperationWaitsForItsLaunchAtATime) {
+  engine_.HoldLaunches(true);
+  auto g = NewGroup(1, {10, 11});
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    g->Arrive(0, Make(*g, 0, seq, seq, Collective::kAllReduce, seq * 100));
+    g->Arrive(1, Make(*g, 1, seq, seq, Collective::kAllReduce, seq * 100));
+  }
+  EXPECT_EQ(engine_.launched(), 1) << "seq 2 must not be handed over before seq 1 is ordered";
+  ASSERT_TRUE(engine_.LaunchNext());
+  EXPECT_EQ(engine_.launched(), 2);
+  ASSERT_TRUE(engine_.LaunchNext());
+  ASSERT_TRUE(engine_.LaunchNext());
+  EXPECT_FALSE(engine_.LaunchNext());
+  EXPECT_EQ(engine_.pending(), 3u);
+  for (uint64_t count : {100u, 200u, 300u}) EXPECT_EQ(engine_.Finish().count, count);
 }
 
 TEST_F(GroupTest, OutOfOrderArrivalWaitsForEarlierSequence) {
@@ -132,7 +167,7 @@ TEST_F(GroupTest, OutOfOrderArrivalWaitsForEarlierSequence) {
   g->Arrive(1, Make(*g, 1, 1, 1, Collective::kAllReduce, 111));
   EXPECT_EQ(engine_.pending(), 0u);
   g->Arrive(0, Make(*g, 0, 1, 1, Collective::kAllReduce, 111));
-  ASSERT_EQ(engine_.pending(), 1u);
+  ASSERT_EQ(engine_.pending(), 2u) << "both launched, in sequence order";
   EXPECT_EQ(engine_.Finish().count, 111u);
   ASSERT_EQ(engine_.pending(), 1u);
   EXPECT_EQ(engine_.Finish().count, 222u);
@@ -267,7 +302,7 @@ TEST_F(GroupTest, TimeoutNamesTheMissingRank) {
   EXPECT_TRUE(Result(10, 2)->ok());
 }
 
-TEST_F(GroupTest, MemberLeftAbortsPendingAndBreaksTheGroup) {
+TEST_F(GroupTest, MemberLeftEndsTheEpochAndTheGroupReformsInTheNext) {
   auto g = NewGroup(1, {10, 11});
   g->Arrive(0, Make(*g, 0, 1, 1));
   g->Arrive(0, Make(*g, 0, 2, 2));
@@ -276,37 +311,103 @@ TEST_F(GroupTest, MemberLeftAbortsPendingAndBreaksTheGroup) {
     ASSERT_TRUE(Result(10, op).has_value());
     EXPECT_EQ(Result(10, op)->code(), absl::StatusCode::kAborted);
     EXPECT_THAT(std::string(Result(10, op)->message()),
-                AllOf(HasSubstr("rank 11"), HasSubstr("client process exited")));
+                AllOf(HasSubstr("rank 11"), HasSubstr("client process exited"),
+                      HasSubstr("epoch 1")));
   }
   EXPECT_TRUE(g->stats().broken);
+  // Late work for the failed epoch gets the same error.
   g->Arrive(0, Make(*g, 0, 3, 3));
   ASSERT_TRUE(Result(10, 3).has_value());
-  EXPECT_EQ(Result(10, 3)->code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(Result(10, 3)->message()), HasSubstr("broken"));
-  EXPECT_EQ(g->Join(1, SessionOf(11)).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(engine_.submitted(), 0);
+  EXPECT_EQ(Result(10, 3)->code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(engine_.launched(), 0);
   // A session that is not a member changes nothing.
+  const GroupStats before = g->stats();
   g->MemberLeft(SessionOf(13).get(), "unrelated");
+  EXPECT_EQ(g->stats().ops_failed, before.ops_failed);
+  EXPECT_EQ(g->stats().epoch, 1u);
+
+  // Re-forming: the restarted rank (a new session) and the survivor join
+  // epoch 2; the survivor may queue work for it before the group is whole.
+  auto restarted = MakeSession(200, 11, 14);
+  auto survivor_epoch = g->Join(0, SessionOf(10));
+  ASSERT_TRUE(survivor_epoch.ok());
+  EXPECT_EQ(*survivor_epoch, 2u);
+  Arrival early = Make(*g, 0, 4, 1);
+  early.epoch = early.desc.epoch = 2;
+  g->Arrive(0, std::move(early));
+  EXPECT_FALSE(Result(10, 4).has_value()) << "queued for epoch 2";
+  EXPECT_EQ(g->stats().epoch, 1u);
+  auto restarted_epoch = g->Join(1, restarted);
+  ASSERT_TRUE(restarted_epoch.ok());
+  EXPECT_EQ(*restarted_epoch, 2u);
+  EXPECT_EQ(g->stats().epoch, 2u);
+  EXPECT_FALSE(g->stats().broken);
+  // Sequence numbers restart at 1 in the new epoch.
+  Arrival late = Make(*g, 1, 1, 1);
+  late.session = restarted;
+  late.epoch = late.desc.epoch = 2;
+  g->Arrive(1, std::move(late));
+  ASSERT_EQ(engine_.pending(), 1u);
+  EXPECT_EQ(engine_.front().epoch, 2u);
+  EXPECT_EQ(engine_.front().seq, 1u);
+  engine_.Finish();
+  EXPECT_TRUE(Result(10, 4).value_or(absl::UnknownError("none")).ok());
+  const shm::Completion* c = CompletionOf(*restarted, 1);
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(StatusOf(*c).ok());
+  // The old epoch stays over.
+  g->Arrive(0, Make(*g, 0, 5, 2));
+  ASSERT_TRUE(Result(10, 5).has_value());
+  EXPECT_EQ(Result(10, 5)->code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(Result(10, 5)->message()), HasSubstr("epoch 1"));
 }
 
-TEST_F(GroupTest, MemberLeavingDuringExecutionStillCompletesTheRunningOp) {
+TEST_F(GroupTest, MemberLeavingDuringExecutionAbortsTheRunningOp) {
   auto g = NewGroup(1, {10, 11});
   g->Arrive(0, Make(*g, 0, 1, 1));
   g->Arrive(1, Make(*g, 1, 1, 1));
   ASSERT_EQ(engine_.pending(), 1u);
+  const uint64_t ticket = engine_.front_ticket();
   g->MemberLeft(SessionOf(11).get(), "gone");
-  EXPECT_FALSE(Result(10, 1).has_value());
-  engine_.Finish(absl::InternalError("engine failure"));
+  EXPECT_EQ(engine_.aborted(), std::vector<uint64_t>{ticket});
+  EXPECT_EQ(engine_.pending(), 0u) << "the fake ends an aborted task, as NCCL abort does";
   ASSERT_TRUE(Result(10, 1).has_value());
-  EXPECT_EQ(Result(10, 1)->code(), absl::StatusCode::kInternal);
-  EXPECT_THAT(std::string(Result(10, 1)->message()), HasSubstr("engine failure"));
+  EXPECT_EQ(Result(10, 1)->code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(Result(10, 1)->message()), HasSubstr("rank 11 left"));
+}
+
+TEST_F(GroupTest, RunningOpPastItsDeadlineIsAbortedAndEndsTheEpoch) {
+  engine_.HoldLaunches(false);
+  auto g = NewGroup(1, {10, 11});
+  Arrival a0 = Make(*g, 0, 1, 1);
+  const int64_t t0 = a0.first_ns;
+  g->Arrive(0, std::move(a0));
+  g->Arrive(1, Make(*g, 1, 1, 1));
+  g->Arrive(0, Make(*g, 0, 2, 2));  // queued behind it, never matched
+  ASSERT_EQ(engine_.pending(), 1u);
+  const uint64_t ticket = engine_.front_ticket();
+  g->CheckTimeouts(t0 + kTimeoutNs / 2);
+  EXPECT_FALSE(Result(10, 1).has_value()) << "still within its deadline";
+  // The transport hangs: the engine never completes the task by itself.
+  g->CheckTimeouts(shm::NowNanos() + 2 * kTimeoutNs);
+  for (int r : {10, 11}) {
+    ASSERT_TRUE(Result(r, 1).has_value()) << "rank " << r;
+    EXPECT_EQ(Result(r, 1)->code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(std::string(Result(r, 1)->message()),
+                AllOf(HasSubstr("still running"), HasSubstr("aborted")));
+  }
+  EXPECT_EQ(engine_.aborted(), std::vector<uint64_t>{ticket});
+  ASSERT_TRUE(Result(10, 2).has_value());
+  EXPECT_FALSE(Result(10, 2)->ok());
+  EXPECT_TRUE(g->stats().broken);
+  EXPECT_EQ(g->stats().running, 0u);
 }
 
 TEST_F(GroupTest, JoinRefusesASecondLiveSessionForARank) {
   auto g = NewGroup(1, {10, 11});
   auto impostor = MakeSession(999, 11, 14);
-  EXPECT_EQ(g->Join(1, impostor).code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(g->Join(2, impostor).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(g->Join(1, impostor).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(g->Join(2, impostor).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(g->IsMember(1, SessionOf(11).get()));
   EXPECT_FALSE(g->IsMember(1, impostor.get()));
   EXPECT_EQ(g->RankOf(11), 1);
@@ -326,40 +427,44 @@ TEST_F(GroupTest, CompositeForwardsSecondPhaseToReplicateGroup) {
     a.desc.post_divide = 3.0;
     a.desc.group2_id = replicate_id;
     a.desc.seq2 = 1;
+    a.desc.epoch2 = 1;
     return a;
   };
   s1->Arrive(0, composite(*s1, 0, 3, 7));
   s1->Arrive(1, composite(*s1, 1, 4, 7));
   ASSERT_EQ(engine_.pending(), 1u);
   {
-    const EngineTask& rs = engine_.front();
+    const EngineTask rs = engine_.front();
     EXPECT_EQ(rs.collective, Collective::kReduceScatter);
     EXPECT_EQ(rs.priority, 0) << "reduce-scatter runs at high priority";
     EXPECT_EQ(rs.spec.op, ReduceOp::kSum) << "AVG divides once, in phase 2";
     EXPECT_EQ(rs.spec.pre_divide, 2.0);
     EXPECT_EQ(rs.spec.post_divide, 1.0);
   }
+  // Phase 2 is forwarded as soon as phase 1 is launched; it waits in the
+  // replicate groups for the other shard group's members.
+  EXPECT_EQ(r1->stats().pending, 1u);
+  EXPECT_EQ(r2->stats().pending, 1u);
   engine_.Finish();
   EXPECT_FALSE(Result(10, 7).has_value()) << "phase 1 alone does not complete the op";
   EXPECT_EQ(engine_.pending(), 0u) << "phase 2 waits for the other shard group";
-  EXPECT_EQ(r1->stats().pending, 1u);
-  EXPECT_EQ(r2->stats().pending, 1u);
   s2->Arrive(0, composite(*s2, 0, 3, 9));
   s2->Arrive(1, composite(*s2, 1, 4, 9));
-  ASSERT_EQ(engine_.pending(), 1u);
+  ASSERT_EQ(engine_.pending(), 3u);  // shard group 2's reduce-scatter and both all-reduces
   engine_.Finish();  // shard group 2's reduce-scatter
   ASSERT_EQ(engine_.pending(), 2u);  // both replicate all-reduces
   for (int i = 0; i < 2; ++i) {
-    const EngineTask& ar = engine_.front();
+    const EngineTask ar = engine_.front();
     EXPECT_EQ(ar.collective, Collective::kAllReduce);
     EXPECT_EQ(ar.priority, 1);
     EXPECT_EQ(ar.spec.op, ReduceOp::kSum);
     EXPECT_EQ(ar.spec.pre_divide, 1.0);
     EXPECT_DOUBLE_EQ(ar.spec.post_divide, 3.0 * 4);  // post_divide x mesh size for AVG
-    ASSERT_EQ(ar.send.size(), 2u);
+    ASSERT_EQ(ar.members.size(), 2u);
     // In place on each member's phase-1 output.
-    EXPECT_EQ(ar.send[0], ar.recv[0]);
-    EXPECT_EQ(ar.send[1], ar.recv[1]);
+    EXPECT_EQ(ar.members[0].send.data, ar.members[0].recv.data);
+    EXPECT_EQ(ar.members[1].send.data, ar.members[1].recv.data);
+    EXPECT_EQ(ar.depends_on.size(), 2u) << "after both shard groups' reduce-scatters";
     engine_.Finish();
   }
   EXPECT_TRUE(Result(10, 7).value_or(absl::UnknownError("none")).ok());
@@ -378,6 +483,7 @@ TEST_F(GroupTest, CompositeFirstPhaseFailureReachesEveryMember) {
     Arrival a = Make(shard, gr, op_id, 1, Collective::kReduceScatterAllReduce, count);
     a.desc.group2_id = replicate_id;
     a.desc.seq2 = 1;
+    a.desc.epoch2 = 1;
     return a;
   };
   // Shard group 1 disagrees on count; shard group 2 is fine.

@@ -8,6 +8,7 @@
 #include "fake_engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "hsdp/shm/op_rules.h"
 
 namespace hsdp {
 namespace {
@@ -41,7 +42,7 @@ TEST(ValidateFieldsTest, AcceptsWellFormedDescriptors) {
   for (Collective c : {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter,
                        Collective::kBroadcast, Collective::kBarrier,
                        Collective::kReduceScatterAllReduce}) {
-    EXPECT_TRUE(ValidateFields(Good(c)).ok()) << CollectiveName(c);
+    EXPECT_TRUE(ValidateFields(Good(c), shm::kFeaturesImplemented).ok()) << CollectiveName(c);
   }
   shm::OpDescriptor d = Good();
   d.reduce_op = static_cast<uint8_t>(ReduceOp::kPremulSum);
@@ -49,23 +50,23 @@ TEST(ValidateFieldsTest, AcceptsWellFormedDescriptors) {
   d.pre_divide = 2;
   d.post_divide = 3;
   d.reduce_dtype = static_cast<uint8_t>(DataType::kBFloat16);
-  EXPECT_TRUE(ValidateFields(d).ok());
+  EXPECT_TRUE(ValidateFields(d, shm::kFeaturesImplemented).ok());
   d = Good();
   d.count = uint64_t{1} << 40;
-  EXPECT_TRUE(ValidateFields(d).ok());
+  EXPECT_TRUE(ValidateFields(d, shm::kFeaturesImplemented).ok());
   // Barrier ignores every other field.
   shm::OpDescriptor b{};
   b.collective = static_cast<uint8_t>(Collective::kBarrier);
   b.dtype = 200;
   b.pre_divide = std::nan("");
-  EXPECT_TRUE(ValidateFields(b).ok());
+  EXPECT_TRUE(ValidateFields(b, shm::kFeaturesImplemented).ok());
 }
 
 TEST(ValidateFieldsTest, Collective) {
   for (uint8_t v : {uint8_t{0}, uint8_t{kMaxCollective + 1}, uint8_t{255}}) {
     shm::OpDescriptor d = Good();
     d.collective = v;
-    ExpectInvalid(ValidateFields(d), "collective");
+    ExpectInvalid(ValidateFields(d, shm::kFeaturesImplemented), "collective");
   }
 }
 
@@ -73,7 +74,7 @@ TEST(ValidateFieldsTest, Dtype) {
   for (uint8_t v : {uint8_t{0}, uint8_t{kMaxDataType + 1}, uint8_t{255}}) {
     shm::OpDescriptor d = Good(Collective::kAllGather);
     d.dtype = v;
-    ExpectInvalid(ValidateFields(d), "dtype");
+    ExpectInvalid(ValidateFields(d, shm::kFeaturesImplemented), "dtype");
   }
 }
 
@@ -81,36 +82,36 @@ TEST(ValidateFieldsTest, ReduceOp) {
   for (uint8_t v : {uint8_t{0}, uint8_t{kMaxReduceOp + 1}, uint8_t{255}}) {
     shm::OpDescriptor d = Good();
     d.reduce_op = v;
-    ExpectInvalid(ValidateFields(d), "reduce_op");
+    ExpectInvalid(ValidateFields(d, shm::kFeaturesImplemented), "reduce_op");
     d.collective = static_cast<uint8_t>(Collective::kReduceScatter);
-    ExpectInvalid(ValidateFields(d), "reduce_op");
+    ExpectInvalid(ValidateFields(d, shm::kFeaturesImplemented), "reduce_op");
   }
   // Non-reducing collectives ignore reduce_op.
   shm::OpDescriptor d = Good(Collective::kAllGather);
   d.reduce_op = 0;
-  EXPECT_TRUE(ValidateFields(d).ok());
+  EXPECT_TRUE(ValidateFields(d, shm::kFeaturesImplemented).ok());
   // premul_sum on integers.
   d = Good();
   d.dtype = static_cast<uint8_t>(DataType::kInt32);
   d.reduce_op = static_cast<uint8_t>(ReduceOp::kPremulSum);
-  ExpectInvalid(ValidateFields(d), "reduce_op");
+  ExpectInvalid(ValidateFields(d, shm::kFeaturesImplemented), "reduce_op");
 }
 
 TEST(ValidateFieldsTest, ReduceDtype) {
   shm::OpDescriptor d = Good();
   d.reduce_dtype = kMaxDataType + 1;
-  ExpectInvalid(ValidateFields(d), "reduce_dtype");
+  ExpectInvalid(ValidateFields(d, shm::kFeaturesImplemented), "reduce_dtype");
   d.reduce_dtype = 255;
-  ExpectInvalid(ValidateFields(d), "reduce_dtype");
+  ExpectInvalid(ValidateFields(d, shm::kFeaturesImplemented), "reduce_dtype");
   for (DataType t : {DataType::kInt32, DataType::kInt64, DataType::kUInt8}) {
     d.reduce_dtype = static_cast<uint8_t>(t);
-    ExpectInvalid(ValidateFields(d), "reduce_dtype");
+    ExpectInvalid(ValidateFields(d, shm::kFeaturesImplemented), "reduce_dtype");
   }
   // Integer buffers reduce in their own type.
   d = Good();
   d.dtype = static_cast<uint8_t>(DataType::kInt64);
   d.reduce_dtype = static_cast<uint8_t>(DataType::kFloat32);
-  ExpectInvalid(ValidateFields(d), "reduce_dtype");
+  ExpectInvalid(ValidateFields(d, shm::kFeaturesImplemented), "reduce_dtype");
 }
 
 TEST(ValidateFieldsTest, DivideFactors) {
@@ -119,37 +120,89 @@ TEST(ValidateFieldsTest, DivideFactors) {
   for (double v : bad) {
     shm::OpDescriptor d = Good();
     d.pre_divide = v;
-    ExpectInvalid(ValidateFields(d), "pre_divide");
+    ExpectInvalid(ValidateFields(d, shm::kFeaturesImplemented), "pre_divide");
     d = Good(Collective::kReduceScatterAllReduce);
     d.post_divide = v;
-    ExpectInvalid(ValidateFields(d), "post_divide");
+    ExpectInvalid(ValidateFields(d, shm::kFeaturesImplemented), "post_divide");
   }
   for (double v : {std::nan(""), std::numeric_limits<double>::infinity()}) {
     shm::OpDescriptor d = Good();
     d.premul_factor = v;
-    ExpectInvalid(ValidateFields(d), "premul_factor");
+    ExpectInvalid(ValidateFields(d, shm::kFeaturesImplemented), "premul_factor");
   }
   // Integers take no divide factors.
   shm::OpDescriptor d = Good();
   d.dtype = static_cast<uint8_t>(DataType::kUInt8);
   d.post_divide = 2;
-  ExpectInvalid(ValidateFields(d), "divide");
+  ExpectInvalid(ValidateFields(d, shm::kFeaturesImplemented), "divide");
 }
 
 TEST(ValidateFieldsTest, Count) {
-  for (uint64_t v : {uint64_t{0}, (uint64_t{1} << 40) + 1, ~uint64_t{0}}) {
+  for (Collective c : {Collective::kAllReduce, Collective::kAllGather, Collective::kBroadcast}) {
+    shm::OpDescriptor d = Good(c);
+    d.count = 0;  // empty tensors: matched, nothing moves
+    EXPECT_TRUE(ValidateFields(d, shm::kFeaturesImplemented).ok()) << CollectiveName(c);
+  }
+  for (uint64_t v : {(uint64_t{1} << 40) + 1, ~uint64_t{0}}) {
     for (Collective c : {Collective::kAllReduce, Collective::kAllGather, Collective::kBroadcast}) {
       shm::OpDescriptor d = Good(c);
       d.count = v;
-      ExpectInvalid(ValidateFields(d), "count");
+      ExpectInvalid(ValidateFields(d, shm::kFeaturesImplemented), "count");
     }
   }
+}
+
+TEST(ValidateFieldsTest, ReservedFieldsAndUnknownFlagsAreRejected) {
+  // So that later versions can give them meaning behind a feature bit.
+  auto with = [](auto mutate) {
+    shm::OpDescriptor d = Good();
+    mutate(&d);
+    return ValidateFields(d, shm::kFeaturesImplemented);
+  };
+  ExpectInvalid(with([](auto* d) { d->reserved0 = 1; }), "reserved0");
+  ExpectInvalid(with([](auto* d) { d->reserved1[4] = 1; }), "reserved1");
+  ExpectInvalid(with([](auto* d) { d->flags = 1u << 31; }), "flags");
+  // A known flag whose feature was not negotiated.
+  ExpectInvalid(with([](auto* d) { d->flags = shm::kFlagWaitEvent; }), "flags");
+  ExpectInvalid(with([](auto* d) { d->event_id = 3; }), "event_id");
+  ExpectInvalid(with([](auto* d) { d->peer = 1; }), "peer");
+  ExpectInvalid(with([](auto* d) { d->tag = 5; }), "peer");
+  ExpectInvalid(with([](auto* d) { d->splits.buffer_id = 2; }), "peer");
+  ExpectInvalid(with([](auto* d) { d->seq2 = 4; }), "group2_id");
+  // With the device-memory feature negotiated, the wait-event flag is accepted.
+  shm::OpDescriptor d = Good();
+  d.flags = shm::kFlagWaitEvent;
+  d.event_id = 9;
+  EXPECT_TRUE(ValidateFields(d, shm::kFeatureEpochs | shm::kFeatureDeviceMemory).ok());
+}
+
+TEST(ValidateFieldsTest, ClientAndDaemonShareTheReduceOptionRules) {
+  // One definition (hsdp/shm/op_rules.h): the Python binding and the C++
+  // client call CheckReduceOptions; the daemon reaches it through
+  // CheckDescriptorFields. Divide factors must be finite and > 0.
+  for (double bad : {0.0, -2.0, std::nan(""), double(INFINITY)}) {
+    EXPECT_EQ(shm::CheckReduceOptions(DataType::kFloat32, ReduceOp::kSum, DataType::kInvalid, 1.0,
+                                      bad, 1.0)
+                  .code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+    shm::OpDescriptor d = Good();
+    d.post_divide = bad;
+    ExpectInvalid(ValidateFields(d, shm::kFeaturesImplemented), "post_divide");
+  }
+  EXPECT_TRUE(shm::CheckReduceOptions(DataType::kFloat32, ReduceOp::kPremulSum,
+                                      DataType::kBFloat16, 0.0, 2.0, 4.0)
+                  .ok());
+  EXPECT_EQ(shm::CheckReduceOptions(DataType::kInt32, ReduceOp::kPremulSum, DataType::kInvalid,
+                                    2.0, 1.0, 1.0)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ValidateFieldsTest, CompositeNeedsReplicateGroup) {
   shm::OpDescriptor d = Good(Collective::kReduceScatterAllReduce);
   d.group2_id = 0;
-  ExpectInvalid(ValidateFields(d), "group2_id");
+  ExpectInvalid(ValidateFields(d, shm::kFeaturesImplemented), "group2_id");
 }
 
 class ResolveBuffersTest : public ::testing::Test {

@@ -2,11 +2,14 @@
 // between separately built daemons and trainers.
 #include "hsdp/shm/layout.h"
 
+#include <unistd.h>
+
 #include <cstddef>
 
 #include "daemon/session/shm_channel.h"
 #include "gtest/gtest.h"
 #include "hsdp/shm/data_conn.h"
+#include "hsdp/shm/doorbell.h"
 
 namespace hsdp::shm {
 namespace {
@@ -14,7 +17,7 @@ namespace {
 TEST(LayoutTest, FixedSizesAndAlignment) {
   EXPECT_EQ(sizeof(Doorbell), 64u);
   EXPECT_EQ(alignof(Doorbell), 64u);
-  EXPECT_EQ(sizeof(OpDescriptor), 128u);
+  EXPECT_EQ(sizeof(OpDescriptor), 192u);
   EXPECT_EQ(sizeof(Completion), 256u);
   EXPECT_EQ(alignof(Completion), 64u);
   EXPECT_EQ(sizeof(BufRef), 16u);
@@ -25,8 +28,9 @@ TEST(LayoutTest, FixedSizesAndAlignment) {
   EXPECT_EQ(offsetof(ChannelHeader, head) % 64, 0u);
   EXPECT_EQ(offsetof(ChannelHeader, tail) % 64, 0u);
   EXPECT_NE(offsetof(ChannelHeader, head) / 64, offsetof(ChannelHeader, tail) / 64);
-  EXPECT_EQ(offsetof(NodePage, daemon_bell) % 64, 0u);
-  EXPECT_LE(sizeof(NodePage), 4096u);
+  // The daemon-written sleep flag shares no cache line with the client's index.
+  EXPECT_EQ(offsetof(ChannelHeader, daemon_sleeping) % 64, 0u);
+  EXPECT_NE(offsetof(ChannelHeader, head) / 64, offsetof(ChannelHeader, daemon_sleeping) / 64);
 }
 
 TEST(LayoutTest, OpDescriptorFieldOffsetsAreStable) {
@@ -40,6 +44,14 @@ TEST(LayoutTest, OpDescriptorFieldOffsetsAreStable) {
   EXPECT_EQ(offsetof(OpDescriptor, group_id), 88u);
   EXPECT_EQ(offsetof(OpDescriptor, collective), 100u);
   EXPECT_EQ(offsetof(OpDescriptor, reduce_dtype), 103u);
+  EXPECT_EQ(offsetof(OpDescriptor, flags), 104u);
+  EXPECT_EQ(offsetof(OpDescriptor, epoch), 108u);
+  EXPECT_EQ(offsetof(OpDescriptor, epoch2), 112u);
+  EXPECT_EQ(offsetof(OpDescriptor, peer), 116u);
+  EXPECT_EQ(offsetof(OpDescriptor, tag), 120u);
+  EXPECT_EQ(offsetof(OpDescriptor, event_id), 128u);
+  EXPECT_EQ(offsetof(OpDescriptor, splits), 136u);
+  EXPECT_EQ(offsetof(OpDescriptor, reserved1), 152u);
 }
 
 TEST(LayoutTest, ComputeChannelLayoutIsPageAlignedAndDisjoint) {
@@ -79,14 +91,30 @@ TEST(LayoutTest, ChannelHeaderRecordsVersionAndSizes) {
   EXPECT_EQ(h->tail.load(), 0u);
 }
 
-TEST(LayoutTest, NodePageRecordsVersion) {
-  auto page = hsdp::NodePage::Create();
-  ASSERT_TRUE(page.ok()) << page.status();
-  const auto* p = static_cast<const NodePage*>((*page)->region().data());
-  EXPECT_EQ(p->magic, kNodePageMagic);
-  EXPECT_EQ(p->version, kLayoutVersion);
-  EXPECT_EQ(p->page_bytes, sizeof(NodePage));
-  EXPECT_EQ((*page)->daemon_bell(), &const_cast<NodePage*>(p)->daemon_bell);
+TEST(LayoutTest, NewChannelsAskForAWakeUpAndRecordFeatures) {
+  auto ch = hsdp::ShmChannel::Create(7, 16, kFeatureEpochs);
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  const auto* h = static_cast<const ChannelHeader*>((*ch)->region().data());
+  EXPECT_EQ(h->features, kFeatureEpochs);
+  // Until the dispatcher has seen the ring, the client must kick it.
+  EXPECT_EQ(h->daemon_sleeping.load(), 1u);
+  (*ch)->SetDaemonSleeping(false);
+  EXPECT_EQ(h->daemon_sleeping.load(), 0u);
+}
+
+TEST(LayoutTest, WakeFdWakesAWaiterAndAFloodIsHarmless) {
+  auto w = hsdp::WakeFd::Create();
+  ASSERT_TRUE(w.ok()) << w.status();
+  const int64_t t0 = NowNanos();
+  (*w)->Wait(20'000'000);  // nothing pending: times out
+  EXPECT_GE(NowNanos() - t0, 15'000'000);
+  // A client saturating the counter cannot block wake-ups: it stays readable.
+  const uint64_t huge = ~uint64_t{0} - 1;
+  ASSERT_EQ(::write((*w)->fd(), &huge, sizeof(huge)), 8);
+  (*w)->Wake();  // EAGAIN inside, ignored
+  const int64_t t1 = NowNanos();
+  (*w)->Wait(5'000'000'000);
+  EXPECT_LT(NowNanos() - t1, 1'000'000'000);
 }
 
 TEST(LayoutTest, RingEntriesMustBeAPowerOfTwo) {

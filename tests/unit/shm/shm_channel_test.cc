@@ -180,8 +180,8 @@ TEST(ShmChannelTest, CrossProcessProducer) {
   constexpr uint64_t kOps = 5000;
   auto ch = ShmChannel::Create(1, 64);
   ASSERT_TRUE(ch.ok());
-  auto page = NodePage::Create();
-  ASSERT_TRUE(page.ok());
+  auto wake = WakeFd::Create();
+  ASSERT_TRUE(wake.ok());
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -196,7 +196,8 @@ TEST(ShmChannelTest, CrossProcessProducer) {
       const uint64_t head = h->head.load(std::memory_order_relaxed);
       shm::RingSlots(h)[head & (h->ring_entries - 1)] = Desc(i);
       h->head.store(head + 1, std::memory_order_release);
-      shm::RingDoorbell((*page)->daemon_bell());
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (h->daemon_sleeping.load() != 0) (*wake)->Wake();
     }
     _exit(0);
   }
@@ -213,8 +214,10 @@ TEST(ShmChannelTest, CrossProcessProducer) {
       case ShmChannel::PopResult::kCorrupt:
         FAIL() << "corrupt at " << expect;
       case ShmChannel::PopResult::kEmpty:
-        shm::AwaitDoorbell((*page)->daemon_bell(), [&] { return (*ch)->HasWork(); }, 1000,
-                           shm::NowNanos() + 10'000'000);
+        (*ch)->SetDaemonSleeping(true);
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        if (!(*ch)->HasWork()) (*wake)->Wait(10'000'000);
+        (*ch)->SetDaemonSleeping(false);
         break;
     }
   }

@@ -1,0 +1,92 @@
+#include "hsdp/shm/op_rules.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace hsdp::shm {
+namespace {
+
+absl::Status Invalid(const char* field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+}  // namespace
+
+absl::Status CheckCount(uint64_t count) {
+  if (count > kMaxCount) return Invalid("count", absl::StrCat(count, " is above 2^40"));
+  return absl::OkStatus();
+}
+
+absl::Status CheckReduceOptions(DataType dtype, ReduceOp op, DataType reduce_dtype,
+                                double premul_factor, double pre_divide, double post_divide) {
+  const auto op_value = static_cast<uint8_t>(op);
+  if (op_value == 0 || op_value > kMaxReduceOp) {
+    return Invalid("reduce_op", absl::StrCat("unknown value ", op_value));
+  }
+  const auto rd = static_cast<uint8_t>(reduce_dtype);
+  if (rd > kMaxDataType) return Invalid("reduce_dtype", absl::StrCat("unknown value ", rd));
+  if (rd != 0 && !IsFloatingPoint(reduce_dtype)) {
+    return Invalid("reduce_dtype", "must be a floating-point type");
+  }
+  if (!std::isfinite(pre_divide) || pre_divide <= 0) {
+    return Invalid("pre_divide", absl::StrCat(pre_divide, " must be finite and > 0"));
+  }
+  if (!std::isfinite(post_divide) || post_divide <= 0) {
+    return Invalid("post_divide", absl::StrCat(post_divide, " must be finite and > 0"));
+  }
+  if (!std::isfinite(premul_factor)) {
+    return Invalid("premul_factor", absl::StrCat(premul_factor, " must be finite"));
+  }
+  if (!IsFloatingPoint(dtype)) {
+    if (rd != 0) return Invalid("reduce_dtype", "integer buffers reduce in their own type");
+    if (op == ReduceOp::kPremulSum) {
+      return Invalid("reduce_op", "premul_sum needs a floating-point dtype");
+    }
+    if (pre_divide != 1.0 || post_divide != 1.0) {
+      return Invalid("pre_divide", "divide factors need a floating-point dtype");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDescriptorFields(const OpDescriptor& d, uint64_t features) {
+  if (d.collective == 0 || d.collective > kMaxCollective) {
+    return Invalid("collective", absl::StrCat("unknown value ", d.collective));
+  }
+  if ((d.flags & ~kKnownFlags) != 0) {
+    return Invalid("flags", absl::StrCat("unknown bits 0x", absl::Hex(d.flags & ~kKnownFlags)));
+  }
+  if ((d.flags & kFlagWaitEvent) != 0 && (features & kFeatureDeviceMemory) == 0) {
+    return Invalid("flags", "wait-event needs the device-memory feature, not negotiated");
+  }
+  if ((d.flags & kFlagWaitEvent) == 0 && d.event_id != 0) {
+    return Invalid("event_id", "must be 0 without the wait-event flag");
+  }
+  if (d.reserved0 != 0) return Invalid("reserved0", "must be 0");
+  for (uint64_t r : d.reserved1) {
+    if (r != 0) return Invalid("reserved1", "must be 0");
+  }
+  if ((features & kFeaturePointToPoint) == 0 &&
+      (d.peer != 0 || d.tag != 0 || d.splits.buffer_id != 0 || d.splits.offset_bytes != 0)) {
+    return Invalid("peer", "peer, tag and splits need the point-to-point feature, not negotiated");
+  }
+  const auto c = static_cast<Collective>(d.collective);
+  if (c != Collective::kReduceScatterAllReduce && (d.group2_id != 0 || d.seq2 != 0 || d.epoch2 != 0)) {
+    return Invalid("group2_id", "only a reduce-scatter+all-reduce names a second group");
+  }
+  if (c == Collective::kBarrier) return absl::OkStatus();  // no data fields
+  if (d.dtype == 0 || d.dtype > kMaxDataType) {
+    return Invalid("dtype", absl::StrCat("unknown value ", d.dtype));
+  }
+  if (absl::Status s = CheckCount(d.count); !s.ok()) return s;
+  if (c == Collective::kReduceScatterAllReduce && d.group2_id == 0) {
+    return Invalid("group2_id", "a reduce-scatter+all-reduce needs a replicate group");
+  }
+  if (!IsReducing(c)) return absl::OkStatus();
+  return CheckReduceOptions(static_cast<DataType>(d.dtype), static_cast<ReduceOp>(d.reduce_op),
+                            static_cast<DataType>(d.reduce_dtype), d.premul_factor, d.pre_divide,
+                            d.post_divide);
+}
+
+}  // namespace hsdp::shm

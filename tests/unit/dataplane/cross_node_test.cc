@@ -1,0 +1,353 @@
+// The group model against the fakes that stand for what comes next: two
+// "daemons" (a Group and a FakeStreamEngine each) joined by a FakeFabric, so
+// one group has local and remote members; stream-ordered launches; a node
+// lost mid-operation; and the composite pipelined across two stream-ordered
+// phases. Data really moves (host memory), and every outcome is checked.
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "daemon/dataplane/group.h"
+#include "daemon/engine/fake/fake_engine.h"
+#include "fake_engine.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "hsdp/shm/doorbell.h"
+
+namespace hsdp {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using testing::CompletionOf;
+using testing::MakeSession;
+using testing::StatusOf;
+
+constexpr int64_t kTimeoutNs = 1'000'000'000;
+
+// One simulated node: its engine, sessions and groups.
+struct Node {
+  Node(int id, FakeFabric* fabric) : engine(id, fabric), node(id) {}
+  FakeStreamEngine engine;
+  int node;
+  std::map<int, std::shared_ptr<Session>> sessions;  // by global rank
+  std::map<uint32_t, std::shared_ptr<Group>> groups;
+  std::map<int, std::vector<float>> mem;  // by global rank: send then recv
+};
+
+class CrossNodeTest : public ::testing::Test {
+ protected:
+  // Global ranks 0..3: ranks 0, 2 on node 0 and 1, 3 on node 1 (not contiguous).
+  void SetUp() override {
+    for (int n = 0; n < 2; ++n) nodes_.push_back(std::make_unique<Node>(n, &fabric_));
+    for (int r = 0; r < 4; ++r) {
+      Node& n = *nodes_[NodeOf(r)];
+      n.sessions[r] = MakeSession(100 + r, r, 4);
+      n.mem[r] = std::vector<float>(64, 0.0f);
+    }
+    fabric_.OnNodeLost([this](int node, const std::string& why) {
+      for (auto& n : nodes_) {
+        for (auto& [id, g] : n->groups) g->PeerLost(node, why);
+      }
+    });
+  }
+
+  static int NodeOf(int rank) { return rank % 2; }
+
+  // The same group, as each node's daemon sees it.
+  void MakeGroup(uint32_t id, const std::vector<int>& ranks) {
+    std::vector<int> nodes;
+    for (int r : ranks) nodes.push_back(NodeOf(r));
+    for (auto& n : nodes_) {
+      GroupSpec spec;
+      spec.id = id;
+      spec.key = GroupKey("job", ranks, 0);
+      spec.job_id = "job";
+      spec.ranks = ranks;
+      spec.nodes = nodes;
+      spec.this_node = n->node;
+      spec.timeout_ns = kTimeoutNs;
+      spec.max_pending = 64;
+      Node* np = n.get();
+      auto g = std::make_shared<Group>(std::move(spec), &n->engine,
+                                       [np](uint32_t gid) -> std::shared_ptr<Group> {
+                                         auto it = np->groups.find(gid);
+                                         return it == np->groups.end() ? nullptr : it->second;
+                                       });
+      for (size_t i = 0; i < ranks.size(); ++i) {
+        if (NodeOf(ranks[i]) != n->node) continue;
+        ASSERT_TRUE(g->Join(static_cast<int>(i), n->sessions[ranks[i]]).ok());
+      }
+      n->groups[id] = g;
+    }
+  }
+
+  Group& G(int node, uint32_t id) { return *nodes_[node]->groups.at(id); }
+
+  // Global rank `rank` submits an all-reduce of `count` floats.
+  void SubmitAllReduce(uint32_t gid, int rank, uint64_t op_id, uint64_t seq, uint64_t count,
+                       uint32_t epoch = 1) {
+    Node& n = *nodes_[NodeOf(rank)];
+    Group& g = *n.groups.at(gid);
+    Arrival a;
+    a.session = n.sessions[rank];
+    a.desc.op_id = op_id;
+    a.desc.seq = seq;
+    a.desc.epoch = epoch;
+    a.desc.collective = static_cast<uint8_t>(Collective::kAllReduce);
+    a.desc.dtype = static_cast<uint8_t>(DataType::kFloat32);
+    a.desc.reduce_op = static_cast<uint8_t>(ReduceOp::kSum);
+    a.desc.count = count;
+    a.desc.premul_factor = a.desc.pre_divide = a.desc.post_divide = 1.0;
+    a.desc.group_id = gid;
+    a.epoch = epoch;
+    a.seq = seq;
+    a.send = n.mem[rank].data();
+    a.recv = n.mem[rank].data() + 32;
+    a.first_ns = shm::NowNanos();
+    g.Arrive(g.RankOf(rank), std::move(a));
+  }
+
+  std::optional<absl::Status> Result(int rank, uint64_t op_id) {
+    const shm::Completion* c = CompletionOf(*nodes_[NodeOf(rank)]->sessions[rank], op_id);
+    if (c == nullptr) return std::nullopt;
+    return StatusOf(*c);
+  }
+
+  FakeFabric fabric_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+};
+
+TEST_F(CrossNodeTest, OpSpanningLocalAndRemoteMembersRunsOnceEveryNodeLaunchedIt) {
+  MakeGroup(1, {0, 1, 2, 3});
+  EXPECT_TRUE(G(0, 1).IsLocal(0) && !G(0, 1).IsLocal(1) && G(0, 1).IsLocal(2));
+  for (int r = 0; r < 4; ++r) {
+    for (int i = 0; i < 8; ++i) nodes_[NodeOf(r)]->mem[r][i] = float(r * 10 + i);
+  }
+  // Node 0's local members are enough to launch its part.
+  SubmitAllReduce(1, 0, 1, 1, 8);
+  EXPECT_EQ(nodes_[0]->engine.pending(), 0u) << "rank 2 (also on node 0) has not arrived";
+  SubmitAllReduce(1, 2, 1, 1, 8);
+  ASSERT_EQ(nodes_[0]->engine.pending(), 1u);
+  const EngineTask t = nodes_[0]->engine.front();
+  ASSERT_EQ(t.members.size(), 4u);
+  EXPECT_TRUE(t.members[0].local);
+  EXPECT_FALSE(t.members[1].local);
+  EXPECT_EQ(t.members[1].node, 1);
+  EXPECT_EQ(t.members[1].send.data, nullptr) << "a remote member's memory is not addressable";
+  EXPECT_EQ(fabric_.RunReady(), 0) << "node 1 has not launched its part";
+  SubmitAllReduce(1, 1, 1, 1, 8);
+  SubmitAllReduce(1, 3, 1, 1, 8);
+  EXPECT_EQ(fabric_.RunReady(), 1);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(Result(r, 1).has_value()) << "rank " << r;
+    EXPECT_TRUE(Result(r, 1)->ok()) << *Result(r, 1);
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_EQ(nodes_[NodeOf(r)]->mem[r][32 + i], float(60 + 4 * i)) << "rank " << r;
+    }
+  }
+}
+
+TEST_F(CrossNodeTest, RemoteNodeLostMidOpFailsEveryLocalMemberNamingItAndEndsTheEpoch) {
+  MakeGroup(1, {0, 1, 2, 3});
+  MakeGroup(2, {0, 2});  // node 0 only: unaffected by node 1's loss
+  SubmitAllReduce(1, 0, 1, 1, 8);
+  SubmitAllReduce(1, 2, 1, 1, 8);
+  ASSERT_EQ(nodes_[0]->engine.pending(), 1u);  // launched, waiting for node 1
+  fabric_.KillNode(1, "heartbeats stopped");
+  for (int r : {0, 2}) {
+    ASSERT_TRUE(Result(r, 1).has_value()) << "rank " << r;
+    EXPECT_FALSE(Result(r, 1)->ok());
+    EXPECT_THAT(std::string(Result(r, 1)->message()), HasSubstr("node 1"));
+  }
+  EXPECT_EQ(nodes_[0]->engine.pending(), 0u);
+  EXPECT_TRUE(G(0, 1).stats().broken);
+  // Later work in the failed epoch names the lost ranks.
+  SubmitAllReduce(1, 0, 2, 2, 8);
+  ASSERT_TRUE(Result(0, 2).has_value());
+  EXPECT_EQ(Result(0, 2)->code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(Result(0, 2)->message()),
+              AllOf(HasSubstr("node 1"), HasSubstr("[1, 3]"), HasSubstr("lost")));
+  // A group without members there keeps working.
+  SubmitAllReduce(2, 0, 3, 1, 4);
+  SubmitAllReduce(2, 2, 3, 1, 4);
+  ASSERT_EQ(nodes_[0]->engine.pending(), 1u);
+  ASSERT_TRUE(nodes_[0]->engine.Execute().ok());
+  EXPECT_TRUE(Result(0, 3).value_or(absl::UnknownError("none")).ok());
+}
+
+TEST_F(CrossNodeTest, GroupReformsAcrossNodesInANewEpoch) {
+  MakeGroup(1, {0, 1, 2, 3});
+  SubmitAllReduce(1, 0, 1, 1, 8);
+  fabric_.KillNode(1, "rebooted");
+  ASSERT_TRUE(Result(0, 1).has_value());
+  // Node 1 comes back (its daemon tells ours that its members joined epoch 2).
+  ASSERT_EQ(*G(0, 1).Join(0, nodes_[0]->sessions[0]), 2u);
+  ASSERT_EQ(*G(0, 1).Join(2, nodes_[0]->sessions[2]), 2u);
+  EXPECT_EQ(G(0, 1).stats().epoch, 1u) << "remote members have not joined yet";
+  G(0, 1).RemoteJoined(1, 2);
+  EXPECT_EQ(G(0, 1).stats().epoch, 1u);
+  G(0, 1).RemoteJoined(3, 2);
+  EXPECT_EQ(G(0, 1).stats().epoch, 2u);
+  EXPECT_FALSE(G(0, 1).stats().broken);
+  // Sequence numbers restart at 1 in epoch 2.
+  SubmitAllReduce(1, 0, 2, 1, 8, /*epoch=*/2);
+  SubmitAllReduce(1, 2, 2, 1, 8, /*epoch=*/2);
+  ASSERT_EQ(nodes_[0]->engine.pending(), 1u);
+  EXPECT_EQ(nodes_[0]->engine.front().epoch, 2u);
+  EXPECT_EQ(nodes_[0]->engine.front().seq, 1u);
+}
+
+TEST_F(CrossNodeTest, CompositePipelinesAcrossTwoStreamOrderedPhases) {
+  // One node, a 2x2 mesh: shard groups {0,2}/{1,3} are node 0 only here, so
+  // use a single-node layout with the engine of node 0 for everything.
+  Node& n = *nodes_[0];
+  n.sessions[1] = MakeSession(201, 1, 4);
+  n.sessions[3] = MakeSession(203, 3, 4);
+  n.mem[1] = std::vector<float>(64, 0.0f);
+  n.mem[3] = std::vector<float>(64, 0.0f);
+  auto make = [&](uint32_t id, std::vector<int> ranks) {
+    GroupSpec spec;
+    spec.id = id;
+    spec.key = GroupKey("job", ranks, 0);
+    spec.job_id = "job";
+    spec.ranks = ranks;
+    spec.timeout_ns = kTimeoutNs;
+    Node* np = &n;
+    auto g = std::make_shared<Group>(std::move(spec), &n.engine,
+                                     [np](uint32_t gid) -> std::shared_ptr<Group> {
+                                       auto it = np->groups.find(gid);
+                                       return it == np->groups.end() ? nullptr : it->second;
+                                     });
+    for (size_t i = 0; i < ranks.size(); ++i) ASSERT_TRUE(g->Join(i, n.sessions[ranks[i]]).ok());
+    n.groups[id] = g;
+  };
+  make(11, {0, 1});  // shard groups
+  make(12, {2, 3});
+  make(21, {0, 2});  // replicate groups
+  make(22, {1, 3});
+  // Every rank contributes 1, 2 (two shards of 2 floats: count 2 per rank... here 1 float).
+  for (int r = 0; r < 4; ++r) {
+    n.mem[r][0] = float(r + 1);
+    n.mem[r][1] = float(10 * (r + 1));
+  }
+  auto submit = [&](uint32_t shard, uint32_t replicate, int rank) {
+    Group& g = *n.groups.at(shard);
+    Arrival a;
+    a.session = n.sessions[rank];
+    a.desc.op_id = 1;
+    a.desc.seq = 1;
+    a.desc.seq2 = 1;
+    a.desc.epoch = a.desc.epoch2 = 1;
+    a.desc.collective = static_cast<uint8_t>(Collective::kReduceScatterAllReduce);
+    a.desc.dtype = static_cast<uint8_t>(DataType::kFloat32);
+    a.desc.reduce_op = static_cast<uint8_t>(ReduceOp::kSum);
+    a.desc.count = 1;
+    a.desc.premul_factor = a.desc.pre_divide = a.desc.post_divide = 1.0;
+    a.desc.group_id = shard;
+    a.desc.group2_id = replicate;
+    a.epoch = 1;
+    a.seq = 1;
+    a.send = n.mem[rank].data();
+    a.recv = n.mem[rank].data() + 32;
+    a.first_ns = shm::NowNanos();
+    g.Arrive(g.RankOf(rank), std::move(a));
+  };
+  submit(11, 21, 0);
+  submit(11, 22, 1);
+  submit(12, 21, 2);
+  submit(12, 22, 3);
+  // Both reduce-scatters and both all-reduces are in the engine at once: the
+  // second phase did not wait for the first to finish (no CPU round trip).
+  ASSERT_EQ(n.engine.pending(), 4u);
+  const uint64_t rs1 = n.engine.front_ticket();
+  // The fake enforces the dependency an engine must honour.
+  const EngineTask first = n.engine.front();
+  EXPECT_EQ(first.collective, Collective::kReduceScatter);
+  EXPECT_EQ(n.engine.Complete(rs1 + 2, absl::OkStatus()).code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "an all-reduce must not finish before the reduce-scatters it depends on";
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(n.engine.Execute().ok()) << i;
+  // Rank r's shard r%2 summed over its shard group, then over the replicate group.
+  // Shard 0 (first float): sum over all ranks of (r+1) = 10; shard 1: 100.
+  for (int r = 0; r < 4; ++r) {
+    const shm::Completion* c = CompletionOf(*n.sessions[r], 1);
+    ASSERT_NE(c, nullptr) << "rank " << r;
+    EXPECT_TRUE(StatusOf(*c).ok()) << StatusOf(*c);
+  }
+  EXPECT_EQ(n.mem[0][32], 10.0f);
+  EXPECT_EQ(n.mem[2][32], 10.0f);
+  EXPECT_EQ(n.mem[1][32], 100.0f);
+  EXPECT_EQ(n.mem[3][32], 100.0f);
+}
+
+TEST_F(CrossNodeTest, CompositeSecondPhaseFailsWhenTheFirstFailsInTheEngine) {
+  Node& n = *nodes_[0];
+  n.sessions[1] = MakeSession(201, 1, 4);
+  n.mem[1] = std::vector<float>(64, 0.0f);
+  auto make = [&](uint32_t id, std::vector<int> ranks) {
+    GroupSpec spec;
+    spec.id = id;
+    spec.key = GroupKey("job", ranks, 0);
+    spec.job_id = "job";
+    spec.ranks = ranks;
+    spec.timeout_ns = kTimeoutNs;
+    Node* np = &n;
+    auto g = std::make_shared<Group>(std::move(spec), &n.engine,
+                                     [np](uint32_t gid) -> std::shared_ptr<Group> {
+                                       auto it = np->groups.find(gid);
+                                       return it == np->groups.end() ? nullptr : it->second;
+                                     });
+    for (size_t i = 0; i < ranks.size(); ++i) ASSERT_TRUE(g->Join(i, n.sessions[ranks[i]]).ok());
+    n.groups[id] = g;
+  };
+  make(11, {0, 1});  // shard group
+  make(21, {0});     // replicate groups of one
+  make(22, {1});
+  for (int rank : {0, 1}) {
+    Group& g = *n.groups.at(11);
+    Arrival a;
+    a.session = n.sessions[rank];
+    a.desc.op_id = 5;
+    a.desc.seq = a.desc.seq2 = 1;
+    a.desc.epoch = a.desc.epoch2 = 1;
+    a.desc.collective = static_cast<uint8_t>(Collective::kReduceScatterAllReduce);
+    a.desc.dtype = static_cast<uint8_t>(DataType::kFloat32);
+    a.desc.reduce_op = static_cast<uint8_t>(ReduceOp::kSum);
+    a.desc.count = 1;
+    a.desc.premul_factor = a.desc.pre_divide = a.desc.post_divide = 1.0;
+    a.desc.group_id = 11;
+    a.desc.group2_id = rank == 0 ? 21 : 22;
+    a.epoch = a.seq = 1;
+    a.send = n.mem[rank].data();
+    a.recv = n.mem[rank].data() + 32;
+    a.first_ns = shm::NowNanos();
+    g.Arrive(rank, std::move(a));
+  }
+  ASSERT_EQ(n.engine.pending(), 3u);
+  n.engine.Finish(absl::InternalError("transport error in the reduce-scatter"));
+  ASSERT_EQ(n.engine.pending(), 2u);
+  n.engine.Finish();  // the dependent all-reduces: the fake fails them with the dependency
+  n.engine.Finish();
+  for (int r : {0, 1}) {
+    const shm::Completion* c = CompletionOf(*n.sessions[r], 5);
+    ASSERT_NE(c, nullptr) << "rank " << r;
+    EXPECT_EQ(StatusOf(*c).code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(std::string(StatusOf(*c).message()), HasSubstr("transport error"));
+  }
+}
+
+TEST_F(CrossNodeTest, EpochFailureAbortsRunningOpsInTheEngine) {
+  MakeGroup(1, {0, 1, 2, 3});
+  SubmitAllReduce(1, 0, 1, 1, 8);
+  SubmitAllReduce(1, 2, 1, 1, 8);
+  const uint64_t ticket = nodes_[0]->engine.front_ticket();
+  G(0, 1).MemberLeft(nodes_[0]->sessions[2].get(), "killed");
+  EXPECT_EQ(nodes_[0]->engine.aborted(), std::vector<uint64_t>{ticket});
+  ASSERT_TRUE(Result(0, 1).has_value());
+  EXPECT_EQ(Result(0, 1)->code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(Result(0, 1)->message()), HasSubstr("rank 2 left"));
+}
+
+}  // namespace
+}  // namespace hsdp
