@@ -141,9 +141,7 @@ std::string Group::RanksList(const std::vector<int>& group_ranks) const {
 }
 
 const Arrival& Group::AnyArrival(const PendingOp& op) const {
-  for (const auto& a : op.arrivals) {
-    if (a.has_value()) return *a;
-  }
+  if (!op.arrivals.empty()) return op.arrivals.begin()->second;
   static const Arrival kNone;
   return kNone;
 }
@@ -158,16 +156,14 @@ std::string Group::Describe(const PendingOp& op) const {
 }
 
 std::string Group::Disagreement(const PendingOp& op) const {
-  const Arrival& ref = *op.arrivals[0];
-  const int n = static_cast<int>(local_ranks_.size());
-  const int ref_rank = spec_.ranks[local_ranks_[0]];
+  const Arrival& ref = op.arrivals.begin()->second;
+  const int ref_rank = spec_.ranks[local_ranks_[op.arrivals.begin()->first]];
   std::vector<std::string> problems;
   auto check = [&](const char* field, auto get, auto show) {
-    for (int i = 1; i < n; ++i) {
-      const Arrival& a = *op.arrivals[i];
+    for (const auto& [li, a] : op.arrivals) {
       if (!(get(a) == get(ref))) {
         problems.push_back(absl::StrCat(field, ": rank ", ref_rank, " has ", show(ref), ", rank ",
-                                        spec_.ranks[local_ranks_[i]], " has ", show(a)));
+                                        spec_.ranks[local_ranks_[li]], " has ", show(a)));
         return;
       }
     }
@@ -193,11 +189,10 @@ std::string Group::Disagreement(const PendingOp& op) const {
     for (auto [field, member] : {std::pair{"premul_factor", &shm::OpDescriptor::premul_factor},
                                  std::pair{"pre_divide", &shm::OpDescriptor::pre_divide},
                                  std::pair{"post_divide", &shm::OpDescriptor::post_divide}}) {
-      for (int i = 1; i < n; ++i) {
-        const Arrival& a = *op.arrivals[i];
+      for (const auto& [li, a] : op.arrivals) {
         if (!SameDouble(a.desc.*member, ref.desc.*member)) {
           problems.push_back(absl::StrCat(field, ": rank ", ref_rank, " has ", ref.desc.*member,
-                                          ", rank ", spec_.ranks[local_ranks_[i]], " has ",
+                                          ", rank ", spec_.ranks[local_ranks_[li]], " has ",
                                           a.desc.*member));
           break;
         }
@@ -217,7 +212,7 @@ std::string Group::Disagreement(const PendingOp& op) const {
 }
 
 EngineTask Group::Lower(const PendingOp& op) const {
-  const Arrival& ref = *op.arrivals[0];
+  const Arrival& ref = op.arrivals.begin()->second;
   const shm::OpDescriptor& d = ref.desc;
   EngineTask t;
   t.collective = static_cast<Collective>(d.collective);
@@ -261,7 +256,7 @@ EngineTask Group::Lower(const PendingOp& op) const {
     m.node = spec_.nodes.empty() ? spec_.this_node : spec_.nodes[r];
     m.local = IsLocal(r);
     if (!m.local) continue;
-    const Arrival& a = *op.arrivals[local_index_[r]];
+    const Arrival& a = op.arrivals.at(local_index_[r]);
     m.send = BufferView{MemoryKind::kHost, -1, const_cast<void*>(a.send), ext.send_bytes};
     m.recv = BufferView{MemoryKind::kHost, -1, a.recv, ext.recv_bytes};
     for (uint64_t dep : a.depends_on) {
@@ -322,14 +317,13 @@ void Group::Arrive(int group_rank, Arrival arrival) {
                        " operations waiting for members (limits.max_pending_ops)")));
     } else {
       PendingOp& op = pending_[{epoch, seq}];
-      if (op.arrivals.empty()) {
+      if (op.seq == 0) {
         op.epoch = epoch;
         op.seq = seq;
-        op.arrivals.resize(local_ranks_.size());
         op.first_ns = arrival.first_ns;
       }
       const int li = local_index_[group_rank];
-      if (op.arrivals[li].has_value()) {
+      if (op.arrivals.count(li) > 0) {
         reject_one(absl::InvalidArgumentError(absl::StrCat("seq: rank ", spec_.ranks[group_rank],
                                                            " submitted seq ", seq, " of group ",
                                                            spec_.id, " twice")));
@@ -371,12 +365,12 @@ void Group::RecordWaitsLocked(const PendingOp& op) {
   if (op.arrivals.size() < 2) return;
   int last = -1;
   int64_t last_ns = INT64_MIN, second_ns = INT64_MIN;
-  for (size_t i = 0; i < op.arrivals.size(); ++i) {
-    const int64_t t = op.arrivals[i]->arrived_ns;
+  for (const auto& [li, a] : op.arrivals) {
+    const int64_t t = a.arrived_ns;
     if (t > last_ns) {
       second_ns = last_ns;
       last_ns = t;
-      last = static_cast<int>(i);
+      last = li;
     } else if (t > second_ns) {
       second_ns = t;
     }
@@ -390,9 +384,7 @@ std::vector<Arrival> Group::FailLocked(OpKey key, const absl::Status& status) {
   std::vector<Arrival> out;
   auto it = pending_.find(key);
   if (it != pending_.end()) {
-    for (auto& a : it->second.arrivals) {
-      if (a.has_value()) out.push_back(std::move(*a));
-    }
+    for (auto& [li, a] : it->second.arrivals) out.push_back(std::move(a));
     pending_.erase(it);
   }
   if (key.first == epoch_) {
@@ -480,11 +472,11 @@ void Group::OnLaunched(const std::shared_ptr<RunningOp>& run, uint64_t ticket) {
     absl::MutexLock l(&mu_);
     awaiting_launch_ = false;
     run->ticket = ticket;
-    const Arrival& a = *run->op.arrivals[0];
+    const Arrival& a = run->op.arrivals.begin()->second;
     if (static_cast<Collective>(a.desc.collective) == Collective::kReduceScatterAllReduce &&
         !a.phase2 && !run->finished.load()) {
       run->forwarded = true;
-      for (auto& arr : run->op.arrivals) forward.push_back(*arr);  // phase 1 keeps its own
+      for (auto& [li, arr] : run->op.arrivals) forward.push_back(arr);  // phase 1 keeps its own
     }
   }
   // The second phase may start as soon as the engine ordered the first.
@@ -503,7 +495,7 @@ void Group::OnCompleted(const std::shared_ptr<RunningOp>& run, absl::Status stat
   }
   PendingOp& op = run->op;
   std::vector<Arrival> arrivals;
-  for (auto& a : op.arrivals) arrivals.push_back(std::move(*a));
+  for (auto& [li, a] : op.arrivals) arrivals.push_back(std::move(a));
   const auto c = static_cast<Collective>(arrivals[0].desc.collective);
   if (c == Collective::kReduceScatterAllReduce && !arrivals[0].phase2) {
     // The second phase reports (it depends on this one and fails with it).
@@ -615,7 +607,7 @@ void Group::CheckTimeouts(int64_t now_ns) {
       const PendingOp& op = pending_[key];
       std::vector<int> missing, arrived;
       for (int r : local_ranks_) {
-        (op.arrivals[local_index_[r]].has_value() ? arrived : missing).push_back(r);
+        (op.arrivals.count(local_index_[r]) > 0 ? arrived : missing).push_back(r);
       }
       absl::Status s = absl::DeadlineExceededError(absl::StrCat(
           Describe(op), ": timed out after ", spec_.timeout_ns / 1000000,
@@ -663,7 +655,7 @@ void Group::CheckTimeouts(int64_t now_ns) {
     }
     if (ticket != 0) engine_->Abort(ticket, s);
     std::vector<Arrival> arrivals;
-    for (auto& a : run->op.arrivals) arrivals.push_back(std::move(*a));
+    for (auto& [li, a] : run->op.arrivals) arrivals.push_back(std::move(a));
     // A forwarded composite phase reports through its replicate group.
     if (!forwarded) Notify(std::move(arrivals), s, 0, 0);
     FailEpoch(s);

@@ -145,7 +145,9 @@ class Group : public std::enable_shared_from_this<Group> {
   struct PendingOp {
     uint32_t epoch = 1;
     uint64_t seq = 0;
-    std::vector<std::optional<Arrival>> arrivals;  // by local index
+    // By local index: only what arrived, so memory follows the members that
+    // submitted, never the (client-chosen) size of the group.
+    std::map<int, Arrival> arrivals;
     int arrived = 0;
     int64_t first_ns = 0;
   };

@@ -77,7 +77,7 @@ struct NodeLimits {
   uint64_t max_node_bytes = 0;     // registered buffer bytes
   uint64_t max_mappings = 0;       // buffers + channels mapped (below vm.max_map_count)
   uint64_t max_group_members_per_job = 1 << 20;  // sum of group sizes
-  uint64_t max_group_members = 1 << 22;          // node-wide sum of group sizes
+  uint64_t max_group_members = 1 << 21;          // node-wide sum of group sizes
 };
 
 // The mapping budget for `vm.max_map_count` = `kernel_limit`: three quarters,

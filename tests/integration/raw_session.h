@@ -164,6 +164,8 @@ class RawSession {
   bool closed() { return header()->state.load() == shm::kChannelClosed; }
   uint64_t session_id() const { return session_id_; }
   uint32_t entries() const { return entries_; }
+  int wake_fd() const { return wake_.get(); }
+  uint64_t channel_bytes() const { return channel_bytes_; }
 
  private:
   std::unique_ptr<v1::Node::Stub> stub_;
