@@ -1,5 +1,6 @@
 """hsdp.Client and hsdp._hsdp: zero-copy buffers, errors, option checks."""
 import os
+import time
 
 import numpy as np
 import pytest
@@ -119,5 +120,10 @@ def test_detach_cancels_use(hsdpd):
     c = hsdp.Client(socket_path=hsdpd.socket, job_id="detach-test")
     g = c.world
     c.close()
-    with pytest.raises(hsdp.HsdpError):
+    t0 = time.monotonic()
+    # Refused at once with CANCELLED naming the detach -- not a timeout
+    # (DeadlineExceeded would mean the call hung until wait() gave up).
+    with pytest.raises(hsdp.Cancelled) as e:
         c.raw.barrier(g).wait(timeout=5)
+    assert "detached" in str(e.value)
+    assert time.monotonic() - t0 < 1.0
