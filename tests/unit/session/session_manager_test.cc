@@ -1,0 +1,225 @@
+// SessionManager without a daemon: job ownership, the limits it reserves
+// before the work (buffers, mappings, group members), non-blocking buffer
+// registration, and group keys / re-joining across epochs.
+#include "daemon/session/session_manager.h"
+
+#include <unistd.h>
+
+#include <optional>
+
+#include "absl/synchronization/notification.h"
+#include "daemon/engine/fake/fake_engine.h"
+#include "fake_engine.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "hsdp/shm/layout.h"
+
+namespace hsdp {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::SealedMemfd;
+
+class SessionManagerTest : public ::testing::Test {
+ protected:
+  void Make(NodeLimits limits) {
+    limits_ = limits;
+    sm_ = std::make_unique<SessionManager>(config_, limits_, &engine_);
+  }
+  void SetUp() override {
+    NodeLimits l;
+    l.max_node_bytes = 1 << 30;
+    l.max_mappings = 100;
+    Make(l);
+  }
+
+  // Attaches and claims (as the data connection would) a session.
+  uint64_t Attach(const std::string& job, int rank, int world, uint32_t uid = 1000) {
+    AttachParams p;
+    p.job_id = job;
+    p.rank = rank;
+    p.world_size = world;
+    p.protocol_version = shm::kLayoutVersion;
+    p.features = shm::kFeaturesImplemented;
+    auto r = sm_->Attach(p, Cred(uid));
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return 0;
+    EXPECT_TRUE(sm_->ClaimSession(r->session_id, r->token.data(), Cred(uid)).ok());
+    return r->session_id;
+  }
+  static PeerCred Cred(uint32_t uid) { return PeerCred{1, uid, uid}; }
+
+  // Registers a memfd of `bytes` the way a client does (fd first, then the call).
+  absl::StatusOr<uint64_t> Register(uint64_t sid, uint64_t bytes, uint64_t tag) {
+    sm_->FindSession(sid)->PutFd(tag, SealedMemfd(bytes));
+    return sm_->RegisterBufferSync(sid, tag, bytes, "b", Cred(1000));
+  }
+
+  NodeConfig config_;
+  NodeLimits limits_;
+  FakeStreamEngine engine_;
+  std::unique_ptr<SessionManager> sm_;
+};
+
+TEST_F(SessionManagerTest, AttachRefusesAnotherVersionNamingBoth) {
+  AttachParams p;
+  p.job_id = "j";
+  p.protocol_version = 1;
+  p.features = shm::kFeaturesImplemented;
+  auto r = sm_->Attach(p, Cred(1000));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(r.status().message()),
+              AllOf(HasSubstr("layout 1"), HasSubstr("layout 2")));
+  p.protocol_version = shm::kLayoutVersion;
+  p.features = 0;  // a client without the required features
+  r = sm_->Attach(p, Cred(1000));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("features"));
+}
+
+TEST_F(SessionManagerTest, FeaturesAreTheIntersection) {
+  AttachParams p;
+  p.job_id = "j";
+  p.protocol_version = shm::kLayoutVersion;
+  p.features = shm::kFeaturesImplemented | shm::kFeatureDeviceMemory | (1ull << 40);
+  auto r = sm_->Attach(p, Cred(1000));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->features, shm::kFeaturesImplemented);
+}
+
+TEST_F(SessionManagerTest, JobsBelongToTheirFirstUidExceptForRoot) {
+  Attach("alpha", 0, 3, /*uid=*/1000);
+  AttachParams p;
+  p.job_id = "alpha";
+  p.rank = 1;
+  p.world_size = 3;
+  p.protocol_version = shm::kLayoutVersion;
+  p.features = shm::kFeaturesImplemented;
+  auto other = sm_->Attach(p, Cred(2000));
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(other.status().message()), HasSubstr("\"alpha\""));
+  EXPECT_TRUE(sm_->Attach(p, Cred(0)).ok()) << "root may join (the operator's tools)";
+  EXPECT_EQ(sm_->Jobs(2000u).size(), 0u);
+  ASSERT_EQ(sm_->Jobs(1000u).size(), 1u);
+  EXPECT_EQ(sm_->Jobs().size(), 1u);
+}
+
+TEST_F(SessionManagerTest, RegistrationReservesAndReleasesEveryLimit) {
+  const uint64_t sid = Attach("j", 0, 1);
+  EXPECT_EQ(sm_->mappings(), 1u) << "the session channel";
+  auto b = Register(sid, 4096, 1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(sm_->bytes_registered(), 4096u);
+  EXPECT_EQ(sm_->mappings(), 2u);
+  // A registration whose fd never comes releases what it reserved.
+  absl::Notification done;
+  absl::StatusOr<uint64_t> late = absl::UnknownError("not yet");
+  sm_->RegisterBuffer(sid, 77, 8192, "never", Cred(1000), [&](absl::StatusOr<uint64_t> r) {
+    late = std::move(r);
+    done.Notify();
+  });
+  EXPECT_FALSE(done.HasBeenNotified()) << "waits without blocking the caller";
+  EXPECT_EQ(sm_->bytes_registered(), 4096u + 8192u) << "reserved while waiting";
+  sm_->FindSession(sid)->ExpireFdWaiters(absl::Now() + absl::Seconds(60));
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(sm_->bytes_registered(), 4096u);
+  EXPECT_EQ(sm_->mappings(), 2u);
+  // A wrong fd kind (not a sealed memfd) is refused and released too.
+  sm_->FindSession(sid)->PutFd(5, UniqueFd(::dup(0)));
+  auto bad = sm_->RegisterBufferSync(sid, 5, 4096, "bad", Cred(1000));
+  EXPECT_FALSE(bad.ok());
+  EXPECT_EQ(sm_->bytes_registered(), 4096u);
+  // Ending the session releases everything.
+  sm_->EndSession(sid, "test");
+  EXPECT_EQ(sm_->bytes_registered(), 0u);
+  EXPECT_EQ(sm_->mappings(), 0u);
+}
+
+TEST_F(SessionManagerTest, MappingBudgetBoundsSessionsAndBuffers) {
+  NodeLimits l;
+  l.max_node_bytes = 1 << 30;
+  l.max_mappings = 3;
+  Make(l);
+  const uint64_t sid = Attach("j", 0, 1);
+  ASSERT_TRUE(Register(sid, 4096, 1).ok());
+  ASSERT_TRUE(Register(sid, 4096, 2).ok());
+  auto over = Register(sid, 4096, 3);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over.status().message()), HasSubstr("vm.max_map_count"));
+  AttachParams p;
+  p.job_id = "k";
+  p.protocol_version = shm::kLayoutVersion;
+  p.features = shm::kFeaturesImplemented;
+  EXPECT_EQ(sm_->Attach(p, Cred(1000)).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(MappingBudget(65530), 49146u);
+  EXPECT_EQ(MappingBudget(100), 1024u);
+}
+
+TEST_F(SessionManagerTest, GroupMemberBudgetsAreCheckedBeforeAllocating) {
+  NodeLimits l;
+  l.max_node_bytes = 1 << 30;
+  l.max_mappings = 100;
+  l.max_group_members_per_job = 10;
+  l.max_group_members = 14;
+  Make(l);
+  const uint64_t a = Attach("a", 0, 8);
+  const uint64_t b = Attach("b", 0, 8);
+  std::vector<int> eight = {0, 1, 2, 3, 4, 5, 6, 7};
+  ASSERT_TRUE(sm_->NewGroup(a, eight, Cred(1000)).ok());
+  auto over_job = sm_->NewGroup(a, {0, 1, 2}, Cred(1000));
+  EXPECT_EQ(over_job.status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(sm_->NewGroup(a, {0, 1}, Cred(1000)).ok());
+  auto over_node = sm_->NewGroup(b, eight, Cred(1000));
+  EXPECT_EQ(over_node.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over_node.status().message()), HasSubstr("per node"));
+  // A refused call does not count as the caller's k-th call of that list.
+  ASSERT_TRUE(sm_->NewGroup(b, {0, 1, 2, 3}, Cred(1000)).ok());
+  // Ranks must exist in the job, once each, and include the caller.
+  EXPECT_EQ(sm_->NewGroup(b, {0, 9}, Cred(1000)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(sm_->NewGroup(b, {0, 0}, Cred(1000)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(sm_->NewGroup(b, {1, 2}, Cred(1000)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SessionManagerTest, GroupKeysAreGlobalAndARestartedRankRejoinsInTheNextEpoch) {
+  const uint64_t r0 = Attach("job", 0, 2);
+  const uint64_t r1 = Attach("job", 1, 2);
+  auto g0 = sm_->NewGroup(r0, {0, 1}, Cred(1000));
+  auto g1 = sm_->NewGroup(r1, {0, 1}, Cred(1000));
+  ASSERT_TRUE(g0.ok() && g1.ok());
+  EXPECT_EQ(g0->group_id, g1->group_id);
+  EXPECT_EQ(g0->epoch, 1u);
+  EXPECT_EQ(sm_->FindGroup(g0->group_id)->key(), GroupKey("job", {0, 1}, 0));
+  // The k-th call names the k-th group.
+  auto second = sm_->NewGroup(r0, {0, 1}, Cred(1000));
+  ASSERT_TRUE(second.ok());
+  EXPECT_NE(second->group_id, g0->group_id);
+  EXPECT_EQ(sm_->FindGroup(second->group_id)->key(), GroupKey("job", {0, 1}, 1));
+  // Rank 1 dies; its restarted process (a new session) joins the same group
+  // with its first NewGroup call, and the survivor re-joins: epoch 2.
+  sm_->EndSession(r1, "killed");
+  EXPECT_TRUE(sm_->FindGroup(g0->group_id)->stats().broken);
+  const uint64_t r1b = Attach("job", 1, 2);
+  auto back = sm_->NewGroup(r1b, {0, 1}, Cred(1000));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->group_id, g0->group_id);
+  EXPECT_EQ(back->epoch, 2u);
+  auto again = sm_->NewGroup(r0, {}, Cred(1000), /*rejoin_group_id=*/g0->group_id);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->epoch, 2u);
+  EXPECT_FALSE(sm_->FindGroup(g0->group_id)->stats().broken);
+  EXPECT_EQ(sm_->FindGroup(g0->group_id)->stats().epoch, 2u);
+  // Another job's group cannot be re-joined.
+  const uint64_t x = Attach("other", 0, 1);
+  EXPECT_EQ(sm_->NewGroup(x, {}, Cred(1000), g0->group_id).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace hsdp
