@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "hsdp/common/logging.h"
+#include "hsdp/common/socket_path.h"
 #include "hsdp/common/status_macros.h"
 #include "hsdp/shm/data_conn.h"
 #include "hsdp/shm/doorbell.h"
@@ -21,19 +22,6 @@ namespace hsdp {
 namespace {
 
 constexpr int64_t kRouteTimeoutNs = 5'000'000'000;  // a client must speak within 5 s
-
-absl::Status MakeParentDir(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos || slash == 0) return absl::OkStatus();
-  const std::string dir = path.substr(0, slash);
-  struct stat st;
-  if (::stat(dir.c_str(), &st) == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(MakeParentDir(dir));
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return ErrnoStatus(errno, absl::StrCat("mkdir ", dir), __FILE__, __LINE__);
-  }
-  return absl::OkStatus();
-}
 
 std::string ReadPid(int fd) {
   char buf[32] = {0};
@@ -44,62 +32,123 @@ std::string ReadPid(int fd) {
   return s;
 }
 
+bool SameFile(const struct stat& a, const struct stat& b) {
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Listener>> Listener::Bind(const std::string& path, uint32_t mode) {
   std::unique_ptr<Listener> l(new Listener());
-  l->path_ = path;
-  l->lock_path_ = path + ".lock";
   struct sockaddr_un addr{};
-  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("socket path must be 1 to ", sizeof(addr.sun_path) - 1, " bytes: ", path));
+  if (path.empty() || path.size() >= sizeof(addr.sun_path) || path[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "socket path must be absolute and 1 to ", sizeof(addr.sun_path) - 1, " bytes: ", path));
   }
-  RETURN_IF_ERROR(MakeParentDir(path));
-
-  // The lock file decides who owns the socket; the kernel drops the lock
-  // when its holder dies, so a crashed daemon never blocks a restart.
-  l->lock_fd_.Reset(::open(l->lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-  if (!l->lock_fd_.valid()) {
-    return ErrnoStatus(errno, absl::StrCat("open ", l->lock_path_), __FILE__, __LINE__);
+  const size_t slash = path.rfind('/');
+  l->path_ = path;
+  l->dir_ = slash == 0 ? "/" : path.substr(0, slash);
+  l->name_ = path.substr(slash + 1);
+  if (l->name_.empty() || l->name_ == "." || l->name_ == "..") {
+    return absl::InvalidArgumentError(absl::StrCat("socket path has no file name: ", path));
   }
-  if (::flock(l->lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
-    const std::string pid = ReadPid(l->lock_fd_.get());
-    l->lock_fd_.Reset();
-    l->lock_path_.clear();  // not ours to remove
-    return absl::FailedPreconditionError(absl::StrCat(
-        "another hsdpd (pid ", pid, ") is already serving ", path,
-        "; stop it first or pass a different --socket"));
+  l->lock_name_ = l->name_ + ".lock";
+  absl::StatusOr<UniqueFd> dir = OpenTrustedDir(l->dir_);
+  if (!dir.ok()) {
+    return absl::Status(dir.status().code(),
+                        absl::StrCat("socket directory for ", path, ": ", dir.status().message()));
   }
-  const std::string pid = absl::StrCat(::getpid(), "\n");
-  if (::ftruncate(l->lock_fd_.get(), 0) != 0 ||
-      ::pwrite(l->lock_fd_.get(), pid.data(), pid.size(), 0) < 0) {
-    HSDP_LOG(Warning) << "cannot write pid to " << l->lock_path_;
-  }
-  struct stat st;
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path, " exists and is not a socket; refusing to replace it"));
-    }
-    HSDP_LOG(Warning) << "replacing stale socket " << path << " left by an earlier hsdpd";
-    ::unlink(path.c_str());
-  }
-
-  l->listen_fd_.Reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!l->listen_fd_.valid()) return ErrnoStatus(errno, "socket", __FILE__, __LINE__);
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  // Create the socket with no permissions for others from the start.
-  const mode_t old_umask = ::umask(0177);
-  const int rc = ::bind(l->listen_fd_.get(), reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr));
-  ::umask(old_umask);
-  if (rc != 0) return ErrnoStatus(errno, absl::StrCat("bind ", path), __FILE__, __LINE__);
-  SYSCALL_OR_RETURN(::chmod(path.c_str(), mode));
-  SYSCALL_OR_RETURN(::listen(l->listen_fd_.get(), 512));
+  l->dir_fd_ = std::move(*dir);
+  RETURN_IF_ERROR(l->TakeLock());
+  RETURN_IF_ERROR(l->BindSocket(mode));
   l->wake_fd_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!l->wake_fd_.valid()) return ErrnoStatus(errno, "eventfd", __FILE__, __LINE__);
   return l;
+}
+
+// The lock file decides who owns the socket; the kernel drops the lock when
+// its holder dies, so a crashed daemon never blocks a restart.
+absl::Status Listener::TakeLock() {
+  const std::string lock_path = dir_ + "/" + lock_name_;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    UniqueFd fd(::openat(dir_fd_.get(), lock_name_.c_str(),
+                         O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0644));
+    if (!fd.valid()) {
+      if (errno == ELOOP) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(lock_path, " is a symbolic link; refusing to follow it"));
+      }
+      return ErrnoStatus(errno, absl::StrCat("open ", lock_path), __FILE__, __LINE__);
+    }
+    struct stat st;
+    SYSCALL_OR_RETURN(::fstat(fd.get(), &st));
+    if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || st.st_nlink != 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          lock_path, " is not a plain file owned by uid ", ::geteuid(),
+          " with a single link; remove it if no hsdpd is running"));
+    }
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "another hsdpd (pid ", ReadPid(fd.get()), ") is already serving ", path_,
+          "; stop it first or pass a different --socket"));
+    }
+    // A daemon that was stopping may have removed the file between our open
+    // and our flock: then the lock guards nothing; take the new file.
+    struct stat now;
+    if (::fstatat(dir_fd_.get(), lock_name_.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !SameFile(now, st)) {
+      continue;
+    }
+    const std::string pid = absl::StrCat(::getpid(), "\n");
+    if (::ftruncate(fd.get(), 0) != 0 || ::pwrite(fd.get(), pid.data(), pid.size(), 0) < 0) {
+      HSDP_LOG(Warning) << "cannot write pid to " << lock_path;
+    }
+    lock_fd_ = std::move(fd);
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError(absl::StrCat(lock_path, " keeps being replaced; is another hsdpd "
+                                             "starting and stopping on it?"));
+}
+
+absl::Status Listener::BindSocket(uint32_t mode) {
+  struct stat st;
+  if (::fstatat(dir_fd_.get(), name_.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path_, " exists and is not a socket; refusing to replace it"));
+    }
+    // We hold the lock, so no live daemon owns it.
+    HSDP_LOG(Warning) << "replacing stale socket " << path_ << " left by an earlier hsdpd";
+    if (::unlinkat(dir_fd_.get(), name_.c_str(), 0) != 0 && errno != ENOENT) {
+      return ErrnoStatus(errno, absl::StrCat("unlink ", path_), __FILE__, __LINE__);
+    }
+  }
+  listen_fd_.Reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!listen_fd_.valid()) return ErrnoStatus(errno, "socket", __FILE__, __LINE__);
+  // Bind through the directory fd (/proc/self/fd/N/name) so the socket lands
+  // in the directory we checked even if a path component is swapped now.
+  struct sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::string where = absl::StrCat("/proc/self/fd/", dir_fd_.get(), "/", name_);
+  if (where.size() >= sizeof(addr.sun_path) || ::access("/proc/self/fd", X_OK) != 0) {
+    where = path_;  // every component was checked by OpenTrustedDir
+  }
+  std::memcpy(addr.sun_path, where.data(), where.size());
+  // Create the socket with no permissions for others from the start.
+  const mode_t old_umask = ::umask(0177);
+  const int rc = ::bind(listen_fd_.get(), reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr));
+  const int bind_errno = errno;
+  ::umask(old_umask);
+  if (rc != 0) return ErrnoStatus(bind_errno, absl::StrCat("bind ", path_), __FILE__, __LINE__);
+  SYSCALL_OR_RETURN(::fstatat(dir_fd_.get(), name_.c_str(), &st, AT_SYMLINK_NOFOLLOW));
+  created_socket_ = true;
+  socket_dev_ = st.st_dev;
+  socket_ino_ = st.st_ino;
+  // fchmodat follows symlinks, but the name is the socket we just made in a
+  // directory only we (or root) can write.
+  SYSCALL_OR_RETURN(::fchmodat(dir_fd_.get(), name_.c_str(), mode, 0));
+  SYSCALL_OR_RETURN(::listen(listen_fd_.get(), 512));
+  return absl::OkStatus();
 }
 
 Listener::~Listener() { Stop(); }
@@ -119,9 +168,22 @@ void Listener::Stop() {
   }
   if (thread_.joinable()) thread_.join();
   listen_fd_.Reset();
-  if (!path_.empty() && lock_fd_.valid()) ::unlink(path_.c_str());
-  if (!lock_path_.empty() && lock_fd_.valid()) ::unlink(lock_path_.c_str());
-  lock_fd_.Reset();
+  if (created_socket_) {
+    // Never remove what another process put there since (or a socket a
+    // later daemon bound after we lost the lock): only our inode.
+    struct stat st;
+    if (::fstatat(dir_fd_.get(), name_.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        st.st_dev == socket_dev_ && st.st_ino == socket_ino_) {
+      ::unlinkat(dir_fd_.get(), name_.c_str(), 0);
+    }
+    created_socket_ = false;
+  }
+  if (lock_fd_.valid()) {
+    // Removed while still locked: a daemon that opened it meanwhile sees the
+    // name gone after its flock and retries (TakeLock).
+    ::unlinkat(dir_fd_.get(), lock_name_.c_str(), 0);
+    lock_fd_.Reset();
+  }
 }
 
 void Listener::Loop() {
