@@ -14,7 +14,6 @@
 namespace hsdp {
 namespace {
 
-constexpr int64_t kHelloTimeoutNs = 5'000'000'000;
 constexpr int kReadTimeoutMs = 1000;
 
 void Reply(int fd, absl::StatusCode code, const std::string& message, uint64_t channel_bytes,
@@ -60,10 +59,10 @@ void DataConnServer::Stop() {
   conns_.clear();
 }
 
-void DataConnServer::Adopt(UniqueFd fd, const PeerCred& cred) {
+void DataConnServer::Adopt(Listener::Accepted conn) {
   {
     std::lock_guard<std::mutex> l(mu_);
-    adopted_.emplace_back(std::move(fd), cred);
+    adopted_.push_back(std::move(conn));
   }
   uint64_t one = 1;
   ssize_t ignored = ::write(wake_fd_.get(), &one, sizeof(one));
@@ -141,18 +140,18 @@ void DataConnServer::Loop() {
     const int n = ::epoll_wait(epoll_fd_.get(), events, 64, 200);
     const int64_t now = shm::NowNanos();
     {
-      std::vector<std::pair<UniqueFd, PeerCred>> adopted;
+      std::vector<Listener::Accepted> adopted;
       {
         std::lock_guard<std::mutex> l(mu_);
         adopted.swap(adopted_);
       }
-      for (auto& [fd, cred] : adopted) {
-        const int raw = fd.get();
+      for (Listener::Accepted& a : adopted) {
+        const int raw = a.fd.get();
         struct epoll_event ev{};
         ev.events = EPOLLIN | EPOLLRDHUP;
         ev.data.fd = raw;
         if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, raw, &ev) != 0) continue;
-        conns_[raw] = Conn{std::move(fd), cred, 0, now + kHelloTimeoutNs};
+        conns_[raw] = Conn{std::move(a.fd), a.cred, 0, a.hello_deadline_ns, std::move(a.slot)};
       }
     }
     for (int i = 0; i < n; ++i) {

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/server/listener.h"
 #include "daemon/session/session_manager.h"
 #include "daemon/session/shm_channel.h"
 #include "hsdp/common/unique_fd.h"
@@ -29,8 +30,9 @@ class DataConnServer {
 
   absl::Status Start();
   void Stop();
-  // Takes over a freshly accepted connection (thread-safe).
-  void Adopt(UniqueFd fd, const PeerCred& cred);
+  // Takes over a connection the listener routed here (thread-safe). Its
+  // hello must arrive by conn.hello_deadline_ns.
+  void Adopt(Listener::Accepted conn);
 
  private:
   struct Conn {
@@ -38,6 +40,7 @@ class DataConnServer {
     PeerCred cred;
     uint64_t session_id = 0;  // 0 until the hello succeeded
     int64_t deadline_ns = 0;  // for the hello
+    ConnectionSlot slot;      // counts against cred.uid while open
   };
   void Loop();
   void OnReadable(Conn& c, bool* drop);
@@ -52,7 +55,7 @@ class DataConnServer {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::mutex mu_;
-  std::vector<std::pair<UniqueFd, PeerCred>> adopted_;  // guarded by mu_
+  std::vector<Listener::Accepted> adopted_;  // guarded by mu_
   std::map<int, Conn> conns_;                           // loop thread only
 };
 

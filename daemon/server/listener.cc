@@ -1,7 +1,7 @@
 #include "daemon/server/listener.h"
 
 #include <fcntl.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/socket.h>
@@ -9,6 +9,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstring>
 #include <vector>
 
@@ -21,7 +23,14 @@
 namespace hsdp {
 namespace {
 
-constexpr int64_t kRouteTimeoutNs = 5'000'000'000;  // a client must speak within 5 s
+constexpr int64_t kMsNs = 1'000'000;
+constexpr int64_t kSweepIntervalNs = 1000 * kMsNs;
+// After running out of fds with no way to shed, accept again after this long.
+constexpr int64_t kAcceptPauseNs = 100 * kMsNs;
+// Connections accepted per wakeup before the loop serves the others.
+constexpr int kAcceptBatch = 256;
+// Per-connection warnings: at most one line per call site per this period.
+constexpr double kWarnEverySec = 5;
 
 std::string ReadPid(int fd) {
   char buf[32] = {0};
@@ -63,6 +72,9 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::Bind(const std::string& path
   RETURN_IF_ERROR(l->BindSocket(mode));
   l->wake_fd_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!l->wake_fd_.valid()) return ErrnoStatus(errno, "eventfd", __FILE__, __LINE__);
+  l->epoll_fd_.Reset(::epoll_create1(EPOLL_CLOEXEC));
+  if (!l->epoll_fd_.valid()) return ErrnoStatus(errno, "epoll_create1", __FILE__, __LINE__);
+  l->reserve_fd_.Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   return l;
 }
 
@@ -153,7 +165,11 @@ absl::Status Listener::BindSocket(uint32_t mode) {
 
 Listener::~Listener() { Stop(); }
 
-void Listener::Start(Handler on_grpc, Handler on_data) {
+void Listener::Start(const Options& options, PeerRegistry* peers, Handler on_grpc,
+                     Handler on_data) {
+  options_ = options;
+  peers_ = peers;
+  limiter_ = ConnectionLimiter::Create(options.max_connections_per_uid);
   on_grpc_ = std::move(on_grpc);
   on_data_ = std::move(on_data);
   thread_ = std::thread([this] { Loop(); });
@@ -167,6 +183,7 @@ void Listener::Stop() {
     (void)ignored;
   }
   if (thread_.joinable()) thread_.join();
+  pending_.clear();
   listen_fd_.Reset();
   if (created_socket_) {
     // Never remove what another process put there since (or a socket a
@@ -187,54 +204,184 @@ void Listener::Stop() {
 }
 
 void Listener::Loop() {
-  struct Pending {
-    UniqueFd fd;
-    PeerCred cred;
-    int64_t deadline;
-  };
-  std::vector<Pending> pending;
-  for (;;) {
-    std::vector<struct pollfd> pfds = {{listen_fd_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
-    for (const Pending& p : pending) pfds.push_back({p.fd.get(), POLLIN, 0});
-    const int rc = ::poll(pfds.data(), pfds.size(), pending.empty() ? -1 : 100);
-    if (rc < 0 && errno != EINTR) {
-      HSDP_LOG(Error) << "poll on the listening socket failed: " << std::strerror(errno);
+  struct epoll_event ev{};
+  ev.events = EPOLLIN;
+  for (const int fd : {wake_fd_.get(), listen_fd_.get()}) {
+    ev.data.fd = fd;
+    if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+      HSDP_LOG(Error) << "epoll_ctl on the listening socket failed: " << std::strerror(errno);
       return;
     }
-    if (pfds[1].revents != 0) return;
-    // Route connections that spoke (or gave up).
-    const int64_t now = shm::NowNanos();
-    std::vector<Pending> still;
-    for (size_t i = 0; i < pending.size(); ++i) {
-      Pending& p = pending[i];
-      if (pfds[i + 2].revents == 0) {
-        if (now < p.deadline) still.push_back(std::move(p));
-        continue;
-      }
-      char head[8];
-      const ssize_t n = ::recv(p.fd.get(), head, sizeof(head), MSG_PEEK | MSG_DONTWAIT);
-      if (n <= 0 && !(n < 0 && errno == EAGAIN)) continue;  // closed: drop
-      if (n < static_cast<ssize_t>(sizeof(head))) {
-        if (now < p.deadline) still.push_back(std::move(p));
-        continue;
-      }
-      if (std::memcmp(head, shm::kDataHelloMagic, sizeof(head)) == 0) {
-        on_data_(std::move(p.fd), p.cred);
+  }
+  int64_t next_sweep = shm::NowNanos() + kSweepIntervalNs;
+  int64_t next_deadline = INT64_MAX;
+  struct epoll_event events[64];
+  for (;;) {
+    int64_t wake_at = std::min(next_sweep, next_deadline);
+    if (accept_paused_until_ != 0) wake_at = std::min(wake_at, accept_paused_until_);
+    const int64_t wait_ns = std::max<int64_t>(0, wake_at - shm::NowNanos());
+    const int timeout_ms = static_cast<int>(std::min<int64_t>(1000, (wait_ns + kMsNs - 1) / kMsNs));
+    const int n = ::epoll_wait(epoll_fd_.get(), events, 64, timeout_ms);
+    if (n < 0 && errno != EINTR) {
+      HSDP_LOG(Error) << "epoll_wait on the listening socket failed: " << std::strerror(errno);
+      return;
+    }
+    int64_t now = shm::NowNanos();
+    for (int i = 0; i < n; ++i) {
+      const int fd = events[i].data.fd;
+      if (fd == wake_fd_.get()) return;
+      if (fd == listen_fd_.get()) {
+        AcceptAll(now);
       } else {
-        on_grpc_(std::move(p.fd), p.cred);
+        TryRoute(fd, events[i].events);
       }
     }
-    pending = std::move(still);
-    if (pfds[0].revents & POLLIN) {
-      for (;;) {
-        UniqueFd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-        if (!fd.valid()) break;
-        absl::StatusOr<PeerCred> cred = GetPeerCred(fd.get());
-        if (!cred.ok()) continue;
-        pending.push_back(Pending{std::move(fd), *cred, shm::NowNanos() + kRouteTimeoutNs});
-      }
+    now = shm::NowNanos();
+    if (accept_paused_until_ != 0 && now >= accept_paused_until_) {
+      accept_paused_until_ = 0;
+      ev.events = EPOLLIN;
+      ev.data.fd = listen_fd_.get();
+      ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev);
+    }
+    next_deadline = ExpirePending(now);
+    if (now >= next_sweep) {
+      peers_->Sweep();
+      next_sweep = now + kSweepIntervalNs;
     }
   }
+}
+
+void Listener::AcceptAll(int64_t now) {
+  for (int i = 0; i < kAcceptBatch; ++i) {
+    const int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) {
+      Admit(UniqueFd(fd), now);
+      continue;
+    }
+    switch (errno) {
+      case EAGAIN:
+        return;
+      case EINTR:
+      case ECONNABORTED:
+      case EPROTO:
+        continue;
+      case EMFILE:
+      case ENFILE:
+        if (ShedOneConnection()) continue;
+        PauseAccepting(now);
+        return;
+      default:  // ENOBUFS, ENOMEM, ...: let memory come back
+        HSDP_LOG_EVERY_N_SEC(Error, kWarnEverySec)
+            << "accept on " << path_ << " failed: " << std::strerror(errno)
+            << "; pausing new connections for " << kAcceptPauseNs / kMsNs << " ms";
+        PauseAccepting(now);
+        return;
+    }
+  }
+}
+
+bool Listener::ShedOneConnection() {
+  const int err = errno;
+  bool shed = false;
+  if (reserve_fd_.valid()) {
+    reserve_fd_.Reset();
+    UniqueFd victim(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    shed = victim.valid();
+    victim.Reset();
+    reserve_fd_.Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  }
+  if (shed) {
+    HSDP_LOG_EVERY_N_SEC(Error, kWarnEverySec)
+        << "out of file descriptors (" << std::strerror(err)
+        << "): closing new connections at once; raise the fd limit (LimitNOFILE) or lower "
+           "limits.max_connections_per_uid";
+  } else {
+    HSDP_LOG_EVERY_N_SEC(Error, kWarnEverySec)
+        << "out of file descriptors (" << std::strerror(err) << "): pausing new connections for "
+        << kAcceptPauseNs / kMsNs << " ms; raise the fd limit (LimitNOFILE) or lower "
+        << "limits.max_connections_per_uid";
+  }
+  return shed && reserve_fd_.valid();
+}
+
+void Listener::PauseAccepting(int64_t now) {
+  if (accept_paused_until_ != 0) return;
+  accept_paused_until_ = now + kAcceptPauseNs;
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, listen_fd_.get(), nullptr);
+}
+
+void Listener::Admit(UniqueFd fd, int64_t now) {
+  absl::StatusOr<PeerCred> cred = GetPeerCred(fd.get());
+  if (!cred.ok()) return;
+  std::optional<ConnectionSlot> slot = limiter_->TryAcquire(cred->uid);
+  if (!slot.has_value()) {
+    peers_->Sweep();  // gRPC connections that closed since the last sweep
+    slot = limiter_->TryAcquire(cred->uid);
+  }
+  if (!slot.has_value()) {
+    HSDP_LOG_EVERY_N_SEC(Warning, kWarnEverySec)
+        << "uid " << cred->uid << " (pid " << cred->pid << ") already has "
+        << limiter_->Live(cred->uid) << " connections to " << path_
+        << " (limits.max_connections_per_uid = " << limiter_->max_per_uid()
+        << "); closing the new one";
+    return;
+  }
+  // Edge-triggered: a connection that sent fewer than 8 bytes wakes us only
+  // when more arrive (or it hangs up), never in a loop. Bytes that arrived
+  // before the add are reported at once.
+  struct epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+  ev.data.fd = fd.get();
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd.get(), &ev) != 0) {
+    HSDP_LOG_EVERY_N_SEC(Error, kWarnEverySec)
+        << "epoll_ctl for a new connection failed: " << std::strerror(errno);
+    return;
+  }
+  const int raw = fd.get();
+  const int64_t deadline = now + int64_t{options_.hello_timeout_ms} * kMsNs;
+  pending_[raw] = Pending{std::move(fd), *cred, std::move(*slot), deadline};
+}
+
+void Listener::TryRoute(int fd, uint32_t events) {
+  auto it = pending_.find(fd);
+  if (it == pending_.end()) return;
+  char head[8];
+  const ssize_t n = ::recv(fd, head, sizeof(head), MSG_PEEK | MSG_DONTWAIT);
+  if (n == static_cast<ssize_t>(sizeof(head))) {
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    Accepted conn{std::move(p.fd), p.cred, std::move(p.slot), p.deadline_ns};
+    if (std::memcmp(head, shm::kDataHelloMagic, sizeof(head)) == 0) {
+      on_data_(std::move(conn));
+    } else {
+      on_grpc_(std::move(conn));
+    }
+    return;
+  }
+  const bool waiting = n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+  // A peer that hung up before 8 bytes can never complete them.
+  if (waiting && (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0) return;
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  pending_.erase(it);  // closes it
+}
+
+int64_t Listener::ExpirePending(int64_t now) {
+  int64_t earliest = INT64_MAX;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (now < it->second.deadline_ns) {
+      earliest = std::min(earliest, it->second.deadline_ns);
+      ++it;
+      continue;
+    }
+    HSDP_LOG_EVERY_N_SEC(Warning, kWarnEverySec)
+        << "closing a connection from uid " << it->second.cred.uid << " (pid "
+        << it->second.cred.pid << "): it sent fewer than 8 bytes within timeouts.hello_ms = "
+        << options_.hello_timeout_ms << " ms";
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, it->first, nullptr);
+    it = pending_.erase(it);  // closes it
+  }
+  return earliest;
 }
 
 }  // namespace hsdp
