@@ -49,7 +49,8 @@ absl::Status CheckComponent(const std::string& path, const struct stat& st, bool
     return absl::FailedPreconditionError(absl::StrCat(
         path, " is owned by uid ", st.st_uid, ", not by root or this process (uid ", me,
         "); another user could replace the socket or plant files in it. Remove it, or choose "
-        "a directory owned by uid ", me, " (node.socket / --socket)"));
+        "a directory owned by uid ",
+        me, " (node.socket / --socket)"));
   }
   const bool shared_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
   if (shared_write && (last || (st.st_mode & S_ISVTX) == 0)) {
@@ -125,8 +126,11 @@ std::string ClientDefaultSocketPath() {
   if (const char* env = std::getenv("HSDPD_SOCKET"); env != nullptr && *env != '\0') return env;
   for (const std::string& dir : CandidateDirs()) {
     struct stat st;
+    // A socket in a directory another user controls may be theirs, not
+    // hsdpd's (say, /tmp/hsdpd-$UID made first by someone else): skip it.
+    if (::lstat(dir.c_str(), &st) != 0 || !CheckComponent(dir, st, /*last=*/true).ok()) continue;
     const std::string path = dir + "/hsdpd.sock";
-    if (::stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return path;
+    if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return path;
   }
   return DaemonDefaultSocketPath();
 }

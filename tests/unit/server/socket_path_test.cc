@@ -3,10 +3,13 @@
 #include "hsdp/common/socket_path.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -48,6 +51,26 @@ TEST(SocketPathTest, RootAlwaysUsesTheSystemSocket) {
   EXPECT_EQ(DaemonDefaultSocketPath(), "/run/hsdpd/hsdpd.sock");
   ::unsetenv("XDG_RUNTIME_DIR");
   EXPECT_EQ(DaemonDefaultSocketPath(), "/run/hsdpd/hsdpd.sock");
+}
+
+TEST_F(TrustedDirTest, ClientSkipsASocketInAnotherUsersDirectory) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to chown";
+  struct stat st;
+  if (::lstat("/run/hsdpd/hsdpd.sock", &st) == 0) GTEST_SKIP() << "a system hsdpd is running";
+  ::unsetenv("HSDPD_SOCKET");
+  ::setenv("XDG_RUNTIME_DIR", dir_.c_str(), 1);
+  const std::string d = dir_ + "/hsdpd";
+  ASSERT_EQ(::mkdir(d.c_str(), 0755), 0);
+  const std::string path = d + "/hsdpd.sock";
+  UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  struct sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  ASSERT_EQ(::bind(sock.get(), reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(ClientDefaultSocketPath(), path);  // ours: found
+  ASSERT_EQ(::chown(d.c_str(), 65534, 65534), 0);
+  EXPECT_NE(ClientDefaultSocketPath(), path) << "trusted a socket another user controls";
+  ::unsetenv("XDG_RUNTIME_DIR");
 }
 
 TEST_F(TrustedDirTest, CreatesMissingComponents0755UnderAnyUmask) {

@@ -23,7 +23,9 @@ inline constexpr char kSystemSocketPath[] = "/run/hsdpd/hsdpd.sock";
 std::string DaemonDefaultSocketPath();
 
 // The client's choice: $HSDPD_SOCKET when set; otherwise the first of the
-// candidates above whose socket file exists; otherwise DaemonDefaultSocketPath().
+// candidates above whose socket file exists in a directory that is no
+// symlink, is owned by root or the caller and is not writable by group or
+// others; otherwise DaemonDefaultSocketPath().
 std::string ClientDefaultSocketPath();
 
 // Opens the directory `dir` (absolute; no "." or ".." components) for use
