@@ -51,8 +51,8 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::Bind(const std::string& path
   std::unique_ptr<Listener> l(new Listener());
   struct sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path) || path[0] != '/') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "socket path must be absolute and 1 to ", sizeof(addr.sun_path) - 1, " bytes: ", path));
+    return absl::InvalidArgumentError(absl::StrCat("socket path must be absolute and 1 to ",
+                                                   sizeof(addr.sun_path) - 1, " bytes: ", path));
   }
   const size_t slash = path.rfind('/');
   l->path_ = path;
@@ -95,14 +95,14 @@ absl::Status Listener::TakeLock() {
     struct stat st;
     SYSCALL_OR_RETURN(::fstat(fd.get(), &st));
     if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || st.st_nlink != 1) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          lock_path, " is not a plain file owned by uid ", ::geteuid(),
-          " with a single link; remove it if no hsdpd is running"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(lock_path, " is not a plain file owned by uid ", ::geteuid(),
+                       " with a single link; remove it if no hsdpd is running"));
     }
     if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "another hsdpd (pid ", ReadPid(fd.get()), ") is already serving ", path_,
-          "; stop it first or pass a different --socket"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("another hsdpd (pid ", ReadPid(fd.get()), ") is already serving ", path_,
+                       "; stop it first or pass a different --socket"));
     }
     // A daemon that was stopping may have removed the file between our open
     // and our flock: then the lock guards nothing; take the new file.
@@ -118,7 +118,8 @@ absl::Status Listener::TakeLock() {
     lock_fd_ = std::move(fd);
     return absl::OkStatus();
   }
-  return absl::UnavailableError(absl::StrCat(lock_path, " keeps being replaced; is another hsdpd "
+  return absl::UnavailableError(absl::StrCat(lock_path,
+                                             " keeps being replaced; is another hsdpd "
                                              "starting and stopping on it?"));
 }
 
@@ -376,8 +377,9 @@ int64_t Listener::ExpirePending(int64_t now) {
     }
     HSDP_LOG_EVERY_N_SEC(Warning, kWarnEverySec)
         << "closing a connection from uid " << it->second.cred.uid << " (pid "
-        << it->second.cred.pid << "): it sent fewer than 8 bytes within timeouts.hello_ms = "
-        << options_.hello_timeout_ms << " ms";
+        << it->second.cred.pid
+        << "): it sent fewer than 8 bytes within timeouts.hello_ms = " << options_.hello_timeout_ms
+        << " ms";
     ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, it->first, nullptr);
     it = pending_.erase(it);  // closes it
   }

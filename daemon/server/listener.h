@@ -114,9 +114,9 @@ class Listener {
   Handler on_grpc_;
   Handler on_data_;
   UniqueFd epoll_fd_;
-  UniqueFd reserve_fd_;               // freed to accept-and-close at EMFILE
+  UniqueFd reserve_fd_;              // freed to accept-and-close at EMFILE
   int64_t accept_paused_until_ = 0;  // 0: accepting
-  std::map<int, Pending> pending_;    // connections that have not sent 8 bytes
+  std::map<int, Pending> pending_;   // connections that have not sent 8 bytes
 
   std::thread thread_;
   std::atomic<bool> stopped_{false};

@@ -21,7 +21,6 @@
 namespace hsdp {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::AttachOnly;
 using testing::Child;
 using testing::ClosedWithin;
@@ -29,6 +28,7 @@ using testing::ConnectAndSend;
 using testing::CountSessions;
 using testing::DaemonProcess;
 using testing::Eventually;
+using ::testing::HasSubstr;
 using testing::NowMs;
 using testing::OpenDataConnection;
 using testing::RawAttach;
@@ -92,9 +92,8 @@ TEST(HardeningDataConnTest, SlowHelloDelaysNobody) {
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
 
-  std::unique_ptr<Child> c = AttachedChild(d.socket(), "slowjob", [](int, FILE* out) {
-    std::fprintf(out, "ready\n");
-  });
+  std::unique_ptr<Child> c =
+      AttachedChild(d.socket(), "slowjob", [](int, FILE* out) { std::fprintf(out, "ready\n"); });
   const bool ready = c->WaitFor("ready", 10000);
   stop = true;
   trickle.join();
@@ -138,7 +137,8 @@ TEST(HardeningDataConnTest, PassingItsOwnDataConnectionBackEndsTheSession) {
   EXPECT_EQ(c->Finish(10000), 0) << c->output();
   ASSERT_THAT(c->output(), HasSubstr("sent"));
   EXPECT_TRUE(Eventually([&] { return CountSessions(d.socket(), "cycle") == 0; }, 3000))
-      << "the session outlived its process\n" << d.Log();
+      << "the session outlived its process\n"
+      << d.Log();
   EXPECT_THAT(d.Log(), HasSubstr("passed a socket where only memfds are accepted"));
 }
 
@@ -153,8 +153,7 @@ TEST(HardeningDataConnTest, PipeInsteadOfMemfdEndsTheSessionAtOnce) {
   });
   ASSERT_TRUE(c->WaitFor("sent", 10000)) << c->output();
   // The client is still alive: the daemon ended the session itself.
-  EXPECT_TRUE(Eventually([&] { return CountSessions(d.socket(), "piper") == 0; }, 3000))
-      << d.Log();
+  EXPECT_TRUE(Eventually([&] { return CountSessions(d.socket(), "piper") == 0; }, 3000)) << d.Log();
   EXPECT_THAT(d.Log(), HasSubstr("passed a pipe"));
 }
 
@@ -169,8 +168,7 @@ TEST(HardeningDataConnTest, TooManyFdsInOneMessageAreAllClosed) {
     std::fprintf(out, SendFdMessage(conn, 1, fds) ? "sent\n" : "send failed\n");
   });
   ASSERT_TRUE(c->WaitFor("sent", 10000)) << c->output();
-  EXPECT_TRUE(Eventually([&] { return CountSessions(d.socket(), "flood") == 0; }, 3000))
-      << d.Log();
+  EXPECT_TRUE(Eventually([&] { return CountSessions(d.socket(), "flood") == 0; }, 3000)) << d.Log();
   // Nothing the client sent stays open in the daemon (MSG_CTRUNC: all closed).
   EXPECT_TRUE(Eventually([&] { return testing::CountOpenFds(d.pid()) <= baseline_fds; }, 3000))
       << testing::CountOpenFds(d.pid()) << " fds open, " << baseline_fds << " before";

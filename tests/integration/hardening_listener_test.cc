@@ -15,13 +15,13 @@
 namespace hsdp {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::ClosedWithin;
-using testing::CountClosedWithin;
 using testing::ConnectAndSend;
+using testing::CountClosedWithin;
 using testing::CpuDuring;
 using testing::DaemonProcess;
 using testing::Eventually;
+using ::testing::HasSubstr;
 using testing::Hsdpctl;
 using testing::kHttp2Preface;
 using testing::RunAsNobody;
@@ -83,7 +83,8 @@ TEST(HardeningListenerTest, OutOfFileDescriptorsDoesNotSpinAndRecovers) {
       testing::WaitExit(pid, 5000);
     }
   } kill_at_exit{pid};
-  ASSERT_TRUE(Eventually([&] { return ConnectUnix(socket).ok(); }, 10000)) << testing::ReadFile(log);
+  ASSERT_TRUE(Eventually([&] { return ConnectUnix(socket).ok(); }, 10000))
+      << testing::ReadFile(log);
   // Root is exempt from the per-uid limit: these exhaust the daemon's fds.
   std::vector<UniqueFd> hogs;
   for (int i = 0; i < 160; ++i) {
@@ -109,26 +110,28 @@ TEST(HardeningListenerTest, ConnectionsPerUidAreCapped) {
   ASSERT_TRUE(d.Start("node:\n  socket_mode: 0666\n")) << d.Log();
   // Uid 65534 opens 70 connections (the default limit is 64), gRPC and data
   // and unrouted ones mixed; the daemon closes the extra ones at once.
-  const int rc = RunAsNobody([&] {
-    std::vector<UniqueFd> conns;
-    for (int i = 0; i < 70; ++i) {
-      const std::string bytes = i % 3 == 0 ? std::string(kHttp2Preface)
-                                : i % 3 == 1 ? std::string("HSDPDAT1")
-                                             : std::string();
-      conns.push_back(ConnectAndSend(d.socket(), bytes));
-    }
-    const int closed = CountClosedWithin(conns, 500);
-    std::printf("closed %d of 70\n", closed);
-    if (closed != 6) return 1;
-    // Closed connections free their slots, gRPC ones included (the listener
-    // sweeps for gRPC connections that closed when a uid is at its limit).
-    conns.clear();
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    for (int i = 0; i < 64; ++i) conns.push_back(ConnectAndSend(d.socket(), kHttp2Preface));
-    const int reclosed = CountClosedWithin(conns, 300);
-    std::printf("after reconnecting, closed %d of 64\n", reclosed);
-    return reclosed == 0 ? 0 : 2;
-  }, 20000);
+  const int rc = RunAsNobody(
+      [&] {
+        std::vector<UniqueFd> conns;
+        for (int i = 0; i < 70; ++i) {
+          const std::string bytes = i % 3 == 0   ? std::string(kHttp2Preface)
+                                    : i % 3 == 1 ? std::string("HSDPDAT1")
+                                                 : std::string();
+          conns.push_back(ConnectAndSend(d.socket(), bytes));
+        }
+        const int closed = CountClosedWithin(conns, 500);
+        std::printf("closed %d of 70\n", closed);
+        if (closed != 6) return 1;
+        // Closed connections free their slots, gRPC ones included (the listener
+        // sweeps for gRPC connections that closed when a uid is at its limit).
+        conns.clear();
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        for (int i = 0; i < 64; ++i) conns.push_back(ConnectAndSend(d.socket(), kHttp2Preface));
+        const int reclosed = CountClosedWithin(conns, 300);
+        std::printf("after reconnecting, closed %d of 64\n", reclosed);
+        return reclosed == 0 ? 0 : 2;
+      },
+      20000);
   EXPECT_EQ(rc, 0) << d.Log();
   EXPECT_THAT(d.Log(), HasSubstr("limits.max_connections_per_uid"));
   // Other users are unaffected.

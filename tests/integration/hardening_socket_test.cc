@@ -16,10 +16,10 @@ namespace hsdp {
 namespace {
 
 using ::testing::AllOf;
-using ::testing::HasSubstr;
 using testing::CommandResult;
 using testing::DaemonProcess;
 using testing::Exists;
+using ::testing::HasSubstr;
 using testing::Hsdpctl;
 using testing::ReadFile;
 using testing::RunAsNobody;
@@ -56,8 +56,8 @@ TEST_F(HardeningSocketTest, PlantedLockSymlinkInAnotherUsersDirectoryIsRefused) 
   ASSERT_EQ(::mkdir(d.c_str(), 0755), 0);
   ASSERT_EQ(::chown(d.c_str(), testing::kNobody, testing::kNobody), 0);
   // The other user plants the lock file as a symlink to a root-owned file.
-  ASSERT_EQ(RunAsNobody([&] { return ::symlink(victim.c_str(), (d + "/hsdpd.sock.lock").c_str()); }),
-            0);
+  ASSERT_EQ(
+      RunAsNobody([&] { return ::symlink(victim.c_str(), (d + "/hsdpd.sock.lock").c_str()); }), 0);
 
   CommandResult r = StartExpectingRefusal(d + "/hsdpd.sock");
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -127,7 +127,8 @@ TEST_F(HardeningSocketTest, FileSwappedInWhileRunningIsNotRemovedOnStop) {
   ASSERT_EQ(::unlink(d.socket().c_str()), 0);
   WriteFile(d.socket(), "someone else's\n");
   EXPECT_EQ(d.Stop(), 0);
-  EXPECT_EQ(ReadFile(d.socket()), "someone else's\n") << "the daemon removed a file it did not create";
+  EXPECT_EQ(ReadFile(d.socket()), "someone else's\n")
+      << "the daemon removed a file it did not create";
 }
 
 }  // namespace

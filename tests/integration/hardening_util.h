@@ -168,7 +168,8 @@ inline shm::DataHello MakeHello(const RawAttach& a) {
   std::memcpy(hello.magic, shm::kDataHelloMagic, sizeof(hello.magic));
   hello.version = shm::kLayoutVersion;
   hello.session_id = a.session_id;
-  std::memcpy(hello.token, a.token.data(), std::min<size_t>(a.token.size(), shm::kSessionTokenBytes));
+  std::memcpy(hello.token, a.token.data(),
+              std::min<size_t>(a.token.size(), shm::kSessionTokenBytes));
   return hello;
 }
 

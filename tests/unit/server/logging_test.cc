@@ -70,8 +70,7 @@ TEST(LogEveryNSecTest, OneLinePerPeriodThenCountsTheSuppressed) {
 TEST(LogEveryNSecTest, BelowTheLevelLogsAndCountsNothing) {
   const LogLevel old = GetLogLevel();
   SetLogLevel(LogLevel::kError);
-  const std::string out =
-      CaptureStderr([] { HSDP_LOG_EVERY_N_SEC(Warning, 0) << "hidden"; });
+  const std::string out = CaptureStderr([] { HSDP_LOG_EVERY_N_SEC(Warning, 0) << "hidden"; });
   SetLogLevel(old);
   EXPECT_EQ(out, "");
 }
