@@ -7,8 +7,10 @@
 // Exit codes: 0 clean shutdown or valid config, 1 runtime failure (e.g.
 // another instance owns the socket), 2 bad flags or bad configuration.
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -19,6 +21,7 @@
 #include "daemon/util/sd_notify.h"
 #include "hsdp/common/logging.h"
 #include "hsdp/common/socket_path.h"
+#include "hsdp/common/version.h"
 
 namespace {
 
@@ -69,7 +72,7 @@ bool ParseFlags(int argc, char** argv, Flags* f, int* exit_code) {
     } else if (a == "--print-default-config") {
       f->print_default = true;
     } else if (a == "--version") {
-      std::cout << "hsdpd 0.1.0\n";
+      std::cout << "hsdpd " << hsdp::kHsdpVersion << "\n";
       *exit_code = 0;
       return false;
     } else if (a == "--help" || a == "-h") {
@@ -131,6 +134,16 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
+
+  // Every client connection costs an fd: use all the kernel lets us have
+  // (limits.max_connections_per_uid bounds what one user can take).
+  if (struct rlimit nofile;
+      getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
+      HSDP_LOG(Warning) << "cannot raise the open-file limit: " << std::strerror(errno);
+    }
+  }
 
   hsdp::Daemon daemon(*config);
   if (absl::Status s = daemon.Start(); !s.ok()) {

@@ -3,11 +3,14 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <string>
+
+#include "absl/strings/str_cat.h"
 
 namespace hsdp {
 namespace {
@@ -27,9 +30,37 @@ bool ParseLogLevel(std::string_view name, LogLevel* out) {
   return true;
 }
 
+std::string SummarizeList(const std::vector<int>& items, size_t max_items) {
+  std::string out = "[";
+  const size_t shown = std::min(items.size(), max_items);
+  for (size_t i = 0; i < shown; ++i) absl::StrAppend(&out, i == 0 ? "" : ", ", items[i]);
+  if (shown < items.size()) {
+    absl::StrAppend(&out, shown == 0 ? "" : ", ", "... (", items.size() - shown, " more)");
+  }
+  return out + "]";
+}
+
 namespace internal {
 
-LogLine::LogLine(LogLevel level, const char* file, int line) : level_(level) {
+bool LogRateLimiter::Allow(double period_seconds, uint64_t* suppressed) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const int64_t now = int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+  int64_t next = next_allowed_ns_.load(std::memory_order_relaxed);
+  const int64_t period_ns = static_cast<int64_t>(std::max(0.0, period_seconds) * 1e9);
+  // Only the caller that moves the window forward logs; racing callers count
+  // as suppressed.
+  if (now < next ||
+      !next_allowed_ns_.compare_exchange_strong(next, now + period_ns, std::memory_order_relaxed)) {
+    suppressed_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  *suppressed = suppressed_.exchange(0, std::memory_order_relaxed);
+  return true;
+}
+
+LogLine::LogLine(LogLevel level, const char* file, int line, uint64_t suppressed)
+    : level_(level), suppressed_(suppressed) {
   struct timeval tv;
   gettimeofday(&tv, nullptr);
   struct tm tm;
@@ -45,6 +76,7 @@ LogLine::LogLine(LogLevel level, const char* file, int line) : level_(level) {
 
 LogLine::~LogLine() {
   (void)level_;
+  if (suppressed_ > 0) stream_ << " [" << suppressed_ << " similar messages suppressed]";
   stream_ << '\n';
   const std::string s = stream_.str();
   ssize_t ignored = ::write(STDERR_FILENO, s.data(), s.size());

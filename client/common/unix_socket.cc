@@ -42,9 +42,12 @@ absl::Status SendWithFds(int sock, const void* data, size_t len, const std::vect
     struct msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
     if (first && !fds.empty()) {
-      if (fds.size() > 8) return absl::InvalidArgumentError("at most 8 fds per message");
+      if (fds.size() > kMaxFdsPerMessage) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("at most ", kMaxFdsPerMessage, " fds per message"));
+      }
       const size_t fd_bytes = sizeof(int) * fds.size();
       msg.msg_control = control;
       msg.msg_controllen = CMSG_SPACE(fd_bytes);
@@ -66,9 +69,65 @@ absl::Status SendWithFds(int sock, const void* data, size_t len, const std::vect
   return absl::OkStatus();
 }
 
+namespace {
+
+// Moves the SCM_RIGHTS fds of `msg` into `fds` (closing them when `fds` is
+// null); returns how many arrived. Every fd is owned from here on, so none
+// can leak whatever the caller decides next.
+size_t TakeFds(struct msghdr* msg, std::vector<UniqueFd>* fds) {
+  size_t taken = 0;
+  for (struct cmsghdr* c = CMSG_FIRSTHDR(msg); c != nullptr; c = CMSG_NXTHDR(msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      UniqueFd owned(fd);
+      if (fds != nullptr) fds->push_back(std::move(owned));
+      ++taken;
+    }
+  }
+  return taken;
+}
+
+}  // namespace
+
+absl::StatusOr<size_t> RecvSomeWithFds(int sock, void* data, size_t len,
+                                       std::vector<UniqueFd>* fds) {
+  struct iovec iov{data, len};
+  struct msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  do {
+    n = ::recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    return ErrnoStatus(errno, "recvmsg", __FILE__, __LINE__);
+  }
+  std::vector<UniqueFd> received;
+  TakeFds(&msg, &received);
+  if (msg.msg_flags & MSG_CTRUNC) {
+    // Some fds were dropped by the kernel: the message cannot be trusted.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "more than ", kMaxFdsPerMessage, " file descriptors (or other control data) in one "
+        "message; all of them were closed"));
+  }
+  if (n == 0) return absl::UnavailableError("connection closed by peer");
+  if (fds != nullptr) {
+    for (UniqueFd& fd : received) fds->push_back(std::move(fd));
+  }
+  return static_cast<size_t>(n);
+}
+
 absl::Status RecvWithFds(int sock, void* data, size_t len, std::vector<UniqueFd>* fds,
                          int timeout_ms) {
   char* p = static_cast<char*>(data);
+  std::vector<UniqueFd> received;
   while (len > 0) {
     if (timeout_ms >= 0) {
       struct pollfd pfd{sock, POLLIN, 0};
@@ -83,7 +142,7 @@ absl::Status RecvWithFds(int sock, void* data, size_t len, std::vector<UniqueFd>
     struct msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
     msg.msg_control = control;
     msg.msg_controllen = sizeof(control);
     ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
@@ -91,23 +150,17 @@ absl::Status RecvWithFds(int sock, void* data, size_t len, std::vector<UniqueFd>
       if (errno == EINTR) continue;
       return ErrnoStatus(errno, "recvmsg", __FILE__, __LINE__);
     }
-    for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; ++i) {
-          int fd;
-          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          if (fds != nullptr) fds->emplace_back(fd);
-          else ::close(fd);
-        }
-      }
-    }
+    TakeFds(&msg, fds != nullptr ? &received : nullptr);
     if (msg.msg_flags & MSG_CTRUNC) {
+      // `received` closes everything that did arrive.
       return absl::InvalidArgumentError("too many file descriptors in one message");
     }
     if (n == 0) return absl::UnavailableError("connection closed by peer");
     p += n;
     len -= static_cast<size_t>(n);
+  }
+  if (fds != nullptr) {
+    for (UniqueFd& fd : received) fds->push_back(std::move(fd));
   }
   return absl::OkStatus();
 }

@@ -221,6 +221,11 @@ constexpr KeySpec kEngineKeys[] = {
 };
 
 constexpr KeySpec kLimitsKeys[] = {
+    {"max_connections_per_uid", "live socket connections per uid, 1..65536; root is exempt",
+     [](const Field& f, NodeConfig* c) {
+       return SetInteger(f, 1, 65536, &c->max_connections_per_uid);
+     },
+     &RenderNumber<&NodeConfig::max_connections_per_uid>},
     {"max_session_bytes", "shared memory one session may map; >= 4KiB",
      [](const Field& f, NodeConfig* c) {
        return SetSize(f, {.min = 4096, .max = kNoLimit, .zero_ok = false},
@@ -271,6 +276,16 @@ constexpr KeySpec kTimeoutsKeys[] = {
        return SetInteger(f, 0, 600000, &c->shutdown_grace_ms);
      },
      &RenderNumber<&NodeConfig::shutdown_grace_ms>},
+    {"hello_ms", "a new connection must finish its hello within this long, 1..600000",
+     [](const Field& f, NodeConfig* c) {
+       return SetInteger(f, 1, 600000, &c->hello_timeout_ms);
+     },
+     &RenderNumber<&NodeConfig::hello_timeout_ms>},
+    {"idle_connection_ms", "close a gRPC connection idle this long, 100..86400000",
+     [](const Field& f, NodeConfig* c) {
+       return SetInteger(f, 100, 86400000, &c->idle_connection_timeout_ms);
+     },
+     &RenderNumber<&NodeConfig::idle_connection_timeout_ms>},
 };
 
 constexpr KeySpec kLogKeys[] = {

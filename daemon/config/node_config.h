@@ -27,6 +27,9 @@ struct NodeConfig {
   uint64_t inline_max_bytes = 64 * 1024;  // engine.inline_max_bytes: smaller ops skip the pool
 
   // limits:
+  // Live connections (gRPC and data, counted from accept) one uid may hold
+  // on the daemon's socket; root (uid 0) is exempt.
+  uint32_t max_connections_per_uid = 64;     // limits.max_connections_per_uid: 1..65536
   uint64_t max_session_bytes = 64ull << 30;  // limits.max_session_bytes (sizes accept KiB/MiB/GiB)
   uint64_t max_node_bytes = 0;               // limits.max_node_bytes; 0 = 90% of MemTotal
   uint32_t max_sessions = 256;               // limits.max_sessions
@@ -41,6 +44,11 @@ struct NodeConfig {
   uint32_t collective_timeout_ms = 60000;     // timeouts.collective_ms: 1..86400000
   uint32_t data_connect_timeout_ms = 10000;   // timeouts.data_connect_ms: 1..600000
   uint32_t shutdown_grace_ms = 5000;          // timeouts.shutdown_grace_ms: 0..600000
+  // From accept: the whole time a new connection has to send its first 8
+  // bytes and, for a data connection, its complete hello.
+  uint32_t hello_timeout_ms = 5000;                 // timeouts.hello_ms: 1..600000
+  // A gRPC connection with no RPC in flight for this long is closed (GOAWAY).
+  uint32_t idle_connection_timeout_ms = 300000;     // timeouts.idle_connection_ms: 100..86400000
 
   // log:
   std::string log_level = "info";  // log.level: debug | info | warning | error

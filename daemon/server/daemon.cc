@@ -70,6 +70,16 @@ absl::Status Daemon::Start() {
                                                       engine_.get(), config_.socket_path);
   health_service_ = std::make_unique<HealthServiceImpl>(auth_.get());
   grpc::ServerBuilder builder;
+  // Connections come from AddInsecureChannelFromFd, where gRPC's handshake
+  // timeout does not apply; measured: MAX_CONNECTION_IDLE closes one that
+  // sent the HTTP/2 preface (or nothing) and then went silent, keepalive
+  // closes one with an RPC open that stops answering pings.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             static_cast<int>(config_.idle_connection_timeout_ms));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 100);
   builder.RegisterService(node_service_.get());
   builder.RegisterService(admin_service_.get());
   builder.RegisterService(health_service_.get());
@@ -78,11 +88,15 @@ absl::Status Daemon::Start() {
 
   dispatcher_->Start();
   listener_->Start(
-      [this](UniqueFd fd, const PeerCred& cred) {
-        peers_->Add(fd.get(), cred);
-        grpc::AddInsecureChannelFromFd(grpc_server_.get(), fd.Release());
+      Listener::Options{.max_connections_per_uid = config_.max_connections_per_uid,
+                        .hello_timeout_ms = config_.hello_timeout_ms},
+      peers_.get(),
+      [this](Listener::Accepted c) {
+        // The registry keeps the uid's connection slot until gRPC closes the fd.
+        peers_->Add(c.fd.get(), c.cred, std::move(c.slot));
+        grpc::AddInsecureChannelFromFd(grpc_server_.get(), c.fd.Release());
       },
-      [this](UniqueFd fd, const PeerCred& cred) { data_server_->Adopt(std::move(fd), cred); });
+      [this](Listener::Accepted c) { data_server_->Adopt(std::move(c)); });
   started_ = true;
   HSDP_LOG(Info) << "hsdpd listening on " << config_.socket_path << " (" << NodeConfigSummary(config_)
                  << ", engine threads " << threads << ")";

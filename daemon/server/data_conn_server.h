@@ -2,7 +2,14 @@
 // memfds the client passes afterwards, and the hang-up that ends the
 // session when the client process goes away (however it dies).
 //
-// One epoll thread for all connections; handlers never block for long.
+// One epoll thread for all connections, and nothing on it blocks: sockets
+// are non-blocking and each connection keeps its own partial message (and
+// the fds that came with it), so a client that sends a byte at a time holds
+// up nobody else. A connection must complete its hello by the deadline the
+// listener set (timeouts.hello_ms from accept). Only memfds are accepted
+// afterwards: any other fd (a socket, which could be the connection itself
+// and keep it open forever, a pipe, a file) is closed at once and ends the
+// session, as does a message with more fds than it may carry.
 #ifndef HSDP_DAEMON_SERVER_DATA_CONN_SERVER_H_
 #define HSDP_DAEMON_SERVER_DATA_CONN_SERVER_H_
 
@@ -10,14 +17,19 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/server/listener.h"
 #include "daemon/session/session_manager.h"
 #include "daemon/session/shm_channel.h"
 #include "hsdp/common/unique_fd.h"
 #include "hsdp/common/unix_socket.h"
+#include "hsdp/shm/data_conn.h"
 
 namespace hsdp {
 
@@ -28,32 +40,49 @@ class DataConnServer {
   ~DataConnServer();
 
   absl::Status Start();
+  // Joins the thread and closes every connection (ending their sessions is
+  // the session manager's job at shutdown). Idempotent.
   void Stop();
-  // Takes over a freshly accepted connection (thread-safe).
-  void Adopt(UniqueFd fd, const PeerCred& cred);
+  // Takes over a connection the listener routed here (thread-safe, never
+  // blocks). Its hello must be complete by conn.hello_deadline_ns.
+  void Adopt(Listener::Accepted conn) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Conn {
     UniqueFd fd;
     PeerCred cred;
+    ConnectionSlot slot;
+    int64_t hello_deadline_ns = 0;
     uint64_t session_id = 0;  // 0 until the hello succeeded
-    int64_t deadline_ns = 0;  // for the hello
+    // The message being received (a DataHello until the hello succeeded,
+    // then FdMessages), its bytes so far, and the fds that came with them.
+    alignas(8) unsigned char buf[sizeof(shm::DataHello)] = {};
+    size_t have = 0;
+    std::vector<UniqueFd> fds;
   };
+
   void Loop();
-  void OnReadable(Conn& c, bool* drop);
-  void Hello(Conn& c, bool* drop);
-  void Drop(int fd, const char* why);
+  void AddAdopted() ABSL_LOCKS_EXCLUDED(mu_);
+  // Reads what `c` sent; returns why to drop it, or nullopt to keep it.
+  std::optional<std::string> OnReadable(Conn& c);
+  std::optional<std::string> Hello(Conn& c);
+  std::optional<std::string> OnFdMessage(Conn& c);
+  // Closes `fd`'s connection and ends its session, if it claimed one.
+  void Drop(int fd, const std::string& why);
+  // Drops connections past their hello deadline; returns the earliest
+  // deadline left (INT64_MAX if none).
+  int64_t ExpireHellos(int64_t now);
 
   SessionManager* const sessions_;
-  const WakeFd* const wake_;
+  const WakeFd* const dispatcher_wake_;  // handed to every session
   const UidCheck allowed_;
   UniqueFd epoll_fd_;
   UniqueFd wake_fd_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
-  std::mutex mu_;
-  std::vector<std::pair<UniqueFd, PeerCred>> adopted_;  // guarded by mu_
-  std::map<int, Conn> conns_;                           // loop thread only
+  absl::Mutex mu_;
+  std::vector<Listener::Accepted> adopted_ ABSL_GUARDED_BY(mu_);
+  std::map<int, Conn> conns_;  // loop thread only
 };
 
 }  // namespace hsdp

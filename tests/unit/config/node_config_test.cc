@@ -194,6 +194,23 @@ TEST(NodeConfigTest, DefaultYamlListsEveryKeyWithAComment) {
   }
 }
 
+TEST(NodeConfigTest, ConnectionLimitsAndHelloTimeouts) {
+  const NodeConfig defaults;
+  EXPECT_EQ(defaults.max_connections_per_uid, 64u);
+  EXPECT_EQ(defaults.hello_timeout_ms, 5000u);
+  EXPECT_EQ(defaults.idle_connection_timeout_ms, 300000u);
+  EXPECT_THAT(DefaultNodeConfigYaml(),
+              AllOf(HasSubstr("max_connections_per_uid: 64"), HasSubstr("hello_ms: 5000"),
+                    HasSubstr("idle_connection_ms: 300000")));
+  const NodeConfig c = ParseOk(
+      "limits:\n  max_connections_per_uid: 1\ntimeouts:\n  hello_ms: 1\n"
+      "  idle_connection_ms: 86400000\n");
+  EXPECT_EQ(c.max_connections_per_uid, 1u);
+  EXPECT_EQ(c.hello_timeout_ms, 1u);
+  EXPECT_EQ(c.idle_connection_timeout_ms, 86400000u);
+  EXPECT_EQ(ParseOk(NodeConfigToYaml(c)), c);
+}
+
 TEST(NodeConfigTest, ToYamlRoundTripsDefaults) {
   EXPECT_EQ(ParseOk(NodeConfigToYaml(NodeConfig{})), NodeConfig{});
 }
@@ -301,6 +318,16 @@ const InvalidCase kInvalidCases[] = {
      "\"600001\" is out of range [1, 600000]", 2},
     {"GraceOverflow", "timeouts:\n  shutdown_grace_ms: 99999999999999999999999\n",
      "timeouts.shutdown_grace_ms", "\"99999999999999999999999\" is out of range [0, 600000]", 2},
+    {"ConnectionsPerUidZero", "limits:\n  max_connections_per_uid: 0\n",
+     "limits.max_connections_per_uid", "\"0\" is out of range [1, 65536]", 2},
+    {"ConnectionsPerUidTooMany", "limits:\n  max_connections_per_uid: 65537\n",
+     "limits.max_connections_per_uid", "\"65537\" is out of range [1, 65536]", 2},
+    {"HelloZero", "timeouts:\n  hello_ms: 0\n", "timeouts.hello_ms",
+     "\"0\" is out of range [1, 600000]", 2},
+    {"HelloTooLong", "timeouts:\n  collective_ms: 5\n  hello_ms: 600001\n", "timeouts.hello_ms",
+     "\"600001\" is out of range [1, 600000]", 3},
+    {"IdleTooShort", "timeouts:\n  idle_connection_ms: 99\n", "timeouts.idle_connection_ms",
+     "\"99\" is out of range [100, 86400000]", 2},
     {"RingTooSmall", "data_plane:\n  ring_entries: 8\n", "data_plane.ring_entries",
      "\"8\" is out of range [16, 65536]", 2},
     {"RingTooLarge", "data_plane:\n  ring_entries: 131072\n", "data_plane.ring_entries",

@@ -3,8 +3,13 @@
 #ifndef HSDP_COMMON_LOGGING_H_
 #define HSDP_COMMON_LOGGING_H_
 
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <sstream>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace hsdp {
 
@@ -15,17 +20,42 @@ LogLevel GetLogLevel();
 // "debug", "info", "warning", "error"; returns false for anything else.
 bool ParseLogLevel(std::string_view name, LogLevel* out);
 
+// A long list in one short line: the first `max_items` elements and how many
+// were left out, e.g. SummarizeList({0..1048575}, 3) ==
+// "[0, 1, 2, ... (1048573 more)]"; lists of at most `max_items` elements are
+// printed whole ("[4, 5]", "[]").
+std::string SummarizeList(const std::vector<int>& items, size_t max_items);
+
 namespace internal {
+
 class LogLine {
  public:
-  LogLine(LogLevel level, const char* file, int line);
+  // `suppressed` > 0 appends " [N similar messages suppressed]" to the line.
+  LogLine(LogLevel level, const char* file, int line, uint64_t suppressed = 0);
   ~LogLine();
   std::ostream& stream() { return stream_; }
 
  private:
   LogLevel level_;
+  uint64_t suppressed_;
   std::ostringstream stream_;
 };
+
+// Lets one call site log at most once per period; counts what it dropped.
+// Lock-free and thread-safe; constant-initialised, so it can be a
+// function-local static without a guard.
+class LogRateLimiter {
+ public:
+  constexpr LogRateLimiter() = default;
+  // True when the caller may log now (then *suppressed is how many calls
+  // were refused since the last allowed one); false otherwise.
+  bool Allow(double period_seconds, uint64_t* suppressed);
+
+ private:
+  std::atomic<int64_t> next_allowed_ns_{0};
+  std::atomic<uint64_t> suppressed_{0};
+};
+
 }  // namespace internal
 }  // namespace hsdp
 
@@ -34,5 +64,22 @@ class LogLine {
   for (bool hsdp_log_once_ = ::hsdp::LogLevel::k##level >= ::hsdp::GetLogLevel(); \
        hsdp_log_once_; hsdp_log_once_ = false)                                       \
   ::hsdp::internal::LogLine(::hsdp::LogLevel::k##level, __FILE__, __LINE__).stream()
+
+// Like HSDP_LOG, but this call site writes at most one line per `seconds`
+// (a double); the next line written says how many were dropped meanwhile.
+// For anything a peer can trigger at will (per-connection warnings), so that
+// a flood of bad connections cannot flood the log. The operands after << are
+// not evaluated for dropped lines.
+#define HSDP_LOG_EVERY_N_SEC(level, seconds)                                            \
+  for (uint64_t hsdp_log_suppressed_ = 0, hsdp_log_once_ =                              \
+           ::hsdp::LogLevel::k##level >= ::hsdp::GetLogLevel() &&                       \
+           [] () -> ::hsdp::internal::LogRateLimiter& {                                 \
+             static ::hsdp::internal::LogRateLimiter limiter;                           \
+             return limiter;                                                            \
+           }().Allow((seconds), &hsdp_log_suppressed_);                                 \
+       hsdp_log_once_; hsdp_log_once_ = 0)                                              \
+  ::hsdp::internal::LogLine(::hsdp::LogLevel::k##level, __FILE__, __LINE__,             \
+                            hsdp_log_suppressed_)                                       \
+      .stream()
 
 #endif  // HSDP_COMMON_LOGGING_H_
