@@ -154,6 +154,7 @@ inline absl::StatusOr<RawAttach> AttachOnly(const std::string& socket, const std
   req.set_device("cpu");
   req.set_pid(::getpid());
   req.set_protocol_version(shm::kLayoutVersion);
+  req.set_features(shm::kFeaturesImplemented);
   v1::AttachResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
