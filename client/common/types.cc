@@ -56,6 +56,9 @@ std::string_view CollectiveName(Collective c) {
     case Collective::kBroadcast: return "broadcast";
     case Collective::kBarrier: return "barrier";
     case Collective::kReduceScatterAllReduce: return "reduce_scatter_all_reduce";
+    case Collective::kSend: return "send";
+    case Collective::kRecv: return "recv";
+    case Collective::kAllToAll: return "all_to_all";
     default: return "invalid";
   }
 }

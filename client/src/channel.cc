@@ -108,6 +108,7 @@ bool SessionChannel::HarvestLocked(WorkState* w) {
                                             : absl::Status(code, std::string(c.message, len));
   w->queued_ns = c.queued_ns;
   w->exec_ns = c.exec_ns;
+  w->peer = c.peer;
   w->done.store(true, std::memory_order_release);
   return true;
 }
@@ -138,7 +139,11 @@ absl::StatusOr<Work> SessionChannel::Submit(shm::OpDescriptor desc, bool composi
     }
   }
   desc.op_id = op_id;
-  desc.seq = ++next_seq_[(uint64_t{desc.group_id} << 32) | desc.epoch];
+  // Point-to-point matches in posting order and takes no sequence number.
+  const auto kind = static_cast<Collective>(desc.collective);
+  if (kind != Collective::kSend && kind != Collective::kRecv) {
+    desc.seq = ++next_seq_[(uint64_t{desc.group_id} << 32) | desc.epoch];
+  }
   if (composite) desc.seq2 = ++next_seq_[(uint64_t{desc.group2_id} << 32) | desc.epoch2];
   auto state = std::make_shared<WorkState>();
   state->channel = shared_from_this();

@@ -28,6 +28,7 @@ struct WorkState {
   absl::Status status;  // valid once done
   uint64_t queued_ns = 0;
   uint64_t exec_ns = 0;
+  int peer = -1;  // recv: the source group rank
 };
 
 class SessionChannel : public std::enable_shared_from_this<SessionChannel> {

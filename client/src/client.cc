@@ -39,6 +39,13 @@ void SetDeadline(grpc::ClientContext* ctx) {
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
 }
 
+// Point-to-point and all-to-all fields of a submission.
+struct Peering {
+  int peer = 0;
+  int tag = 0;
+  BufferRef splits;
+};
+
 struct LocalBuffer {
   UniqueFd fd;
   void* data = nullptr;
@@ -104,9 +111,29 @@ class Client::Impl {
     return absl::OkStatus();
   }
 
+  // The extents an uneven all-to-all's splits imply (read from our mapping).
+  absl::StatusOr<shm::OpExtents> SplitExtents(BufferRef splits, int n, size_t es) {
+    RETURN_IF_ERROR(CheckRange("splits", splits, 2 * uint64_t(n) * sizeof(uint64_t)));
+    absl::MutexLock l(&mu);
+    const auto* counts = reinterpret_cast<const uint64_t*>(
+        static_cast<const char*>(buffers.at(splits.buffer_id).data) + splits.offset_bytes);
+    uint64_t send = 0, recv = 0;
+    for (int i = 0; i < n; ++i) {
+      if (counts[i] > shm::kMaxCount || counts[n + i] > shm::kMaxCount) {
+        return absl::InvalidArgumentError(absl::StrCat("splits: count for rank ", i, " is above 2^40"));
+      }
+      send += counts[i];
+      recv += counts[n + i];
+    }
+    if (send > shm::kMaxCount || recv > shm::kMaxCount) {
+      return absl::InvalidArgumentError("splits: the counts add up to more than 2^40 elements");
+    }
+    return shm::OpExtents{send * es, recv * es};
+  }
+
   absl::StatusOr<Work> Submit(Collective kind, const Group& g, const Group* g2, BufferRef send,
                               BufferRef recv, size_t count, DataType dtype,
-                              const ReduceOptions& reduce, int root) {
+                              const ReduceOptions& reduce, int root, Peering peering = {}) {
     if (g.size <= 0 || (g2 != nullptr && g2->size <= 0)) {
       return absl::InvalidArgumentError("group: not created by NewGroup");
     }
@@ -119,6 +146,9 @@ class Client::Impl {
       d.epoch2 = g2->epoch;
     }
     d.root = root;
+    d.peer = peering.peer;
+    d.tag = peering.tag;
+    d.splits = {peering.splits.buffer_id, peering.splits.offset_bytes};
     d.premul_factor = d.pre_divide = d.post_divide = 1.0;
     if (kind != Collective::kBarrier) {
       d.count = count;
@@ -135,8 +165,17 @@ class Client::Impl {
     }
     // The daemon's own rules (hsdp/shm/op_rules.h), applied before anything moves.
     RETURN_IF_ERROR(shm::CheckDescriptorFields(d, features));
+    if (kind == Collective::kSend || kind == Collective::kRecv) {
+      if (d.peer >= g.size || d.peer == g.rank) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "peer: ", d.peer, " is not another rank of a group of size ", g.size));
+      }
+    }
     if (kind != Collective::kBarrier) {
-      const shm::OpExtents ext = shm::ComputeOpExtents(kind, count, DataTypeSize(dtype), g.size);
+      shm::OpExtents ext = shm::ComputeOpExtents(kind, count, DataTypeSize(dtype), g.size);
+      if (peering.splits.buffer_id != 0) {
+        ASSIGN_OR_RETURN(ext, SplitExtents(peering.splits, g.size, DataTypeSize(dtype)));
+      }
       RETURN_IF_ERROR(CheckRange("send", send, ext.send_bytes));
       RETURN_IF_ERROR(CheckRange("recv", recv, ext.recv_bytes));
     }
@@ -360,6 +399,29 @@ absl::StatusOr<Work> Client::ReduceScatterAllReduce(const Group& shard, const Gr
                                                     const ReduceOptions& r) {
   return impl_->Submit(Collective::kReduceScatterAllReduce, shard, &replicate, send, recv, count,
                        dtype, r, 0);
+}
+
+absl::StatusOr<Work> Client::Send(const Group& g, BufferRef send, size_t count, DataType dtype,
+                                  int dst, int tag) {
+  return impl_->Submit(Collective::kSend, g, nullptr, send, {}, count, dtype, {}, 0,
+                       {dst, tag, {}});
+}
+absl::StatusOr<Work> Client::Recv(const Group& g, BufferRef recv, size_t count, DataType dtype,
+                                  int src, int tag) {
+  return impl_->Submit(Collective::kRecv, g, nullptr, {}, recv, count, dtype, {}, 0,
+                       {src, tag, {}});
+}
+absl::StatusOr<Work> Client::AllToAll(const Group& g, BufferRef send, BufferRef recv,
+                                      size_t count, DataType dtype) {
+  return impl_->Submit(Collective::kAllToAll, g, nullptr, send, recv, count, dtype, {}, 0);
+}
+absl::StatusOr<Work> Client::AllToAllV(const Group& g, BufferRef send, BufferRef recv,
+                                       BufferRef splits, DataType dtype) {
+  if (splits.buffer_id == 0) {
+    return absl::InvalidArgumentError("splits: name a registered buffer holding the counts");
+  }
+  return impl_->Submit(Collective::kAllToAll, g, nullptr, send, recv, 0, dtype, {}, 0,
+                       {0, 0, splits});
 }
 
 absl::Status Client::Detach() { return impl_->Detach(); }

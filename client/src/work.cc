@@ -25,6 +25,9 @@ uint64_t Work::op_id() const { return state_ ? state_->op_id : 0; }
 uint64_t Work::queued_ns() const {
   return state_ && state_->done.load(std::memory_order_acquire) ? state_->queued_ns : 0;
 }
+int Work::peer() const {
+  return state_ && state_->done.load(std::memory_order_acquire) ? state_->peer : -1;
+}
 uint64_t Work::exec_ns() const {
   return state_ && state_->done.load(std::memory_order_acquire) ? state_->exec_ns : 0;
 }

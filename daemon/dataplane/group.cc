@@ -203,6 +203,28 @@ std::string Group::Disagreement(const PendingOp& op) const {
     check("root", [](const Arrival& a) { return a.desc.root; },
           [](const Arrival& a) { return absl::StrCat(a.desc.root); });
   }
+  if (c == Collective::kAllToAll) {
+    check("splits", [](const Arrival& a) { return a.send_counts.empty(); },
+          [](const Arrival& a) { return a.send_counts.empty() ? "equal blocks" : "splits"; });
+    // What i sends to j must be what j expects from i (local pairs; remote
+    // members are checked by their own daemons).
+    if (problems.empty() && !ref.send_counts.empty()) {
+      for (const auto& [li, a] : op.arrivals) {
+        const int i = local_ranks_[li];
+        for (const auto& [lj, b] : op.arrivals) {
+          const int j = local_ranks_[lj];
+          if (a.send_counts[j] != b.recv_counts[i]) {
+            problems.push_back(absl::StrCat("splits: rank ", spec_.ranks[i], " sends ",
+                                            a.send_counts[j], " elements to rank ",
+                                            spec_.ranks[j], ", which expects ",
+                                            b.recv_counts[i]));
+            break;
+          }
+        }
+        if (!problems.empty()) break;
+      }
+    }
+  }
   if (ref.phase2) {
     check("shard group size", [](const Arrival& a) { return a.shard_size; },
           [](const Arrival& a) { return absl::StrCat(a.shard_size); });
@@ -259,6 +281,8 @@ EngineTask Group::Lower(const PendingOp& op) const {
     const Arrival& a = op.arrivals.at(local_index_[r]);
     m.send = BufferView{MemoryKind::kHost, -1, const_cast<void*>(a.send), ext.send_bytes};
     m.recv = BufferView{MemoryKind::kHost, -1, a.recv, ext.recv_bytes};
+    m.send_counts = a.send_counts;
+    m.recv_counts = a.recv_counts;
     for (uint64_t dep : a.depends_on) {
       if (std::find(t.depends_on.begin(), t.depends_on.end(), dep) == t.depends_on.end()) {
         t.depends_on.push_back(dep);
@@ -270,6 +294,10 @@ EngineTask Group::Lower(const PendingOp& op) const {
 }
 
 void Group::Arrive(int group_rank, Arrival arrival) {
+  const auto kind = static_cast<Collective>(arrival.desc.collective);
+  if (kind == Collective::kSend || kind == Collective::kRecv) {
+    return ArriveP2P(group_rank, std::move(arrival));
+  }
   std::vector<Arrival> to_fail;
   absl::Status fail_status;
   {
@@ -406,6 +434,7 @@ void Group::FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to
   for (const OpKey& key : keys) {
     for (Arrival& a : FailLocked(key, status)) to_fail->push_back(std::move(a));
   }
+  for (P2POp& p : TakeAllP2PLocked()) to_fail->push_back(std::move(p.arrival));
   for (const std::shared_ptr<RunningOp>& run : running_) {
     if (run->ticket != 0) to_abort->push_back(run->ticket);
   }
@@ -557,6 +586,158 @@ void Group::Notify(std::vector<Arrival> arrivals, const absl::Status& status, ui
   }
 }
 
+void Group::ArriveP2P(int group_rank, Arrival arrival) {
+  const auto kind = static_cast<Collective>(arrival.desc.collective);
+  const int peer = arrival.desc.peer;
+  const int tag = arrival.desc.tag;
+  const int src = kind == Collective::kSend ? group_rank : peer;
+  const int dst = kind == Collective::kSend ? peer : group_rank;
+  std::optional<P2POp> match;
+  absl::Status reject;
+  {
+    absl::MutexLock l(&mu_);
+    arrival.arrived_ns = shm::NowNanos();
+    if (!IsLocal(group_rank)) {
+      reject = absl::InvalidArgumentError("group_id: this rank is not on this node");
+    } else if (!arrival.rejected.ok()) {
+      reject = arrival.rejected;
+    } else if (arrival.epoch < epoch_ || (arrival.epoch == epoch_ && !epoch_failure_.ok())) {
+      reject = arrival.epoch == epoch_
+                   ? epoch_failure_
+                   : absl::FailedPreconditionError(absl::StrCat(
+                         "epoch: epoch ", arrival.epoch, " of group ", spec_.id, " is over"));
+    } else if (arrival.epoch != epoch_) {
+      reject = absl::InvalidArgumentError(
+          absl::StrCat("epoch: ", arrival.epoch, " is not group ", spec_.id, "'s current epoch ",
+                       epoch_, " (point-to-point does not queue for a future epoch)"));
+    } else {
+      match = kind == Collective::kSend ? TakeRecvForLocked(src, dst, tag)
+                                        : TakeSendForLocked(src, dst, tag);
+      if (!match.has_value()) {
+        if (p2p_queued_ >= spec_.max_pending) {
+          reject = absl::ResourceExhaustedError(absl::StrCat(
+              "group ", spec_.id, " already has ", p2p_queued_,
+              " unmatched sends and receives (limits: the ring size)"));
+        } else {
+          auto& queues = kind == Collective::kSend ? p2p_sends_ : p2p_recvs_;
+          queues[{src, dst, tag}].push_back(P2POp{std::move(arrival), group_rank, ++p2p_order_});
+          ++p2p_queued_;
+          return;
+        }
+      }
+    }
+  }
+  if (!reject.ok()) {
+    Notify({std::move(arrival)}, reject, 0, 0);
+    return;
+  }
+  P2POp mine{std::move(arrival), group_rank, 0};
+  if (kind == Collective::kSend) {
+    LaunchP2P(std::move(mine), std::move(*match));
+  } else {
+    LaunchP2P(std::move(*match), std::move(mine));
+  }
+}
+
+std::optional<Group::P2POp> Group::TakeRecvForLocked(int src, int dst, int tag) {
+  // A specific receive from `src`, or one from any source: the older wins.
+  std::deque<P2POp>* best = nullptr;
+  for (const P2PKey& key : {P2PKey{src, dst, tag}, P2PKey{kAnySource, dst, tag}}) {
+    auto it = p2p_recvs_.find(key);
+    if (it == p2p_recvs_.end() || it->second.empty()) continue;
+    if (best == nullptr || it->second.front().order < best->front().order) best = &it->second;
+  }
+  if (best == nullptr) return std::nullopt;
+  P2POp op = std::move(best->front());
+  best->pop_front();
+  --p2p_queued_;
+  return op;
+}
+
+std::optional<Group::P2POp> Group::TakeSendForLocked(int src, int dst, int tag) {
+  std::deque<P2POp>* best = nullptr;
+  if (src != kAnySource) {
+    auto it = p2p_sends_.find({src, dst, tag});
+    if (it != p2p_sends_.end() && !it->second.empty()) best = &it->second;
+  } else {
+    for (auto& [key, q] : p2p_sends_) {  // the oldest send to dst with this tag
+      if (std::get<1>(key) != dst || std::get<2>(key) != tag || q.empty()) continue;
+      if (best == nullptr || q.front().order < best->front().order) best = &q;
+    }
+  }
+  if (best == nullptr) return std::nullopt;
+  P2POp op = std::move(best->front());
+  best->pop_front();
+  --p2p_queued_;
+  return op;
+}
+
+std::vector<Group::P2POp> Group::TakeAllP2PLocked() {
+  std::vector<P2POp> out;
+  for (auto* queues : {&p2p_sends_, &p2p_recvs_}) {
+    for (auto& [key, q] : *queues) {
+      for (P2POp& p : q) out.push_back(std::move(p));
+    }
+    queues->clear();
+  }
+  p2p_queued_ = 0;
+  return out;
+}
+
+void Group::LaunchP2P(P2POp send, P2POp recv) {
+  const shm::OpDescriptor& s = send.arrival.desc;
+  const shm::OpDescriptor& r = recv.arrival.desc;
+  const std::string what = absl::StrCat("send/recv (tag ", s.tag, ") from rank ",
+                                        spec_.ranks[send.rank], " to rank ",
+                                        spec_.ranks[recv.rank], " in group ", spec_.id);
+  if (s.count != r.count || s.dtype != r.dtype) {
+    const absl::Status bad = absl::InvalidArgumentError(absl::StrCat(
+        what, ": the sender sends ", s.count, " ", std::string(DataTypeName(static_cast<DataType>(s.dtype))),
+        ", the receiver expects ", r.count, " ",
+        std::string(DataTypeName(static_cast<DataType>(r.dtype)))));
+    Notify({std::move(send.arrival), std::move(recv.arrival)}, bad, 0, 0);
+    return;
+  }
+  // Lowered to a two-member broadcast from the sender (the sender's own
+  // "output" is its input, so nothing is copied there).
+  EngineTask t;
+  t.collective = Collective::kBroadcast;
+  t.count = s.count;
+  t.root = 0;
+  t.group_key = spec_.key + "/p2p";
+  t.epoch = send.arrival.epoch;
+  t.spec.dtype = static_cast<DataType>(s.dtype);
+  const uint64_t bytes = s.count * DataTypeSize(t.spec.dtype);
+  for (const P2POp* p : {&send, &recv}) {
+    EngineMember m;
+    m.global_rank = spec_.ranks[p->rank];
+    m.node = spec_.nodes.empty() ? spec_.this_node : spec_.nodes[p->rank];
+    m.local = true;
+    void* data = p == &send ? const_cast<void*>(p->arrival.send) : p->arrival.recv;
+    m.send = BufferView{MemoryKind::kHost, -1, data, bytes};
+    m.recv = BufferView{MemoryKind::kHost, -1, data, bytes};
+    t.members.push_back(std::move(m));
+  }
+  const int64_t start_ns = shm::NowNanos();
+  const int src = send.rank;
+  auto pair = std::make_shared<std::pair<Arrival, Arrival>>(std::move(send.arrival),
+                                                            std::move(recv.arrival));
+  EngineCallbacks cb;
+  cb.launched = [](uint64_t) {};
+  cb.completed = [self = shared_from_this(), pair, what, start_ns, src](absl::Status st,
+                                                                      uint64_t exec_ns) {
+    if (!st.ok()) {
+      st = absl::Status(st.code(), absl::StrCat(what, ": ", st.message()));
+      HSDP_LOG_EVERY_N_SEC(Warning, 1) << st.message();
+    }
+    const int64_t first = std::min(pair->first.first_ns, pair->second.first_ns);
+    const uint64_t queued = static_cast<uint64_t>(std::max<int64_t>(0, start_ns - first));
+    pair->first.session->Complete(pair->first.desc.op_id, st, queued, exec_ns);
+    pair->second.session->Complete(pair->second.desc.op_id, st, queued, exec_ns, src);
+  };
+  engine_->Launch(std::move(t), std::move(cb));
+}
+
 void Group::MemberLeft(const Session* session, const std::string& why) {
   absl::Status status;
   {
@@ -617,6 +798,27 @@ void Group::CheckTimeouts(int64_t now_ns) {
     for (const std::shared_ptr<RunningOp>& run : running_) {
       if (now_ns - run->start_ns > spec_.timeout_ns && !run->finished.load()) {
         overdue.push_back(run);
+      }
+    }
+    for (auto* queues : {&p2p_sends_, &p2p_recvs_}) {
+      const bool sends = queues == &p2p_sends_;
+      for (auto& [key, q] : *queues) {
+        while (!q.empty() && now_ns - q.front().arrival.first_ns > spec_.timeout_ns) {
+          const auto [src, dst, tag] = key;
+          const std::string peer = sends ? absl::StrCat("rank ", spec_.ranks[dst])
+                                   : src == kAnySource ? std::string("any rank")
+                                                       : absl::StrCat("rank ", spec_.ranks[src]);
+          absl::Status s = absl::DeadlineExceededError(absl::StrCat(
+              sends ? "send to " : "recv from ", peer, " (tag ", tag, ") in group ", spec_.id,
+              " (job \"", spec_.job_id, "\"): timed out after ", spec_.timeout_ns / 1000000,
+              " ms waiting for the matching ", sends ? "recv" : "send"));
+          std::vector<Arrival> one;
+          one.push_back(std::move(q.front().arrival));
+          q.pop_front();
+          --p2p_queued_;
+          ++ops_failed_;
+          fails.emplace_back(std::move(one), std::move(s));
+        }
       }
     }
     // Complete operations queued behind a sequence number nobody submitted

@@ -30,6 +30,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <tuple>
 #include <functional>
 #include <map>
 #include <memory>
@@ -81,6 +83,10 @@ struct Arrival {
   int64_t first_ns = 0;   // when the operation first entered the daemon
   int64_t arrived_ns = 0; // when this submission reached this group
   std::vector<uint64_t> depends_on;  // phase 2: the first phase's ticket
+  // Uneven all-to-all: elements sent to / received from each group rank
+  // (copied out of shared memory); empty for equal blocks.
+  std::vector<uint64_t> send_counts;
+  std::vector<uint64_t> recv_counts;
   absl::Status rejected;  // not OK: this member's submission was invalid
 };
 
@@ -135,8 +141,9 @@ class Group : public std::enable_shared_from_this<Group> {
   void MemberLeft(const Session* session, const std::string& why);
   void PeerLost(int node, const std::string& why);
 
-  // Fails partially matched operations older than the timeout, and running
-  // operations past their deadline (aborting them in the engine).
+  // Fails partially matched operations older than the timeout, unmatched
+  // sends and receives older than it, and running operations past their
+  // deadline (aborting them in the engine).
   void CheckTimeouts(int64_t now_ns);
 
   GroupStats stats() const;
@@ -190,6 +197,23 @@ class Group : public std::enable_shared_from_this<Group> {
   void ForwardPhase2(std::vector<Arrival> arrivals, const absl::Status& status,
                      uint64_t depends_on);
 
+  // --- point-to-point (send / recv): matched by (source, destination, tag)
+  // in posting order, outside the collective sequence.
+  struct P2POp {
+    Arrival arrival;
+    int rank = 0;        // group rank of the poster
+    uint64_t order = 0;  // arrival order in this group
+  };
+  using P2PKey = std::tuple<int, int, int>;  // (source, destination, tag); source may be any
+  void ArriveP2P(int group_rank, Arrival arrival);
+  // The oldest queued counterpart of a send (src, dst, tag) / a receive.
+  std::optional<P2POp> TakeRecvForLocked(int src, int dst, int tag)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<P2POp> TakeSendForLocked(int src, int dst, int tag)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LaunchP2P(P2POp send, P2POp recv);
+  std::vector<P2POp> TakeAllP2PLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const GroupSpec spec_;
   Engine* const engine_;
   const GroupLookup lookup_;
@@ -210,6 +234,10 @@ class Group : public std::enable_shared_from_this<Group> {
   uint64_t ops_started_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t ops_failed_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<RankWait> waits_ ABSL_GUARDED_BY(mu_);  // by group rank
+  std::map<P2PKey, std::deque<P2POp>> p2p_sends_ ABSL_GUARDED_BY(mu_);
+  std::map<P2PKey, std::deque<P2POp>> p2p_recvs_ ABSL_GUARDED_BY(mu_);
+  size_t p2p_queued_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t p2p_order_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace hsdp

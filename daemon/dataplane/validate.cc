@@ -1,11 +1,15 @@
 #include "daemon/dataplane/validate.h"
 
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "hsdp/shm/op_rules.h"
 
 namespace hsdp {
 namespace {
+
+constexpr int kMaxSplitGroupSize = 8192;
 
 absl::Status Invalid(const char* field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
@@ -30,6 +34,40 @@ absl::Status Resolve(const char* name, const shm::BufRef& ref, uint64_t bytes,
   return absl::OkStatus();
 }
 
+// Copies an all-to-all's per-rank counts out of shared memory (so the client
+// cannot change them after the check) and computes the extents they imply.
+absl::Status ReadSplits(const shm::BufRef& ref, int group_size, uint64_t es,
+                        const Session& session, Arrival* a, shm::OpExtents* ext) {
+  if (group_size > kMaxSplitGroupSize) {
+    return Invalid("splits", absl::StrCat("uneven all-to-all is limited to groups of ",
+                                          kMaxSplitGroupSize, " ranks"));
+  }
+  std::shared_ptr<MappedBuffer> buf;
+  char* p = nullptr;
+  const uint64_t n = static_cast<uint64_t>(group_size);
+  if (absl::Status s = Resolve("splits", ref, 2 * n * sizeof(uint64_t), session, &buf, &p); !s.ok()) {
+    return s;
+  }
+  a->send_counts.resize(n);
+  a->recv_counts.resize(n);
+  std::memcpy(a->send_counts.data(), p, n * sizeof(uint64_t));
+  std::memcpy(a->recv_counts.data(), p + n * sizeof(uint64_t), n * sizeof(uint64_t));
+  uint64_t send_total = 0, recv_total = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    if (a->send_counts[i] > shm::kMaxCount || a->recv_counts[i] > shm::kMaxCount) {
+      return Invalid("splits", absl::StrCat("count for rank ", i, " is above 2^40"));
+    }
+    send_total += a->send_counts[i];  // <= 2^13 * 2^40: no overflow
+    recv_total += a->recv_counts[i];
+  }
+  if (send_total > shm::kMaxCount || recv_total > shm::kMaxCount) {
+    return Invalid("splits", "the counts add up to more than 2^40 elements");
+  }
+  ext->send_bytes = send_total * es;
+  ext->recv_bytes = recv_total * es;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateFields(const shm::OpDescriptor& d, uint64_t features) {
@@ -43,21 +81,40 @@ absl::Status ResolveBuffers(const shm::OpDescriptor& d, int group_rank, int grou
   if (c == Collective::kBroadcast && (d.root < 0 || d.root >= group_size)) {
     return Invalid("root", absl::StrCat(d.root, " is not a rank of a group of size ", group_size));
   }
+  if (c == Collective::kSend || c == Collective::kRecv) {
+    if (d.peer >= group_size || d.peer == group_rank) {
+      return Invalid("peer", absl::StrCat(d.peer, " is not another rank of a group of size ",
+                                          group_size, " (this rank is ", group_rank, ")"));
+    }
+  }
   const uint64_t es = DataTypeSize(static_cast<DataType>(d.dtype));
   const uint64_t unit = d.count * es;  // fits: count <= 2^40, es <= 8
-  const shm::OpExtents ext = shm::ComputeOpExtents(c, d.count, es, group_size);
+  shm::OpExtents ext = shm::ComputeOpExtents(c, d.count, es, group_size);
+  if (c == Collective::kAllToAll && (d.splits.buffer_id != 0 || d.splits.offset_bytes != 0)) {
+    if (absl::Status s = ReadSplits(d.splits, group_size, es, session, a, &ext); !s.ok()) return s;
+  }
   const uint64_t send_bytes = ext.send_bytes, recv_bytes = ext.recv_bytes;
   char* send = nullptr;
   char* recv = nullptr;
-  if (send_bytes == 0 && recv_bytes == 0) return absl::OkStatus();  // count 0: nothing to name
-  if (absl::Status s = Resolve("send", d.send, send_bytes, session, &a->send_buf, &send); !s.ok()) return s;
-  if (absl::Status s = Resolve("recv", d.recv, recv_bytes, session, &a->recv_buf, &recv); !s.ok()) return s;
+  // A side that moves no bytes names no buffer (count 0, the other side of send/recv).
+  if (send_bytes > 0) {
+    if (absl::Status s = Resolve("send", d.send, send_bytes, session, &a->send_buf, &send); !s.ok()) return s;
+  }
+  if (recv_bytes > 0) {
+    if (absl::Status s = Resolve("recv", d.recv, recv_bytes, session, &a->recv_buf, &recv); !s.ok()) return s;
+  }
+  if (send_bytes == 0 || recv_bytes == 0) {
+    a->send = send;
+    a->recv = recv;
+    return absl::OkStatus();
+  }
   // Overlap: exact in-place layouts only.
   if (send < recv + recv_bytes && recv < send + send_bytes) {
     bool ok = false;
     if (c == Collective::kAllGather) ok = send == recv + uint64_t(group_rank) * unit;
     else if (c == Collective::kReduceScatter || c == Collective::kReduceScatterAllReduce)
       ok = recv == send + uint64_t(group_rank) * unit;
+    else if (c == Collective::kAllToAll) ok = false;  // blocks move between ranks: never in place
     else ok = send == recv;
     if (!ok) {
       return Invalid("recv.offset_bytes",

@@ -42,6 +42,10 @@ struct EngineMember {
   bool local = true;   // on this node: `send` and `recv` are valid
   BufferView send;
   BufferView recv;
+  // All-to-all with uneven blocks (local members): elements this member
+  // sends to / receives from each group rank. Empty: equal blocks of count.
+  std::vector<uint64_t> send_counts;
+  std::vector<uint64_t> recv_counts;
 };
 
 // What an engine needs to set up per group (a Gloo context, an NCCL
@@ -55,7 +59,8 @@ struct EngineGroupSpec {
 };
 
 struct EngineTask {
-  // kAllReduce, kAllGather, kReduceScatter, kBroadcast or kBarrier.
+  // kAllReduce, kAllGather, kReduceScatter, kBroadcast, kBarrier or
+  // kAllToAll (send/recv are lowered to a two-member broadcast).
   Collective collective = Collective::kInvalid;
   ReduceSpec spec;     // spec.dtype is the element type of every buffer
   uint64_t count = 0;  // as in shm::OpDescriptor

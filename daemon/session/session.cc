@@ -176,10 +176,10 @@ uint64_t Session::ClearBuffers() {
 }
 
 void Session::Complete(uint64_t op_id, const absl::Status& status, uint64_t queued_ns,
-                       uint64_t exec_ns) {
+                       uint64_t exec_ns, int32_t peer) {
   (status.ok() ? ops_completed_ : ops_failed_).fetch_add(1, std::memory_order_relaxed);
   in_flight_.fetch_sub(1, std::memory_order_relaxed);
-  channel_->Complete(op_id, status, queued_ns, exec_ns);
+  channel_->Complete(op_id, status, queued_ns, exec_ns, peer);
 }
 
 void Session::Close() {

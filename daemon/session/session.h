@@ -95,7 +95,8 @@ class Session {
 
   // --- operations ---
   // Writes op `op_id`'s completion to the client and counts it.
-  void Complete(uint64_t op_id, const absl::Status& status, uint64_t queued_ns, uint64_t exec_ns);
+  void Complete(uint64_t op_id, const absl::Status& status, uint64_t queued_ns, uint64_t exec_ns,
+                int32_t peer = -1);
   uint64_t ops_completed() const { return ops_completed_.load(); }
   uint64_t ops_failed() const { return ops_failed_.load(); }
 

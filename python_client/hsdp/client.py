@@ -74,6 +74,11 @@ class Work:
     def op_id(self):
         return self._work.op_id
 
+    @property
+    def peer(self):
+        """A finished recv: the group rank the data came from (with src=-1); else -1."""
+        return self._work.peer
+
 
 class Client:
     """A session with hsdpd: shared buffers, groups, collectives.
@@ -229,6 +234,50 @@ class Client:
         dt, n = _wire(x)
         return self._run(lambda: self._c.broadcast(g, ref, ref, n, dt, root), plan, x, async_op)
 
+    def send(self, x, dst, group=None, tag=0, async_op=False):
+        """Sends x to group rank `dst`; matched with its recv of the same tag, in order."""
+        g = group or self.world
+        plan = Plan(self)
+        ref = plan.input(x)
+        dt, n = _wire(x)
+        return self._run(lambda: self._c.send(g, ref, n, dt, int(dst), int(tag)), plan, None,
+                         async_op)
+
+    def recv(self, x, src=-1, group=None, tag=0, async_op=False):
+        """Receives into x from group rank `src` (-1: any; see Work.peer)."""
+        g = group or self.world
+        plan = Plan(self)
+        ref = plan.output(x)
+        dt, n = _wire(x)
+        return self._run(lambda: self._c.recv(g, ref, n, dt, int(src), int(tag)), plan, x,
+                         async_op)
+
+    def all_to_all(self, out, x, group=None, out_splits=None, in_splits=None, async_op=False):
+        """Block j of x goes to rank j; out holds the blocks from every rank in rank order.
+
+        Equal blocks by default; out_splits / in_splits give per-rank element
+        counts (what this rank receives from / sends to each rank), as in torch.
+        """
+        g = group or self.world
+        plan = Plan(self)
+        send, recv = plan.input(x), plan.output(out)
+        dt, n = _wire(x)
+        unit = n // _numel(x) if _numel(x) else 1  # wire elements per element (1 unless bytes)
+        if out_splits is None and in_splits is None:
+            if _numel(x) % g.size or _numel(out) != _numel(x):
+                raise ValueError(f"all_to_all: x ({_numel(x)} elements) and out "
+                                 f"({_numel(out)}) must split into {g.size} equal blocks")
+            return self._run(lambda: self._c.all_to_all(g, send, recv, n // g.size, dt),
+                             plan, out, async_op)
+        sends = _splits("in_splits", in_splits, _numel(x), g.size)
+        recvs = _splits("out_splits", out_splits, _numel(out), g.size)
+        lease, ref = plan.scratch(16 * g.size)
+        counts = numpy_view(lease.buffer, 0, 16 * g.size, np.uint64, (2 * g.size,))
+        counts[:g.size] = [c * unit for c in sends]
+        counts[g.size:] = [c * unit for c in recvs]
+        return self._run(lambda: self._c.all_to_all(g, send, recv, 0, dt, splits=ref), plan,
+                         out, async_op)
+
     def barrier(self, group=None, async_op=False):
         g = group or self.world
         return self._run(lambda: self._c.barrier(g), Plan(self), None, async_op)
@@ -254,6 +303,20 @@ class Client:
 
 def _numel(x):
     return x.numel() if is_torch(x) else x.size
+
+
+def _splits(what, splits, total, n):
+    """Per-rank element counts; None means equal blocks of total / n."""
+    if splits is None:
+        if total % n:
+            raise ValueError(f"all_to_all: {what} not given and {total} elements do not split "
+                             f"into {n} equal blocks")
+        return [total // n] * n
+    splits = [int(s) for s in splits]
+    if len(splits) != n or any(s < 0 for s in splits) or sum(splits) != total:
+        raise ValueError(f"all_to_all: {what} must be {n} non-negative counts adding up to "
+                         f"{total}, got {splits}")
+    return splits
 
 
 def _check_numel(what, x, want):

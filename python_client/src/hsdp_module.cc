@@ -233,7 +233,9 @@ void BindClient(py::module_& m) {
       .def_property_readonly("done", &PyWork::Test)
       .def_property_readonly("op_id", [](PyWork& w) { return w.work().op_id(); })
       .def_property_readonly("queued_ns", [](PyWork& w) { return w.work().queued_ns(); })
-      .def_property_readonly("exec_ns", [](PyWork& w) { return w.work().exec_ns(); });
+      .def_property_readonly("exec_ns", [](PyWork& w) { return w.work().exec_ns(); })
+      .def_property_readonly("peer", [](PyWork& w) { return w.work().peer(); },
+                             "A finished recv: the group rank the data came from; else -1.");
 
   using RO = std::optional<std::string>;
   py::class_<PyClient>(m, "Client", R"doc(
@@ -325,6 +327,43 @@ else the default socket path.)doc")
           py::arg("reduce_dtype") = py::none(),
           "HSDP gradient reduction as one submission: reduce-scatter in `shard` (count = "
           "elements each rank receives), then all-reduce of the shard across `replicate`.")
+      .def(
+          "send",
+          [](PyClient& c, const Group& g, py::handle send, size_t count, const std::string& dtype,
+             int dst, int tag) {
+            BufferRef s = ToRef(send, "send");
+            DataType dt = ParseDtypeOrThrow(dtype, "dtype");
+            return c.Submit([&](Client& cl) { return cl.Send(g, s, count, dt, dst, tag); });
+          },
+          py::arg("group"), py::arg("send"), py::arg("count"), py::arg("dtype"), py::arg("dst"),
+          py::arg("tag") = 0, "Point-to-point send to group rank `dst` (matched by tag).")
+      .def(
+          "recv",
+          [](PyClient& c, const Group& g, py::handle recv, size_t count, const std::string& dtype,
+             int src, int tag) {
+            BufferRef r = ToRef(recv, "recv");
+            DataType dt = ParseDtypeOrThrow(dtype, "dtype");
+            return c.Submit([&](Client& cl) { return cl.Recv(g, r, count, dt, src, tag); });
+          },
+          py::arg("group"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("src"),
+          py::arg("tag") = 0,
+          "Point-to-point receive from group rank `src` (-1: any; Work.peer names the sender).")
+      .def(
+          "all_to_all",
+          [](PyClient& c, const Group& g, py::handle send, py::handle recv, size_t count,
+             const std::string& dtype, py::handle splits) {
+            BufferRef s = ToRef(send, "send"), r = ToRef(recv, "recv");
+            DataType dt = ParseDtypeOrThrow(dtype, "dtype");
+            if (splits.is_none()) {
+              return c.Submit([&](Client& cl) { return cl.AllToAll(g, s, r, count, dt); });
+            }
+            BufferRef sp = ToRef(splits, "splits");
+            return c.Submit([&](Client& cl) { return cl.AllToAllV(g, s, r, sp, dt); });
+          },
+          py::arg("group"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
+          py::arg("splits") = py::none(),
+          "All-to-all: equal blocks of `count` elements, or uneven blocks whose counts (sent to "
+          "each rank, then received from each, as uint64) are at `splits`.")
       .def("detach", &PyClient::Detach,
            "Ends the session now; outstanding Work fails with Cancelled. Buffers stay mapped "
            "until their Python objects are gone.")

@@ -128,6 +128,25 @@ class Client {
                                               BufferRef send, BufferRef recv, size_t count,
                                               DataType dtype, const ReduceOptions& reduce = {});
 
+  // Point-to-point, matched per (group, source, destination, tag) in posting
+  // order. `dst` / `src` are group ranks other than this one; Recv accepts
+  // kAnySource (Work::peer() then names the sender). Sender and receiver must
+  // agree on count and dtype (else both fail with INVALID_ARGUMENT).
+  absl::StatusOr<Work> Send(const Group& g, BufferRef send, size_t count, DataType dtype, int dst,
+                            int tag = 0);
+  absl::StatusOr<Work> Recv(const Group& g, BufferRef recv, size_t count, DataType dtype, int src,
+                            int tag = 0);
+  // All-to-all with equal blocks: rank i's block j (count elements at send +
+  // j * count) lands at rank j's recv + i * count. Not in place.
+  absl::StatusOr<Work> AllToAll(const Group& g, BufferRef send, BufferRef recv, size_t count,
+                                DataType dtype);
+  // Uneven blocks: `splits` names 2 * g.size uint64 element counts in a
+  // registered buffer — sent to each rank, then received from each — which
+  // must stay unchanged until the Work completes. Blocks are packed in rank
+  // order in send and recv. Rank i's count for j must equal j's for i.
+  absl::StatusOr<Work> AllToAllV(const Group& g, BufferRef send, BufferRef recv,
+                                 BufferRef splits, DataType dtype);
+
   // Ends the session now (the daemon frees its buffers and groups).
   absl::Status Detach();
 

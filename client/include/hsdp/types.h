@@ -43,8 +43,17 @@ enum class Collective : uint8_t {
   // HSDP gradient path as one submission: reduce-scatter in the shard group,
   // then all-reduce of the shard in the replicate group.
   kReduceScatterAllReduce = 6,
+  // Point-to-point, matched per (group, source, destination, tag) in posting
+  // order; a receive may name any source.
+  kSend = 7,
+  kRecv = 8,
+  // Every rank sends a block to every rank: equal blocks of `count`
+  // elements, or per-rank counts given in a splits buffer.
+  kAllToAll = 9,
 };
-inline constexpr uint8_t kMaxCollective = 6;
+inline constexpr uint8_t kMaxCollective = 9;
+// A receive from any source.
+inline constexpr int kAnySource = -1;
 
 // Size in bytes of one element; 0 for kInvalid or unknown values.
 constexpr size_t DataTypeSize(DataType t) {

@@ -36,6 +36,9 @@ class Work {
   // the first member's arrival to the start of execution, and execution time.
   uint64_t queued_ns() const;
   uint64_t exec_ns() const;
+  // A finished receive: the group rank the data came from (useful with
+  // kAnySource); -1 otherwise.
+  int peer() const;
 
  private:
   std::shared_ptr<internal::WorkState> state_;

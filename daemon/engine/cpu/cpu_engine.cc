@@ -65,7 +65,7 @@ constexpr size_t kMaxRememberedTickets = 4096;
 
 void CpuEngine::Run(const EngineTask& t, cpu::ThreadPool* pool) {
   const int n = static_cast<int>(t.members.size());
-  if (t.count == 0) return;  // matched; nothing moves
+  if (t.count == 0 && t.collective != Collective::kAllToAll) return;  // matched; nothing moves
   std::vector<const void*> send(n);
   std::vector<void*> recv(n);
   for (int r = 0; r < n; ++r) {
@@ -119,6 +119,31 @@ void CpuEngine::Run(const EngineTask& t, cpu::ThreadPool* pool) {
         for (int j = 0; j < n; ++j) {
           copies.push_back({static_cast<char*>(recv[r]) + uint64_t(j) * bytes,
                             static_cast<const char*>(send[j]), bytes});
+        }
+      }
+      RunCopies(copies, pool);
+      break;
+    }
+    case Collective::kAllToAll: {
+      // Block j of member i goes to member j's slot i. Uneven blocks: offsets
+      // are prefix sums of each member's counts (validated to fit).
+      std::vector<Copy> copies;
+      std::vector<std::vector<uint64_t>> recv_at(n, std::vector<uint64_t>(n, 0));
+      for (int j = 0; j < n; ++j) {
+        uint64_t off = 0;
+        for (int i = 0; i < n; ++i) {
+          recv_at[j][i] = off;
+          off += t.members[j].recv_counts.empty() ? t.count : t.members[j].recv_counts[i];
+        }
+      }
+      for (int i = 0; i < n; ++i) {
+        uint64_t send_off = 0;
+        for (int j = 0; j < n; ++j) {
+          const uint64_t c =
+              t.members[i].send_counts.empty() ? t.count : t.members[i].send_counts[j];
+          copies.push_back({static_cast<char*>(recv[j]) + recv_at[j][i] * es,
+                            static_cast<const char*>(send[i]) + send_off * es, c * es});
+          send_off += c;
         }
       }
       RunCopies(copies, pool);

@@ -43,7 +43,7 @@ enum Feature : uint64_t {
   kFeaturePointToPoint = 1ull << 2,  // peer / tag / splits fields (send, recv, all-to-all)
 };
 // Features this build implements (client and daemon).
-inline constexpr uint64_t kFeaturesImplemented = kFeatureEpochs;
+inline constexpr uint64_t kFeaturesImplemented = kFeatureEpochs | kFeaturePointToPoint;
 // Features a peer must offer to be accepted at all.
 inline constexpr uint64_t kFeaturesRequired = kFeatureEpochs;
 
@@ -77,7 +77,11 @@ inline constexpr uint32_t kKnownFlags = kFlagWaitEvent;
 //   all-gather: elements each rank contributes (recv has count * group size);
 //   reduce-scatter: elements each rank receives (send has count * group size);
 //   reduce-scatter+all-reduce: as reduce-scatter in the shard group `group_id`,
-//   then all-reduce in the replicate group `group2_id` (sequence `seq2`).
+//   then all-reduce in the replicate group `group2_id` (sequence `seq2`);
+//   send / recv: elements sent / received (the same on both sides); they use
+//   no sequence number (seq 0): they match in posting order instead;
+//   all-to-all: elements sent to each rank (send and recv have count * group
+//   size), unless `splits` names per-rank counts.
 // In-place when send and recv name the same range. barrier ignores buffers.
 // (epoch, seq) identify the operation in its group: sequence numbers restart
 // at 1 in every epoch (a group enters a new epoch when it is re-formed after
@@ -102,12 +106,15 @@ struct OpDescriptor {
   uint32_t flags;        // DescriptorFlags; unknown bits are rejected
   uint32_t epoch;        // epoch of group_id
   uint32_t epoch2;       // epoch of group2_id (composite ops only)
-  // kFeaturePointToPoint (not implemented yet: must be 0).
-  int32_t peer;          // send: destination, recv: source group rank
-  int32_t tag;
+  // kFeaturePointToPoint; 0 for every other collective.
+  int32_t peer;          // send: destination, recv: source group rank (kAnySource: any)
+  int32_t tag;           // send / recv: matched with the peer's tag
   uint32_t reserved0;    // must be 0
   uint64_t event_id;     // kFlagWaitEvent: device event to wait on; else 0
-  BufRef splits;         // all-to-all split sizes; else {0, 0}
+  // All-to-all with uneven blocks: 2 * group size uint64 element counts in
+  // a registered buffer — what this rank sends to each rank, then what it
+  // receives from each. {0, 0}: equal blocks of `count`.
+  BufRef splits;
   uint64_t reserved1[5];  // must be 0
 };
 static_assert(sizeof(OpDescriptor) == 192);
@@ -122,7 +129,9 @@ struct alignas(64) Completion {
   uint64_t queued_ns;    // time from the first member's arrival to start
   uint64_t exec_ns;      // time the daemon spent executing
   uint64_t event_id;     // device completion event (kFeatureDeviceMemory); else 0
-  char message[216];
+  int32_t peer;          // recv: the group rank the data came from; else -1
+  uint32_t reserved;
+  char message[208];
 };
 static_assert(sizeof(Completion) == 256);
 
@@ -142,6 +151,9 @@ constexpr OpExtents ComputeOpExtents(Collective c, uint64_t count, uint64_t elem
     case Collective::kReduceScatter:
     case Collective::kReduceScatterAllReduce: return {unit * group_size, unit};
     case Collective::kBarrier: return {0, 0};
+    case Collective::kSend: return {unit, 0};
+    case Collective::kRecv: return {0, unit};
+    case Collective::kAllToAll: return {unit * group_size, unit * group_size};
     default: return {unit, unit};
   }
 }

@@ -67,11 +67,25 @@ absl::Status CheckDescriptorFields(const OpDescriptor& d, uint64_t features) {
   for (uint64_t r : d.reserved1) {
     if (r != 0) return Invalid("reserved1", "must be 0");
   }
-  if ((features & kFeaturePointToPoint) == 0 &&
-      (d.peer != 0 || d.tag != 0 || d.splits.buffer_id != 0 || d.splits.offset_bytes != 0)) {
-    return Invalid("peer", "peer, tag and splits need the point-to-point feature, not negotiated");
-  }
   const auto c = static_cast<Collective>(d.collective);
+  const bool p2p = c == Collective::kSend || c == Collective::kRecv;
+  const bool has_splits = d.splits.buffer_id != 0 || d.splits.offset_bytes != 0;
+  if ((features & kFeaturePointToPoint) == 0 &&
+      (p2p || c == Collective::kAllToAll || d.peer != 0 || d.tag != 0 || has_splits)) {
+    return Invalid("peer", "send, recv and all-to-all need the point-to-point feature, not negotiated");
+  }
+  if (!p2p && (d.peer != 0 || d.tag != 0)) {
+    return Invalid("peer", "peer and tag are for send and recv only; must be 0");
+  }
+  if (c != Collective::kAllToAll && has_splits) {
+    return Invalid("splits", "only an all-to-all takes splits; must be {0, 0}");
+  }
+  if (p2p) {
+    if (d.seq != 0) return Invalid("seq", "send and recv match in posting order; must be 0");
+    if (d.peer < (c == Collective::kRecv ? kAnySource : 0)) {
+      return Invalid("peer", "must be a group rank (or -1, any source, for recv)");
+    }
+  }
   if (c != Collective::kReduceScatterAllReduce && (d.group2_id != 0 || d.seq2 != 0 || d.epoch2 != 0)) {
     return Invalid("group2_id", "only a reduce-scatter+all-reduce names a second group");
   }

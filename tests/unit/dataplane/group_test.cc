@@ -414,6 +414,64 @@ TEST_F(GroupTest, JoinRefusesASecondLiveSessionForARank) {
   EXPECT_EQ(g->RankOf(13), -1);
 }
 
+TEST_F(GroupTest, PointToPointMatchesBySourceAndTagInPostingOrder) {
+  auto g = NewGroup(1, {10, 11, 12});
+  std::vector<std::vector<float>> mem(3, std::vector<float>(8, 0.0f));
+  for (int r = 0; r < 3; ++r) mem[r][0] = float(r + 1);
+  auto p2p = [&](int gr, uint64_t op_id, Collective c, int peer, int tag) {
+    Arrival a = Make(*g, gr, op_id, 0, c, 4);
+    a.desc.peer = peer;
+    a.desc.tag = tag;
+    a.send = mem[gr].data();
+    a.recv = mem[gr].data() + 4;
+    return a;
+  };
+  // Rank 0 posts a receive from any source, then one from rank 2 (tag 1).
+  g->Arrive(0, p2p(0, 1, Collective::kRecv, kAnySource, 1));
+  g->Arrive(0, p2p(0, 2, Collective::kRecv, 2, 1));
+  EXPECT_EQ(engine_.pending(), 0u);
+  // A send with another tag matches nothing.
+  g->Arrive(2, p2p(2, 1, Collective::kSend, 0, 9));
+  EXPECT_EQ(engine_.pending(), 0u);
+  // Rank 2's tag-1 send matches the OLDER receive: the any-source one.
+  g->Arrive(2, p2p(2, 2, Collective::kSend, 0, 1));
+  ASSERT_EQ(engine_.pending(), 1u);
+  EXPECT_EQ(engine_.front().members[0].global_rank, 12);
+  EXPECT_EQ(engine_.front().members[1].global_rank, 10);
+  ASSERT_TRUE(engine_.Execute().ok());
+  const shm::Completion* c = CompletionOf(*SessionOf(10), 1);
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(StatusOf(*c).ok());
+  EXPECT_EQ(c->peer, 2) << "the receiver learns the source";
+  EXPECT_EQ(mem[0][4], 3.0f) << "rank 12's data";
+  EXPECT_TRUE(Result(12, 2).has_value());
+  // Rank 1's send matches nothing (rank 0's remaining receive is from rank 2).
+  g->Arrive(1, p2p(1, 1, Collective::kSend, 0, 1));
+  EXPECT_EQ(engine_.pending(), 0u);
+  // A member lost ends the epoch: every queued send and receive fails.
+  g->MemberLeft(SessionOf(11).get(), "killed");
+  for (auto [rank, op] : std::vector<std::pair<int, uint64_t>>{{10, 2}, {12, 1}, {11, 1}}) {
+    ASSERT_TRUE(Result(rank, op).has_value()) << rank;
+    EXPECT_EQ(Result(rank, op)->code(), absl::StatusCode::kAborted) << rank;
+  }
+}
+
+TEST_F(GroupTest, UnmatchedPointToPointTimesOutNamingThePeer) {
+  auto g = NewGroup(1, {10, 11});
+  Arrival a = Make(*g, 0, 1, 0, Collective::kRecv, 4);
+  a.desc.peer = 1;
+  a.desc.tag = 3;
+  const int64_t t0 = a.first_ns;
+  g->Arrive(0, std::move(a));
+  g->CheckTimeouts(t0 + kTimeoutNs / 2);
+  EXPECT_FALSE(Result(10, 1).has_value());
+  g->CheckTimeouts(t0 + 2 * kTimeoutNs);
+  ASSERT_TRUE(Result(10, 1).has_value());
+  EXPECT_EQ(Result(10, 1)->code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(Result(10, 1)->message()),
+              AllOf(HasSubstr("recv from rank 11"), HasSubstr("tag 3"), HasSubstr("timed out")));
+}
+
 TEST_F(GroupTest, CompositeForwardsSecondPhaseToReplicateGroup) {
   // 2x2 mesh: shard groups {10,11}, {12,13}; replicate groups {10,12}, {11,13}.
   auto s1 = NewGroup(1, {10, 11});

@@ -167,8 +167,22 @@ TEST(ValidateFieldsTest, ReservedFieldsAndUnknownFlagsAreRejected) {
   ExpectInvalid(with([](auto* d) { d->event_id = 3; }), "event_id");
   ExpectInvalid(with([](auto* d) { d->peer = 1; }), "peer");
   ExpectInvalid(with([](auto* d) { d->tag = 5; }), "peer");
-  ExpectInvalid(with([](auto* d) { d->splits.buffer_id = 2; }), "peer");
+  ExpectInvalid(with([](auto* d) { d->splits.buffer_id = 2; }), "splits");
   ExpectInvalid(with([](auto* d) { d->seq2 = 4; }), "group2_id");
+  // Send and recv: no sequence number, a peer, and only with the feature.
+  shm::OpDescriptor p = Good();
+  p.collective = static_cast<uint8_t>(Collective::kSend);
+  p.seq = 0;
+  p.peer = 1;
+  EXPECT_TRUE(ValidateFields(p, shm::kFeaturesImplemented).ok());
+  ExpectInvalid(ValidateFields(p, shm::kFeatureEpochs), "peer");
+  p.seq = 3;
+  ExpectInvalid(ValidateFields(p, shm::kFeaturesImplemented), "seq");
+  p.seq = 0;
+  p.peer = -1;  // any source is for receives only
+  ExpectInvalid(ValidateFields(p, shm::kFeaturesImplemented), "peer");
+  p.collective = static_cast<uint8_t>(Collective::kRecv);
+  EXPECT_TRUE(ValidateFields(p, shm::kFeaturesImplemented).ok());
   // With the device-memory feature negotiated, the wait-event flag is accepted.
   shm::OpDescriptor d = Good();
   d.flags = shm::kFlagWaitEvent;
