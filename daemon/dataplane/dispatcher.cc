@@ -26,7 +26,8 @@ void Dispatcher::Handle(const std::shared_ptr<Session>& session, const shm::OpDe
   const int64_t now = shm::NowNanos();
   session->BeginOp();
   auto fail_alone = [&](const absl::Status& s) {
-    HSDP_LOG(Warning) << "session " << session->id() << " op " << d.op_id << ": " << s.message();
+    HSDP_LOG_EVERY_N_SEC(Warning, 1)
+        << "session " << session->id() << " op " << d.op_id << ": " << s.message();
     session->Complete(d.op_id, s, 0, 0);
   };
   // A client cannot have more operations outstanding than its ring has

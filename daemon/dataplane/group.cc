@@ -151,8 +151,11 @@ std::string Group::Describe(const PendingOp& op) const {
   const auto c = static_cast<Collective>(a.desc.collective);
   return absl::StrCat(std::string(CollectiveName(c)), a.phase2 ? " (all-reduce phase)" : "",
                       " seq ", op.seq, op.epoch > 1 ? absl::StrCat(" epoch ", op.epoch) : "",
-                      " in group ", spec_.id, " (job \"", spec_.job_id, "\", ranks ",
-                      ListRanks(spec_.ranks), ")");
+                      " in group ", spec_.id, " (job \"", spec_.job_id, "\", ",
+                      // Short, so what follows (who is missing) fits a completion record.
+                      size() <= 8 ? absl::StrCat("ranks ", ListRanks(spec_.ranks))
+                                  : absl::StrCat(size(), " ranks"),
+                      ")");
 }
 
 std::string Group::Disagreement(const PendingOp& op) const {
@@ -572,7 +575,9 @@ void Group::ForwardPhase2(std::vector<Arrival> arrivals, const absl::Status& sta
 
 void Group::Notify(std::vector<Arrival> arrivals, const absl::Status& status, uint64_t queued_ns,
                    uint64_t exec_ns) {
-  if (!status.ok()) HSDP_LOG(Warning) << status.message();
+  // Every member gets the status; the log gets a sample (a client can cause
+  // failures at will, so they must not be able to flood it).
+  if (!status.ok()) HSDP_LOG_EVERY_N_SEC(Warning, 1) << status.message();
   for (Arrival& a : arrivals) {
     const auto c = static_cast<Collective>(a.desc.collective);
     if (!status.ok() && c == Collective::kReduceScatterAllReduce && !a.phase2 &&

@@ -302,6 +302,23 @@ TEST_F(GroupTest, TimeoutNamesTheMissingRank) {
   EXPECT_TRUE(Result(10, 2)->ok());
 }
 
+TEST_F(GroupTest, HugeRankListsAreSummarisedInMessages) {
+  // A group of 200 ranks where only rank 10 is attached here: the timeout
+  // names the missing ranks without listing all 199.
+  for (int r = 4; r < 200; ++r) sessions_.push_back(MakeSession(100 + r, 10 + r, 300));
+  std::vector<int> ranks;
+  for (int r = 10; r < 210; ++r) ranks.push_back(r);
+  auto g = NewGroup(9, ranks);
+  Arrival a = Make(*g, 0, 1, 1);
+  const int64_t t0 = a.first_ns;
+  g->Arrive(0, std::move(a));
+  g->CheckTimeouts(t0 + 2 * kTimeoutNs);
+  ASSERT_TRUE(Result(10, 1).has_value());
+  const std::string msg(Result(10, 1)->message());
+  EXPECT_THAT(msg, HasSubstr("(183 more)]")) << msg;
+  EXPECT_LT(msg.size(), 400u);
+}
+
 TEST_F(GroupTest, MemberLeftEndsTheEpochAndTheGroupReformsInTheNext) {
   auto g = NewGroup(1, {10, 11});
   g->Arrive(0, Make(*g, 0, 1, 1));
