@@ -183,6 +183,9 @@ def run_config(backend, world_size, tests, args, binary):
                         break
                     except subprocess.TimeoutExpired:
                         pass
+                    except BaseException:
+                        _kill_group(proc)
+                        raise
                     done = _read_results(results_path)
                     finished = sum(1 for t in remaining if t in done)
                     if finished != n_done:
@@ -210,7 +213,7 @@ def run_config(backend, world_size, tests, args, binary):
         if daemon is not None:
             daemon.stop()
             if args.out:
-                shutil.copy(daemon.log, os.path.join(args.out, f"hsdpd-ws{world_size}.log"))
+                shutil.copy(daemon.log, os.path.join(args.out, f"hsdpd-daemon-ws{world_size}.log"))
         shutil.rmtree(workdir, ignore_errors=True)
     return records, time.time() - start
 
@@ -268,6 +271,8 @@ def main():
     ap.add_argument("--known-gaps", default=os.path.join(HERE, "known_gaps.txt"))
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
+    # ctest and users stop runs with SIGTERM: unwind, so the daemon and workers go too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     names = list_tests(args)
     if args.list:

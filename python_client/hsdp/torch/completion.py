@@ -133,9 +133,11 @@ class Completer:
         profile: (op, input tensors) for the profiler event `hsdpd:<op>`.
         """
         fut = torch.futures.Future()
-        if profile is not None:
-            profiling.record(profile[0], profile[1], fut)  # before `child`: ends first
-        child = fut.then(_unwrap)
+        closed = profiling.record(profile[0], profile[1], fut) if profile is not None else None
+        if closed is None:
+            child = fut.then(_unwrap)
+        else:  # complete the Work only after the profiler event has ended
+            child = closed.then(lambda _closed, fut=fut: _unwrap(fut))
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, daemon=True,

@@ -68,17 +68,21 @@ def enabled():
 def record(op, inputs, fut):
     """Opens event `hsdpd:<op>` with `inputs` (tensors) now; closes it when `fut` completes.
 
+    Returns a future that completes once the event is closed (None when no
+    profiler records on this thread): the Work must complete after it, or a
+    profiler that stops right after wait() would miss the event's end.
     `fut` must complete with a value (never an exception) - the Completer's
-    parent futures do. No-op unless a profiler is recording on this thread.
+    parent futures do.
     """
     if not enabled():
-        return
+        return None
     args = [t for t in inputs if isinstance(t, torch.Tensor)]
     handle = _record_function_with_args_enter(PREFIX + op, *args)
     key = next(_keys)
     with _lock:
         _open[key] = handle
     try:
-        _get_launcher()(fut, key)
+        return _get_launcher()(fut, key)
     except Exception:  # noqa: BLE001 - profiling must never fail the collective
         _close(key)
+        return None
