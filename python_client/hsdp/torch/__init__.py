@@ -11,6 +11,7 @@ import torch
 
 from hsdp.torch import _compat, backend, session
 from hsdp.torch.backend import BACKEND_NAME, ProcessGroupHsdp  # noqa: F401
+from hsdp.torch.monitored import monitored_barrier  # noqa: F401
 from hsdp.torch.fsdp2 import (  # noqa: F401
     HsdpAllGather,
     HsdpReduceScatter,
@@ -51,9 +52,12 @@ def capabilities():
             "allgather", "all_gather_into_tensor", "allgather_coalesced",
             "allgather_into_tensor_coalesced", "reduce_scatter", "reduce_scatter_tensor",
             "reduce_scatter_tensor_coalesced", "broadcast", "barrier",
-            "reduce / gather / scatter (emulated)"],
-        "unsupported": ["alltoall", "all_to_all_single", "send/recv", "monitored_barrier",
-                        "BAND/BOR/BXOR"],
+            "reduce / gather / scatter (emulated)",
+            "sparse COO allreduce (SUM)",
+            "monitored_barrier (hsdp.torch.monitored_barrier; torch 1.13's "
+            "dist.monitored_barrier admits Gloo only)"],
+        "profiler": "hsdpd:<op> events with input shapes, from enqueue to completion",
+        "unsupported": ["alltoall", "all_to_all_single", "send/recv", "BAND/BOR/BXOR"],
         "ddp": True,
         "fsdp": fsdp1_ok,
         "fsdp_reason": fsdp1_why,

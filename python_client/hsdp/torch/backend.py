@@ -2,7 +2,8 @@
 
 Each torch process group maps to one hsdpd group (the same global ranks);
 every torch collective becomes exactly one hsdpd operation, so all members
-issue the same sequence of operations whatever their memory placement.
+issue the same sequence of operations whatever their memory placement
+(sparse all-reduce: three all-gathers; monitored_barrier: the group's store).
 Tensors already in hsdpd memory (hsdp.torch.empty / Client.tensor) are used
 in place (zero-copy); others are staged through the session's pool of
 registered buffers. Returned Work objects complete on a helper thread (see
@@ -19,7 +20,7 @@ from hsdp.dtypes import hsdp_dtype
 from hsdp.memory import ALIGN, address_of, is_contiguous
 from hsdp.plan import Plan, region_like
 from hsdp.torch import reduce_ops, session
-from hsdp.torch.completion import Completer, completed_work, install_error_propagation
+from hsdp.torch.completion import Completer, completed_work, install_work_api
 
 BACKEND_NAME = "hsdpd"
 _GROUP_RANK_KEY = "hsdp/global_rank/{}"
@@ -27,6 +28,17 @@ _SUPPORTED_OPS = ("allreduce, allreduce_coalesced, allgather, _allgather_base, "
                   "allgather_coalesced, allgather_into_tensor_coalesced, reduce_scatter, "
                   "_reduce_scatter_base, reduce_scatter_tensor_coalesced, broadcast, barrier, "
                   "reduce, gather, scatter")
+
+
+# Profiler event names (after "hsdpd:"), as Gloo names its events ("gloo:all_reduce").
+_PROFILE_NAMES = {
+    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "allgather": "all_gather", "allgather_coalesced": "all_gather",
+    "all_gather_into_tensor": "all_gather_into_tensor",
+    "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
+    "reduce_scatter": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced",
+}
 
 
 def _as_list(x):
@@ -45,7 +57,8 @@ def _check(t, what):
             f"hsdpd backend {what}: tensor is on {t.device}; this build of the hsdpd backend "
             "handles CPU tensors only (move it to CPU, or use NCCL for device tensors)")
     if t.layout != torch.strided:
-        raise RuntimeError(f"hsdpd backend {what}: sparse tensors are not supported")
+        raise RuntimeError(f"hsdpd backend {what}: sparse tensors are supported by allreduce "
+                           "(ReduceOp.SUM) only")
 
 
 def _nbytes(t):
@@ -70,10 +83,12 @@ def _reducible(t, what):
 class ProcessGroupHsdp(ProcessGroup):
     """A torch ProcessGroup executing its collectives in hsdpd."""
 
-    def __init__(self, client, group, rank, size, timeout):
+    def __init__(self, client, group, rank, size, timeout, store=None):
         super().__init__(rank, size)
         self._client = client
         self._group = group
+        self._store = store
+        self._monitored_seq = 0
         self._timeout_s = timeout.total_seconds() if isinstance(
             timeout, datetime.timedelta) else float(timeout)
         self._completer = Completer(f"g{group.id}", self._timeout_s)
@@ -104,13 +119,15 @@ class ProcessGroupHsdp(ProcessGroup):
                 f"ranks={self._group.ranks} hsdpd_group={self._group.id}>")
 
     # -- plumbing ------------------------------------------------------------
-    def _submit(self, what, plan, submit, result):
+    def _submit(self, what, plan, submit, result, inputs=()):
+        """Submits one hsdpd operation; `inputs` are the tensors the profiler shows."""
         try:
             raw = submit()
         except BaseException:
             plan.release()
             raise
-        return self._completer.add(raw, plan, result, f"{what} on {self._desc()}")
+        return self._completer.add(raw, plan, result, f"{what} on {self._desc()}",
+                                   (_PROFILE_NAMES.get(what, what), inputs))
 
     def _desc(self):
         return f"group {self._group.id} (global ranks {self._group.ranks})"
@@ -152,14 +169,16 @@ class ProcessGroupHsdp(ProcessGroup):
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
         t = tensors[0]
-        _check(t, "allreduce")
         op = _opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        if isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo:
+            return self._sparse_allreduce(t, op)
+        _check(t, "allreduce")
         name, premul = reduce_ops.to_hsdp(op, "allreduce")
         dt = _reducible(t, "allreduce")
         plan = Plan(self._client)
         ref = plan.inout(t)
         return self._submit("allreduce", plan, lambda: self._client.raw.all_reduce(
-            self._group, ref, ref, t.numel(), dt, op=name, premul=premul), tensors)
+            self._group, ref, ref, t.numel(), dt, op=name, premul=premul), tensors, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         tensors = _as_list(tensors)
@@ -177,7 +196,43 @@ class ProcessGroupHsdp(ProcessGroup):
         # One op over the packed region; the padding between tensors is reduced too, harmlessly.
         count = plan.staged_bytes // tensors[0].element_size()
         return self._submit("allreduce_coalesced", plan, lambda: self._client.raw.all_reduce(
-            self._group, ref, ref, count, dt, op=name, premul=premul), tensors)
+            self._group, ref, ref, count, dt, op=name, premul=premul), tensors, tensors)
+
+    def _sparse_allreduce(self, t, op):
+        """Sum of the members' sparse COO tensors, coalesced, into `t` (as Gloo does).
+
+        Three all-gathers (nnz; indices; values, padded to the largest nnz),
+        then a local sum. Runs on the calling thread; the Work is complete when
+        returned.
+        """
+        kind = getattr(op, "op", op)
+        if kind != dist.ReduceOp.RedOpType.SUM:
+            raise RuntimeError(f"hsdpd backend allreduce: sparse tensors support only "
+                               f"ReduceOp.SUM, got {kind}")
+        if t.device.type != "cpu":
+            _check(t, "allreduce")
+        local = t.coalesce()
+        n = self.size()
+        indices, values = local.indices(), local.values()
+        nnz = torch.tensor([indices.shape[1]], dtype=torch.int64)
+        all_nnz = torch.empty(n, dtype=torch.int64)
+        self._allgather_base(all_nnz, nnz).wait()
+        width = int(all_nnz.max())
+        pad_i = torch.zeros((indices.shape[0], width), dtype=torch.int64)
+        pad_i[:, :indices.shape[1]] = indices
+        pad_v = torch.zeros((width,) + tuple(values.shape[1:]), dtype=values.dtype)
+        pad_v[:values.shape[0]] = values
+        all_i = torch.empty((n,) + tuple(pad_i.shape), dtype=torch.int64)
+        all_v = torch.empty((n,) + tuple(pad_v.shape), dtype=values.dtype)
+        self._allgather_base(all_i, pad_i).wait()
+        self._allgather_base(all_v, pad_v).wait()
+        counts = [int(c) for c in all_nnz]
+        total = torch.sparse_coo_tensor(
+            torch.cat([all_i[r, :, :c] for r, c in enumerate(counts)], dim=1),
+            torch.cat([all_v[r, :c] for r, c in enumerate(counts)], dim=0),
+            t.shape, dtype=t.dtype).coalesce()
+        t.copy_(total)
+        return completed_work([t])
 
     # -- all-gather ----------------------------------------------------------
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -206,7 +261,7 @@ class ProcessGroupHsdp(ProcessGroup):
             recv, views = self._dense_region(plan, outs, copy_in=False)
             plan.after(lambda: [o.copy_(v) for o, v in zip(outs, views)])
         return self._submit("allgather", plan, lambda: self._client.raw.all_gather(
-            self._group, send, recv, count, dt), outs)
+            self._group, send, recv, count, dt), outs, [x])
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's name
         _check(input, "_allgather_base")
@@ -220,7 +275,7 @@ class ProcessGroupHsdp(ProcessGroup):
         plan = Plan(self._client)
         send, recv = plan.input(input), plan.output(output)
         return self._submit("all_gather_into_tensor", plan, lambda: self._client.raw.all_gather(
-            self._group, send, recv, count, dt), [output])
+            self._group, send, recv, count, dt), [output], [input])
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """output_lists[r][j] receives input_list[j] of group rank r."""
@@ -243,7 +298,7 @@ class ProcessGroupHsdp(ProcessGroup):
         plan.after(copy_out)
         flat = [o for ol in output_lists for o in ol]
         return self._submit("allgather_coalesced", plan, lambda: self._client.raw.all_gather(
-            self._group, send, recv, total, "uint8"), flat)
+            self._group, send, recv, total, "uint8"), flat, inputs)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         """outputs[j] (size * numel) receives inputs[j] of every group rank, in rank order."""
@@ -275,7 +330,7 @@ class ProcessGroupHsdp(ProcessGroup):
         plan.after(copy_out)
         return self._submit("allgather_into_tensor_coalesced", plan,
                             lambda: self._client.raw.all_gather(
-                                self._group, send, recv, total, "uint8"), outputs)
+                                self._group, send, recv, total, "uint8"), outputs, inputs)
 
     # -- reduce-scatter ------------------------------------------------------
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
@@ -306,7 +361,7 @@ class ProcessGroupHsdp(ProcessGroup):
             send, _ = self._dense_region(plan, ins, copy_in=True)
         recv = plan.output(out)
         return self._submit("reduce_scatter", plan, lambda: self._client.raw.reduce_scatter(
-            self._group, send, recv, out.numel(), dt, op=name, premul=premul), [out])
+            self._group, send, recv, out.numel(), dt, op=name, premul=premul), [out], ins)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         _check(input, "_reduce_scatter_base")
@@ -324,7 +379,7 @@ class ProcessGroupHsdp(ProcessGroup):
         return self._submit("reduce_scatter_tensor", plan,
                             lambda: self._client.raw.reduce_scatter(
                                 self._group, send, recv, output.numel(), dt, op=name,
-                                premul=premul), [output])
+                                premul=premul), [output], [input])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         """outputs[j] receives chunk `rank` of the reduction of inputs[j]."""
@@ -361,7 +416,7 @@ class ProcessGroupHsdp(ProcessGroup):
         return self._submit("reduce_scatter_tensor_coalesced", plan,
                             lambda: self._client.raw.reduce_scatter(
                                 self._group, send, recv, per_rank, dt, op=name,
-                                premul=premul), outputs)
+                                premul=premul), outputs, inputs)
 
     # -- broadcast / barrier -------------------------------------------------
     def broadcast(self, tensors, opts=None):
@@ -378,7 +433,7 @@ class ProcessGroupHsdp(ProcessGroup):
         plan = Plan(self._client)
         ref = plan.inout(t)
         return self._submit("broadcast", plan, lambda: self._client.raw.broadcast(
-            self._group, ref, ref, count, dt, root), tensors)
+            self._group, ref, ref, count, dt, root), tensors, tensors)
 
     def barrier(self, opts=None):
         return self._submit("barrier", Plan(self._client),
@@ -400,7 +455,7 @@ class ProcessGroupHsdp(ProcessGroup):
         if self.rank() == root:
             plan.after(lambda: t.copy_(region_like(lease, t)))
         return self._submit("reduce", plan, lambda: self._client.raw.all_reduce(
-            self._group, ref, ref, t.numel(), dt, op=name, premul=premul), tensors)
+            self._group, ref, ref, t.numel(), dt, op=name, premul=premul), tensors, tensors)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         """Gather to `rootRank` (an all-gather; only the root copies out)."""
@@ -422,7 +477,7 @@ class ProcessGroupHsdp(ProcessGroup):
             plan.after(lambda: [o.copy_(region_like(rlease, x, r * _nbytes(x)))
                                 for r, o in enumerate(outs)])
         return self._submit("gather", plan, lambda: self._client.raw.all_gather(
-            self._group, send, recv, count, dt), outs)
+            self._group, send, recv, count, dt), outs, [x])
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         """Scatter from `rootRank` (a broadcast of all chunks; each rank keeps its own)."""
@@ -444,7 +499,7 @@ class ProcessGroupHsdp(ProcessGroup):
         me = self.rank()
         plan.after(lambda: out.copy_(region_like(lease, out, me * _nbytes(out))))
         return self._submit("scatter", plan, lambda: self._client.raw.broadcast(
-            self._group, ref, ref, _nbytes(out) * n, "uint8", root), outs)
+            self._group, ref, ref, _nbytes(out) * n, "uint8", root), outs, outs)
 
     # -- coalescing contexts (torch calls these around batched ops) ----------
     def _start_coalescing(self, *args, **kwargs):
@@ -491,9 +546,21 @@ class ProcessGroupHsdp(ProcessGroup):
     def recv_anysource(self, *args, **kwargs):
         self._unsupported("recv_anysource", "use a gloo group for point-to-point traffic")
 
-    def monitored_barrier(self, *args, **kwargs):
-        self._unsupported("monitored_barrier", "use barrier (hsdpd reports which ranks are "
-                          "missing in its error and operator status)")
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """A barrier that names the ranks that did not arrive (Gloo's semantics).
+
+        Group rank 0 collects the members' arrivals for `timeout` and raises
+        "Rank R failed to pass monitoredBarrier in T ms" (the first missing
+        rank; "Ranks R1, R2, ... failed ..." with wait_all_ranks); the others
+        wait for rank 0's verdict and raise "Rank r successfully reached
+        monitoredBarrier, but received errors while waiting for send/recv from
+        rank 0 ..." if it failed. Arrivals go through the group's store, not
+        through hsdpd: a late rank must not leave a pending hsdpd operation
+        behind, and the timeout is per call (hsdpd's collective timeout is
+        the node's). Ranks are group ranks, as in Gloo.
+        """
+        from hsdp.torch import monitored
+        return monitored.run(self, timeout, wait_all_ranks)
 
     # -- lifetime --------------------------------------------------------------
     def shutdown(self):
@@ -521,7 +588,7 @@ def create_process_group(store, group_rank, group_size, timeout):
         raise RuntimeError(
             f"hsdpd backend: hsdpd placed this process at rank {group.rank}/{group.size} of "
             f"group {ranks}, torch at {group_rank}/{group_size}")
-    return ProcessGroupHsdp(client, group, group_rank, group_size, timeout)
+    return ProcessGroupHsdp(client, group, group_rank, group_size, timeout, store)
 
 
 def create_process_group_extended(backend_opts, pg_options=None):
@@ -538,4 +605,4 @@ def register():
     kwargs = {"devices": ["cpu"]} if _compat.register_backend_takes_devices() else {}
     dist.Backend.register_backend(BACKEND_NAME, create_process_group, **kwargs)
     reduce_ops.install_premul_tracker()
-    install_error_propagation()
+    install_work_api()

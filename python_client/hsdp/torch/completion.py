@@ -14,13 +14,18 @@ future `parent.then(_unwrap)`: the callback raises for a failed operation,
 which puts the child into a real C++ error state that DDP's Reducer and
 Future.wait() both see.
 """
+import datetime
 import queue
 import threading
+import time
 
 import torch
 from torch._C._distributed_c10d import _create_work_from_future
 
 from hsdp import _hsdp
+from hsdp.torch import profiling
+
+_COMPAT_LOCK = threading.Lock()
 
 
 def completed_work(result=None):
@@ -29,17 +34,60 @@ def completed_work(result=None):
     return _create_work_from_future(fut)
 
 
-def failed_error(what, e):
-    """An exception like `e` whose message names the operation."""
-    msg = f"hsdpd {what} failed: {e}"
+_TORCH_COMPATIBLE = {}
+
+
+def torch_compatible(cls):
+    """`cls`, or a subclass of `cls` and RuntimeError: torch's backends raise
+    RuntimeError for failed collectives, and code written for Gloo catches that.
+    (hsdp.errors.DeadlineExceeded is a TimeoutError, Aborted a plain HsdpError.)"""
+    if issubclass(cls, RuntimeError):
+        return cls
+    with _COMPAT_LOCK:
+        sub = _TORCH_COMPATIBLE.get(cls)
+        if sub is None:
+            sub = type(cls.__name__, (cls, RuntimeError), {
+                "__module__": cls.__module__,
+                "__doc__": f"{cls.__name__} from the hsdpd torch backend (also a RuntimeError)."})
+            _TORCH_COMPATIBLE[cls] = sub
+    return sub
+
+
+def _make(cls, msg, cause):
     try:
-        err = type(e)(msg)
-        for attr in ("code", "code_name", "message"):
-            if hasattr(e, attr):
-                setattr(err, attr, getattr(e, attr))
-        return err
-    except Exception:
-        return RuntimeError(msg)
+        err = torch_compatible(cls)(msg)
+    except Exception:  # noqa: BLE001 - a class whose constructor wants more
+        err = RuntimeError(msg)
+    for attr in ("code", "code_name"):
+        if hasattr(cause, attr):
+            try:
+                setattr(err, attr, getattr(cause, attr))
+            except Exception:  # noqa: BLE001
+                pass
+    try:
+        err.message = msg
+    except Exception:  # noqa: BLE001
+        pass
+    return err
+
+
+def failed_error(what, e):
+    """An exception like `e` (and a RuntimeError) whose message names the operation."""
+    return _make(type(e), f"hsdpd {what} failed: {e}", e)
+
+
+def timeout_error(what, timeout_s, e):
+    """The error of an operation that timed out, worded like torch's backends
+    ("Timed out waiting <ms>ms for ..."). timeout_s: the process group's timeout
+    that expired here, or None where hsdpd's collective timeout failed the
+    operation (its message names the ranks that did not arrive)."""
+    if timeout_s is None:
+        return _make(type(e), f"hsdpd {what}: Timed out in hsdpd: {e}", e)
+    ms = int(round(timeout_s * 1000))
+    return _make(type(e), f"hsdpd {what}: Timed out waiting {ms}ms for the operation to "
+                 f"complete (the process group's timeout; {e}). Ranks that never arrive are "
+                 "named by hsdpd once its collective timeout (timeouts.collective_ms) "
+                 "expires.", e)
 
 
 class _Failure:
@@ -79,10 +127,17 @@ class Completer:
             self._stats["exec_ns"] += raw.exec_ns
             self._stats["queued_ns"] += raw.queued_ns
 
-    def add(self, raw_work, plan, result, what):
-        """Returns a torch Work completed once `raw_work` and its copy-outs are done."""
+    def add(self, raw_work, plan, result, what, profile=None):
+        """Returns a torch Work completed once `raw_work` and its copy-outs are done.
+
+        profile: (op, input tensors) for the profiler event `hsdpd:<op>`.
+        """
         fut = torch.futures.Future()
-        child = fut.then(_unwrap)
+        closed = profiling.record(profile[0], profile[1], fut) if profile is not None else None
+        if closed is None:
+            child = fut.then(_unwrap)
+        else:  # complete the Work only after the profiler event has ended
+            child = closed.then(lambda _closed, fut=fut: _unwrap(fut))
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, daemon=True,
@@ -109,9 +164,13 @@ class Completer:
         try:
             raw.wait(self._timeout)
         except _hsdp.DeadlineExceeded as e:
-            plan.abandon()  # the daemon may still write the staging buffers
-            fut.set_result(_Failure(failed_error(
-                f"{what} (timed out after {self._timeout:.0f} s)", e)))
+            if "still pending after" in str(e):  # our wait's deadline: the op goes on
+                plan.abandon()  # the daemon may still write the staging buffers
+                fut.set_result(_Failure(timeout_error(what, self._timeout, e)))
+            else:  # hsdpd failed the operation
+                self._count(raw, True)
+                plan.release()
+                fut.set_result(_Failure(timeout_error(what, None, e)))
             return
         except BaseException as e:  # noqa: B902 - every failure reaches the waiter
             self._count(raw, True)
@@ -138,31 +197,97 @@ def _wait_swallows_errors():
     return True
 
 
-def install_error_propagation():
-    """Makes Work.wait() raise the error of a failed future-backed Work.
+def _seconds(timeout):
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
 
-    torch's FutureWrappingWork::wait() (1.13 through at least 2.11) returns
-    True even when its future failed, so a failed hsdpd operation would pass
-    silently through dist.all_reduce(...). This wraps Work.wait: after the
-    original wait, a completed future with an error is re-raised. Works
-    without a future (some backends) are unaffected. Idempotent; a no-op on a
-    torch whose wait already raises.
+
+def _future_of(work):
+    try:
+        return work.get_future()
+    except RuntimeError:
+        return None
+
+
+def _timed_wait(work, timeout):
+    """Waits for a future-backed Work for at most `timeout`; raises its error."""
+    fut = _future_of(work)
+    if fut is None:
+        raise RuntimeError("Work.wait(timeout): this Work has no future to wait on")
+    secs = max(_seconds(timeout), 0.0)
+    done = threading.Event()
+    fut.add_done_callback(lambda _: done.set())
+    if not done.wait(secs):
+        raise RuntimeError(f"Timed out waiting {int(round(secs * 1000))}ms for the operation "
+                           "to complete (Work.wait timeout; the operation goes on)")
+    fut.wait()  # raises the operation's error
+    return True
+
+
+def install_work_api():
+    """Completes torch's Work API for future-backed Works (hsdpd's, any Python backend's).
+
+    torch 1.13's FutureWrappingWork (what _create_work_from_future returns):
+    - wait() returns True even when its future failed (through at least
+      2.11), so a failed operation would pass silently through
+      dist.all_reduce(...): after the original wait, a failed future is
+      re-raised;
+    - wait(timeout) raises "with finite timeout not implemented": the timeout
+      is honoured here ("Timed out waiting <ms>ms ..." RuntimeError);
+    - exception() cannot convert its result to Python (TypeError): it returns
+      the operation's exception, or None;
+    - result() before completion trips an internal assert: it raises a
+      RuntimeError saying so.
+    Other Works are unaffected (each fallback runs only where torch's own
+    method refuses). Idempotent.
     """
     import torch._C._distributed_c10d as c10d
-    orig = c10d.Work.wait
-    if getattr(orig, "_hsdp_wrapped", False) or not _wait_swallows_errors():
+    work_cls = c10d.Work
+    if getattr(work_cls.wait, "_hsdp_wrapped", False):
         return
+    orig_wait, orig_exception, orig_result = (work_cls.wait, work_cls.exception,
+                                              work_cls.result)
+    reraise = _wait_swallows_errors()
 
     def wait(self, *args, **kwargs):
-        result = orig(self, *args, **kwargs)
         try:
-            fut = self.get_future()
-        except RuntimeError:
-            return result
-        if fut.done():
-            fut.wait()  # re-raises the operation's error
+            result = orig_wait(self, *args, **kwargs)
+        except RuntimeError as e:
+            if "finite timeout not implemented" not in str(e):
+                raise
+            timeout = args[0] if args else kwargs.get("timeout")
+            return _timed_wait(self, timeout)
+        if reraise:
+            fut = _future_of(self)
+            if fut is not None and fut.done():
+                fut.wait()  # re-raises the operation's error
         return result
 
-    wait._hsdp_wrapped = True
-    wait.__doc__ = orig.__doc__
-    c10d.Work.wait = wait
+    def exception(self):
+        try:
+            return orig_exception(self)
+        except TypeError:
+            fut = _future_of(self)
+            if fut is None or not fut.done():
+                return None
+            try:
+                fut.wait()
+            except Exception as e:  # noqa: BLE001 - the operation's error is the answer
+                return e
+            return None
+
+    def result(self):
+        fut = _future_of(self)
+        if fut is not None and not fut.done():
+            raise RuntimeError("Work.result(): the operation has not completed; wait() first")
+        return orig_result(self)
+
+    for name, fn, orig in (("wait", wait, orig_wait), ("exception", exception, orig_exception),
+                           ("result", result, orig_result)):
+        fn._hsdp_wrapped = True
+        fn.__doc__ = orig.__doc__
+        setattr(work_cls, name, fn)
+
+
+install_error_propagation = install_work_api  # the former name
