@@ -6,7 +6,9 @@ when handed to C++ in torch 1.13. So every collective returns
 _create_work_from_future(fut) and a Completer thread per process group waits
 on the hsdpd operation (GIL released), runs the staging copy-outs and then
 completes `fut` with the output tensors, or fails it with the error.
-Operations of one process group complete in submission order.
+Operations of one process group are waited for and copied out in submission
+order; their futures are completed on a small notifier pool, so a callback
+that issues and waits for another collective cannot deadlock the completer.
 
 Failures: torch.futures.Future.set_exception only marks the future on the
 Python side (C++ waiters see a "value"), so the Work is built on a child
@@ -14,6 +16,7 @@ future `parent.then(_unwrap)`: the callback raises for a failed operation,
 which puts the child into a real C++ error state that DDP's Reducer and
 Future.wait() both see.
 """
+import concurrent.futures
 import datetime
 import queue
 import threading
@@ -104,8 +107,21 @@ def _unwrap(fut):
     return value
 
 
+# Futures are completed on this pool, not on a Completer thread: a callback
+# chained on a Work's future may issue another collective and wait for it
+# (PowerSGD's hooks do), which must not stall the thread that completes it.
+_NOTIFIER = concurrent.futures.ThreadPoolExecutor(max_workers=8,
+                                                  thread_name_prefix="hsdp-notify")
+
+
+def _deliver(fut, value):
+    _NOTIFIER.submit(fut.set_result, value)
+
+
 class Completer:
-    """One helper thread completing the operations of one process group."""
+    """One helper thread waiting for the operations of one process group, in
+    submission order (copy-outs happen in that order); their futures are
+    completed on the notifier pool."""
 
     def __init__(self, name, timeout_s):
         self._name = name
@@ -166,24 +182,24 @@ class Completer:
         except _hsdp.DeadlineExceeded as e:
             if "still pending after" in str(e):  # our wait's deadline: the op goes on
                 plan.abandon()  # the daemon may still write the staging buffers
-                fut.set_result(_Failure(timeout_error(what, self._timeout, e)))
+                _deliver(fut, _Failure(timeout_error(what, self._timeout, e)))
             else:  # hsdpd failed the operation
                 self._count(raw, True)
                 plan.release()
-                fut.set_result(_Failure(timeout_error(what, None, e)))
+                _deliver(fut, _Failure(timeout_error(what, None, e)))
             return
         except BaseException as e:  # noqa: B902 - every failure reaches the waiter
             self._count(raw, True)
             plan.release()
-            fut.set_result(_Failure(failed_error(what, e)))
+            _deliver(fut, _Failure(failed_error(what, e)))
             return
         self._count(raw, False)
         try:
             plan.finish()
         except BaseException as e:  # noqa: B902
-            fut.set_result(_Failure(failed_error(f"{what} copy-out", e)))
+            _deliver(fut, _Failure(failed_error(f"{what} copy-out", e)))
             return
-        fut.set_result(result)
+        _deliver(fut, result)
 
 
 def _wait_swallows_errors():
