@@ -24,6 +24,8 @@
 namespace hsdp {
 namespace {
 
+constexpr int kMaxGrpcThreads = 32;
+
 int UsableCores() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
@@ -80,6 +82,12 @@ absl::Status Daemon::Start() {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 100);
+  // Handlers never wait (RegisterBuffer is a callback method), so a small,
+  // fixed number of threads serves every connection; a burst of calls queues
+  // instead of growing one thread per call.
+  grpc::ResourceQuota quota("hsdpd");
+  quota.SetMaxThreads(kMaxGrpcThreads);
+  builder.SetResourceQuota(quota);
   builder.RegisterService(node_service_.get());
   builder.RegisterService(admin_service_.get());
   builder.RegisterService(health_service_.get());
