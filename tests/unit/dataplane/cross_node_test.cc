@@ -108,6 +108,49 @@ class CrossNodeTest : public ::testing::Test {
     g.Arrive(g.RankOf(rank), std::move(a));
   }
 
+  // A group whose members are all on node `n` (uses only that node's engine).
+  static void MakeNodeLocalGroup(Node& n, uint32_t id, const std::vector<int>& ranks) {
+    GroupSpec spec;
+    spec.id = id;
+    spec.key = GroupKey("job", ranks, 0);
+    spec.job_id = "job";
+    spec.ranks = ranks;
+    spec.timeout_ns = kTimeoutNs;
+    Node* np = &n;
+    auto g = std::make_shared<Group>(std::move(spec), &n.engine,
+                                     [np](uint32_t gid) -> std::shared_ptr<Group> {
+                                       auto it = np->groups.find(gid);
+                                       return it == np->groups.end() ? nullptr : it->second;
+                                     });
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      ASSERT_TRUE(g->Join(static_cast<int>(i), n.sessions[ranks[i]]).ok());
+    }
+    n.groups[id] = g;
+  }
+
+  // Rank `rank` of node `n` submits a 1-float-per-rank composite op.
+  static void SubmitComposite(Node& n, uint32_t shard, uint32_t replicate, int rank,
+                              uint64_t op_id) {
+    Group& g = *n.groups.at(shard);
+    Arrival a;
+    a.session = n.sessions[rank];
+    a.desc.op_id = op_id;
+    a.desc.seq = a.desc.seq2 = 1;
+    a.desc.epoch = a.desc.epoch2 = 1;
+    a.desc.collective = static_cast<uint8_t>(Collective::kReduceScatterAllReduce);
+    a.desc.dtype = static_cast<uint8_t>(DataType::kFloat32);
+    a.desc.reduce_op = static_cast<uint8_t>(ReduceOp::kSum);
+    a.desc.count = 1;
+    a.desc.premul_factor = a.desc.pre_divide = a.desc.post_divide = 1.0;
+    a.desc.group_id = shard;
+    a.desc.group2_id = replicate;
+    a.epoch = a.seq = 1;
+    a.send = n.mem[rank].data();
+    a.recv = n.mem[rank].data() + 32;
+    a.first_ns = shm::NowNanos();
+    g.Arrive(g.RankOf(rank), std::move(a));
+  }
+
   std::optional<absl::Status> Result(int rank, uint64_t op_id) {
     const shm::Completion* c = CompletionOf(*nodes_[NodeOf(rank)]->sessions[rank], op_id);
     if (c == nullptr) return std::nullopt;
@@ -206,22 +249,7 @@ TEST_F(CrossNodeTest, CompositePipelinesAcrossTwoStreamOrderedPhases) {
   n.sessions[3] = MakeSession(203, 3, 4);
   n.mem[1] = std::vector<float>(64, 0.0f);
   n.mem[3] = std::vector<float>(64, 0.0f);
-  auto make = [&](uint32_t id, std::vector<int> ranks) {
-    GroupSpec spec;
-    spec.id = id;
-    spec.key = GroupKey("job", ranks, 0);
-    spec.job_id = "job";
-    spec.ranks = ranks;
-    spec.timeout_ns = kTimeoutNs;
-    Node* np = &n;
-    auto g = std::make_shared<Group>(std::move(spec), &n.engine,
-                                     [np](uint32_t gid) -> std::shared_ptr<Group> {
-                                       auto it = np->groups.find(gid);
-                                       return it == np->groups.end() ? nullptr : it->second;
-                                     });
-    for (size_t i = 0; i < ranks.size(); ++i) ASSERT_TRUE(g->Join(i, n.sessions[ranks[i]]).ok());
-    n.groups[id] = g;
-  };
+  auto make = [&](uint32_t id, std::vector<int> ranks) { MakeNodeLocalGroup(n, id, ranks); };
   make(11, {0, 1});  // shard groups
   make(12, {2, 3});
   make(21, {0, 2});  // replicate groups
@@ -232,26 +260,7 @@ TEST_F(CrossNodeTest, CompositePipelinesAcrossTwoStreamOrderedPhases) {
     n.mem[r][1] = float(10 * (r + 1));
   }
   auto submit = [&](uint32_t shard, uint32_t replicate, int rank) {
-    Group& g = *n.groups.at(shard);
-    Arrival a;
-    a.session = n.sessions[rank];
-    a.desc.op_id = 1;
-    a.desc.seq = 1;
-    a.desc.seq2 = 1;
-    a.desc.epoch = a.desc.epoch2 = 1;
-    a.desc.collective = static_cast<uint8_t>(Collective::kReduceScatterAllReduce);
-    a.desc.dtype = static_cast<uint8_t>(DataType::kFloat32);
-    a.desc.reduce_op = static_cast<uint8_t>(ReduceOp::kSum);
-    a.desc.count = 1;
-    a.desc.premul_factor = a.desc.pre_divide = a.desc.post_divide = 1.0;
-    a.desc.group_id = shard;
-    a.desc.group2_id = replicate;
-    a.epoch = 1;
-    a.seq = 1;
-    a.send = n.mem[rank].data();
-    a.recv = n.mem[rank].data() + 32;
-    a.first_ns = shm::NowNanos();
-    g.Arrive(g.RankOf(rank), std::move(a));
+    SubmitComposite(n, shard, replicate, rank, 1);
   };
   submit(11, 21, 0);
   submit(11, 22, 1);
@@ -285,45 +294,11 @@ TEST_F(CrossNodeTest, CompositeSecondPhaseFailsWhenTheFirstFailsInTheEngine) {
   Node& n = *nodes_[0];
   n.sessions[1] = MakeSession(201, 1, 4);
   n.mem[1] = std::vector<float>(64, 0.0f);
-  auto make = [&](uint32_t id, std::vector<int> ranks) {
-    GroupSpec spec;
-    spec.id = id;
-    spec.key = GroupKey("job", ranks, 0);
-    spec.job_id = "job";
-    spec.ranks = ranks;
-    spec.timeout_ns = kTimeoutNs;
-    Node* np = &n;
-    auto g = std::make_shared<Group>(std::move(spec), &n.engine,
-                                     [np](uint32_t gid) -> std::shared_ptr<Group> {
-                                       auto it = np->groups.find(gid);
-                                       return it == np->groups.end() ? nullptr : it->second;
-                                     });
-    for (size_t i = 0; i < ranks.size(); ++i) ASSERT_TRUE(g->Join(i, n.sessions[ranks[i]]).ok());
-    n.groups[id] = g;
-  };
+  auto make = [&](uint32_t id, std::vector<int> ranks) { MakeNodeLocalGroup(n, id, ranks); };
   make(11, {0, 1});  // shard group
   make(21, {0});     // replicate groups of one
   make(22, {1});
-  for (int rank : {0, 1}) {
-    Group& g = *n.groups.at(11);
-    Arrival a;
-    a.session = n.sessions[rank];
-    a.desc.op_id = 5;
-    a.desc.seq = a.desc.seq2 = 1;
-    a.desc.epoch = a.desc.epoch2 = 1;
-    a.desc.collective = static_cast<uint8_t>(Collective::kReduceScatterAllReduce);
-    a.desc.dtype = static_cast<uint8_t>(DataType::kFloat32);
-    a.desc.reduce_op = static_cast<uint8_t>(ReduceOp::kSum);
-    a.desc.count = 1;
-    a.desc.premul_factor = a.desc.pre_divide = a.desc.post_divide = 1.0;
-    a.desc.group_id = 11;
-    a.desc.group2_id = rank == 0 ? 21 : 22;
-    a.epoch = a.seq = 1;
-    a.send = n.mem[rank].data();
-    a.recv = n.mem[rank].data() + 32;
-    a.first_ns = shm::NowNanos();
-    g.Arrive(rank, std::move(a));
-  }
+  for (int rank : {0, 1}) SubmitComposite(n, 11, rank == 0 ? 21 : 22, rank, 5);
   ASSERT_EQ(n.engine.pending(), 3u);
   n.engine.Finish(absl::InternalError("transport error in the reduce-scatter"));
   ASSERT_EQ(n.engine.pending(), 2u);
