@@ -19,7 +19,7 @@ import numpy as np
 from hsdp import _hsdp
 from hsdp.dtypes import hsdp_dtype, itemsize, require_reducible
 from hsdp.memory import BufferRegistry, StagingPool, align_up, is_torch, numpy_view, torch_view
-from hsdp.plan import Plan
+from hsdp.plan import Plan, split_counts
 
 
 def default_socket_path():
@@ -269,8 +269,8 @@ class Client:
                                  f"({_numel(out)}) must split into {g.size} equal blocks")
             return self._run(lambda: self._c.all_to_all(g, send, recv, n // g.size, dt),
                              plan, out, async_op)
-        sends = _splits("in_splits", in_splits, _numel(x), g.size)
-        recvs = _splits("out_splits", out_splits, _numel(out), g.size)
+        sends = split_counts("all_to_all in_splits", in_splits, _numel(x), g.size)
+        recvs = split_counts("all_to_all out_splits", out_splits, _numel(out), g.size)
         lease, ref = plan.scratch(16 * g.size)
         counts = numpy_view(lease.buffer, 0, 16 * g.size, np.uint64, (2 * g.size,))
         counts[:g.size] = [c * unit for c in sends]
@@ -303,20 +303,6 @@ class Client:
 
 def _numel(x):
     return x.numel() if is_torch(x) else x.size
-
-
-def _splits(what, splits, total, n):
-    """Per-rank element counts; None means equal blocks of total / n."""
-    if splits is None:
-        if total % n:
-            raise ValueError(f"all_to_all: {what} not given and {total} elements do not split "
-                             f"into {n} equal blocks")
-        return [total // n] * n
-    splits = [int(s) for s in splits]
-    if len(splits) != n or any(s < 0 for s in splits) or sum(splits) != total:
-        raise ValueError(f"all_to_all: {what} must be {n} non-negative counts adding up to "
-                         f"{total}, got {splits}")
-    return splits
 
 
 def _check_numel(what, x, want):

@@ -118,3 +118,18 @@ class Plan:
 
 def _nbytes(x):
     return x.numel() * x.element_size() if is_torch(x) else x.nbytes
+
+
+def split_counts(what, splits, total, n, unit="elements"):
+    """Per-rank counts of an all-to-all: `splits` checked (n non-negative
+    counts adding up to `total`), or equal blocks when it is empty/None.
+    ValueError naming `what` otherwise."""
+    if not splits:
+        if total % n:
+            raise ValueError(f"{what}: {total} {unit} do not split into {n} equal blocks")
+        return [total // n] * n
+    splits = [int(s) for s in splits]
+    if len(splits) != n or any(s < 0 for s in splits) or sum(splits) != total:
+        raise ValueError(f"{what}: expected {n} non-negative counts adding up to {total} "
+                         f"{unit}, got {splits}")
+    return splits

@@ -163,3 +163,45 @@ def test_all_to_all_equal_and_uneven_against_numpy(run, world_size):
         want_s = np.concatenate([np.full(i + j + 1, 10 * i + j) for i in range(world_size)])
         assert ys == want_s.tolist()
         assert "splits" in err and "expects" in err, err
+
+
+def _torch_p2p_and_all_to_all(rank, world_size):
+    import torch
+    import torch.distributed as dist
+    out = {}
+    # all_to_all_single, uneven: rank r sends (r + j + 1) rows of width 2 to rank j.
+    in_splits = [rank + j + 1 for j in range(world_size)]
+    out_splits = [i + rank + 1 for i in range(world_size)]
+    x = torch.cat([torch.full((n, 2), float(10 * rank + j)) for j, n in enumerate(in_splits)])
+    y = torch.zeros(sum(out_splits), 2)
+    dist.all_to_all_single(y, x, out_splits, in_splits)
+    out["single"] = y[:, 0].tolist()
+    # all_to_all with tensor lists of different sizes.
+    ins = [torch.full((j + 1,), float(rank)) for j in range(world_size)]
+    outs = [torch.zeros(rank + 1) for _ in range(world_size)]
+    dist.all_to_all(outs, ins)
+    out["lists"] = [o.tolist() for o in outs]
+    # send / recv from any source, with the sender reported.
+    if rank == 0:
+        got = []
+        for _ in range(world_size - 1):
+            t = torch.zeros(3)
+            src = dist.recv(t)
+            got.append((src, t[0].item()))
+        out["any"] = sorted(got)
+    else:
+        dist.send(torch.full((3,), float(rank)), 0)
+    # an empty all_reduce (DDP's zero-element metadata)
+    e = torch.zeros(0)
+    dist.all_reduce(e)
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_torch_backend_all_to_all_and_any_source(run, world_size):
+    res = run(_torch_p2p_and_all_to_all, world_size)
+    for j, out in enumerate(res):
+        want = [float(10 * i + j) for i in range(world_size) for _ in range(i + j + 1)]
+        assert out["single"] == want
+        assert out["lists"] == [[float(i)] * (j + 1) for i in range(world_size)]
+    assert res[0]["any"] == [(r, float(r)) for r in range(1, world_size)]

@@ -19,7 +19,7 @@ from torch._C._distributed_c10d import ProcessGroup
 
 from hsdp.dtypes import hsdp_dtype
 from hsdp.memory import ALIGN, address_of, is_contiguous
-from hsdp.plan import Plan, region_like
+from hsdp.plan import Plan, region_like, split_counts
 from hsdp.torch import reduce_ops, session
 from hsdp.torch.completion import Completer, completed_work, install_work_api
 
@@ -122,17 +122,8 @@ def _wire_count(t):
 
 def _rows(what, sizes, t, n):
     """Row counts per rank for all_to_all_single (equal when `sizes` is empty)."""
-    rows = t.size(0) if t.dim() else 1
-    if not sizes:
-        if rows % n:
-            raise ValueError(f"hsdpd backend all_to_all_single: {rows} rows do not split into "
-                             f"{n} equal blocks")
-        return [rows // n] * n
-    sizes = [int(s) for s in sizes]
-    if len(sizes) != n or any(s < 0 for s in sizes) or sum(sizes) != rows:
-        raise ValueError(f"hsdpd backend all_to_all_single: {what} must be {n} non-negative "
-                         f"row counts adding up to {rows}, got {sizes}")
-    return sizes
+    return split_counts(f"hsdpd backend all_to_all_single {what}", sizes,
+                        t.size(0) if t.dim() else 1, n, unit="rows")
 
 
 def _splits_ref(plan, send_counts, recv_counts):
