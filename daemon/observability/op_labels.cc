@@ -11,8 +11,8 @@ std::string_view OpName(const Arrival& a) {
 }
 
 std::string_view DtypeName(const Arrival& a) {
-  const std::string_view name = DataTypeName(static_cast<DataType>(a.desc.dtype));
-  return name.empty() ? std::string_view("invalid") : name;
+  if (a.desc.dtype == 0) return "none";  // barriers carry no data
+  return DataTypeName(static_cast<DataType>(a.desc.dtype));
 }
 
 std::string_view GroupKind(const GroupSpec& group, const Arrival& a) {

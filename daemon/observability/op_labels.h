@@ -14,7 +14,7 @@ namespace hsdp {
 // "all_reduce", ...; the HSDP composite is "reduce_scatter_all_reduce" in
 // both of its groups (GroupKind tells the phases apart).
 std::string_view OpName(const Arrival& a);
-// "float32", ...
+// "float32", ...; "none" when unset (barriers).
 std::string_view DtypeName(const Arrival& a);
 // "shard" / "replicate" for the two phases of the HSDP composite, else
 // "world" when the group spans the job's world, else "sub".

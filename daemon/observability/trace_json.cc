@@ -154,7 +154,8 @@ std::string RenderChromeTrace(const TraceSnapshot& snap, int64_t from_ns, int64_
         "\"job\":", JsonString(g.job_id), ",\"group\":", e.group_id, ",\"group_size\":", g.size,
         ",\"op\":\"", OpNameOf(e.collective),
         e.phase2 ? "\",\"phase\":\"all_reduce\"" : "\"", ",\"dtype\":\"",
-        std::string(DataTypeName(static_cast<DataType>(e.dtype))), "\",\"bytes\":", e.bytes,
+        e.dtype == 0 ? std::string("none") : std::string(DataTypeName(static_cast<DataType>(e.dtype))),
+        "\",\"bytes\":", e.bytes,
         ",\"seq\":", e.seq, ",\"epoch\":", e.epoch);
   };
 
