@@ -182,9 +182,10 @@ absl::Status ParseMetricsListen(const Field& f, NodeConfig* config) {
   const size_t colon = v.rfind(':');
   const std::string hint =
       " (expected \"HOST:PORT\" such as \"127.0.0.1:9464\", or \"\" for off)";
-  if (colon == std::string::npos || colon == 0) {
-    return f.Error(absl::StrCat("address ", Quote(v), " names no host", hint));
+  if (colon == std::string::npos) {
+    return f.Error(absl::StrCat("address ", Quote(v), " is not HOST:PORT", hint));
   }
+  if (colon == 0) return f.Error(absl::StrCat("address ", Quote(v), " names no host", hint));
   std::string host = v.substr(0, colon);
   const std::string port = v.substr(colon + 1);
   if (port.empty() || port.size() > 5 ||

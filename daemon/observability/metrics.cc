@@ -165,7 +165,7 @@ class Metrics::Impl {
     if (exec_ns > 0) busy_.Increment(exec_ns / 1e9);
     if (!status.ok()) {
       JobSeries& job = JobFor(group.job_id);
-      Counter& c = failed_.Add({{"job", job.label},
+      Counter& c = failed_.Add({{"job_id", job.label},
                                 {"group", std::string(GroupKind(group, a))},
                                 {"op", std::string(OpName(a))},
                                 {"dtype", std::string(DtypeName(a))},
@@ -227,8 +227,8 @@ class Metrics::Impl {
           "Fullest submission ring of the job: operations in flight / ring slots");
       for (const NodeGauges::Job& j : g.jobs) {
         const std::string label = impl_->LabelOf(j.job_id);
-        in_flight.metric.push_back(GaugeValue(j.ops_in_flight, {"job", label}));
-        ring.metric.push_back(GaugeValue(j.ring_occupancy, {"job", label}));
+        in_flight.metric.push_back(GaugeValue(j.ops_in_flight, {"job_id", label}));
+        ring.metric.push_back(GaugeValue(j.ring_occupancy, {"job_id", label}));
       }
       out.push_back(std::move(in_flight));
       out.push_back(std::move(ring));
@@ -245,7 +245,7 @@ class Metrics::Impl {
 
   static prometheus::Labels OpLabels(const JobSeries& job, const GroupSpec& group,
                                      const Arrival& a) {
-    return {{"job", job.label},
+    return {{"job_id", job.label},
             {"group", std::string(GroupKind(group, a))},
             {"op", std::string(OpName(a))},
             {"dtype", std::string(DtypeName(a))}};
@@ -296,7 +296,7 @@ class Metrics::Impl {
     auto it = rank_cache_.find(key);
     if (it != rank_cache_.end()) return it->second;
     JobSeries& job = JobFor(group.job_id);
-    const prometheus::Labels labels = {{"job", job.label}, {"rank", absl::StrCat(rank)}};
+    const prometheus::Labels labels = {{"job_id", job.label}, {"rank", absl::StrCat(rank)}};
     RankSeries s{&arrival_lag_.Add(labels, TimeBuckets()), &waited_for_.Add(labels),
                  &last_arrivals_.Add(labels)};
     job.rank_keys.push_back(key);
