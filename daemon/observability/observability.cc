@@ -27,6 +27,8 @@ TraceEvent EventOf(TraceEventKind kind, const GroupSpec& group, const Arrival& a
   return e;
 }
 
+uint32_t UidOf(const Arrival& a) { return a.session != nullptr ? a.session->info().uid : 0; }
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Observability>> Observability::Create(
@@ -60,11 +62,9 @@ std::string Observability::metrics_address() const {
 
 void Observability::OnArrival(const GroupSpec& group, const Arrival& a) {
   if (!trace_.Recording(a.arrived_ns)) return;
-  trace_.NoteGroup(group.id,
-                   TraceGroupInfo{group.job_id, a.session != nullptr ? a.session->info().uid : 0,
-                                  static_cast<int>(group.ranks.size())});
   const TraceEvent e = EventOf(TraceEventKind::kArrival, group, a, a.arrived_ns);
-  trace_.Append({&e, 1});
+  trace_.AppendForGroup({&e, 1}, group.id, group.job_id, UidOf(a),
+                        static_cast<int>(group.ranks.size()));
 }
 
 void Observability::OnMatched(const GroupSpec& group, const std::map<int, Arrival>& arrivals) {
@@ -87,8 +87,7 @@ void Observability::OnMatched(const GroupSpec& group, const std::map<int, Arriva
   ev.op = OpName(*last);
   ev.seq = last->seq;
   ev.epoch = last->epoch;
-  stragglers_.Record(group.job_id, last->session != nullptr ? last->session->info().uid : 0,
-                     GlobalRank(*last), waited, ev);
+  stragglers_.Record(group.job_id, UidOf(*last), GlobalRank(*last), waited, ev);
   if (metrics_ != nullptr) metrics_->OnMatched(group, arrivals);
   if (trace_.MaybeRecording() && trace_.Recording(last_ns)) {
     TraceEvent e = EventOf(TraceEventKind::kMatched, group, *last, last_ns);
@@ -124,7 +123,7 @@ void Observability::OnCompleted(const GroupSpec& group, const std::vector<Arriva
       }
       it = jobs_.emplace(group.job_id, JobActivity{}).first;
       it->second.job_id = group.job_id;
-      it->second.uid = a.session != nullptr ? a.session->info().uid : 0;
+      it->second.uid = UidOf(a);
     }
     JobActivity& j = it->second;
     if (status.ok()) {
@@ -139,9 +138,6 @@ void Observability::OnCompleted(const GroupSpec& group, const std::vector<Arriva
   if (!trace_.MaybeRecording()) return;
   const int64_t now = shm::NowNanos();
   if (!trace_.Recording(now)) return;
-  trace_.NoteGroup(group.id,
-                   TraceGroupInfo{group.job_id, a.session != nullptr ? a.session->info().uid : 0,
-                                  static_cast<int>(group.ranks.size())});
   absl::InlinedVector<TraceEvent, 8> events;
   for (const Arrival& m : arrivals) {
     TraceEvent e = EventOf(TraceEventKind::kCompleted, group, m, now);
@@ -149,7 +145,8 @@ void Observability::OnCompleted(const GroupSpec& group, const std::vector<Arriva
     e.value_ns = static_cast<int64_t>(exec_ns);
     events.push_back(e);
   }
-  trace_.Append({events.data(), events.size()});
+  trace_.AppendForGroup({events.data(), events.size()}, group.id, group.job_id, UidOf(a),
+                        static_cast<int>(group.ranks.size()));
 }
 
 std::vector<JobActivity> Observability::Activity(std::optional<uint32_t> only_uid) const {

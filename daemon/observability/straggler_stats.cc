@@ -43,8 +43,7 @@ void StragglerStats::Record(const std::string& job_id, uint32_t uid, int last_ra
   ++r.buckets[BucketOf(waited_ns)];
   event.event_id = next_event_id_++;
   event.waited_ns = waited_ns;
-  r.recent.push_back(std::move(event));
-  while (r.recent.size() > kRecent) r.recent.pop_front();
+  r.recent[r.recent_next++ % kRecent] = event;
 }
 
 std::vector<StragglerJobReport> StragglerStats::Report(const std::string& job_id,
@@ -76,7 +75,10 @@ std::vector<StragglerJobReport> StragglerStats::Report(const std::string& job_id
       rr.p50_ns = percentile(0.50);
       rr.p90_ns = percentile(0.90);
       rr.p99_ns = percentile(0.99);
-      rr.recent.assign(r.recent.begin(), r.recent.end());
+      for (uint64_t i = r.recent_next - std::min<uint64_t>(r.recent_next, kRecent);
+           i < r.recent_next; ++i) {
+        rr.recent.push_back(r.recent[i % kRecent]);
+      }
       jr.ranks.push_back(std::move(rr));
     }
     std::sort(jr.ranks.begin(), jr.ranks.end(), [](const auto& a, const auto& b) {

@@ -11,7 +11,6 @@
 
 #include <array>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <optional>
 #include <string>
@@ -80,7 +79,8 @@ class StragglerStats {
     uint64_t waited_ns = 0;
     int64_t max_ns = 0;
     std::array<uint32_t, kBuckets> buckets{};
-    std::deque<StragglerEvent> recent;
+    std::array<StragglerEvent, kRecent> recent{};  // a ring: recent_count events end at recent_next
+    uint64_t recent_next = 0;
   };
   struct JobState {
     uint32_t uid = 0;

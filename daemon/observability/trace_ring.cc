@@ -30,8 +30,20 @@ void TraceRing::Append(std::span<const TraceEvent> events) {
   for (const TraceEvent& e : events) ring_[written_++ % capacity_] = e;
 }
 
+void TraceRing::AppendForGroup(std::span<const TraceEvent> events, uint32_t group_id,
+                               const std::string& job_id, uint32_t uid, int size) {
+  absl::MutexLock l(&mu_);
+  if (ring_.empty()) return;
+  if (groups_.count(group_id) == 0) NoteGroupLocked(group_id, TraceGroupInfo{job_id, uid, size});
+  for (const TraceEvent& e : events) ring_[written_++ % capacity_] = e;
+}
+
 void TraceRing::NoteGroup(uint32_t group_id, const TraceGroupInfo& info) {
   absl::MutexLock l(&mu_);
+  NoteGroupLocked(group_id, info);
+}
+
+void TraceRing::NoteGroupLocked(uint32_t group_id, const TraceGroupInfo& info) {
   if (groups_.count(group_id) > 0) return;
   // Group ids only grow: the smallest belong to the oldest groups.
   while (groups_.size() >= kMaxGroups) groups_.erase(groups_.begin());

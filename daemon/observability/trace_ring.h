@@ -83,6 +83,10 @@ class TraceRing {
 
   // Appends events (overwriting the oldest). Callers check Recording first.
   void Append(std::span<const TraceEvent> events) ABSL_LOCKS_EXCLUDED(mu_);
+  // Append, and remember (once, bounded) who owns group `group_id`: job
+  // `job_id` of `uid`, `size` ranks. One lock; copies nothing when known.
+  void AppendForGroup(std::span<const TraceEvent> events, uint32_t group_id,
+                      const std::string& job_id, uint32_t uid, int size) ABSL_LOCKS_EXCLUDED(mu_);
   // Remembers who owns `group_id` (idempotent, bounded).
   void NoteGroup(uint32_t group_id, const TraceGroupInfo& info) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -94,6 +98,8 @@ class TraceRing {
  private:
   // Turns recording off when `until` passed; always false.
   bool Expire(int64_t until);
+  void NoteGroupLocked(uint32_t group_id, const TraceGroupInfo& info)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   static constexpr size_t kMaxGroups = 65536;
 
