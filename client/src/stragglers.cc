@@ -8,8 +8,7 @@
 namespace hsdp {
 
 absl::StatusOr<StragglerReport> QueryStragglers(const std::string& socket_path,
-                                                const std::string& job_id,
-                                                absl::Duration timeout) {
+                                                const std::string& job_id, absl::Duration timeout) {
   const std::string path = socket_path.empty() ? ClientDefaultSocketPath() : socket_path;
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);

@@ -115,8 +115,8 @@ class Metrics::Impl {
     try {
       exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat("metrics.listen: cannot serve /metrics on \"",
-                                                 listen, "\": ", e.what()));
+      return absl::UnavailableError(
+          absl::StrCat("metrics.listen: cannot serve /metrics on \"", listen, "\": ", e.what()));
     }
     exposer_->RegisterCollectable(registry_);
     exposer_->RegisterCollectable(node_);
@@ -222,9 +222,9 @@ class Metrics::Impl {
              g.registered_bytes_limit);
       prometheus::MetricFamily in_flight =
           GaugeFamily("hsdpd_ops_in_flight", "Operations submitted and not yet completed");
-      prometheus::MetricFamily ring = GaugeFamily(
-          "hsdpd_ring_occupancy_ratio",
-          "Fullest submission ring of the job: operations in flight / ring slots");
+      prometheus::MetricFamily ring =
+          GaugeFamily("hsdpd_ring_occupancy_ratio",
+                      "Fullest submission ring of the job: operations in flight / ring slots");
       for (const NodeGauges::Job& j : g.jobs) {
         const std::string label = impl_->LabelOf(j.job_id);
         in_flight.metric.push_back(GaugeValue(j.ops_in_flight, {"job_id", label}));
@@ -279,8 +279,8 @@ class Metrics::Impl {
     if (it != op_cache_.end()) return it->second;
     JobSeries& job = JobFor(group.job_id);
     const prometheus::Labels labels = OpLabels(job, group, a);
-    OpSeries s{&completed_.Add(labels), &bytes_.Add(labels),
-               &duration_.Add(labels, TimeBuckets()), &queue_wait_.Add(labels, TimeBuckets())};
+    OpSeries s{&completed_.Add(labels), &bytes_.Add(labels), &duration_.Add(labels, TimeBuckets()),
+               &queue_wait_.Add(labels, TimeBuckets())};
     job.op_keys.push_back(key);
     job.completed.insert(s.completed);
     job.bytes.insert(s.bytes);

@@ -45,8 +45,8 @@ namespace hsdp {
 struct NodeGauges {
   struct Job {
     std::string job_id;
-    uint64_t ops_in_flight = 0;   // submitted, not yet completed (all its sessions)
-    double ring_occupancy = 0;    // max over its sessions of in-flight / ring slots
+    uint64_t ops_in_flight = 0;  // submitted, not yet completed (all its sessions)
+    double ring_occupancy = 0;   // max over its sessions of in-flight / ring slots
   };
   uint64_t sessions = 0;
   uint64_t groups = 0;

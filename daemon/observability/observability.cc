@@ -115,10 +115,11 @@ void Observability::OnCompleted(const GroupSpec& group, const std::vector<Arriva
     if (it == jobs_.end()) {
       if (jobs_.size() >= kMaxJobs) {
         // Forget the job with the fewest operations (a crude but bounded rule).
-        auto victim = std::min_element(jobs_.begin(), jobs_.end(), [](const auto& x, const auto& y) {
-          return x.second.ops_completed + x.second.ops_failed <
-                 y.second.ops_completed + y.second.ops_failed;
-        });
+        auto victim =
+            std::min_element(jobs_.begin(), jobs_.end(), [](const auto& x, const auto& y) {
+              return x.second.ops_completed + x.second.ops_failed <
+                     y.second.ops_completed + y.second.ops_failed;
+            });
         jobs_.erase(victim);
       }
       it = jobs_.emplace(group.job_id, JobActivity{}).first;

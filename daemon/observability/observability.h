@@ -29,8 +29,8 @@
 namespace hsdp {
 
 struct ObservabilityOptions {
-  std::string metrics_listen;  // "HOST:PORT"; "" = no metrics endpoint
-  size_t trace_events = 65536; // trace ring capacity; 0 = no tracing
+  std::string metrics_listen;   // "HOST:PORT"; "" = no metrics endpoint
+  size_t trace_events = 65536;  // trace ring capacity; 0 = no tracing
 };
 
 // Totals of one job since it first ran an operation on this node.

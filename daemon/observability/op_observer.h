@@ -33,11 +33,10 @@ class OpObserver {
 
   virtual void OnArrival(const GroupSpec& /*group*/, const Arrival& /*arrival*/) {}
   // `arrivals`: by local member index, every local member's submission.
-  virtual void OnMatched(const GroupSpec& /*group*/, const std::map<int, Arrival>& /*arrivals*/) {
-  }
+  virtual void OnMatched(const GroupSpec& /*group*/, const std::map<int, Arrival>& /*arrivals*/) {}
   // `any`: one of the operation's arrivals (names epoch, seq, collective).
-  virtual void OnLaunched(const GroupSpec& /*group*/, const Arrival& /*any*/,
-                          uint64_t /*ticket*/) {}
+  virtual void OnLaunched(const GroupSpec& /*group*/, const Arrival& /*any*/, uint64_t /*ticket*/) {
+  }
   // `arrivals`: the members told (one, for a refused submission).
   // `queued_ns`: first arrival to hand-off to the engine; `exec_ns`: engine
   // time (both 0 when the operation never ran).

@@ -27,7 +27,7 @@ struct StragglerEvent {
   uint64_t event_id = 0;  // increases by one per recorded event, daemon-wide
   int64_t mono_ns = 0;    // when the op matched (monotonic)
   uint32_t group_id = 0;
-  std::string_view op;    // "all_reduce", ... (static storage)
+  std::string_view op;  // "all_reduce", ... (static storage)
   uint64_t seq = 0;
   uint32_t epoch = 0;
   int64_t waited_ns = 0;  // last arrival minus the one before it
@@ -44,7 +44,7 @@ struct StragglerRankReport {
 
 struct StragglerJobReport {
   std::string job_id;
-  uint64_t ops_matched = 0;  // operations with >= 2 local members that matched
+  uint64_t ops_matched = 0;                // operations with >= 2 local members that matched
   std::vector<StragglerRankReport> ranks;  // by waited_ns_total, largest first
 };
 

@@ -18,8 +18,8 @@ namespace {
 constexpr int kEnginePid = 1;
 constexpr int kMaxLanes = 16;
 
-using OpKey = std::tuple<uint32_t, uint32_t, uint64_t>;        // group, epoch, seq
-using MemberKey = std::tuple<uint32_t, uint64_t, uint64_t>;    // group, session, op id
+using OpKey = std::tuple<uint32_t, uint32_t, uint64_t>;      // group, epoch, seq
+using MemberKey = std::tuple<uint32_t, uint64_t, uint64_t>;  // group, session, op id
 
 std::string JsonString(const std::string& s) {
   std::string out = "\"";
@@ -55,8 +55,8 @@ class Writer {
   }
   void Slice(int pid, int64_t tid, const std::string& name, const char* cat, int64_t start,
              int64_t end, const std::string& args) {
-    Add(absl::StrCat("{\"ph\":\"X\",\"pid\":", pid, ",\"tid\":", tid, ",\"name\":",
-                     JsonString(name), ",\"cat\":\"", cat, "\",\"ts\":", Us(start),
+    Add(absl::StrCat("{\"ph\":\"X\",\"pid\":", pid, ",\"tid\":", tid,
+                     ",\"name\":", JsonString(name), ",\"cat\":\"", cat, "\",\"ts\":", Us(start),
                      ",\"dur\":", absl::StrFormat("%.3f", std::max<int64_t>(0, end - start) / 1e3),
                      ",\"args\":{", args, "}}"));
   }
@@ -126,9 +126,15 @@ std::string RenderChromeTrace(const TraceSnapshot& snap, int64_t from_ns, int64_
   for (const TraceEvent& e : snap.events) {
     const OpKey op{e.group_id, e.epoch, e.seq};
     switch (e.kind) {
-      case TraceEventKind::kArrival: arrivals.push_back(&e); break;
-      case TraceEventKind::kMatched: matched[op] = &e; break;
-      case TraceEventKind::kLaunched: launched[op] = &e; break;
+      case TraceEventKind::kArrival:
+        arrivals.push_back(&e);
+        break;
+      case TraceEventKind::kMatched:
+        matched[op] = &e;
+        break;
+      case TraceEventKind::kLaunched:
+        launched[op] = &e;
+        break;
       case TraceEventKind::kCompleted: {
         completed[{e.group_id, e.session_id, e.op_id}] = &e;
         auto [it, inserted] = op_done.emplace(op, e.ts_ns);
@@ -150,13 +156,12 @@ std::string RenderChromeTrace(const TraceSnapshot& snap, int64_t from_ns, int64_
   };
   auto op_args = [&](const TraceEvent& e) {
     const TraceGroupInfo& g = group_of(e.group_id);
-    return absl::StrCat(
-        "\"job\":", JsonString(g.job_id), ",\"group\":", e.group_id, ",\"group_size\":", g.size,
-        ",\"op\":\"", OpNameOf(e.collective),
-        e.phase2 ? "\",\"phase\":\"all_reduce\"" : "\"", ",\"dtype\":\"",
-        e.dtype == 0 ? std::string("none") : std::string(DataTypeName(static_cast<DataType>(e.dtype))),
-        "\",\"bytes\":", e.bytes,
-        ",\"seq\":", e.seq, ",\"epoch\":", e.epoch);
+    return absl::StrCat("\"job\":", JsonString(g.job_id), ",\"group\":", e.group_id,
+                        ",\"group_size\":", g.size, ",\"op\":\"", OpNameOf(e.collective),
+                        e.phase2 ? "\",\"phase\":\"all_reduce\"" : "\"", ",\"dtype\":\"",
+                        e.dtype == 0 ? std::string("none")
+                                     : std::string(DataTypeName(static_cast<DataType>(e.dtype))),
+                        "\",\"bytes\":", e.bytes, ",\"seq\":", e.seq, ",\"epoch\":", e.epoch);
   };
 
   Writer w(from_ns);
@@ -192,9 +197,8 @@ std::string RenderChromeTrace(const TraceSnapshot& snap, int64_t from_ns, int64_
                         absl::StatusCodeToString(static_cast<absl::StatusCode>(done->status_code)),
                         "\"");
       }
-      w.Slice(pid, tid,
-              absl::StrCat(OpNameOf(a->collective), " seq ", a->seq),
-              "op", a->ts_ns, end, args);
+      w.Slice(pid, tid, absl::StrCat(OpNameOf(a->collective), " seq ", a->seq), "op", a->ts_ns, end,
+              args);
       int64_t t = a->ts_ns;
       if (m != nullptr && m->ts_ns >= t && m->ts_ns <= end) {
         w.Slice(pid, tid, "wait for peers", "phase", t, m->ts_ns,
@@ -217,8 +221,8 @@ std::string RenderChromeTrace(const TraceSnapshot& snap, int64_t from_ns, int64_
     if (m->value_ns <= 0) continue;
     const int pid = job_pid[group_of(m->group_id).job_id];
     w.Instant(pid, static_cast<int64_t>(m->session_id) * kMaxLanes, "arrived last", m->ts_ns,
-              absl::StrCat(op_args(*m), ",\"rank\":", m->rank, ",\"others_waited_ms\":",
-                           absl::StrFormat("%.3f", m->value_ns / 1e6)));
+              absl::StrCat(op_args(*m), ",\"rank\":", m->rank,
+                           ",\"others_waited_ms\":", absl::StrFormat("%.3f", m->value_ns / 1e6)));
     session_rank.emplace(std::make_pair(pid, m->session_id), m->rank);
   }
   for (auto& [track, units] : session_units) {
@@ -226,9 +230,9 @@ std::string RenderChromeTrace(const TraceSnapshot& snap, int64_t from_ns, int64_
     const int lanes = AssignLanes(units);
     for (int lane = 0; lane < lanes; ++lane) {
       const int64_t tid = static_cast<int64_t>(session) * kMaxLanes + lane;
-      w.Meta("thread_name", pid, tid,
-             absl::StrCat("rank ", session_rank[track], " (session ", session, ")",
-                          LaneSuffix(lane)));
+      w.Meta(
+          "thread_name", pid, tid,
+          absl::StrCat("rank ", session_rank[track], " (session ", session, ")", LaneSuffix(lane)));
       w.SortIndex(pid, tid, int64_t{session_rank[track]} * kMaxLanes + lane);
     }
   }
@@ -247,8 +251,7 @@ std::string RenderChromeTrace(const TraceSnapshot& snap, int64_t from_ns, int64_
     u.end = end;
     u.render = [&w, &op_args, l, end, incomplete](int lane) {
       w.Slice(kEnginePid, lane + 1,
-              absl::StrCat(OpNameOf(l->collective), " group ",
-                           l->group_id, " seq ", l->seq),
+              absl::StrCat(OpNameOf(l->collective), " group ", l->group_id, " seq ", l->seq),
               "engine", l->ts_ns, end,
               absl::StrCat(op_args(*l), ",\"ticket\":", l->ticket,
                            incomplete ? ",\"incomplete\":true" : ""));

@@ -34,9 +34,9 @@ struct TraceEvent {
   uint64_t op_id = 0;       // the member's op id (arrival, completed)
   uint64_t seq = 0;
   uint64_t bytes = 0;
-  uint64_t ticket = 0;      // launched: the engine's ticket
-  int64_t value_ns = 0;     // matched: how long the others waited for the last member;
-                            // completed: engine time
+  uint64_t ticket = 0;   // launched: the engine's ticket
+  int64_t value_ns = 0;  // matched: how long the others waited for the last member;
+                         // completed: engine time
   uint32_t group_id = 0;
   uint32_t epoch = 0;
   int32_t rank = -1;        // global rank of session_id

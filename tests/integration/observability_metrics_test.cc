@@ -15,10 +15,10 @@
 namespace hsdp {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::Child;
 using testing::DaemonProcess;
 using testing::Eventually;
+using ::testing::HasSubstr;
 using testing::HttpGet;
 using testing::NowMs;
 using testing::ParsePromText;
@@ -202,8 +202,9 @@ TEST(ObservabilityMetricsTest, PrometheusScrapesTheDaemon) {
   EXPECT_EQ(PromQuery(prom_port, "hsdpd_op_bytes_total" + sel), 30 * 1024 * 4);
   EXPECT_EQ(PromQuery(prom_port, "hsdpd_op_duration_seconds_count" + sel), 30);
   EXPECT_EQ(PromQuery(prom_port, "sum(hsdpd_rank_last_arrivals_total{job_id=\"prom-job\"})"), 30);
-  EXPECT_EQ(PromQuery(prom_port, "count(hsdpd_rank_arrival_lag_seconds_count{job_id=\"prom-job\"})"),
-            2);  // one series per rank
+  EXPECT_EQ(
+      PromQuery(prom_port, "count(hsdpd_rank_arrival_lag_seconds_count{job_id=\"prom-job\"})"),
+      2);  // one series per rank
   EXPECT_TRUE(std::isnan(PromQuery(prom_port, "hsdpd_ops_failed_total{job_id=\"prom-job\"}")));
 }
 

@@ -11,9 +11,9 @@
 namespace hsdp {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::Child;
 using testing::DaemonProcess;
+using ::testing::HasSubstr;
 using testing::TempDir;
 using testing::Workload;
 

@@ -13,11 +13,11 @@
 namespace hsdp {
 namespace {
 
-using ::testing::HasSubstr;
 using google::protobuf::Struct;
 using testing::BinDir;
 using testing::Child;
 using testing::DaemonProcess;
+using ::testing::HasSubstr;
 using testing::TempDir;
 using testing::Workload;
 
@@ -36,12 +36,14 @@ TEST(ObservabilityTraceTest, TraceCoversEveryOperationOfTheWindow) {
   DaemonProcess d(dir);
   ASSERT_TRUE(d.Start()) << d.Log();
   const std::string out = dir.File("trace.json");
-  testing::Subprocess ctl({BinDir() + "/hsdpctl", "--socket", d.socket(), "trace", "--seconds",
-                           "3", "-o", out},
-                          dir.File("hsdpctl.log"));
+  testing::Subprocess ctl(
+      {BinDir() + "/hsdpctl", "--socket", d.socket(), "trace", "--seconds", "3", "-o", out},
+      dir.File("hsdpctl.log"));
   // Recording starts with the first RPC; wait for hsdpctl to say so.
   ASSERT_TRUE(testing::Eventually(
-      [&] { return testing::ReadFile(dir.File("hsdpctl.log")).find("tracing") != std::string::npos; },
+      [&] {
+        return testing::ReadFile(dir.File("hsdpctl.log")).find("tracing") != std::string::npos;
+      },
       5000))
       << testing::ReadFile(dir.File("hsdpctl.log"));
 
@@ -89,7 +91,8 @@ TEST(ObservabilityTraceTest, TraceCoversEveryOperationOfTheWindow) {
     if (cat == "op") {
       EXPECT_EQ(name, "all_reduce seq " + std::to_string(static_cast<int>(Num(a, "seq"))));
       EXPECT_EQ(Str(a, "status"), "OK");
-      seqs_by_rank["rank " + std::to_string(static_cast<int>(Num(a, "rank")))].insert(Num(a, "seq"));
+      seqs_by_rank["rank " + std::to_string(static_cast<int>(Num(a, "rank")))].insert(
+          Num(a, "seq"));
       parent_tid_of_rank[Num(a, "rank")] = Num(e, "pid");
     } else if (cat == "phase") {
       ++phases[name];

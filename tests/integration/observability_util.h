@@ -24,12 +24,12 @@ struct Workload {
   std::string job;
   int world = 2;
   int all_reduces = 10;
-  size_t count = 1024;     // float32 elements per all-reduce
-  int all_gathers = 0;     // each with `gather_count` elements per rank
+  size_t count = 1024;  // float32 elements per all-reduce
+  int all_gathers = 0;  // each with `gather_count` elements per rank
   size_t gather_count = 256;
-  int slow_rank = -1;      // sleeps `delay_ms` before each submission
+  int slow_rank = -1;  // sleeps `delay_ms` before each submission
   int delay_ms = 0;
-  std::string hold_file;   // when set: after "done", wait (<= 15 s) for this file to exist
+  std::string hold_file;  // when set: after "done", wait (<= 15 s) for this file to exist
 };
 
 // One rank of `w` (run inside a Child): prints "done" once its operations
@@ -110,7 +110,9 @@ inline int PortOf(const std::string& address) {
 inline std::string HttpGet(int port, const std::string& path, int* status = nullptr) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return "";
-  struct timeval tv{5, 0};
+  struct timeval tv {
+    5, 0
+  };
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   sockaddr_in a{};

@@ -55,8 +55,11 @@ run() {
 
 {
   for round in $(seq "$ROUNDS"); do
-    for mode in off on; do run "$mode" 4K 3000 300; done
-    for mode in on off; do run "$mode" 64M 20 3; done
+    # Alternate which mode goes first, so drifts in the machine's load even out.
+    order="off on"
+    [ $((round % 2)) -eq 0 ] && order="on off"
+    for mode in $order; do run "$mode" 4K 3000 300; done
+    for mode in $order; do run "$mode" 64M 20 3; done
   done
 } | tee "$TMP/runs.txt"
 

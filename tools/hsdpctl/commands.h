@@ -19,11 +19,11 @@ struct Context {
   bool json = false;
   double timeout_s = 5;
   // Command options.
-  double seconds = 5;        // trace: how long to record
-  std::string output;        // trace: file to write ("-" = stdout)
-  std::string job;           // trace, stragglers: only this job
-  double interval_s = 1;     // top: refresh period
-  int iterations = 0;        // top: refreshes before exiting (0 = until interrupted)
+  double seconds = 5;     // trace: how long to record
+  std::string output;     // trace: file to write ("-" = stdout)
+  std::string job;        // trace, stragglers: only this job
+  double interval_s = 1;  // top: refresh period
+  int iterations = 0;     // top: refreshes before exiting (0 = until interrupted)
 };
 
 // A ClientContext with the --timeout deadline (or `seconds` when > 0).

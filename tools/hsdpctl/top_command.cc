@@ -48,22 +48,21 @@ std::string Rate(double bytes_per_s) {
 }
 
 void Print(const Sample& prev, const Sample& now, bool clear) {
-  const double dt =
-      std::max(1e-3, std::chrono::duration<double>(now.at - prev.at).count());
+  const double dt = std::max(1e-3, std::chrono::duration<double>(now.at - prev.at).count());
   std::map<std::string, const hsdp::v1::JobActivity*> before;
   for (const auto& j : prev.activity.jobs()) before[j.job_id()] = &j;
   if (clear) std::printf("\033[H\033[2J");
   const auto& st = now.status;
-  std::printf("hsdpd %s on %s  up %.0f s  sessions %d  jobs %d  ops %llu  failed %llu  "
-              "registered %.1f MiB%s%s\n\n",
-              st.version().c_str(), st.node_name().c_str(), st.uptime_seconds(),
-              st.sessions_size(), now.activity.jobs_size(),
-              static_cast<unsigned long long>(st.ops_completed()),
-              static_cast<unsigned long long>(st.ops_failed()), st.bytes_registered() / 1048576.0,
-              st.metrics_address().empty() ? "" : "  metrics http://",
-              st.metrics_address().empty() ? "" : (st.metrics_address() + "/metrics").c_str());
-  std::printf("%-24s %7s %9s %9s %12s %6s %10s %8s %7s  %s\n", "JOB", "RANKS", "GROUPS",
-              "OPS/s", "BANDWIDTH", "BUSY", "OPS", "FAILED", "QUEUED", "SLOWEST RANK (waited)");
+  std::printf(
+      "hsdpd %s on %s  up %.0f s  sessions %d  jobs %d  ops %llu  failed %llu  "
+      "registered %.1f MiB%s%s\n\n",
+      st.version().c_str(), st.node_name().c_str(), st.uptime_seconds(), st.sessions_size(),
+      now.activity.jobs_size(), static_cast<unsigned long long>(st.ops_completed()),
+      static_cast<unsigned long long>(st.ops_failed()), st.bytes_registered() / 1048576.0,
+      st.metrics_address().empty() ? "" : "  metrics http://",
+      st.metrics_address().empty() ? "" : (st.metrics_address() + "/metrics").c_str());
+  std::printf("%-24s %7s %9s %9s %12s %6s %10s %8s %7s  %s\n", "JOB", "RANKS", "GROUPS", "OPS/s",
+              "BANDWIDTH", "BUSY", "OPS", "FAILED", "QUEUED", "SLOWEST RANK (waited)");
   for (const auto& j : now.activity.jobs()) {
     const auto it = before.find(j.job_id());
     const hsdp::v1::JobActivity zero;

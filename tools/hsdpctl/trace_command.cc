@@ -53,8 +53,8 @@ int RunTrace(Context& c) {
   if (c.json) {
     std::cerr << ToJson(summary);
   } else {
-    std::cerr << "hsdpctl: wrote " << (c.output == "-" ? "<stdout>" : c.output) << ": "
-              << r.ops() << " operations, " << r.member_ops() << " member slices, " << r.events()
+    std::cerr << "hsdpctl: wrote " << (c.output == "-" ? "<stdout>" : c.output) << ": " << r.ops()
+              << " operations, " << r.member_ops() << " member slices, " << r.events()
               << " events (open in https://ui.perfetto.dev)\n";
   }
   if (r.overwritten() > 0) {

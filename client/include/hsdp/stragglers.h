@@ -23,7 +23,7 @@ namespace hsdp {
 struct StragglerOp {
   uint64_t event_id = 0;  // increases daemon-wide: newer events have larger ids
   uint32_t group_id = 0;
-  std::string op;         // "all_reduce", ...
+  std::string op;  // "all_reduce", ...
   uint64_t seq = 0;
   uint32_t epoch = 0;
   double waited_seconds = 0;  // how long the others waited for the rank
@@ -40,8 +40,8 @@ struct StragglerRank {
 };
 
 struct StragglerReport {
-  std::vector<StragglerRank> ranks;                // most waited-for first
-  std::map<std::string, uint64_t> ops_matched;     // by job: ops with >= 2 members on the node
+  std::vector<StragglerRank> ranks;             // most waited-for first
+  std::map<std::string, uint64_t> ops_matched;  // by job: ops with >= 2 members on the node
 };
 
 // `socket_path` "" = $HSDPD_SOCKET, else the default path; `job_id` "" =

@@ -1,7 +1,6 @@
 // The metrics and trace sections of the node config: accepted and refused
 // values (with key, value and line in the message) and the YAML round trip.
 #include "daemon/config/node_config.h"
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -38,9 +37,8 @@ TEST(ObservabilityConfigTest, RefusesAddressesWithoutHostOrWithBadPort) {
       {"[::1]x:9464", "is not an IPv4 address"},
   };
   for (const auto& [value, why] : cases) {
-    auto c =
-        ParseNodeConfig(std::string("log:\n  level: info\nmetrics:\n  listen: \"") + value + "\"\n",
-                        "node.yaml");
+    auto c = ParseNodeConfig(
+        std::string("log:\n  level: info\nmetrics:\n  listen: \"") + value + "\"\n", "node.yaml");
     ASSERT_FALSE(c.ok()) << value;
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(c.status().message(),

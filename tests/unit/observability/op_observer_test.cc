@@ -17,8 +17,8 @@ namespace hsdp {
 namespace {
 
 using ::testing::ElementsAre;
-using ::testing::HasSubstr;
 using testing::FakeEngine;
+using ::testing::HasSubstr;
 using testing::MakeSession;
 
 // Logs every hook as "<hook> <global rank(s)> seq <n> [status]".
@@ -28,14 +28,13 @@ class RecordingObserver : public OpObserver {
     log.push_back(absl::StrCat("arrival ", a.session->info().rank, " seq ", a.seq));
   }
   void OnMatched(const GroupSpec&, const std::map<int, Arrival>& arrivals) override {
-    log.push_back(absl::StrCat("matched ", arrivals.size(), " seq ",
-                               arrivals.begin()->second.seq));
+    log.push_back(absl::StrCat("matched ", arrivals.size(), " seq ", arrivals.begin()->second.seq));
   }
   void OnLaunched(const GroupSpec&, const Arrival& a, uint64_t ticket) override {
     log.push_back(absl::StrCat("launched seq ", a.seq, ticket > 0 ? "" : " (no ticket)"));
   }
-  void OnCompleted(const GroupSpec&, const std::vector<Arrival>& arrivals,
-                   const absl::Status& s, uint64_t, uint64_t) override {
+  void OnCompleted(const GroupSpec&, const std::vector<Arrival>& arrivals, const absl::Status& s,
+                   uint64_t, uint64_t) override {
     log.push_back(absl::StrCat("completed ", arrivals.size(), " seq ", arrivals[0].seq, " ",
                                absl::StatusCodeToString(s.code())));
   }
@@ -201,7 +200,8 @@ TEST_F(ObserverTest, MetricsCountCompletedFailedAndLateRanks) {
   EXPECT_THAT(text, HasSubstr("hsdpd_op_duration_seconds_count" + labels + " 4\n"));
   EXPECT_THAT(text, HasSubstr("hsdpd_ops_failed_total{dtype=\"float32\",group=\"sub\","
                               "job_id=\"job\",op=\"all_reduce\",reason=\"invalid_argument\"} 1\n"));
-  EXPECT_THAT(text, HasSubstr("hsdpd_rank_arrival_lag_seconds_count{job_id=\"job\",rank=\"1\"} 4\n"));
+  EXPECT_THAT(text,
+              HasSubstr("hsdpd_rank_arrival_lag_seconds_count{job_id=\"job\",rank=\"1\"} 4\n"));
   EXPECT_THAT(text, HasSubstr("hsdpd_sessions 3\n"));
   EXPECT_THAT(text, HasSubstr("hsdpd_ops_in_flight{job_id=\"job\"} 2\n"));
   EXPECT_THAT(text, HasSubstr("hsdpd_ring_occupancy_ratio{job_id=\"job\"} 0.25\n"));
