@@ -553,7 +553,9 @@ void Group::ForwardPhase2(std::vector<Arrival> arrivals, const absl::Status& sta
 void Group::Notify(std::vector<Arrival> arrivals, const absl::Status& status, uint64_t queued_ns,
                    uint64_t exec_ns) {
   if (!status.ok()) HSDP_LOG(Warning) << status.message();
-  if (spec_.observer != nullptr) {
+  // Failures before the loop (it may move arrivals on); successes after it,
+  // off the members' latency.
+  if (spec_.observer != nullptr && !status.ok()) {
     spec_.observer->OnCompleted(spec_, arrivals, status, queued_ns, exec_ns);
   }
   for (Arrival& a : arrivals) {
@@ -566,6 +568,9 @@ void Group::Notify(std::vector<Arrival> arrivals, const absl::Status& status, ui
       continue;
     }
     a.session->Complete(a.desc.op_id, status, queued_ns, exec_ns);
+  }
+  if (spec_.observer != nullptr && status.ok()) {
+    spec_.observer->OnCompleted(spec_, arrivals, status, queued_ns, exec_ns);
   }
 }
 

@@ -6,10 +6,12 @@
 //               it may still be refused.
 //   OnMatched   the last local member of (epoch, seq) arrived and all agree.
 //   OnLaunched  the engine ordered the operation.
-//   OnCompleted the outcome reached the members: success, or a failure on
-//               any path (disagreement, timeout, lost member, refusal). A
-//               composite op's first phase reports here when its engine part
-//               ends; its second phase reports in the replicate group.
+//   OnCompleted the outcome of an operation for its members: success (just
+//               after the members were told, off their latency) or a failure
+//               on any path (disagreement, timeout, lost member, refusal; just
+//               before). A composite op's first phase reports here when its
+//               engine part ends; its second phase reports in the replicate
+//               group.
 //
 // The default implementation does nothing. Thread-safety: called from the
 // dispatcher thread and engine threads, mostly with the group's lock held:
