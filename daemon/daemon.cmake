@@ -28,3 +28,5 @@ target_compile_definitions(hsdp_daemon_lib PRIVATE HSDP_VERSION="${PROJECT_VERSI
 
 add_executable(hsdpd ${CMAKE_CURRENT_LIST_DIR}/main.cc)
 target_link_libraries(hsdpd PRIVATE hsdp_daemon_lib)
+
+include(${CMAKE_CURRENT_LIST_DIR}/observability/observability.cmake)

@@ -1,4 +1,8 @@
-add_executable(hsdpctl ${CMAKE_CURRENT_LIST_DIR}/hsdpctl/main.cc)
+add_executable(hsdpctl
+  ${CMAKE_CURRENT_LIST_DIR}/hsdpctl/main.cc
+  ${CMAKE_CURRENT_LIST_DIR}/hsdpctl/stragglers_command.cc
+  ${CMAKE_CURRENT_LIST_DIR}/hsdpctl/top_command.cc
+  ${CMAKE_CURRENT_LIST_DIR}/hsdpctl/trace_command.cc)
 target_link_libraries(hsdpctl PRIVATE hsdp_common hsdp_proto absl::time)
 
 if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/bench/kernels.cmake)

@@ -3,6 +3,7 @@
 // config_values.cc; rendering back to YAML is in node_config_yaml.cc.
 #include "daemon/config/node_config.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -170,6 +171,55 @@ absl::Status ParseLevel(const Field& f, NodeConfig* config) {
   return absl::OkStatus();
 }
 
+// "HOST:PORT" with an IPv4 host or a bracketed IPv6 host, or "" (off).
+absl::Status ParseMetricsListen(const Field& f, NodeConfig* config) {
+  RETURN_IF_ERROR(CheckScalar(f, "\"HOST:PORT\" or \"\""));
+  const std::string& v = f.value.Scalar();
+  if (v.empty()) {
+    config->metrics_listen.clear();
+    return absl::OkStatus();
+  }
+  const size_t colon = v.rfind(':');
+  const std::string hint =
+      " (expected \"HOST:PORT\" such as \"127.0.0.1:9464\", or \"\" for off)";
+  if (colon == std::string::npos) {
+    return f.Error(absl::StrCat("address ", Quote(v), " is not HOST:PORT", hint));
+  }
+  if (colon == 0) return f.Error(absl::StrCat("address ", Quote(v), " names no host", hint));
+  std::string host = v.substr(0, colon);
+  const std::string port = v.substr(colon + 1);
+  if (port.empty() || port.size() > 5 ||
+      !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+      std::stoul(port) > 65535) {
+    return f.Error(absl::StrCat("address ", Quote(v), ": port ", Quote(port),
+                                " is not a number in [0, 65535]", hint));
+  }
+  unsigned char buf[sizeof(in6_addr)];
+  bool ok;
+  if (host.front() == '[') {
+    ok = host.size() > 2 && host.back() == ']' &&
+         inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), buf) == 1;
+  } else {
+    ok = inet_pton(AF_INET, host.c_str(), buf) == 1;
+  }
+  if (!ok) {
+    return f.Error(absl::StrCat("address ", Quote(v), ": host ", Quote(host),
+                                " is not an IPv4 address or a bracketed IPv6 address", hint));
+  }
+  config->metrics_listen = v;
+  return absl::OkStatus();
+}
+
+absl::Status ParseTraceBufferEvents(const Field& f, NodeConfig* config) {
+  ASSIGN_OR_RETURN(const uint64_t n, IntegerInRange(f, 0, 4194304));
+  if (n != 0 && n < 1024) {
+    return f.Error(absl::StrCat("value ", Quote(f.value.Scalar()),
+                                " is out of range: 0 (tracing off) or 1024..4194304"));
+  }
+  config->trace_buffer_events = static_cast<uint32_t>(n);
+  return absl::OkStatus();
+}
+
 // ---------------------------------------------------------------------------
 // The schema.
 
@@ -293,6 +343,18 @@ constexpr KeySpec kLogKeys[] = {
      &RenderString<&NodeConfig::log_level>},
 };
 
+constexpr KeySpec kMetricsKeys[] = {
+    {"listen", "\"HOST:PORT\" for Prometheus /metrics (HTTP), e.g. \"127.0.0.1:9464\"; "
+               "port 0 = any free; \"\" = off",
+     &ParseMetricsListen, &RenderString<&NodeConfig::metrics_listen>},
+};
+
+constexpr KeySpec kTraceKeys[] = {
+    {"buffer_events", "events kept for `hsdpctl trace` (~80 bytes each); 0 = off, "
+                      "else 1024..4194304",
+     &ParseTraceBufferEvents, &RenderNumber<&NodeConfig::trace_buffer_events>},
+};
+
 constexpr SectionSpec kSections[] = {
     {"node", "this daemon and its control socket", kNodeKeys},
     {"engine", "the engine that runs collectives", kEngineKeys},
@@ -300,6 +362,8 @@ constexpr SectionSpec kSections[] = {
     {"data_plane", "the shared-memory submission rings", kDataPlaneKeys},
     {"timeouts", "all in milliseconds", kTimeoutsKeys},
     {"log", "daemon logging (stderr)", kLogKeys},
+    {"metrics", "Prometheus metrics endpoint (see docs/observability.md)", kMetricsKeys},
+    {"trace", "operation trace for `hsdpctl trace`", kTraceKeys},
 };
 
 }  // namespace

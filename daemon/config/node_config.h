@@ -53,6 +53,15 @@ struct NodeConfig {
   // log:
   std::string log_level = "info";  // log.level: debug | info | warning | error
 
+  // metrics:
+  // "HOST:PORT" serving Prometheus /metrics over HTTP; "" = off. HOST is an
+  // IPv4 address or a bracketed IPv6 one ("127.0.0.1" keeps it on the node);
+  // port 0 picks a free port (logged, and shown by `hsdpctl status`).
+  std::string metrics_listen;  // metrics.listen
+
+  // trace:
+  uint32_t trace_buffer_events = 65536;  // trace.buffer_events: 0 (off) or 1024..4194304
+
   // Field-by-field equality (used by tests and round-trip checks).
   friend bool operator==(const NodeConfig&, const NodeConfig&) = default;
 };

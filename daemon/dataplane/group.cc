@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_join.h"
+#include "daemon/observability/op_observer.h"
 #include "hsdp/common/logging.h"
 #include "hsdp/shm/doorbell.h"
 #include "hsdp/shm/op_rules.h"
@@ -308,6 +309,7 @@ void Group::Arrive(int group_rank, Arrival arrival) {
     const uint64_t seq = arrival.seq;
     const uint32_t epoch = arrival.epoch;
     arrival.arrived_ns = shm::NowNanos();
+    if (spec_.observer != nullptr) spec_.observer->OnArrival(spec_, arrival);
     auto reject_one = [&](absl::Status s) {
       to_fail.push_back(std::move(arrival));
       fail_status = std::move(s);
@@ -380,6 +382,7 @@ void Group::Arrive(int group_rank, Arrival arrival) {
             to_fail = FailLocked({epoch, seq}, fail_status);
           } else {
             RecordWaitsLocked(op);
+            if (spec_.observer != nullptr) spec_.observer->OnMatched(spec_, op.arrivals);
           }
         }
       }
@@ -505,6 +508,7 @@ void Group::OnLaunched(const std::shared_ptr<RunningOp>& run, uint64_t ticket) {
     awaiting_launch_ = false;
     run->ticket = ticket;
     const Arrival& a = run->op.arrivals.begin()->second;
+    if (spec_.observer != nullptr) spec_.observer->OnLaunched(spec_, a, ticket);
     if (static_cast<Collective>(a.desc.collective) == Collective::kReduceScatterAllReduce &&
         !a.phase2 && !run->finished.load()) {
       run->forwarded = true;
@@ -530,6 +534,11 @@ void Group::OnCompleted(const std::shared_ptr<RunningOp>& run, absl::Status stat
   for (auto& [li, a] : op.arrivals) arrivals.push_back(std::move(a));
   const auto c = static_cast<Collective>(arrivals[0].desc.collective);
   if (c == Collective::kReduceScatterAllReduce && !arrivals[0].phase2) {
+    if (spec_.observer != nullptr) {
+      spec_.observer->OnCompleted(
+          spec_, arrivals, status,
+          static_cast<uint64_t>(std::max<int64_t>(0, run->start_ns - op.first_ns)), exec_ns);
+    }
     // The second phase reports (it depends on this one and fails with it).
     if (!forwarded) ForwardPhase2(std::move(arrivals), status, 0);
     return;
@@ -578,6 +587,11 @@ void Group::Notify(std::vector<Arrival> arrivals, const absl::Status& status, ui
   // Every member gets the status; the log gets a sample (a client can cause
   // failures at will, so they must not be able to flood it).
   if (!status.ok()) HSDP_LOG_EVERY_N_SEC(Warning, 1) << status.message();
+  // Failures before the loop (it may move arrivals on); successes after it,
+  // off the members' latency.
+  if (spec_.observer != nullptr && !status.ok()) {
+    spec_.observer->OnCompleted(spec_, arrivals, status, queued_ns, exec_ns);
+  }
   for (Arrival& a : arrivals) {
     const auto c = static_cast<Collective>(a.desc.collective);
     if (!status.ok() && c == Collective::kReduceScatterAllReduce && !a.phase2 &&
@@ -588,6 +602,9 @@ void Group::Notify(std::vector<Arrival> arrivals, const absl::Status& status, ui
       continue;
     }
     a.session->Complete(a.desc.op_id, status, queued_ns, exec_ns);
+  }
+  if (spec_.observer != nullptr && status.ok()) {
+    spec_.observer->OnCompleted(spec_, arrivals, status, queued_ns, exec_ns);
   }
 }
 

@@ -51,6 +51,7 @@
 namespace hsdp {
 
 class Group;
+class OpObserver;
 using GroupLookup = std::function<std::shared_ptr<Group>(uint32_t group_id)>;
 
 struct GroupSpec {
@@ -62,6 +63,7 @@ struct GroupSpec {
   int this_node = 0;
   int64_t timeout_ns = 60'000'000'000;  // matching timeout and running-op deadline
   uint32_t max_pending = 4096;          // queued operations (and sequence window)
+  OpObserver* observer = nullptr;       // sees every operation (metrics, trace); may be null
 };
 
 // The global key of the `k`-th group a job creates with `ranks` (k from 0):

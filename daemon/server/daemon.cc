@@ -8,6 +8,8 @@
 
 #include "daemon/dataplane/dispatcher.h"
 #include "daemon/engine/engine_factory.h"
+#include "daemon/observability/observability.h"
+#include "daemon/observability/observability_rpc.h"
 #include "daemon/server/authenticator.h"
 #include "daemon/util/executor.h"
 #include "daemon/server/data_conn_server.h"
@@ -58,7 +60,17 @@ absl::Status Daemon::Start() {
   NodeLimits limits;
   limits.max_node_bytes = ResolveMaxNodeBytes(config_);
   limits.max_mappings = MappingBudget(KernelMaxMapCount());
-  sessions_ = std::make_unique<SessionManager>(config_, limits, engine_.get(), control_.get());
+  ASSIGN_OR_RETURN(observability_,
+                   Observability::Create(
+                       ObservabilityOptions{config_.metrics_listen, config_.trace_buffer_events},
+                       [this] { return CollectNodeGauges(*sessions_); }));
+  sessions_ = std::make_unique<SessionManager>(config_, limits, engine_.get(), control_.get(),
+                                               observability_.get());
+  RETURN_IF_ERROR(observability_->ServeMetrics());
+  if (!config_.metrics_listen.empty()) {
+    HSDP_LOG(Info) << "metrics: serving Prometheus /metrics on http://"
+                   << observability_->metrics_address() << "/metrics";
+  }
   dispatcher_ = std::make_unique<Dispatcher>(sessions_.get(), wake_.get(),
                                              int64_t{config_.spin_us} * 1000);
   data_server_ = std::make_unique<DataConnServer>(
@@ -69,7 +81,8 @@ absl::Status Daemon::Start() {
   node_service_ = std::make_unique<NodeServiceImpl>(sessions_.get(), auth_.get(), config_,
                                                     rpc_tracker_.get());
   admin_service_ = std::make_unique<AdminServiceImpl>(sessions_.get(), auth_.get(), config_,
-                                                      engine_.get(), config_.socket_path);
+                                                      engine_.get(), config_.socket_path,
+                                                      observability_.get());
   health_service_ = std::make_unique<HealthServiceImpl>(auth_.get());
   grpc::ServerBuilder builder;
   // Connections come from AddInsecureChannelFromFd, where gRPC's handshake
@@ -130,6 +143,7 @@ void Daemon::Shutdown() {
     grpc_server_->Shutdown(std::chrono::system_clock::now());
   }
   if (data_server_) data_server_->Stop();
+  if (observability_) observability_->StopMetrics();
   if (started_) HSDP_LOG(Info) << "hsdpd stopped";
 }
 

@@ -28,6 +28,7 @@ class PeerRegistry;
 class SessionManager;
 class NodeServiceImpl;
 class AdminServiceImpl;
+class Observability;
 class RpcTracker;
 
 class Daemon {
@@ -47,6 +48,8 @@ class Daemon {
 
  private:
   NodeConfig config_;
+  // First: groups (kept alive by the engine's callbacks) point at it.
+  std::unique_ptr<Observability> observability_;
   std::unique_ptr<WakeFd> wake_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Executor> control_;

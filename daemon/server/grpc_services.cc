@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include "daemon/observability/observability_rpc.h"
 #include "hsdp/common/status_macros.h"
 #include "hsdp/common/version.h"
 #include "hsdp/shm/layout.h"
@@ -140,6 +141,38 @@ grpc::Status AdminServiceImpl::Status(grpc::ServerContext* ctx, const v1::Status
   resp->set_ops_completed(done);
   resp->set_ops_failed(failed);
   resp->set_bytes_registered(sessions_->bytes_registered());
+  if (observability_ != nullptr) resp->set_metrics_address(observability_->metrics_address());
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::Trace(grpc::ServerContext* ctx, const v1::TraceRequest* req,
+                                     v1::TraceResponse* resp) {
+  AUTHENTICATE_OR_RETURN(cred);
+  if (observability_ == nullptr) return ToGrpc(absl::UnimplementedError("no observability"));
+  const bool admin = auth_->IsAdmin(cred.uid);
+  return ToGrpc(HandleTrace(*observability_, *req,
+                            admin ? std::nullopt : std::optional<uint32_t>(cred.uid), resp));
+}
+
+grpc::Status AdminServiceImpl::Stragglers(grpc::ServerContext* ctx,
+                                          const v1::StragglersRequest* req,
+                                          v1::StragglersResponse* resp) {
+  AUTHENTICATE_OR_RETURN(cred);
+  if (observability_ == nullptr) return ToGrpc(absl::UnimplementedError("no observability"));
+  const bool admin = auth_->IsAdmin(cred.uid);
+  HandleStragglers(*observability_, *req, admin ? std::nullopt : std::optional<uint32_t>(cred.uid),
+                   resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::Activity(grpc::ServerContext* ctx, const v1::ActivityRequest*,
+                                        v1::ActivityResponse* resp) {
+  AUTHENTICATE_OR_RETURN(cred);
+  if (observability_ == nullptr) return ToGrpc(absl::UnimplementedError("no observability"));
+  const bool admin = auth_->IsAdmin(cred.uid);
+  resp->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
+  HandleActivity(*observability_, *sessions_,
+                 admin ? std::nullopt : std::optional<uint32_t>(cred.uid), resp);
   return grpc::Status::OK;
 }
 

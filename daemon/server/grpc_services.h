@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "daemon/config/node_config.h"
 #include "daemon/engine/engine.h"
+#include "daemon/observability/observability.h"
 #include "daemon/server/authenticator.h"
 #include "daemon/session/session_manager.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -65,13 +66,23 @@ class NodeServiceImpl final : public v1::Node::WithCallbackMethod_RegisterBuffer
 
 class AdminServiceImpl final : public v1::Admin::Service {
  public:
+  // `observability`: null disables Trace, Stragglers and Activity.
   AdminServiceImpl(SessionManager* sessions, const Authenticator* auth, const NodeConfig& config,
-                   const Engine* engine, std::string socket_path)
+                   const Engine* engine, std::string socket_path,
+                   Observability* observability = nullptr)
       : sessions_(sessions), auth_(auth), config_(config), engine_(engine),
-        socket_path_(std::move(socket_path)), started_(absl::Now()) {}
+        socket_path_(std::move(socket_path)), started_(absl::Now()),
+        observability_(observability) {}
   grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusResponse*) override;
   grpc::Status GetConfig(grpc::ServerContext*, const v1::GetConfigRequest*,
                          v1::GetConfigResponse*) override;
+  // Observability (daemon/observability/observability_rpc.h). Only root and
+  // the daemon's uid see other users' jobs.
+  grpc::Status Trace(grpc::ServerContext*, const v1::TraceRequest*, v1::TraceResponse*) override;
+  grpc::Status Stragglers(grpc::ServerContext*, const v1::StragglersRequest*,
+                          v1::StragglersResponse*) override;
+  grpc::Status Activity(grpc::ServerContext*, const v1::ActivityRequest*,
+                        v1::ActivityResponse*) override;
 
  private:
   SessionManager* const sessions_;
@@ -80,6 +91,7 @@ class AdminServiceImpl final : public v1::Admin::Service {
   const Engine* const engine_;
   const std::string socket_path_;
   const absl::Time started_;
+  Observability* const observability_;
 };
 
 class HealthServiceImpl final : public grpc::health::v1::Health::Service {

@@ -99,8 +99,8 @@ uint64_t KernelMaxMapCount() {
 }
 
 SessionManager::SessionManager(const NodeConfig& config, NodeLimits limits, Engine* engine,
-                               Executor* control)
-    : config_(config), limits_(limits), engine_(engine), control_(control) {}
+                               Executor* control, OpObserver* observer)
+    : config_(config), limits_(limits), engine_(engine), control_(control), observer_(observer) {}
 
 SessionManager::~SessionManager() = default;
 
@@ -392,6 +392,7 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
         spec.ranks = ranks;
         spec.timeout_ns = int64_t{config_.collective_timeout_ms} * 1'000'000;
         spec.max_pending = config_.ring_entries;
+        spec.observer = observer_;
         group = std::make_shared<Group>(std::move(spec), engine_,
                                         [this](uint32_t gid) { return FindGroup(gid); });
         EngineGroupSpec es{key, 1, ranks, std::vector<int>(ranks.size(), 0), 0};

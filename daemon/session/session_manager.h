@@ -91,8 +91,10 @@ class Executor;
 class SessionManager : public SessionDirectory {
  public:
   // `control`: where buffer mapping runs (nullptr: inline, for tests).
+  // `observer`: given to every group it creates (nullptr: none); must
+  // outlive the manager.
   SessionManager(const NodeConfig& config, NodeLimits limits, Engine* engine,
-                 Executor* control = nullptr);
+                 Executor* control = nullptr, OpObserver* observer = nullptr);
   ~SessionManager() override;
 
   absl::StatusOr<AttachResult> Attach(const AttachParams& params, const PeerCred& caller);
@@ -171,6 +173,7 @@ class SessionManager : public SessionDirectory {
   const NodeLimits limits_;
   Engine* const engine_;
   Executor* const control_;
+  OpObserver* const observer_;
 
   std::atomic<uint64_t> version_{0};
   std::atomic<uint64_t> retired_completed_{0};

@@ -20,6 +20,7 @@
 #include "hsdp/client.h"
 #include "hsdp/common/socket_path.h"
 #include "hsdp/common/version.h"
+#include "hsdp/stragglers.h"
 #include "hsdp/types.h"
 #include "hsdp/work.h"
 #include "py_buffer.h"
@@ -398,6 +399,49 @@ void InitModule(py::module_& m) {
         return std::string(DataTypeName(ParseDtypeOrThrow(name, "dtype")));
       },
       py::arg("dtype"));
+  m.def(
+      "stragglers",
+      [](const std::string& socket_path, const std::string& job_id, double timeout) {
+        absl::StatusOr<StragglerReport> r;
+        {
+          py::gil_scoped_release nogil;
+          r = QueryStragglers(socket_path, job_id, SecondsOrInfinite(timeout));
+        }
+        if (!r.ok()) ThrowStatus(r.status());
+        py::list ranks;
+        for (const StragglerRank& s : r->ranks) {
+          py::list recent;
+          for (const StragglerOp& o : s.recent) {
+            py::dict e;
+            e["event_id"] = o.event_id;
+            e["group_id"] = o.group_id;
+            e["op"] = o.op;
+            e["seq"] = o.seq;
+            e["epoch"] = o.epoch;
+            e["waited_seconds"] = o.waited_seconds;
+            e["age_seconds"] = o.age_seconds;
+            recent.append(e);
+          }
+          py::dict d;
+          d["job_id"] = s.job_id;
+          d["rank"] = s.rank;
+          d["times_last"] = s.times_last;
+          d["waited_seconds_total"] = s.waited_seconds_total;
+          d["p50_seconds"] = s.p50_seconds;
+          d["p90_seconds"] = s.p90_seconds;
+          d["p99_seconds"] = s.p99_seconds;
+          d["max_seconds"] = s.max_seconds;
+          d["recent"] = recent;
+          ranks.append(d);
+        }
+        py::dict out;
+        out["ranks"] = ranks;
+        out["ops_matched"] = r->ops_matched;
+        return out;
+      },
+      py::arg("socket_path") = "", py::arg("job_id") = "", py::arg("timeout") = 10.0,
+      "hsdpd's straggler report (Admin RPC Stragglers) as {'ranks': [...], 'ops_matched': "
+      "{job: n}}; see hsdp.stragglers.");
 }
 
 }  // namespace hsdp::python

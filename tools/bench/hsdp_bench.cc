@@ -3,9 +3,10 @@
 //   hsdp-bench [--op all_reduce|all_gather|reduce_scatter|broadcast|barrier]
 //              [--nranks N] [--min-bytes 4K] [--max-bytes 64M] [--step-factor 2]
 //              [--dtype float32] [--redop sum] [--iters 20] [--warmup 5]
-//              [--inplace] [--check] [--json] [--socket PATH]
+//              [--inplace] [--check] [--json] [--socket PATH] [--node-config FILE]
 //
-// Spawns N rank processes (and its own hsdpd unless --socket names one).
+// Spawns N rank processes (and its own hsdpd unless --socket names one;
+// --node-config is passed to that hsdpd).
 // "size" is the total buffer size as in nccl-tests (the gathered output for
 // all-gather, the full input for reduce-scatter); busbw uses the nccl-tests
 // factors: all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n,
@@ -43,6 +44,7 @@ struct Options {
   bool check = false;
   bool json = false;
   std::string socket;
+  std::string node_config;  // for the hsdpd the benchmark spawns
 };
 
 bool ParseSize(const std::string& s, uint64_t* out) {
@@ -287,6 +289,11 @@ int main(int argc, char** argv) {
       o.json = true;
     } else if (a == "--socket") {
       o.socket = next();
+    } else if (a == "--node-config") {
+      o.node_config = next();
+      if (o.node_config.empty() || o.node_config.find('\'') != std::string::npos) {
+        return Usage("--node-config needs a file name without single quotes");
+      }
     } else {
       return Usage(("unknown argument " + a).c_str());
     }
@@ -294,7 +301,9 @@ int main(int argc, char** argv) {
   if (o.min_bytes > o.max_bytes) return Usage("--min-bytes > --max-bytes");
   pid_t daemon = -1;
   if (o.socket.empty()) {
-    daemon = hsdp::bench::SpawnDaemon(hsdp::bench::SelfDir(), &o.socket, "");
+    const std::string extra =
+        o.node_config.empty() ? "" : "--node-config '" + o.node_config + "'";
+    daemon = hsdp::bench::SpawnDaemon(hsdp::bench::SelfDir(), &o.socket, extra);
     if (daemon < 0) {
       std::fprintf(stderr, "hsdp-bench: could not start hsdpd from %s\n", hsdp::bench::SelfDir().c_str());
       return 1;

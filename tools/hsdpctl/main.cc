@@ -1,6 +1,7 @@
 // hsdpctl: operator CLI over hsdpd's Admin and Health services.
 //
-//   hsdpctl [--socket PATH] [--json] [--timeout SECONDS] status|sessions|jobs|config|health
+//   hsdpctl [--socket PATH] [--json] [--timeout SECONDS] COMMAND [OPTIONS]
+//   COMMAND: status | sessions | jobs | config | health | trace | stragglers | top
 //
 // Exit codes: 0 success, 1 the daemon is down or refused, 2 bad usage.
 #include <unistd.h>
@@ -11,23 +12,19 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "commands.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "hsdp/common/socket_path.h"
 #include "hsdp/v1/admin.grpc.pb.h"
 
-namespace {
+namespace hsdpctl {
 
-constexpr char kUsage[] =
-    "usage: hsdpctl [--socket PATH] [--json] [--timeout SECONDS] COMMAND\n"
-    "commands:\n"
-    "  status     version, uptime, engine, totals, jobs and sessions\n"
-    "  sessions   one line per attached trainer\n"
-    "  jobs       one line per job\n"
-    "  config     the daemon's effective configuration (YAML)\n"
-    "  health     SERVING / NOT_SERVING (exit 1 unless serving)\n"
-    "The socket defaults to $HSDPD_SOCKET, else the daemon's default path.\n";
+void SetDeadline(grpc::ClientContext* ctx, const Context& c, double seconds) {
+  ctx->set_deadline(
+      absl::ToChronoTime(absl::Now() + absl::Seconds(seconds > 0 ? seconds : c.timeout_s)));
+}
 
 std::string ToJson(const google::protobuf::Message& m) {
   std::string out;
@@ -39,16 +36,40 @@ std::string ToJson(const google::protobuf::Message& m) {
   return out;
 }
 
-int Fail(const std::string& socket, const grpc::Status& s) {
+int Fail(const Context& c, const grpc::Status& s) {
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
       s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-    std::cerr << "hsdpctl: hsdpd is not answering on " << socket << " (" << s.error_message()
+    std::cerr << "hsdpctl: hsdpd is not answering on " << c.socket << " (" << s.error_message()
               << "); is it running?\n";
   } else {
     std::cerr << "hsdpctl: hsdpd refused: " << s.error_message() << "\n";
   }
   return 1;
 }
+
+}  // namespace hsdpctl
+
+namespace {
+
+using hsdpctl::ToJson;
+
+constexpr char kUsage[] =
+    "usage: hsdpctl [--socket PATH] [--json] [--timeout SECONDS] COMMAND\n"
+    "commands:\n"
+    "  status     version, uptime, engine, totals, jobs and sessions\n"
+    "  sessions   one line per attached trainer\n"
+    "  jobs       one line per job\n"
+    "  config     the daemon's effective configuration (YAML)\n"
+    "  health     SERVING / NOT_SERVING (exit 1 unless serving)\n"
+    "  trace [--seconds N] [-o FILE] [--job J]\n"
+    "             record every operation for N s (default 5) into a Chrome trace /\n"
+    "             Perfetto JSON file (default trace.json; - = stdout)\n"
+    "  stragglers [--job J]\n"
+    "             ranks the others waited for (arrived last), most total wait first\n"
+    "  top [--interval S] [--iterations N]\n"
+    "             live per-job view: op rate, bandwidth, failures, slowest rank;\n"
+    "             one snapshot when stdout is not a terminal\n"
+    "The socket defaults to $HSDPD_SOCKET, else the daemon's default path.\n";
 
 void PrintSessions(const hsdp::v1::StatusResponse& r) {
   std::printf("%-8s %-20s %6s %6s %-8s %8s %8s %12s %10s %8s\n", "SESSION", "JOB", "RANK", "WORLD",
@@ -74,27 +95,64 @@ void PrintJobs(const hsdp::v1::StatusResponse& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string socket;
+  hsdpctl::Context c;
   std::string command;
-  bool json = false;
-  double timeout_s = 5;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--socket" && i + 1 < argc) {
-      socket = argv[++i];
-    } else if (a.rfind("--socket=", 0) == 0) {
-      socket = a.substr(9);
+    std::string value;
+    const size_t eq = a.find('=');
+    const bool has_value = a.rfind("--", 0) == 0 && eq != std::string::npos;
+    if (has_value) {
+      value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+    }
+    // The flag's value: after '=' or the next argument.
+    auto take = [&](std::string* out) {
+      if (has_value) {
+        *out = value;
+        return true;
+      }
+      if (i + 1 >= argc) return false;
+      *out = argv[++i];
+      return true;
+    };
+    auto take_number = [&](double* out) {
+      std::string v;
+      if (!take(&v)) return false;
+      char* end = nullptr;
+      *out = std::strtod(v.c_str(), &end);
+      return !v.empty() && end != nullptr && *end == '\0';
+    };
+    double number = 0;
+    bool ok = true;
+    if (a == "--socket") {
+      ok = take(&c.socket);
     } else if (a == "--json") {
-      json = true;
-    } else if (a == "--timeout" && i + 1 < argc) {
-      timeout_s = std::atof(argv[++i]);
+      c.json = true;
+    } else if (a == "--timeout") {
+      ok = take_number(&c.timeout_s);
+    } else if (a == "--seconds") {
+      ok = take_number(&c.seconds);
+    } else if (a == "-o" || a == "--output") {
+      ok = take(&c.output);
+    } else if (a == "--job") {
+      ok = take(&c.job);
+    } else if (a == "--interval") {
+      ok = take_number(&c.interval_s);
+    } else if (a == "--iterations") {
+      ok = take_number(&number) && number >= 0;
+      c.iterations = static_cast<int>(number);
     } else if (a == "--help" || a == "-h") {
       std::cout << kUsage;
       return 0;
-    } else if (command.empty() && a[0] != '-') {
+    } else if (command.empty() && !a.empty() && a[0] != '-') {
       command = a;
     } else {
-      std::cerr << "hsdpctl: unexpected argument \"" << a << "\"\n" << kUsage;
+      std::cerr << "hsdpctl: unexpected argument \"" << argv[i] << "\"\n" << kUsage;
+      return 2;
+    }
+    if (!ok) {
+      std::cerr << "hsdpctl: " << a << " needs a valid value\n" << kUsage;
       return 2;
     }
   }
@@ -103,16 +161,24 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (command != "status" && command != "sessions" && command != "jobs" && command != "config" &&
-      command != "health") {
+      command != "health" && command != "trace" && command != "stragglers" && command != "top") {
     std::cerr << "hsdpctl: unknown command \"" << command << "\"\n" << kUsage;
     return 2;
   }
-  if (socket.empty()) socket = hsdp::ClientDefaultSocketPath();
+  if (c.socket.empty()) c.socket = hsdp::ClientDefaultSocketPath();
+  const std::string& socket = c.socket;
+  const bool json = c.json;
 
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  args.SetMaxReceiveMessageSize(512 << 20);  // traces of a busy node are large
   auto channel = grpc::CreateCustomChannel("unix:" + socket, grpc::InsecureChannelCredentials(), args);
-  const auto deadline = absl::ToChronoTime(absl::Now() + absl::Seconds(timeout_s));
+  const auto deadline = absl::ToChronoTime(absl::Now() + absl::Seconds(c.timeout_s));
+  c.channel = channel;
+  c.admin = hsdp::v1::Admin::NewStub(channel);
+  if (command == "trace") return hsdpctl::RunTrace(c);
+  if (command == "stragglers") return hsdpctl::RunStragglers(c);
+  if (command == "top") return hsdpctl::RunTop(c);
 
   if (command == "health") {
     auto stub = grpc::health::v1::Health::NewStub(channel);
@@ -121,7 +187,7 @@ int main(int argc, char** argv) {
     grpc::health::v1::HealthCheckRequest req;
     grpc::health::v1::HealthCheckResponse resp;
     grpc::Status s = stub->Check(&ctx, req, &resp);
-    if (!s.ok()) return Fail(socket, s);
+    if (!s.ok()) return hsdpctl::Fail(c, s);
     if (json) {
       std::cout << ToJson(resp);
     } else {
@@ -130,13 +196,13 @@ int main(int argc, char** argv) {
     return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
   }
 
-  auto stub = hsdp::v1::Admin::NewStub(channel);
+  auto& stub = c.admin;
   if (command == "config") {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline);
     hsdp::v1::GetConfigResponse resp;
     grpc::Status s = stub->GetConfig(&ctx, hsdp::v1::GetConfigRequest(), &resp);
-    if (!s.ok()) return Fail(socket, s);
+    if (!s.ok()) return hsdpctl::Fail(c, s);
     std::cout << (json ? ToJson(resp) : resp.yaml());
     return 0;
   }
@@ -144,7 +210,7 @@ int main(int argc, char** argv) {
   ctx.set_deadline(deadline);
   hsdp::v1::StatusResponse r;
   grpc::Status s = stub->Status(&ctx, hsdp::v1::StatusRequest(), &r);
-  if (!s.ok()) return Fail(socket, s);
+  if (!s.ok()) return hsdpctl::Fail(c, s);
   if (json) {
     if (command == "sessions") {
       hsdp::v1::StatusResponse only;
@@ -169,6 +235,9 @@ int main(int argc, char** argv) {
     std::printf("uptime %.1f s, engine %s with %d threads\n", r.uptime_seconds(), r.engine().c_str(),
                 r.engine_threads());
     std::printf("config: %s\n", r.config_summary().c_str());
+    if (!r.metrics_address().empty()) {
+      std::printf("metrics: http://%s/metrics\n", r.metrics_address().c_str());
+    }
     std::printf("sessions %d, jobs %d, ops completed %llu, failed %llu, registered %llu bytes\n",
                 r.sessions_size(), r.jobs_size(), static_cast<unsigned long long>(r.ops_completed()),
                 static_cast<unsigned long long>(r.ops_failed()),

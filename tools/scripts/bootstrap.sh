@@ -9,6 +9,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libboost-dev libyaml-cpp-dev libgloo-dev
   libgtest-dev libgmock-dev
+  prometheus-cpp-dev prometheus
   python3 python3-dev pybind11-dev python3-pybind11
   python3-torch python3-numpy python3-pytest
 )

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The cost of observability on the data plane: hsdp-bench all-reduce, 2 ranks,
+# 4 KB latency and 64 MB bandwidth, with observability OFF (default config:
+# no metrics endpoint, trace ring not recording) and ON (metrics.listen set
+# and scraped every second, `hsdpctl trace` recording the whole run), in
+# interleaved rounds against the same binaries. Prints every run and the
+# medians (docs/benchmarks.md, section "Observability overhead").
+#
+#   tools/bench/observability_overhead.sh [ROUNDS]   # default 5; needs build/
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BIN="${HSDP_BUILD_DIR:-$ROOT/build}/bin"
+ROUNDS="${1:-5}"
+TMP="$(mktemp -d /tmp/hsdp-obs-bench.XXXXXX)"
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+printf 'metrics:\n  listen: "127.0.0.1:0"\n' > "$TMP/on.yaml"
+: > "$TMP/off.yaml"
+
+# run MODE SIZE ITERS WARMUP -> "MODE SIZE time_us p50_us busbw_gbps"
+run() {
+  local mode=$1 size=$2 iters=$3 warmup=$4
+  local sock="$TMP/$mode.sock"
+  rm -f "$sock"
+  "$BIN/hsdpd" --socket "$sock" --node-config "$TMP/$mode.yaml" --log-level warning \
+    2>"$TMP/$mode.log" &
+  local daemon=$!
+  PIDS+=("$daemon")
+  for _ in $(seq 200); do "$BIN/hsdpctl" --socket "$sock" health >/dev/null 2>&1 && break; sleep 0.05; done
+  local helpers=()
+  if [ "$mode" = on ]; then
+    local addr
+    addr=$("$BIN/hsdpctl" --socket "$sock" --json status |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["metrics_address"])')
+    "$BIN/hsdpctl" --socket "$sock" trace --seconds 600 -o /dev/null 2>/dev/null &
+    helpers+=($!)
+    (while true; do curl -s "http://$addr/metrics" >/dev/null; sleep 1; done) &
+    helpers+=($!)
+    sleep 0.2  # recording armed
+  fi
+  "$BIN/hsdp-bench" --socket "$sock" --nranks 2 --min-bytes "$size" --max-bytes "$size" \
+    --iters "$iters" --warmup "$warmup" --json |
+    python3 -c 'import json,sys; r=json.load(sys.stdin)[0]; print(sys.argv[1], sys.argv[2],
+      "%.2f %.2f %.3f" % (r["time_us"], r["p50_us"], r["busbw_gbps"]))' "$mode" "$size"
+  for h in "${helpers[@]:-}"; do [ -n "$h" ] && kill "$h" 2>/dev/null || true; done
+  kill "$daemon" 2>/dev/null || true
+  wait "$daemon" 2>/dev/null || true
+}
+
+{
+  for round in $(seq "$ROUNDS"); do
+    # Alternate which mode goes first, so drifts in the machine's load even out.
+    order="off on"
+    [ $((round % 2)) -eq 0 ] && order="on off"
+    for mode in $order; do run "$mode" 4K 3000 300; done
+    for mode in $order; do run "$mode" 64M 20 3; done
+  done
+} | tee "$TMP/runs.txt"
+
+python3 - "$TMP/runs.txt" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+def med(mode, size, col):
+    return statistics.median(float(r[col]) for r in rows if r[0] == mode and r[1] == size)
+print("\nmedians over %d rounds" % (len(rows) // 4))
+for size in ("4K", "64M"):
+    for col, name in ((2, "mean us"), (3, "p50 us"), (4, "busbw GB/s")):
+        off, on = med("off", size, col), med("on", size, col)
+        print(f"{size:>4} {name:>10}: off {off:9.3f}  on {on:9.3f}  diff {on - off:+8.3f} "
+              f"({(on - off) / off * 100:+.2f}%)")
+PY
