@@ -130,7 +130,7 @@ def collectives_worker(rank, world):
 
     # clear errors
     msgs = []
-    for call in (lambda: dist.all_to_all_single(torch.zeros(world), torch.zeros(world)),
+    for call in (lambda: dist.all_to_all_single(torch.zeros(world + 1), torch.zeros(world + 1)),
                  lambda: dist.all_reduce(torch.zeros(2, dtype=torch.complex64),
                                          op=dist.ReduceOp.MAX),
                  lambda: dist.all_reduce(torch.zeros(2, dtype=torch.int8)),
@@ -142,7 +142,7 @@ def collectives_worker(rank, world):
             msgs.append(str(e))
         else:
             msgs.append("")
-    assert "not supported" in msgs[0] and "all_gather" in msgs[0], msgs[0]
+    assert "do not split into" in msgs[0] and "equal blocks" in msgs[0], msgs[0]
     assert msgs[1], "complex MAX must fail"
     assert "cannot reduce dtype torch.int8" in msgs[2], msgs[2]
     assert "BAND" in msgs[3] and "not supported" in msgs[3], msgs[3]
