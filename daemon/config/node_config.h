@@ -53,6 +53,18 @@ struct NodeConfig {
   // log:
   std::string log_level = "info";  // log.level: debug | info | warning | error
 
+  // cluster: (multi-node control plane; see docs/cluster.md)
+  std::string cluster_coordinator;     // cluster.coordinator "HOST:PORT"; "" = single node
+  std::string cluster_listen;          // cluster.listen "HOST:PORT": this daemon's peer address
+  uint32_t cluster_nodes = 1;          // cluster.nodes: 1..4096
+  int32_t cluster_node_rank = -1;      // cluster.node_rank: -1 = by join order
+  std::string cluster_data_address;    // cluster.data_address HOST; "" = the listen host
+  std::string cluster_token_file;      // cluster.token_file: absolute path of the shared secret
+  bool cluster_insecure = false;       // cluster.insecure: no peer authentication (warned)
+  uint32_t cluster_join_timeout_ms = 60000;  // cluster.join_timeout_ms: 1..3600000
+  uint32_t cluster_heartbeat_ms = 1000;      // cluster.heartbeat_ms: 10..60000
+  uint32_t cluster_missed_heartbeats = 5;    // cluster.missed_heartbeats: 1..1000
+
   // Field-by-field equality (used by tests and round-trip checks).
   friend bool operator==(const NodeConfig&, const NodeConfig&) = default;
 };

@@ -1,6 +1,7 @@
 // hsdpctl: operator CLI over hsdpd's Admin and Health services.
 //
-//   hsdpctl [--socket PATH] [--json] [--timeout SECONDS] status|sessions|jobs|config|health
+//   hsdpctl [--socket PATH] [--json] [--timeout SECONDS]
+//           status|sessions|jobs|config|health|nodes
 //
 // Exit codes: 0 success, 1 the daemon is down or refused, 2 bad usage.
 #include <unistd.h>
@@ -27,6 +28,7 @@ constexpr char kUsage[] =
     "  jobs       one line per job\n"
     "  config     the daemon's effective configuration (YAML)\n"
     "  health     SERVING / NOT_SERVING (exit 1 unless serving)\n"
+    "  nodes      cluster nodes, their state and the epoch (exit 1 when degraded)\n"
     "The socket defaults to $HSDPD_SOCKET, else the daemon's default path.\n";
 
 std::string ToJson(const google::protobuf::Message& m) {
@@ -71,6 +73,39 @@ void PrintJobs(const hsdp::v1::StatusResponse& r) {
   }
 }
 
+// `hsdpctl nodes`: 0 when the cluster is fine (or single node), 1 when this
+// daemon sees it degraded or failed.
+int Nodes(const std::shared_ptr<grpc::Channel>& channel,
+          std::chrono::system_clock::time_point deadline, const std::string& socket, bool json) {
+  auto stub = hsdp::v1::AdminCluster::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(deadline);
+  hsdp::v1::NodesResponse r;
+  grpc::Status s = stub->Nodes(&ctx, hsdp::v1::NodesRequest(), &r);
+  if (!s.ok()) return Fail(socket, s);
+  const bool bad = r.state() == "degraded" || r.state() == "failed";
+  if (json) {
+    std::cout << ToJson(r);
+    return bad ? 1 : 0;
+  }
+  if (!r.enabled()) {
+    std::printf("single node (no cluster.coordinator configured)\n");
+    return 0;
+  }
+  std::printf("cluster %s, epoch %llu, this node %d of %u, coordinator %s%s\n", r.state().c_str(),
+              static_cast<unsigned long long>(r.epoch()), r.node_rank(), r.expected_nodes(),
+              r.coordinator().c_str(), r.is_coordinator() ? " (this node)" : "");
+  if (!r.detail().empty()) std::printf("%s\n", r.detail().c_str());
+  std::printf("%-5s %-24s %-16s %-20s %-6s %10s\n", "NODE", "ADDRESS", "DATA", "NAME", "STATE",
+              "HEARTBEAT");
+  for (const auto& n : r.nodes()) {
+    std::printf("%-5d %-24s %-16s %-20s %-6s %9.1fs%s\n", n.node_rank(), n.address().c_str(),
+                n.data_address().c_str(), n.name().c_str(), n.state().c_str(),
+                n.last_heartbeat_age_s(), n.self() ? "  *" : "");
+  }
+  return bad ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,7 +138,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (command != "status" && command != "sessions" && command != "jobs" && command != "config" &&
-      command != "health") {
+      command != "health" && command != "nodes") {
     std::cerr << "hsdpctl: unknown command \"" << command << "\"\n" << kUsage;
     return 2;
   }
@@ -129,6 +164,8 @@ int main(int argc, char** argv) {
     }
     return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
   }
+
+  if (command == "nodes") return Nodes(channel, deadline, socket, json);
 
   auto stub = hsdp::v1::Admin::NewStub(channel);
   if (command == "config") {
