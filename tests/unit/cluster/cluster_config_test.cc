@@ -82,9 +82,12 @@ TEST(ClusterConfigTest, InsecureAndAutoRank) {
 }
 
 struct Bad {
+  const char* name;
   const char* yaml;
   const char* expect;  // substring of the message, with the key path and line
 };
+
+void PrintTo(const Bad& b, std::ostream* os) { *os << b.name; }
 
 class ClusterConfigErrorTest : public ::testing::TestWithParam<Bad> {};
 
@@ -95,45 +98,45 @@ TEST_P(ClusterConfigErrorTest, NamesKeyAndLine) {
 INSTANTIATE_TEST_SUITE_P(
     All, ClusterConfigErrorTest,
     ::testing::Values(
-        Bad{"cluster:\n  coordinator: \"node0\"\n", "test.yaml:2: cluster.coordinator: address "
+        Bad{"coordinator_no_port", "cluster:\n  coordinator: \"node0\"\n", "test.yaml:2: cluster.coordinator: address "
                                                    "\"node0\" is not HOST:PORT"},
-        Bad{"cluster:\n  coordinator: \"node0:99999\"\n",
+        Bad{"coordinator_port_range", "cluster:\n  coordinator: \"node0:99999\"\n",
             "test.yaml:2: cluster.coordinator: address \"node0:99999\": port \"99999\" is not in"},
-        Bad{"cluster:\n  listen: \"a b:1\"\n", "test.yaml:2: cluster.listen: address \"a b:1\""},
-        Bad{"cluster:\n  listen: \"::1:80\"\n", "cluster.listen: address \"::1:80\" is not"},
-        Bad{"cluster:\n  coordinator: \"h:0\"\n", "port \"0\" is not in 1..65535"},
-        Bad{"cluster:\n  nodes: 0\n", "test.yaml:2: cluster.nodes: value \"0\""},
-        Bad{"cluster:\n  node_rank: -2\n", "test.yaml:2: cluster.node_rank:"},
-        Bad{"cluster:\n  heartbeat_ms: 5\n", "test.yaml:2: cluster.heartbeat_ms:"},
-        Bad{"cluster:\n  missed_heartbeats: 0\n", "test.yaml:2: cluster.missed_heartbeats:"},
-        Bad{"cluster:\n  join_timeout_ms: 0\n", "test.yaml:2: cluster.join_timeout_ms:"},
-        Bad{"cluster:\n  insecure: yes please\n", "test.yaml:2: cluster.insecure: expected true"},
-        Bad{"cluster:\n  token_file: token.txt\n",
+        Bad{"listen_space", "cluster:\n  listen: \"a b:1\"\n", "test.yaml:2: cluster.listen: address \"a b:1\""},
+        Bad{"listen_unbracketed_ipv6", "cluster:\n  listen: \"::1:80\"\n", "cluster.listen: address \"::1:80\" is not"},
+        Bad{"port_zero", "cluster:\n  coordinator: \"h:0\"\n", "port \"0\" is not in 1..65535"},
+        Bad{"nodes_zero", "cluster:\n  nodes: 0\n", "test.yaml:2: cluster.nodes: value \"0\""},
+        Bad{"node_rank_negative", "cluster:\n  node_rank: -2\n", "test.yaml:2: cluster.node_rank:"},
+        Bad{"heartbeat_too_small", "cluster:\n  heartbeat_ms: 5\n", "test.yaml:2: cluster.heartbeat_ms:"},
+        Bad{"missed_zero", "cluster:\n  missed_heartbeats: 0\n", "test.yaml:2: cluster.missed_heartbeats:"},
+        Bad{"join_timeout_zero", "cluster:\n  join_timeout_ms: 0\n", "test.yaml:2: cluster.join_timeout_ms:"},
+        Bad{"insecure_not_bool", "cluster:\n  insecure: yes please\n", "test.yaml:2: cluster.insecure: expected true"},
+        Bad{"token_file_relative", "cluster:\n  token_file: token.txt\n",
             "test.yaml:2: cluster.token_file: token file \"token.txt\" is not an absolute path"},
-        Bad{"cluster:\n  data_address: \"h:80\"\n", "test.yaml:2: cluster.data_address:"},
-        Bad{"cluster:\n  tls:\n    ca: /etc/ca.pem\n",
+        Bad{"data_address_with_port", "cluster:\n  data_address: \"h:80\"\n", "test.yaml:2: cluster.data_address:"},
+        Bad{"tls_not_supported", "cluster:\n  tls:\n    ca: /etc/ca.pem\n",
             "test.yaml:3: cluster.tls.ca: mutual TLS on the peer channel is not supported yet"},
-        Bad{"cluster:\n  tls: {crt: \"\"}\n", "cluster.tls.crt: unknown key \"crt\""},
-        Bad{"cluster:\n  tls: yes\n", "cluster.tls: expected a map"},
-        Bad{"cluster:\n  coordinater: \"h:1\"\n", "did you mean \"coordinator\"?"},
+        Bad{"tls_unknown_key", "cluster:\n  tls: {crt: \"\"}\n", "cluster.tls.crt: unknown key \"crt\""},
+        Bad{"tls_not_map", "cluster:\n  tls: yes\n", "cluster.tls: expected a map"},
+        Bad{"typo_suggestion", "cluster:\n  coordinater: \"h:1\"\n", "did you mean \"coordinator\"?"},
         // Cross-key rules.
-        Bad{"cluster:\n  coordinator: \"h:1\"\n  listen: \"h:1\"\n",
+        Bad{"no_auth", "cluster:\n  coordinator: \"h:1\"\n  listen: \"h:1\"\n",
             "test.yaml:2: cluster.coordinator: the peer channel has no authentication"},
-        Bad{"cluster:\n  coordinator: \"h:1\"\n  token_file: /t\n",
+        Bad{"no_listen", "cluster:\n  coordinator: \"h:1\"\n  token_file: /t\n",
             "test.yaml:2: cluster.coordinator: cluster.listen"},
-        Bad{"log:\n  level: info\ncluster:\n  listen: \"h:1\"\n",
+        Bad{"listen_without_coordinator", "log:\n  level: info\ncluster:\n  listen: \"h:1\"\n",
             "test.yaml:4: cluster.listen: set without cluster.coordinator"},
-        Bad{"cluster:\n  nodes: 2\n", "test.yaml:2: cluster.nodes: more than one node needs"},
-        Bad{"cluster:\n  coordinator: \"h:1\"\n  listen: \"g:1\"\n  insecure: true\n"
+        Bad{"nodes_without_coordinator", "cluster:\n  nodes: 2\n", "test.yaml:2: cluster.nodes: more than one node needs"},
+        Bad{"node_rank_out_of_range", "cluster:\n  coordinator: \"h:1\"\n  listen: \"g:1\"\n  insecure: true\n"
             "  nodes: 2\n  node_rank: 2\n",
             "test.yaml:6: cluster.node_rank: node rank 2 is out of range for cluster.nodes 2"},
-        Bad{"cluster:\n  coordinator: \"h:1\"\n  listen: \"g:1\"\n  insecure: true\n"
+        Bad{"insecure_and_token", "cluster:\n  coordinator: \"h:1\"\n  listen: \"g:1\"\n  insecure: true\n"
             "  token_file: /t\n",
             "test.yaml:4: cluster.insecure: cluster.insecure: true contradicts"},
-        Bad{"cluster:\n  coordinator: \"h:1\"\n  listen: \"h:1\"\n  insecure: true\n"
+        Bad{"coordinator_rank_nonzero", "cluster:\n  coordinator: \"h:1\"\n  listen: \"h:1\"\n  insecure: true\n"
             "  nodes: 2\n  node_rank: 1\n",
             "test.yaml:6: cluster.node_rank: the coordinator is always node rank 0"},
-        Bad{"cluster:\n  coordinator: \"h:1\"\n  listen: \"0.0.0.0:1\"\n  insecure: true\n",
+        Bad{"wildcard_data_address", "cluster:\n  coordinator: \"h:1\"\n  listen: \"0.0.0.0:1\"\n  insecure: true\n",
             "cluster.data_address: the data address would be \"0.0.0.0\""}));
 
 }  // namespace
