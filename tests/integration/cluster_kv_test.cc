@@ -8,6 +8,9 @@
 
 #include "cluster_test_util.h"
 #include "daemon/cluster/cluster_client.h"
+#include "daemon/cluster/token_authenticator.h"
+#include "grpcpp/grpcpp.h"
+#include "hsdp/v1/cluster.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -140,6 +143,62 @@ TEST_F(ClusterKvTest, FloodIsResourceExhaustedAndTheClusterKeepsWorking) {
   std::thread peer([&] { EXPECT_TRUE(other.Barrier("after", 2, absl::Seconds(5)).ok()); });
   EXPECT_TRUE(flooder.Barrier("after", 2, absl::Seconds(5)).ok());
   peer.join();
+}
+
+// 1100 waits pending at once (async client calls): the first 1024 are held
+// without a server thread each, the rest are RESOURCE_EXHAUSTED at once, and
+// heartbeats, sets and a wait that succeeds keep working meanwhile.
+TEST_F(ClusterKvTest, WaiterFloodIsBoundedAndHoldsNoThreads) {
+  constexpr int kWaits = 1100;
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  auto stub = v1::Cluster::NewStub(
+      grpc::CreateCustomChannel(coordinator_, grpc::InsecureChannelCredentials(), args));
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::KvWaitRequest req;
+    v1::KvWaitResponse resp;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  absl::Mutex mu;
+  int done = 0, exhausted = 0, timed_out = 0;
+  for (int i = 0; i < kWaits; ++i) {
+    auto call = std::make_unique<Call>();
+    call->ctx.AddMetadata(kClusterTokenMetadata, kToken);
+    call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(15));
+    call->req.add_keys("never-set");
+    call->req.set_timeout_ms(2500);
+    stub->async()->Wait(&call->ctx, &call->req, &call->resp, [&](grpc::Status s) {
+      absl::MutexLock l(&mu);
+      ++done;
+      exhausted += s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+      timed_out += s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    });
+    calls.push_back(std::move(call));
+  }
+  // The excess is refused promptly, while the others are still pending.
+  {
+    absl::MutexLock l(&mu);
+    auto excess_refused = [&] { return exhausted >= kWaits - 1024; };
+    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&excess_refused), absl::Seconds(10)))
+        << "exhausted " << exhausted << " done " << done;
+  }
+  ClusterClient client(coordinator_, kToken);
+  EXPECT_TRUE(client.Set("during", "flood", absl::Seconds(5)).ok());
+  EXPECT_TRUE(client.Wait({"during"}, absl::Seconds(1)).ok());
+  v1::NodesResponse view;
+  ASSERT_TRUE(QueryNodes(member_.socket(), &view));
+  EXPECT_EQ(view.state(), "ok");
+  EXPECT_EQ(AliveNodes(view), 2);
+  {
+    absl::MutexLock l(&mu);
+    auto all_done = [&] { return done == kWaits; };
+    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Seconds(12)))
+        << "done " << done;
+    EXPECT_EQ(exhausted, kWaits - 1024);
+    EXPECT_EQ(timed_out, 1024);
+  }
+  ASSERT_TRUE(Formed());
 }
 
 }  // namespace
