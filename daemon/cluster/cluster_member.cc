@@ -208,6 +208,8 @@ v1::NodesResponse ClusterMember::View() const {
   r.set_coordinator_contact_age_s(last_contact_ == absl::InfinitePast()
                                       ? -1
                                       : absl::ToDoubleSeconds(absl::Now() - last_contact_));
+  const double since_contact =
+      last_contact_ == absl::InfinitePast() ? 0 : absl::ToDoubleSeconds(absl::Now() - last_contact_);
   for (const v1::ClusterNode& n : nodes_) {
     v1::NodeStatus* s = r.add_nodes();
     s->set_node_rank(n.node_rank());
@@ -215,7 +217,9 @@ v1::NodesResponse ClusterMember::View() const {
     s->set_data_address(n.data_address());
     s->set_name(n.name());
     s->set_state(n.state());
-    s->set_last_heartbeat_age_s(n.last_heartbeat_age_s());
+    // The coordinator's figure plus the time since it answered, so the ages
+    // keep growing while the coordinator is silent.
+    s->set_last_heartbeat_age_s(n.last_heartbeat_age_s() + since_contact);
     s->set_self(n.node_rank() == rank_);
   }
   return r;
