@@ -167,6 +167,17 @@ TEST_F(ClusterTest, DeadCoordinatorIsReportedAndARestartRecovers) {
   EXPECT_GT(view.epoch(), epoch);
 }
 
+TEST_F(ClusterTest, ListenAddressInUseFailsTheStart) {
+  ASSERT_TRUE(StartNode(daemons_[0], 2)) << daemons_[0].log();
+  // A second daemon configured with the coordinator's own address.
+  ASSERT_TRUE(daemons_[1].process.Start(ClusterYaml(coordinator_, coordinator_, 2, token_), {},
+                                        {}, /*wait_ready=*/false));
+  const int rc = WaitExit(daemons_[1].process.pid(), 10000);
+  EXPECT_EQ(rc, 1) << daemons_[1].log();
+  EXPECT_THAT(daemons_[1].log(), HasSubstr("cluster.listen: cannot listen on " + coordinator_));
+  WaitFormed(daemons_[0], 1);
+}
+
 TEST(ClusterSingleNodeTest, NodesSaysSingleNode) {
   TempDir dir;
   DaemonProcess d(dir);
