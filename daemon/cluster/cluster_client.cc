@@ -12,7 +12,8 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
                       absl::StrCat(what, ": ", s.error_message()));
 }
 
-ClusterClient::ClusterClient(const std::string& coordinator, std::string token)
+ClusterClient::ClusterClient(const std::string& coordinator, std::string token,
+                             std::shared_ptr<grpc::ChannelCredentials> credentials)
     : coordinator_(coordinator), token_(std::move(token)) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
@@ -22,7 +23,8 @@ ClusterClient::ClusterClient(const std::string& coordinator, std::string token)
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   stub_ = v1::Cluster::NewStub(
-      grpc::CreateCustomChannel(coordinator, grpc::InsecureChannelCredentials(), args));
+      grpc::CreateCustomChannel(
+          coordinator, credentials ? credentials : grpc::InsecureChannelCredentials(), args));
 }
 
 void ClusterClient::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {

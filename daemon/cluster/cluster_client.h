@@ -11,14 +11,17 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "grpcpp/security/credentials.h"
 #include "hsdp/v1/cluster.grpc.pb.h"
 
 namespace hsdp {
 
 class ClusterClient {
  public:
-  // `token` "" sends no token (insecure clusters).
-  ClusterClient(const std::string& coordinator, std::string token);
+  // `token` "" sends no token. `credentials` null = plaintext TCP; else, e.g.,
+  // ClusterTlsCredentials() for mutual TLS.
+  ClusterClient(const std::string& coordinator, std::string token,
+                std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
   const std::string& coordinator() const { return coordinator_; }
 

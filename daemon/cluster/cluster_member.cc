@@ -35,7 +35,7 @@ bool Permanent(const absl::Status& s) {
 
 ClusterMember::ClusterMember(Options options, PeerEvents events)
     : options_(std::move(options)), events_(std::move(events)), instance_(RandomInstance()),
-      client_(options_.coordinator, options_.token) {}
+      client_(options_.coordinator, options_.token, options_.credentials) {}
 
 ClusterMember::~ClusterMember() { Stop(); }
 

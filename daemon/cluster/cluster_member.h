@@ -45,7 +45,8 @@ class ClusterMember {
     std::string name;
     uint32_t nodes = 1;
     int node_rank = -1;
-    std::string token;  // "" = insecure
+    std::string token;  // "" = no token
+    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr;  // null = plaintext
     bool is_coordinator = false;
     absl::Duration join_timeout = absl::Seconds(60);
     absl::Duration heartbeat = absl::Seconds(1);

@@ -25,6 +25,22 @@ absl::Status ClusterNode::Start() {
   std::string token;
   if (!config_.cluster_token_file.empty()) {
     ASSIGN_OR_RETURN(token, ReadClusterToken(config_.cluster_token_file));
+  }
+  std::shared_ptr<grpc::ServerCredentials> server_credentials = grpc::InsecureServerCredentials();
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
+  if (!config_.cluster_tls_ca.empty()) {
+    ASSIGN_OR_RETURN(const ClusterTlsFiles tls,
+                     ReadClusterTls(config_.cluster_tls_ca, config_.cluster_tls_cert,
+                                    config_.cluster_tls_key));
+    grpc::SslServerCredentialsOptions server(
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    server.pem_root_certs = tls.ca;
+    server.pem_key_cert_pairs.push_back({tls.key, tls.cert});
+    server_credentials = grpc::SslServerCredentials(server);
+    channel_credentials = grpc::SslCredentials(grpc::SslCredentialsOptions{
+        .pem_root_certs = tls.ca, .pem_private_key = tls.key, .pem_cert_chain = tls.cert});
+    auth_ = std::make_unique<TlsPeerAuthenticator>(token);
+  } else if (!token.empty()) {
     auth_ = std::make_unique<TokenAuthenticator>(token);
   } else {
     HSDP_LOG(Warning) << "cluster.insecure: the peer channel on " << config_.cluster_listen
@@ -44,7 +60,7 @@ absl::Status ClusterNode::Start() {
                                                   config_.cluster_coordinator);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(config_.cluster_listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config_.cluster_listen, server_credentials, &port);
   // Two daemons must never share a port silently.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 1100);
@@ -55,7 +71,7 @@ absl::Status ClusterNode::Start() {
     server_.reset();
     return absl::FailedPreconditionError(absl::StrCat(
         "cluster.listen: cannot listen on ", config_.cluster_listen,
-        " (address in use or not an address of this host)"));
+        " (address in use, not an address of this host, or unusable cluster.tls files)"));
   }
   if (coordinator_ != nullptr) coordinator_->Start();
   HSDP_LOG(Info) << "cluster: " << (is_coordinator ? "coordinator" : "member")
@@ -76,6 +92,7 @@ absl::Status ClusterNode::Start() {
           .nodes = config_.cluster_nodes,
           .node_rank = config_.cluster_node_rank,
           .token = token,
+          .credentials = channel_credentials,
           .is_coordinator = is_coordinator,
           .join_timeout = absl::Milliseconds(config_.cluster_join_timeout_ms),
           .heartbeat = absl::Milliseconds(config_.cluster_heartbeat_ms),

@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "hsdp/common/logging.h"
+#include "hsdp/common/status_macros.h"
 
 namespace hsdp {
 
@@ -60,6 +61,57 @@ absl::StatusOr<std::string> ReadClusterToken(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat("cluster.token_file \"", path, "\" is empty"));
   }
   return token;
+}
+
+absl::StatusOr<PeerCred> TlsPeerAuthenticator::Authenticate(
+    const grpc::ServerContextBase& ctx) const {
+  const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) {
+    return absl::UnauthenticatedError(
+        "this hsdpd cluster requires mutual TLS: the caller presented no verified certificate");
+  }
+  if (token_.empty()) return PeerCred{};
+  return TokenAuthenticator(token_).Authenticate(ctx);
+}
+
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& key, const std::string& path) {
+  constexpr size_t kMaxPemBytes = 1 << 20;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string what =
+        absl::StrCat("cannot open cluster.tls.", key, " \"", path, "\": ", std::strerror(err));
+    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(what);
+    return absl::NotFoundError(what);
+  }
+  std::string text;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+    if (text.size() > kMaxPemBytes) break;
+  }
+  ::close(fd);
+  if (text.size() > kMaxPemBytes || text.find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster.tls.", key, " \"", path, "\" is not a PEM file"));
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<ClusterTlsFiles> ReadClusterTls(const std::string& ca, const std::string& cert,
+                                               const std::string& key) {
+  ClusterTlsFiles files;
+  ASSIGN_OR_RETURN(files.ca, ReadPem("ca", ca));
+  ASSIGN_OR_RETURN(files.cert, ReadPem("cert", cert));
+  ASSIGN_OR_RETURN(files.key, ReadPem("key", key));
+  return files;
 }
 
 absl::StatusOr<PeerCred> TokenAuthenticator::Authenticate(

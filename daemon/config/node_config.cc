@@ -389,9 +389,12 @@ absl::Status ParseInsecure(const Field& f, NodeConfig* config) {
   return absl::OkStatus();
 }
 
-// cluster.tls: {ca, cert, key}. Mutual TLS is not built yet: any non-empty
-// path is refused with a clear message.
-absl::Status ParseTls(const Field& f, NodeConfig*) {
+// cluster.tls: {ca, cert, key}: absolute paths of PEM files for mutual TLS
+// on the peer channel; all three or none.
+absl::Status ParseTls(const Field& f, NodeConfig* config) {
+  config->cluster_tls_ca.clear();
+  config->cluster_tls_cert.clear();
+  config->cluster_tls_key.clear();
   if (f.value.IsNull()) return absl::OkStatus();
   if (!f.value.IsMap()) {
     return f.Error(absl::StrCat("expected a map with keys ca, cert, key, got ", Describe(f.value)));
@@ -400,15 +403,27 @@ absl::Status ParseTls(const Field& f, NodeConfig*) {
     const std::string key = pair.first.IsScalar() ? pair.first.Scalar() : "";
     const Field sub{f.source, absl::StrCat(f.path, ".", absl::CHexEscape(key)), pair.second,
                     LineOf(pair.first, f.line)};
-    if (key != "ca" && key != "cert" && key != "key") {
+    std::string* out = key == "ca"     ? &config->cluster_tls_ca
+                       : key == "cert" ? &config->cluster_tls_cert
+                       : key == "key"  ? &config->cluster_tls_key
+                                       : nullptr;
+    if (out == nullptr) {
       return sub.Error(absl::StrCat("unknown key ", Quote(key), " (known keys: ca, cert, key)"));
     }
     RETURN_IF_ERROR(CheckScalar(sub, "a file path"));
-    if (!sub.value.Scalar().empty()) {
-      return sub.Error(
-          "mutual TLS on the peer channel is not supported yet; use cluster.token_file on a "
-          "private network (see docs/cluster.md)");
+    const std::string& path = sub.value.Scalar();
+    if (!path.empty() && path[0] != '/') {
+      return sub.Error(absl::StrCat("path ", Quote(path), " is not absolute"));
     }
+    if (path.find('\0') != std::string::npos) {
+      return sub.Error(absl::StrCat("path ", Quote(path), " contains a NUL byte"));
+    }
+    *out = path;
+  }
+  const int set = !config->cluster_tls_ca.empty() + !config->cluster_tls_cert.empty() +
+                  !config->cluster_tls_key.empty();
+  if (set != 0 && set != 3) {
+    return f.Error("mutual TLS needs all of ca, cert and key (or none of them)");
   }
   return absl::OkStatus();
 }
@@ -443,14 +458,15 @@ absl::Status CheckCluster(const std::string& source,
                                            " is out of range for cluster.nodes ",
                                            c.cluster_nodes, " (0..", c.cluster_nodes - 1, ")"));
   }
-  if (c.cluster_token_file.empty() && !c.cluster_insecure) {
+  const bool tls = !c.cluster_tls_ca.empty();
+  if (c.cluster_token_file.empty() && !tls && !c.cluster_insecure) {
     return error("coordinator",
                  "the peer channel has no authentication: set cluster.token_file to a shared "
-                 "secret, or cluster.insecure: true on a trusted network");
+                 "secret and/or cluster.tls, or cluster.insecure: true on a trusted network");
   }
-  if (!c.cluster_token_file.empty() && c.cluster_insecure) {
-    return error("insecure", "cluster.insecure: true contradicts cluster.token_file; "
-                             "remove one of them");
+  if ((!c.cluster_token_file.empty() || tls) && c.cluster_insecure) {
+    return error("insecure", absl::StrCat("cluster.insecure: true contradicts cluster.",
+                                          tls ? "tls" : "token_file", "; remove one of them"));
   }
   if (c.cluster_listen == c.cluster_coordinator && c.cluster_node_rank > 0) {
     return error("node_rank", "the coordinator is always node rank 0 (or leave node_rank unset)");
@@ -483,8 +499,12 @@ constexpr KeySpec kClusterKeys[] = {
      &ParseDataAddress, &RenderString<&NodeConfig::cluster_data_address>},
     {"token_file", "absolute path of the shared secret sent with every peer call",
      &ParseTokenFile, &RenderString<&NodeConfig::cluster_token_file>},
-    {"tls", "mutual TLS {ca, cert, key}: not supported yet, leave empty", &ParseTls,
-     [](const NodeConfig&) { return std::string("{ca: \"\", cert: \"\", key: \"\"}"); }},
+    {"tls", "mutual TLS: PEM paths {ca, cert, key}, all or none", &ParseTls,
+     [](const NodeConfig& c) {
+       return absl::StrCat("{ca: ", YamlQuote(c.cluster_tls_ca), ", cert: ",
+                           YamlQuote(c.cluster_tls_cert), ", key: ", YamlQuote(c.cluster_tls_key),
+                           "}");
+     }},
     {"insecure", "true = no peer authentication (trusted networks only)", &ParseInsecure,
      [](const NodeConfig& c) { return std::string(c.cluster_insecure ? "true" : "false"); }},
     {"join_timeout_ms", "give up joining the coordinator after this long, 1..3600000",

@@ -8,6 +8,7 @@
 #include "cluster_test_util.h"
 #include "daemon/cluster/cluster_client.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 
 namespace hsdp::testing {
@@ -176,6 +177,55 @@ TEST_F(ClusterTest, ListenAddressInUseFailsTheStart) {
   EXPECT_EQ(rc, 1) << daemons_[1].log();
   EXPECT_THAT(daemons_[1].log(), HasSubstr("cluster.listen: cannot listen on " + coordinator_));
   WaitFormed(daemons_[0], 1);
+}
+
+// A CA and one node certificate for 127.0.0.1 (client and server use),
+// made with the openssl CLI; false when that fails.
+bool MakeCertificates(const TempDir& dir) {
+  const std::string d = dir.path();
+  WriteFile(d + "/ext.cnf",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n");
+  const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  const CommandResult r = RunCommand(
+      "cd '" + d + "' && openssl req -x509 " + ec +
+      " -keyout ca.key -out ca.pem -days 2 -subj /CN=hsdp-test-ca && openssl req " + ec +
+      " -keyout node.key -out node.csr -subj /CN=127.0.0.1 && openssl x509 -req -in node.csr"
+      " -CA ca.pem -CAkey ca.key -CAcreateserial -out node.pem -days 2 -extfile ext.cnf");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return r.exit_code == 0;
+}
+
+std::string TlsYaml(const std::string& coordinator, const std::string& listen, const TempDir& d) {
+  return absl::StrCat("cluster:\n  coordinator: \"", coordinator, "\"\n  listen: \"", listen,
+                      "\"\n  nodes: 2\n  tls: {ca: ", d.File("ca.pem"), ", cert: ",
+                      d.File("node.pem"), ", key: ", d.File("node.key"),
+                      "}\n  heartbeat_ms: ", kHeartbeatMs, "\n  join_timeout_ms: 8000\n");
+}
+
+TEST_F(ClusterTest, MutualTlsClusterRefusesCallersWithoutACertificate) {
+  if (::system("command -v openssl >/dev/null 2>&1") != 0) GTEST_SKIP() << "no openssl CLI";
+  ASSERT_TRUE(MakeCertificates(shared_));
+  ASSERT_TRUE(daemons_[0].process.Start(TlsYaml(coordinator_, coordinator_, shared_)))
+      << daemons_[0].log();
+  ASSERT_TRUE(daemons_[1].process.Start(TlsYaml(coordinator_, Loopback(FreePort()), shared_)))
+      << daemons_[1].log();
+  WaitFormed(daemons_[1], 2);
+
+  // Plaintext, and TLS without a client certificate: no handshake.
+  ClusterClient plain(coordinator_, "");
+  EXPECT_FALSE(plain.Set("k", "v", absl::Seconds(2)).ok());
+  const std::string ca = ReadFile(shared_.File("ca.pem"));
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = ca;
+  ClusterClient anonymous(coordinator_, "", grpc::SslCredentials(options));
+  EXPECT_FALSE(anonymous.Set("k", "v", absl::Seconds(2)).ok());
+  // With the node certificate it works.
+  options.pem_private_key = ReadFile(shared_.File("node.key"));
+  options.pem_cert_chain = ReadFile(shared_.File("node.pem"));
+  ClusterClient node(coordinator_, "", grpc::SslCredentials(options));
+  const absl::Status s = node.Set("k", "v", absl::Seconds(5));
+  EXPECT_TRUE(s.ok()) << s;
+  WaitFormed(daemons_[0], 2);
 }
 
 TEST(ClusterSingleNodeTest, NodesSaysSingleNode) {

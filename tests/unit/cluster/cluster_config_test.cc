@@ -71,6 +71,16 @@ TEST(ClusterConfigTest, FullSectionParsesAndRoundTrips) {
   EXPECT_EQ(ParseOk(NodeConfigToYaml(c)), c) << NodeConfigToYaml(c);
 }
 
+TEST(ClusterConfigTest, TlsWithoutTokenIsEnoughAuthentication) {
+  const NodeConfig c = ParseOk(
+      "cluster:\n  coordinator: \"h:1\"\n  listen: \"g:1\"\n"
+      "  tls: {ca: /etc/hsdpd/ca.pem, cert: /etc/hsdpd/node.pem, key: /etc/hsdpd/node.key}\n");
+  EXPECT_EQ(c.cluster_tls_ca, "/etc/hsdpd/ca.pem");
+  EXPECT_EQ(c.cluster_tls_cert, "/etc/hsdpd/node.pem");
+  EXPECT_EQ(c.cluster_tls_key, "/etc/hsdpd/node.key");
+  EXPECT_EQ(ParseOk(NodeConfigToYaml(c)), c) << NodeConfigToYaml(c);
+}
+
 TEST(ClusterConfigTest, InsecureAndAutoRank) {
   const NodeConfig c = ParseOk(
       "cluster:\n  coordinator: \"127.0.0.1:7070\"\n  listen: \"127.0.0.1:7070\"\n"
@@ -114,8 +124,14 @@ INSTANTIATE_TEST_SUITE_P(
         Bad{"token_file_relative", "cluster:\n  token_file: token.txt\n",
             "test.yaml:2: cluster.token_file: token file \"token.txt\" is not an absolute path"},
         Bad{"data_address_with_port", "cluster:\n  data_address: \"h:80\"\n", "test.yaml:2: cluster.data_address:"},
-        Bad{"tls_not_supported", "cluster:\n  tls:\n    ca: /etc/ca.pem\n",
-            "test.yaml:3: cluster.tls.ca: mutual TLS on the peer channel is not supported yet"},
+        Bad{"tls_incomplete", "cluster:\n  tls:\n    ca: /etc/ca.pem\n",
+            "test.yaml:3: cluster.tls: mutual TLS needs all of ca, cert and key"},
+        Bad{"tls_relative", "cluster:\n  tls:\n    ca: /etc/ca.pem\n    cert: c.pem\n",
+            "test.yaml:4: cluster.tls.cert: path \"c.pem\" is not absolute"},
+        Bad{"tls_and_insecure",
+            "cluster:\n  coordinator: \"h:1\"\n  listen: \"g:1\"\n  insecure: true\n"
+            "  tls: {ca: /a, cert: /b, key: /c}\n",
+            "test.yaml:4: cluster.insecure: cluster.insecure: true contradicts cluster.tls"},
         Bad{"tls_unknown_key", "cluster:\n  tls: {crt: \"\"}\n", "cluster.tls.crt: unknown key \"crt\""},
         Bad{"tls_not_map", "cluster:\n  tls: yes\n", "cluster.tls: expected a map"},
         Bad{"typo_suggestion", "cluster:\n  coordinater: \"h:1\"\n", "did you mean \"coordinator\"?"},
