@@ -1,8 +1,8 @@
 // The Cluster gRPC service on cluster.listen (TCP). Every method is a
 // callback (reactor) method, so a Wait or Barrier pending for minutes holds
 // no gRPC thread: the reactor is finished by the KvStore when the wait ends.
-// Every call is authenticated first (TokenAuthenticator or, with
-// cluster.insecure, InsecureClusterAuthenticator). On a daemon that is not
+// Every call is authenticated first (TokenAuthenticator, TlsPeerAuthenticator
+// or, with cluster.insecure, InsecureClusterAuthenticator). On a daemon that is not
 // the coordinator `coordinator` and `kv` are null and every call is
 // FAILED_PRECONDITION naming the coordinator.
 #ifndef HSDP_DAEMON_CLUSTER_CLUSTER_SERVICE_H_

@@ -1,7 +1,9 @@
 // Authentication of node-to-node (TCP) calls to the Cluster service. Every
 // call carries the cluster's shared secret (cluster.token_file) in metadata
 // kClusterTokenMetadata; TokenAuthenticator compares it in constant time.
-// InsecureClusterAuthenticator (cluster.insecure) accepts every caller.
+// With cluster.tls, TlsPeerAuthenticator requires a verified client
+// certificate (and the token when one is set). InsecureClusterAuthenticator
+// (cluster.insecure) accepts every caller.
 #ifndef HSDP_DAEMON_CLUSTER_TOKEN_AUTHENTICATOR_H_
 #define HSDP_DAEMON_CLUSTER_TOKEN_AUTHENTICATOR_H_
 
