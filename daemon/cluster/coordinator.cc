@@ -78,6 +78,12 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& req) {
     return absl::InvalidArgumentError(absl::StrCat("requested node rank ", requested,
                                                    " is out of range 0..", options_.nodes - 1));
   }
+  if (requested == 0 && !options_.self_address.empty() &&
+      req.address() != options_.self_address) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", req.address(), " asks for rank 0, which is the coordinator's (",
+        options_.self_address, ")"));
+  }
   absl::MutexLock l(&mu_);
   const absl::Time now = absl::Now();
   int rank = -1;

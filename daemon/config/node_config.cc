@@ -471,6 +471,10 @@ absl::Status CheckCluster(const std::string& source,
   if (c.cluster_listen == c.cluster_coordinator && c.cluster_node_rank > 0) {
     return error("node_rank", "the coordinator is always node rank 0 (or leave node_rank unset)");
   }
+  if (c.cluster_listen != c.cluster_coordinator && c.cluster_node_rank == 0) {
+    return error("node_rank", "node rank 0 is the coordinator's; this daemon's cluster.listen "
+                              "differs from cluster.coordinator");
+  }
   if (!c.cluster_data_address.empty() || !HostOf(c.cluster_listen).empty()) {
     const std::string data = c.cluster_data_address.empty() ? HostOf(c.cluster_listen)
                                                             : c.cluster_data_address;

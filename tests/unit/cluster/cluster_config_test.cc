@@ -152,6 +152,10 @@ INSTANTIATE_TEST_SUITE_P(
         Bad{"coordinator_rank_nonzero", "cluster:\n  coordinator: \"h:1\"\n  listen: \"h:1\"\n  insecure: true\n"
             "  nodes: 2\n  node_rank: 1\n",
             "test.yaml:6: cluster.node_rank: the coordinator is always node rank 0"},
+        Bad{"member_rank_zero",
+            "cluster:\n  coordinator: \"h:1\"\n  listen: \"g:1\"\n  insecure: true\n"
+            "  nodes: 2\n  node_rank: 0\n",
+            "test.yaml:6: cluster.node_rank: node rank 0 is the coordinator's"},
         Bad{"wildcard_data_address", "cluster:\n  coordinator: \"h:1\"\n  listen: \"0.0.0.0:1\"\n  insecure: true\n",
             "cluster.data_address: the data address would be \"0.0.0.0\""}));
 

@@ -56,6 +56,8 @@ TEST(CoordinatorTest, ConflictsAndMismatches) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(c.Join(Req("b:1", "ib", 3)).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(c.Join(Req("", "ib")).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.Join(Req("b:1", "ib", 0)).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c.Join(Req("c:1", "ic", 0))->node_rank(), 0);
 }
 
 TEST(CoordinatorTest, SilentNodeIsLostAndRejoinsWithItsRank) {
