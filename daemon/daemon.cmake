@@ -19,7 +19,15 @@ add_library(hsdp_daemon_lib STATIC
   ${CMAKE_CURRENT_LIST_DIR}/session/shm_channel.cc
   ${CMAKE_CURRENT_LIST_DIR}/util/executor.cc
   ${CMAKE_CURRENT_LIST_DIR}/server/authenticator.cc
-  ${CMAKE_CURRENT_LIST_DIR}/util/sd_notify.cc)
+  ${CMAKE_CURRENT_LIST_DIR}/util/sd_notify.cc
+  # cluster: the multi-node control plane
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/cluster_client.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/cluster_member.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/cluster_node.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/cluster_service.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/coordinator.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/kv_store.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/token_authenticator.cc)
 target_include_directories(hsdp_daemon_lib PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(hsdp_daemon_lib PUBLIC
   hsdp_config hsdp_cpu_kernels hsdp_common hsdp_proto hsdp_shm
@@ -30,3 +38,8 @@ add_executable(hsdpd ${CMAKE_CURRENT_LIST_DIR}/main.cc)
 target_link_libraries(hsdpd PRIVATE hsdp_daemon_lib)
 
 include(${CMAKE_CURRENT_LIST_DIR}/observability/observability.cmake)
+# The Gloo rendezvous store over the coordinator's key/value store.
+if(HSDP_GLOO_ENABLED)
+  add_library(hsdp_cluster_gloo STATIC ${CMAKE_CURRENT_LIST_DIR}/cluster/gloo_store.cc)
+  target_link_libraries(hsdp_cluster_gloo PUBLIC hsdp_daemon_lib gloo)
+endif()

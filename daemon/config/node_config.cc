@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <functional>
 #include <cstring>
 #include <map>
 #include <span>
@@ -354,6 +356,240 @@ constexpr KeySpec kTraceKeys[] = {
                       "else 1024..4194304",
      &ParseTraceBufferEvents, &RenderNumber<&NodeConfig::trace_buffer_events>},
 };
+// --- cluster: the multi-node control plane (docs/cluster.md) ---------------
+
+// A host name, an IPv4 address or a bracketed IPv6 address; empty = error.
+bool ValidHost(const std::string& host) {
+  if (host.empty() || host.size() > 253) return false;
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') return false;
+    for (size_t i = 1; i + 1 < host.size(); ++i) {
+      const char c = host[i];
+      if (!std::isxdigit(static_cast<unsigned char>(c)) && c != ':' && c != '.') return false;
+    }
+    return true;
+  }
+  for (char c : host) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '.' && c != '_') {
+      return false;
+    }
+  }
+  return true;
+}
+
+// "HOST:PORT" with PORT in 1..65535 ("" allowed: unset).
+absl::Status ParseHostPort(const Field& f, std::string* out) {
+  RETURN_IF_ERROR(CheckScalar(f, "an address \"HOST:PORT\""));
+  const std::string& text = f.value.Scalar();
+  if (text.empty()) {
+    out->clear();
+    return absl::OkStatus();
+  }
+  const size_t colon = text.rfind(':');
+  const std::string host = colon == std::string::npos ? text : text.substr(0, colon);
+  const std::string port = colon == std::string::npos ? "" : text.substr(colon + 1);
+  if (colon == std::string::npos || !ValidHost(host) ||
+      (host.front() != '[' && host.find(':') != std::string::npos)) {
+    return f.Error(absl::StrCat("address ", Quote(text),
+                                " is not HOST:PORT (a host name, an IPv4 address or [IPv6], "
+                                "then a port 1..65535)"));
+  }
+  bool digits = !port.empty() && port.size() <= 5;
+  for (char c : port) digits = digits && c >= '0' && c <= '9';
+  if (!digits || std::stoul(port) < 1 || std::stoul(port) > 65535) {
+    return f.Error(absl::StrCat("address ", Quote(text), ": port ", Quote(port),
+                                " is not in 1..65535"));
+  }
+  *out = text;
+  return absl::OkStatus();
+}
+
+absl::Status ParseDataAddress(const Field& f, NodeConfig* config) {
+  RETURN_IF_ERROR(CheckScalar(f, "a host name or address"));
+  const std::string& host = f.value.Scalar();
+  if (!host.empty() && !ValidHost(host)) {
+    return f.Error(absl::StrCat("data address ", Quote(host),
+                                " is not a host name, an IPv4 address or [IPv6] (no port)"));
+  }
+  config->cluster_data_address = host;
+  return absl::OkStatus();
+}
+
+absl::Status ParseNodeRank(const Field& f, NodeConfig* config) {
+  RETURN_IF_ERROR(CheckScalar(f, "a node rank"));
+  if (f.value.Scalar() == "-1" || f.value.Scalar() == "auto") {
+    config->cluster_node_rank = -1;
+    return absl::OkStatus();
+  }
+  return SetInteger(f, 0, 4095, &config->cluster_node_rank);
+}
+
+absl::Status ParseTokenFile(const Field& f, NodeConfig* config) {
+  RETURN_IF_ERROR(CheckScalar(f, "a file path"));
+  const std::string& path = f.value.Scalar();
+  if (!path.empty() && path[0] != '/') {
+    return f.Error(absl::StrCat("token file ", Quote(path), " is not an absolute path"));
+  }
+  if (path.find('\0') != std::string::npos) {
+    return f.Error(absl::StrCat("token file ", Quote(path), " contains a NUL byte"));
+  }
+  config->cluster_token_file = path;
+  return absl::OkStatus();
+}
+
+absl::Status ParseInsecure(const Field& f, NodeConfig* config) {
+  RETURN_IF_ERROR(CheckScalar(f, "true or false"));
+  const std::string& v = f.value.Scalar();
+  if (v == "true") {
+    config->cluster_insecure = true;
+  } else if (v == "false") {
+    config->cluster_insecure = false;
+  } else {
+    return f.Error(absl::StrCat("expected true or false, got ", Quote(v)));
+  }
+  return absl::OkStatus();
+}
+
+// cluster.tls: {ca, cert, key}: absolute paths of PEM files for mutual TLS
+// on the peer channel; all three or none.
+absl::Status ParseTls(const Field& f, NodeConfig* config) {
+  config->cluster_tls_ca.clear();
+  config->cluster_tls_cert.clear();
+  config->cluster_tls_key.clear();
+  if (f.value.IsNull()) return absl::OkStatus();
+  if (!f.value.IsMap()) {
+    return f.Error(absl::StrCat("expected a map with keys ca, cert, key, got ", Describe(f.value)));
+  }
+  for (const auto& pair : f.value) {
+    const std::string key = pair.first.IsScalar() ? pair.first.Scalar() : "";
+    const Field sub{f.source, absl::StrCat(f.path, ".", absl::CHexEscape(key)), pair.second,
+                    LineOf(pair.first, f.line)};
+    std::string* out = key == "ca"     ? &config->cluster_tls_ca
+                       : key == "cert" ? &config->cluster_tls_cert
+                       : key == "key"  ? &config->cluster_tls_key
+                                       : nullptr;
+    if (out == nullptr) {
+      return sub.Error(absl::StrCat("unknown key ", Quote(key), " (known keys: ca, cert, key)"));
+    }
+    RETURN_IF_ERROR(CheckScalar(sub, "a file path"));
+    const std::string& path = sub.value.Scalar();
+    if (!path.empty() && path[0] != '/') {
+      return sub.Error(absl::StrCat("path ", Quote(path), " is not absolute"));
+    }
+    if (path.find('\0') != std::string::npos) {
+      return sub.Error(absl::StrCat("path ", Quote(path), " contains a NUL byte"));
+    }
+    *out = path;
+  }
+  const int set = !config->cluster_tls_ca.empty() + !config->cluster_tls_cert.empty() +
+                  !config->cluster_tls_key.empty();
+  if (set != 0 && set != 3) {
+    return f.Error("mutual TLS needs all of ca, cert and key (or none of them)");
+  }
+  return absl::OkStatus();
+}
+
+std::string HostOf(const std::string& host_port) {
+  return host_port.substr(0, host_port.rfind(':'));
+}
+
+absl::Status CheckCluster(const std::string& source,
+                          const std::function<int(std::string_view)>& line_of,
+                          const NodeConfig& c) {
+  const auto error = [&](std::string_view key, const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ":", line_of(key), ": cluster.", std::string(key), ": ", what));
+  };
+  if (c.cluster_coordinator.empty()) {
+    if (!c.cluster_listen.empty()) {
+      return error("listen", "set without cluster.coordinator; name the coordinator's address "
+                             "(on the coordinator itself, the same as cluster.listen)");
+    }
+    if (c.cluster_nodes != 1) {
+      return error("nodes", "more than one node needs cluster.coordinator and cluster.listen");
+    }
+    return absl::OkStatus();
+  }
+  if (c.cluster_listen.empty()) {
+    return error("coordinator", "cluster.listen (this daemon's peer address HOST:PORT) is "
+                                "required when cluster.coordinator is set");
+  }
+  if (c.cluster_node_rank >= 0 && static_cast<uint32_t>(c.cluster_node_rank) >= c.cluster_nodes) {
+    return error("node_rank", absl::StrCat("node rank ", c.cluster_node_rank,
+                                           " is out of range for cluster.nodes ",
+                                           c.cluster_nodes, " (0..", c.cluster_nodes - 1, ")"));
+  }
+  const bool tls = !c.cluster_tls_ca.empty();
+  if (c.cluster_token_file.empty() && !tls && !c.cluster_insecure) {
+    return error("coordinator",
+                 "the peer channel has no authentication: set cluster.token_file to a shared "
+                 "secret and/or cluster.tls, or cluster.insecure: true on a trusted network");
+  }
+  if ((!c.cluster_token_file.empty() || tls) && c.cluster_insecure) {
+    return error("insecure", absl::StrCat("cluster.insecure: true contradicts cluster.",
+                                          tls ? "tls" : "token_file", "; remove one of them"));
+  }
+  if (c.cluster_listen == c.cluster_coordinator && c.cluster_node_rank > 0) {
+    return error("node_rank", "the coordinator is always node rank 0 (or leave node_rank unset)");
+  }
+  if (c.cluster_listen != c.cluster_coordinator && c.cluster_node_rank == 0) {
+    return error("node_rank", "node rank 0 is the coordinator's; this daemon's cluster.listen "
+                              "differs from cluster.coordinator");
+  }
+  if (!c.cluster_data_address.empty() || !HostOf(c.cluster_listen).empty()) {
+    const std::string data = c.cluster_data_address.empty() ? HostOf(c.cluster_listen)
+                                                            : c.cluster_data_address;
+    if (data == "0.0.0.0" || data == "[::]") {
+      return error("data_address", absl::StrCat("the data address would be ", Quote(data),
+                                                ", which peers cannot connect to; set "
+                                                "cluster.data_address to this node's address"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+constexpr KeySpec kClusterKeys[] = {
+    {"coordinator", "the coordinator's peer address HOST:PORT; \"\" = single node",
+     [](const Field& f, NodeConfig* c) { return ParseHostPort(f, &c->cluster_coordinator); },
+     &RenderString<&NodeConfig::cluster_coordinator>},
+    {"listen", "this daemon's peer address HOST:PORT; = coordinator on the coordinator",
+     [](const Field& f, NodeConfig* c) { return ParseHostPort(f, &c->cluster_listen); },
+     &RenderString<&NodeConfig::cluster_listen>},
+    {"nodes", "number of nodes in the cluster, 1..4096",
+     [](const Field& f, NodeConfig* c) { return SetInteger(f, 1, 4096, &c->cluster_nodes); },
+     &RenderNumber<&NodeConfig::cluster_nodes>},
+    {"node_rank", "this node's rank 0..nodes-1; -1 = by join order (coordinator: 0)",
+     &ParseNodeRank, &RenderNumber<&NodeConfig::cluster_node_rank>},
+    {"data_address", "host peers reach this node's data plane at; \"\" = the listen host",
+     &ParseDataAddress, &RenderString<&NodeConfig::cluster_data_address>},
+    {"token_file", "absolute path of the shared secret sent with every peer call",
+     &ParseTokenFile, &RenderString<&NodeConfig::cluster_token_file>},
+    {"tls", "mutual TLS: PEM paths {ca, cert, key}, all or none", &ParseTls,
+     [](const NodeConfig& c) {
+       return absl::StrCat("{ca: ", YamlQuote(c.cluster_tls_ca), ", cert: ",
+                           YamlQuote(c.cluster_tls_cert), ", key: ", YamlQuote(c.cluster_tls_key),
+                           "}");
+     }},
+    {"insecure", "true = no peer authentication (trusted networks only)", &ParseInsecure,
+     [](const NodeConfig& c) { return std::string(c.cluster_insecure ? "true" : "false"); }},
+    {"join_timeout_ms", "give up joining the coordinator after this long, 1..3600000",
+     [](const Field& f, NodeConfig* c) {
+       return SetInteger(f, 1, 3600000, &c->cluster_join_timeout_ms);
+     },
+     &RenderNumber<&NodeConfig::cluster_join_timeout_ms>},
+    {"heartbeat_ms", "heartbeat interval, 10..60000",
+     [](const Field& f, NodeConfig* c) {
+       return SetInteger(f, 10, 60000, &c->cluster_heartbeat_ms);
+     },
+     &RenderNumber<&NodeConfig::cluster_heartbeat_ms>},
+    {"missed_heartbeats", "a node silent this many intervals is lost, 1..1000",
+     [](const Field& f, NodeConfig* c) {
+       return SetInteger(f, 1, 1000, &c->cluster_missed_heartbeats);
+     },
+     &RenderNumber<&NodeConfig::cluster_missed_heartbeats>},
+};
+
+// --- end of cluster ---------------------------------------------------------
 
 constexpr SectionSpec kSections[] = {
     {"node", "this daemon and its control socket", kNodeKeys},
@@ -364,6 +600,7 @@ constexpr SectionSpec kSections[] = {
     {"log", "daemon logging (stderr)", kLogKeys},
     {"metrics", "Prometheus metrics endpoint (see docs/observability.md)", kMetricsKeys},
     {"trace", "operation trace for `hsdpctl trace`", kTraceKeys},
+    {"cluster", "multi-node control plane; see docs/cluster.md", kClusterKeys, &CheckCluster},
 };
 
 }  // namespace
@@ -472,7 +709,7 @@ const SectionSpec* FindSection(std::string_view name) {
 // Parses the value of section `spec` (an `entry` of the top-level map). An
 // empty section ("engine:" with every key commented out) keeps the defaults.
 absl::Status ParseSection(const SectionSpec& spec, const Entry& entry, const std::string& source,
-                          NodeConfig* config) {
+                          NodeConfig* config, std::map<std::string, int>* key_lines) {
   const std::string name(spec.name);
   if (entry.value.IsNull()) return absl::OkStatus();
   if (!entry.value.IsMap()) {
@@ -493,6 +730,26 @@ absl::Status ParseSection(const SectionSpec& spec, const Entry& entry, const std
     }
     const Field field{source, prefix + e.key, e.value, LineOf(e.value, e.line)};
     RETURN_IF_ERROR(key->parse(field, config));
+    (*key_lines)[e.key] = e.line;
+  }
+  return absl::OkStatus();
+}
+
+// Runs every section's cross-key check; `lines` maps a section present in
+// the document to its line and its keys' lines.
+absl::Status CheckSections(
+    const std::string& source,
+    const std::map<std::string, std::pair<int, std::map<std::string, int>>>& lines,
+    const NodeConfig& config) {
+  for (const SectionSpec& s : kSections) {
+    if (s.check == nullptr) continue;
+    const auto it = lines.find(std::string(s.name));
+    const auto line_of = [&](std::string_view key) {
+      if (it == lines.end()) return 1;
+      const auto k = it->second.second.find(std::string(key));
+      return k == it->second.second.end() ? it->second.first : k->second;
+    };
+    RETURN_IF_ERROR(s.check(source, line_of, config));
   }
   return absl::OkStatus();
 }
@@ -506,6 +763,8 @@ absl::Status ParseDocument(const YAML::Node& root, const std::string& source, No
         SectionNames(), "), got ", Describe(root)));
   }
   ASSIGN_OR_RETURN(const std::vector<Entry> entries, MapEntries(root, source, "(top level)", ""));
+  // Per section: its line and the lines of its keys, for SectionSpec::check.
+  std::map<std::string, std::pair<int, std::map<std::string, int>>> lines;
   for (const Entry& e : entries) {
     const SectionSpec* section = FindSection(e.key);
     if (section == nullptr) {
@@ -514,9 +773,11 @@ absl::Status ParseDocument(const YAML::Node& root, const std::string& source, No
                        ": unknown top-level key ", Quote(e.key), Suggestion(e.key, {}, true),
                        " (known sections: ", SectionNames(), ")"));
     }
-    RETURN_IF_ERROR(ParseSection(*section, e, source, config));
+    auto& [section_line, key_lines] = lines[e.key];
+    section_line = e.line;
+    RETURN_IF_ERROR(ParseSection(*section, e, source, config, &key_lines));
   }
-  return absl::OkStatus();
+  return CheckSections(source, lines, *config);
 }
 
 // ---------------------------------------------------------------------------

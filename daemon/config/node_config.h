@@ -61,6 +61,20 @@ struct NodeConfig {
 
   // trace:
   uint32_t trace_buffer_events = 65536;  // trace.buffer_events: 0 (off) or 1024..4194304
+  // cluster: (multi-node control plane; see docs/cluster.md)
+  std::string cluster_coordinator;     // cluster.coordinator "HOST:PORT"; "" = single node
+  std::string cluster_listen;          // cluster.listen "HOST:PORT": this daemon's peer address
+  uint32_t cluster_nodes = 1;          // cluster.nodes: 1..4096
+  int32_t cluster_node_rank = -1;      // cluster.node_rank: -1 = by join order
+  std::string cluster_data_address;    // cluster.data_address HOST; "" = the listen host
+  std::string cluster_token_file;      // cluster.token_file: absolute path of the shared secret
+  std::string cluster_tls_ca;          // cluster.tls.ca: CA bundle (PEM) for mutual TLS; "" = no TLS
+  std::string cluster_tls_cert;        // cluster.tls.cert: this node's certificate chain (PEM)
+  std::string cluster_tls_key;         // cluster.tls.key: its private key (PEM)
+  bool cluster_insecure = false;       // cluster.insecure: no peer authentication (warned)
+  uint32_t cluster_join_timeout_ms = 60000;  // cluster.join_timeout_ms: 1..3600000
+  uint32_t cluster_heartbeat_ms = 1000;      // cluster.heartbeat_ms: 10..60000
+  uint32_t cluster_missed_heartbeats = 5;    // cluster.missed_heartbeats: 1..1000
 
   // Field-by-field equality (used by tests and round-trip checks).
   friend bool operator==(const NodeConfig&, const NodeConfig&) = default;

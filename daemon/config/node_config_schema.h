@@ -5,6 +5,7 @@
 #ifndef HSDP_DAEMON_CONFIG_NODE_CONFIG_SCHEMA_H_
 #define HSDP_DAEMON_CONFIG_NODE_CONFIG_SCHEMA_H_
 
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -25,10 +26,18 @@ struct KeySpec {
   KeyRenderer render;  // YAML text of the value
 };
 
+// Cross-key validation of a section, run after its keys parsed (also when
+// the section is absent). `line_of(key)` is the 1-based line of `key` in the
+// section, or the section's line (1 when absent) when the key is not there.
+using SectionCheck = absl::Status (*)(const std::string& source,
+                                      const std::function<int(std::string_view)>& line_of,
+                                      const NodeConfig& config);
+
 struct SectionSpec {
   std::string_view name;
   std::string_view comment;
   std::span<const KeySpec> keys;
+  SectionCheck check = nullptr;
 };
 
 // Every section of the node configuration, in document order.

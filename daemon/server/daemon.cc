@@ -6,6 +6,7 @@
 
 #include <thread>
 
+#include "daemon/cluster/cluster_node.h"
 #include "daemon/dataplane/dispatcher.h"
 #include "daemon/engine/engine_factory.h"
 #include "daemon/observability/observability.h"
@@ -84,6 +85,12 @@ absl::Status Daemon::Start() {
                                                       engine_.get(), config_.socket_path,
                                                       observability_.get());
   health_service_ = std::make_unique<HealthServiceImpl>(auth_.get());
+  if (!config_.cluster_coordinator.empty()) {
+    cluster_ = std::make_unique<ClusterNode>(config_, [this](const PeerEvent& e) {
+      if (e.kind == PeerEvent::Kind::kLost) sessions_->OnPeerLost(e.node, e.why);
+    });
+  }
+  admin_cluster_service_ = std::make_unique<AdminClusterServiceImpl>(auth_.get(), cluster_.get());
   grpc::ServerBuilder builder;
   // Connections come from AddInsecureChannelFromFd, where gRPC's handshake
   // timeout does not apply; measured: MAX_CONNECTION_IDLE closes one that
@@ -104,8 +111,12 @@ absl::Status Daemon::Start() {
   builder.RegisterService(node_service_.get());
   builder.RegisterService(admin_service_.get());
   builder.RegisterService(health_service_.get());
+  builder.RegisterService(admin_cluster_service_.get());
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr) return absl::InternalError("cannot start the gRPC server");
+  // Joins before the socket accepts connections (blocks up to
+  // cluster.join_timeout_ms).
+  if (cluster_) RETURN_IF_ERROR(cluster_->Start());
 
   dispatcher_->Start();
   listener_->Start(
@@ -128,6 +139,7 @@ void Daemon::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   if (health_service_) health_service_->SetServing(false);
+  if (cluster_) cluster_->Stop();
   if (listener_) listener_->Stop();  // no new connections; socket removed
   if (sessions_) sessions_->EndAll("hsdpd is shutting down");
   if (dispatcher_) dispatcher_->Stop();

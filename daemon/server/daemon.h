@@ -17,6 +17,8 @@ class Server;
 namespace hsdp {
 
 class Authenticator;
+class AdminClusterServiceImpl;
+class ClusterNode;
 class Engine;
 class Executor;
 class DataConnServer;
@@ -62,6 +64,8 @@ class Daemon {
   std::unique_ptr<NodeServiceImpl> node_service_;
   std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<HealthServiceImpl> health_service_;
+  std::unique_ptr<ClusterNode> cluster_;  // null on a single node
+  std::unique_ptr<AdminClusterServiceImpl> admin_cluster_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<Listener> listener_;
   bool started_ = false;

@@ -198,4 +198,18 @@ grpc::Status HealthServiceImpl::Check(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+grpc::Status AdminClusterServiceImpl::Nodes(grpc::ServerContext* ctx, const v1::NodesRequest*,
+                                            v1::NodesResponse* resp) {
+  AUTHENTICATE_OR_RETURN(cred);
+  (void)cred;
+  if (cluster_ == nullptr || cluster_->member() == nullptr) {
+    resp->set_enabled(false);
+    resp->set_state("single-node");
+    resp->set_node_rank(0);
+    return grpc::Status::OK;
+  }
+  *resp = cluster_->member()->View();
+  return grpc::Status::OK;
+}
+
 }  // namespace hsdp

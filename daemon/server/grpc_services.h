@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "daemon/cluster/cluster_node.h"
 #include "daemon/config/node_config.h"
 #include "daemon/engine/engine.h"
 #include "daemon/observability/observability.h"
@@ -104,6 +105,19 @@ class HealthServiceImpl final : public grpc::health::v1::Health::Service {
  private:
   const Authenticator* const auth_;
   std::atomic<bool> serving_{true};
+};
+
+// `hsdpctl nodes`: this daemon's view of the cluster (ClusterMember::View),
+// or enabled=false on a single node. `cluster` may be null.
+class AdminClusterServiceImpl final : public v1::AdminCluster::Service {
+ public:
+  AdminClusterServiceImpl(const Authenticator* auth, const ClusterNode* cluster)
+      : auth_(auth), cluster_(cluster) {}
+  grpc::Status Nodes(grpc::ServerContext*, const v1::NodesRequest*, v1::NodesResponse*) override;
+
+ private:
+  const Authenticator* const auth_;
+  const ClusterNode* const cluster_;
 };
 
 }  // namespace hsdp

@@ -458,6 +458,15 @@ void SessionManager::EndAll(const std::string& why) {
   for (uint64_t id : ids) EndSession(id, why);
 }
 
+void SessionManager::OnPeerLost(int node, const std::string& why) {
+  std::vector<std::shared_ptr<Group>> groups;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& [id, g] : groups_) groups.push_back(g);
+  }
+  for (const std::shared_ptr<Group>& g : groups) g->PeerLost(node, why);
+}
+
 void SessionManager::Housekeeping() {
   std::vector<uint64_t> expired;
   std::vector<std::shared_ptr<Session>> all;

@@ -129,6 +129,10 @@ class SessionManager : public SessionDirectory {
   // Ends every session (daemon shutdown).
   void EndAll(const std::string& why);
 
+  // Cluster: node `node` was lost; every group with members on it fails its
+  // current epoch (Group::PeerLost). Thread-safe.
+  void OnPeerLost(int node, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Every job, or only those of `uid` when `only_uid` is set.
   std::vector<JobSummary> Jobs(std::optional<uint32_t> only_uid = std::nullopt) const;
   // Operations of sessions that already ended (live ones count their own).

@@ -61,6 +61,7 @@ constexpr char kUsage[] =
     "  jobs       one line per job\n"
     "  config     the daemon's effective configuration (YAML)\n"
     "  health     SERVING / NOT_SERVING (exit 1 unless serving)\n"
+    "  nodes      cluster nodes, their state and the epoch (exit 1 when degraded)\n"
     "  trace [--seconds N] [-o FILE] [--job J]\n"
     "             record every operation for N s (default 5) into a Chrome trace /\n"
     "             Perfetto JSON file (default trace.json; - = stdout)\n"
@@ -90,6 +91,38 @@ void PrintJobs(const hsdp::v1::StatusResponse& r) {
     std::printf("%-24s %6d %9d %7u\n", j.job_id().c_str(), j.world_size(), j.attached_ranks(),
                 j.groups());
   }
+}
+
+// `hsdpctl nodes`: 0 when the cluster is fine (or single node), 1 when this
+// daemon sees it degraded or failed.
+int Nodes(const hsdpctl::Context& c, std::chrono::system_clock::time_point deadline) {
+  auto stub = hsdp::v1::AdminCluster::NewStub(c.channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(deadline);
+  hsdp::v1::NodesResponse r;
+  grpc::Status s = stub->Nodes(&ctx, hsdp::v1::NodesRequest(), &r);
+  if (!s.ok()) return hsdpctl::Fail(c, s);
+  const bool bad = r.state() == "degraded" || r.state() == "failed";
+  if (c.json) {
+    std::cout << ToJson(r);
+    return bad ? 1 : 0;
+  }
+  if (!r.enabled()) {
+    std::printf("single node (no cluster.coordinator configured)\n");
+    return 0;
+  }
+  std::printf("cluster %s, epoch %llu, this node %d of %u, coordinator %s%s\n", r.state().c_str(),
+              static_cast<unsigned long long>(r.epoch()), r.node_rank(), r.expected_nodes(),
+              r.coordinator().c_str(), r.is_coordinator() ? " (this node)" : "");
+  if (!r.detail().empty()) std::printf("%s\n", r.detail().c_str());
+  std::printf("%-5s %-24s %-16s %-20s %-6s %10s\n", "NODE", "ADDRESS", "DATA", "NAME", "STATE",
+              "HEARTBEAT");
+  for (const auto& n : r.nodes()) {
+    std::printf("%-5d %-24s %-16s %-20s %-6s %9.1fs%s\n", n.node_rank(), n.address().c_str(),
+                n.data_address().c_str(), n.name().c_str(), n.state().c_str(),
+                n.last_heartbeat_age_s(), n.self() ? "  *" : "");
+  }
+  return bad ? 1 : 0;
 }
 
 }  // namespace
@@ -161,7 +194,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (command != "status" && command != "sessions" && command != "jobs" && command != "config" &&
-      command != "health" && command != "trace" && command != "stragglers" && command != "top") {
+      command != "health" && command != "trace" && command != "stragglers" && command != "top" &&
+      command != "nodes") {
     std::cerr << "hsdpctl: unknown command \"" << command << "\"\n" << kUsage;
     return 2;
   }
@@ -179,6 +213,7 @@ int main(int argc, char** argv) {
   if (command == "trace") return hsdpctl::RunTrace(c);
   if (command == "stragglers") return hsdpctl::RunStragglers(c);
   if (command == "top") return hsdpctl::RunTop(c);
+  if (command == "nodes") return Nodes(c, deadline);
 
   if (command == "health") {
     auto stub = grpc::health::v1::Health::NewStub(channel);

@@ -1,0 +1,238 @@
+#include "daemon/cluster/cluster_member.h"
+
+#include <map>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "hsdp/common/logging.h"
+
+namespace hsdp {
+namespace {
+
+std::string RandomInstance() {
+  std::random_device rd;
+  return absl::StrFormat("%08x%08x", rd(), rd());
+}
+
+// Errors that retrying cannot fix.
+bool Permanent(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kInvalidArgument:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+ClusterMember::ClusterMember(Options options, PeerEvents events)
+    : options_(std::move(options)), events_(std::move(events)), instance_(RandomInstance()),
+      client_(options_.coordinator, options_.token, options_.credentials) {}
+
+ClusterMember::~ClusterMember() { Stop(); }
+
+absl::Status ClusterMember::JoinOnce(absl::Duration timeout) {
+  v1::JoinRequest req;
+  req.set_address(options_.address);
+  req.set_data_address(options_.data_address);
+  req.set_name(options_.name);
+  req.set_requested_rank(options_.node_rank);
+  req.set_nodes(options_.nodes);
+  req.set_instance(instance_);
+  req.set_last_epoch(epoch());
+  absl::StatusOr<v1::JoinResponse> r = client_.Join(req, timeout);
+  if (!r.ok()) return r.status();
+  {
+    absl::MutexLock l(&mu_);
+    rank_ = r->node_rank();
+    state_ = "ok";
+    detail_.clear();
+    last_contact_ = absl::Now();
+  }
+  Update(r->epoch(), r->nodes());
+  return absl::OkStatus();
+}
+
+absl::Status ClusterMember::Start() {
+  const absl::Time deadline = absl::Now() + options_.join_timeout;
+  absl::Status last;
+  for (int attempt = 0;; ++attempt) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) break;
+    last = JoinOnce(std::min(left, absl::Seconds(5)));
+    if (last.ok()) break;
+    if (Permanent(last)) {
+      absl::MutexLock l(&mu_);
+      state_ = "failed";
+      detail_ = std::string(last.message());
+      return absl::Status(last.code(), absl::StrCat("cannot join the cluster: ", last.message()));
+    }
+    if (attempt % 10 == 0) {
+      HSDP_LOG(Info) << "cluster: waiting for the coordinator " << options_.coordinator << " ("
+                     << last.message() << ")";
+    }
+    absl::SleepFor(std::min(absl::Milliseconds(200), std::max(absl::ZeroDuration(), left)));
+  }
+  if (!last.ok()) {
+    absl::MutexLock l(&mu_);
+    state_ = "failed";
+    detail_ = std::string(last.message());
+    return absl::DeadlineExceededError(absl::StrCat(
+        "cannot join the cluster: the coordinator ", options_.coordinator,
+        " did not accept this node within cluster.join_timeout_ms (",
+        absl::ToInt64Milliseconds(options_.join_timeout), " ms); last error: ", last.message()));
+  }
+  HSDP_LOG(Info) << "cluster: joined " << options_.coordinator << " as node " << node_rank()
+                 << " of " << options_.nodes << " (epoch " << epoch() << ")";
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  return absl::OkStatus();
+}
+
+void ClusterMember::Stop() {
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    if (state_ != "failed") state_ = "stopped";
+  }
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+void ClusterMember::Update(uint64_t epoch,
+                           const google::protobuf::RepeatedPtrField<v1::ClusterNode>& nodes) {
+  std::vector<PeerEvent> events;
+  {
+    absl::MutexLock l(&mu_);
+    std::map<int, const v1::ClusterNode*> before;
+    for (const v1::ClusterNode& n : nodes_) before[n.node_rank()] = &n;
+    for (const v1::ClusterNode& n : nodes) {
+      if (n.node_rank() == rank_) continue;
+      auto it = before.find(n.node_rank());
+      const bool was_alive = it != before.end() && it->second->state() == "alive";
+      const bool is_alive = n.state() == "alive";
+      const bool restarted = was_alive && is_alive && it->second->instance() != n.instance();
+      if ((was_alive && !is_alive) || restarted) {
+        events.push_back({PeerEvent::Kind::kLost, n.node_rank(),
+                          absl::StrCat("node ", n.node_rank(), " (", n.address(), ") ",
+                                       restarted ? "restarted" : "was lost (no heartbeat)",
+                                       "; cluster epoch ", epoch)});
+      }
+      if ((!was_alive && is_alive) || restarted) {
+        events.push_back({PeerEvent::Kind::kJoined, n.node_rank(),
+                          absl::StrCat("node ", n.node_rank(), " (", n.address(),
+                                       ") joined; cluster epoch ", epoch)});
+      }
+    }
+    epoch_ = epoch;
+    nodes_.assign(nodes.begin(), nodes.end());
+  }
+  for (const PeerEvent& e : events) {
+    if (e.kind == PeerEvent::Kind::kLost) {
+      HSDP_LOG(Warning) << "cluster: " << e.why;
+    } else {
+      HSDP_LOG(Info) << "cluster: " << e.why;
+    }
+    if (events_) events_(e);
+  }
+}
+
+void ClusterMember::HeartbeatLoop() {
+  int failures = 0;
+  bool degraded = false;
+  for (;;) {
+    {
+      absl::MutexLock l(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.heartbeat)) return;
+    }
+    v1::HeartbeatRequest req;
+    req.set_node_rank(node_rank());
+    req.set_instance(instance_);
+    absl::StatusOr<v1::HeartbeatResponse> r =
+        client_.Heartbeat(req, std::max(options_.heartbeat, absl::Milliseconds(200)));
+    absl::Status status = r.status();
+    if (r.ok()) {
+      Update(r->epoch(), r->nodes());
+    } else if (status.code() == absl::StatusCode::kFailedPrecondition) {
+      // Declared lost, or a new coordinator: join again.
+      HSDP_LOG(Warning) << "cluster: " << status.message() << "; joining again";
+      status = JoinOnce(std::max(options_.heartbeat, absl::Milliseconds(500)));
+    }
+    if (status.ok()) {
+      if (degraded) {
+        HSDP_LOG(Info) << "cluster: the coordinator " << options_.coordinator
+                       << " answers again; the cluster is no longer degraded";
+      }
+      failures = 0;
+      degraded = false;
+      absl::MutexLock l(&mu_);
+      state_ = "ok";
+      detail_.clear();
+      last_contact_ = absl::Now();
+      continue;
+    }
+    ++failures;
+    if (failures >= static_cast<int>(options_.missed_heartbeats) && !degraded) {
+      degraded = true;
+      const std::string detail = absl::StrCat(
+          "the coordinator ", options_.coordinator, " has not answered ", failures,
+          " heartbeats (", status.message(),
+          "); membership is frozen and node losses are not detected; restart the coordinator "
+          "(see docs/cluster.md)");
+      HSDP_LOG(Error) << "cluster degraded: " << detail;
+      absl::MutexLock l(&mu_);
+      state_ = "degraded";
+      detail_ = detail;
+    }
+  }
+}
+
+v1::NodesResponse ClusterMember::View() const {
+  absl::MutexLock l(&mu_);
+  v1::NodesResponse r;
+  r.set_enabled(true);
+  r.set_state(state_);
+  r.set_detail(detail_);
+  r.set_epoch(epoch_);
+  r.set_node_rank(rank_);
+  r.set_coordinator(options_.coordinator);
+  r.set_is_coordinator(options_.is_coordinator);
+  r.set_expected_nodes(options_.nodes);
+  r.set_coordinator_contact_age_s(last_contact_ == absl::InfinitePast()
+                                      ? -1
+                                      : absl::ToDoubleSeconds(absl::Now() - last_contact_));
+  const double since_contact =
+      last_contact_ == absl::InfinitePast() ? 0 : absl::ToDoubleSeconds(absl::Now() - last_contact_);
+  for (const v1::ClusterNode& n : nodes_) {
+    v1::NodeStatus* s = r.add_nodes();
+    s->set_node_rank(n.node_rank());
+    s->set_address(n.address());
+    s->set_data_address(n.data_address());
+    s->set_name(n.name());
+    s->set_state(n.state());
+    // The coordinator's figure plus the time since it answered, so the ages
+    // keep growing while the coordinator is silent.
+    s->set_last_heartbeat_age_s(n.last_heartbeat_age_s() + since_contact);
+    s->set_self(n.node_rank() == rank_);
+  }
+  return r;
+}
+
+uint64_t ClusterMember::epoch() const {
+  absl::MutexLock l(&mu_);
+  return epoch_;
+}
+
+int ClusterMember::node_rank() const {
+  absl::MutexLock l(&mu_);
+  return rank_;
+}
+
+}  // namespace hsdp

@@ -1,0 +1,96 @@
+// This daemon's membership in the cluster: joins the coordinator at start
+// (retrying until cluster.join_timeout_ms), heartbeats every
+// cluster.heartbeat_ms, and keeps the latest view of the nodes and the
+// epoch. Differences between successive views become PeerEvents (a node
+// lost, a node joined) delivered on the heartbeat thread.
+//
+// When the coordinator stops answering for missed_heartbeats intervals the
+// member logs an error and reports the cluster as "degraded" (membership
+// frozen, losses no longer detected); it keeps trying, and joins again when a
+// coordinator answers (docs/cluster.md).
+//
+// Thread-safe. Start blocks (joining); the rest never blocks on the network.
+#ifndef HSDP_DAEMON_CLUSTER_CLUSTER_MEMBER_H_
+#define HSDP_DAEMON_CLUSTER_CLUSTER_MEMBER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/cluster/cluster_client.h"
+#include "hsdp/v1/admin.pb.h"
+#include "hsdp/v1/cluster.pb.h"
+
+namespace hsdp {
+
+struct PeerEvent {
+  enum class Kind { kJoined, kLost };
+  Kind kind;
+  int node;
+  std::string why;
+};
+using PeerEvents = std::function<void(const PeerEvent&)>;
+
+class ClusterMember {
+ public:
+  struct Options {
+    std::string coordinator;  // HOST:PORT
+    std::string address;      // cluster.listen
+    std::string data_address;
+    std::string name;
+    uint32_t nodes = 1;
+    int node_rank = -1;
+    std::string token;  // "" = no token
+    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr;  // null = plaintext
+    bool is_coordinator = false;
+    absl::Duration join_timeout = absl::Seconds(60);
+    absl::Duration heartbeat = absl::Seconds(1);
+    uint32_t missed_heartbeats = 5;
+  };
+
+  ClusterMember(Options options, PeerEvents events);
+  ~ClusterMember();  // Stop()
+
+  // Joins, retrying transient failures until join_timeout; then starts the
+  // heartbeat thread. UNAUTHENTICATED / PERMISSION_DENIED / FAILED_PRECONDITION
+  // / ALREADY_EXISTS / RESOURCE_EXHAUSTED from the coordinator end it at
+  // once; DEADLINE_EXCEEDED names the last error when time runs out.
+  absl::Status Start() ABSL_LOCKS_EXCLUDED(mu_);
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The view for `hsdpctl nodes`.
+  v1::NodesResponse View() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t epoch() const ABSL_LOCKS_EXCLUDED(mu_);
+  int node_rank() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::Status JoinOnce(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  // Replaces the view, firing events for differences (outside the lock).
+  void Update(uint64_t epoch, const google::protobuf::RepeatedPtrField<v1::ClusterNode>& nodes)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const Options options_;
+  const PeerEvents events_;
+  const std::string instance_;
+  ClusterClient client_;
+
+  mutable absl::Mutex mu_;
+  std::string state_ ABSL_GUARDED_BY(mu_) = "joining";
+  std::string detail_ ABSL_GUARDED_BY(mu_);
+  int rank_ ABSL_GUARDED_BY(mu_) = -1;
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_contact_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::vector<v1::ClusterNode> nodes_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread heartbeat_;
+};
+
+}  // namespace hsdp
+
+#endif  // HSDP_DAEMON_CLUSTER_CLUSTER_MEMBER_H_

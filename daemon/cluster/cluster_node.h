@@ -1,0 +1,56 @@
+// Everything a daemon runs for the cluster (cluster.coordinator set): the
+// TCP gRPC server on cluster.listen with the Cluster service, the
+// authenticator, and — on the coordinator (listen == coordinator) — the
+// membership and the key/value store; on every daemon, the ClusterMember.
+// Daemon owns one and only calls Start, Stop and member().
+#ifndef HSDP_DAEMON_CLUSTER_CLUSTER_NODE_H_
+#define HSDP_DAEMON_CLUSTER_CLUSTER_NODE_H_
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "daemon/cluster/cluster_member.h"
+#include "daemon/config/node_config.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace hsdp {
+
+class Authenticator;
+class ClusterServiceImpl;
+class Coordinator;
+class KvStore;
+
+class ClusterNode {
+ public:
+  // `config.cluster_coordinator` must be set. `events` runs on the member's
+  // heartbeat thread.
+  ClusterNode(const NodeConfig& config, PeerEvents events);
+  ~ClusterNode();  // Stop()
+
+  // Reads the token, starts the server, joins (blocking up to
+  // cluster.join_timeout_ms). Errors name the key or address at fault.
+  absl::Status Start();
+  // Stops heartbeats, finishes pending waits, stops the server. Idempotent.
+  void Stop();
+
+  // Null before Start.
+  const ClusterMember* member() const { return member_.get(); }
+
+ private:
+  const NodeConfig& config_;
+  PeerEvents events_;
+  std::unique_ptr<Authenticator> auth_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<KvStore> kv_;
+  std::unique_ptr<ClusterServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<ClusterMember> member_;
+  bool stopped_ = false;
+};
+
+}  // namespace hsdp
+
+#endif  // HSDP_DAEMON_CLUSTER_CLUSTER_NODE_H_

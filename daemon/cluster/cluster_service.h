@@ -1,0 +1,56 @@
+// The Cluster gRPC service on cluster.listen (TCP). Every method is a
+// callback (reactor) method, so a Wait or Barrier pending for minutes holds
+// no gRPC thread: the reactor is finished by the KvStore when the wait ends.
+// Every call is authenticated first (TokenAuthenticator, TlsPeerAuthenticator
+// or, with cluster.insecure, InsecureClusterAuthenticator). On a daemon that is not
+// the coordinator `coordinator` and `kv` are null and every call is
+// FAILED_PRECONDITION naming the coordinator.
+#ifndef HSDP_DAEMON_CLUSTER_CLUSTER_SERVICE_H_
+#define HSDP_DAEMON_CLUSTER_CLUSTER_SERVICE_H_
+
+#include <string>
+
+#include "daemon/cluster/coordinator.h"
+#include "daemon/cluster/kv_store.h"
+#include "daemon/server/authenticator.h"
+#include "hsdp/v1/cluster.grpc.pb.h"
+
+namespace hsdp {
+
+class ClusterServiceImpl final : public v1::Cluster::CallbackService {
+ public:
+  ClusterServiceImpl(const Authenticator* auth, Coordinator* coordinator, KvStore* kv,
+                     std::string coordinator_address)
+      : auth_(auth), coordinator_(coordinator), kv_(kv),
+        coordinator_address_(std::move(coordinator_address)) {}
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext*, const v1::JoinRequest*,
+                                 v1::JoinResponse*) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext*, const v1::HeartbeatRequest*,
+                                      v1::HeartbeatResponse*) override;
+  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext*, const v1::KvSetRequest*,
+                                v1::KvSetResponse*) override;
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext*, const v1::KvGetRequest*,
+                                v1::KvGetResponse*) override;
+  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext*, const v1::KvWaitRequest*,
+                                 v1::KvWaitResponse*) override;
+  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext*, const v1::KvAddRequest*,
+                                v1::KvAddResponse*) override;
+  grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext*, const v1::BarrierRequest*,
+                                    v1::BarrierResponse*) override;
+
+ private:
+  // OK when the caller may proceed; else the status to finish with.
+  absl::Status Admit(grpc::CallbackServerContext* ctx) const;
+  // The earlier of the call's deadline and now + timeout_ms.
+  static absl::Time DeadlineOf(grpc::CallbackServerContext* ctx, uint32_t timeout_ms);
+
+  const Authenticator* const auth_;
+  Coordinator* const coordinator_;
+  KvStore* const kv_;
+  const std::string coordinator_address_;
+};
+
+}  // namespace hsdp
+
+#endif  // HSDP_DAEMON_CLUSTER_CLUSTER_SERVICE_H_

@@ -1,0 +1,92 @@
+// Helpers for the cluster integration tests: free loopback ports, a token
+// file, a daemon's cluster config, and `hsdpctl nodes --json` parsed.
+#ifndef HSDP_TESTS_INTEGRATION_CLUSTER_TEST_UTIL_H_
+#define HSDP_TESTS_INTEGRATION_CLUSTER_TEST_UTIL_H_
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "test_util.h"
+
+namespace hsdp::testing {
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0 and
+// closed), distinct from the previous ones this process handed out.
+inline int FreePort() {
+  static int last = 0;
+  for (;;) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    ::close(fd);
+    const int port = ntohs(addr.sin_port);
+    if (port != last) return last = port;
+  }
+}
+
+inline std::string Loopback(int port) { return absl::StrCat("127.0.0.1:", port); }
+
+inline std::string WriteToken(const TempDir& dir, const std::string& name,
+                              const std::string& token) {
+  const std::string path = dir.File(name);
+  WriteFile(path, token + "\n");
+  ::chmod(path.c_str(), 0600);
+  return path;
+}
+
+// Fast heartbeats (200 ms, lost after 5 missed) so loss shows within ~1 s.
+constexpr int kHeartbeatMs = 200;
+constexpr int kMissed = 5;
+
+inline std::string ClusterYaml(const std::string& coordinator, const std::string& listen,
+                               int nodes, const std::string& token_file,
+                               int join_timeout_ms = 8000) {
+  return absl::StrCat("cluster:\n  coordinator: \"", coordinator, "\"\n  listen: \"", listen,
+                      "\"\n  nodes: ", nodes, "\n  token_file: \"", token_file,
+                      "\"\n  heartbeat_ms: ", kHeartbeatMs, "\n  missed_heartbeats: ", kMissed,
+                      "\n  join_timeout_ms: ", join_timeout_ms, "\n");
+}
+
+// `hsdpctl nodes --json` (whatever its exit code: 1 means degraded).
+inline bool QueryNodes(const std::string& socket, v1::NodesResponse* out) {
+  CommandResult r = RunCommand(Hsdpctl(socket, "--timeout 2 --json nodes") + " 2>/dev/null");
+  if (r.output.empty()) return false;
+  out->Clear();
+  google::protobuf::util::JsonParseOptions o;
+  o.ignore_unknown_fields = true;
+  return google::protobuf::util::JsonStringToMessage(r.output, out, o).ok();
+}
+
+inline int AliveNodes(const v1::NodesResponse& r) {
+  int n = 0;
+  for (const auto& node : r.nodes()) n += node.state() == "alive";
+  return n;
+}
+
+inline std::string StateOf(const v1::NodesResponse& r, int rank) {
+  for (const auto& node : r.nodes()) {
+    if (node.node_rank() == rank) return node.state();
+  }
+  return "";
+}
+
+// One daemon of a test cluster, in its own directory.
+struct ClusterDaemon {
+  TempDir dir;
+  DaemonProcess process{dir};
+  std::string socket() const { return dir.File("hsdpd.sock"); }
+  std::string log() const { return ReadFile(dir.File("hsdpd.log")); }
+};
+
+}  // namespace hsdp::testing
+
+#endif  // HSDP_TESTS_INTEGRATION_CLUSTER_TEST_UTIL_H_
