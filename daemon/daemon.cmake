@@ -2,6 +2,7 @@
 add_library(hsdp_daemon_lib STATIC
   ${CMAKE_CURRENT_LIST_DIR}/dataplane/dispatcher.cc
   ${CMAKE_CURRENT_LIST_DIR}/dataplane/group.cc
+  ${CMAKE_CURRENT_LIST_DIR}/dataplane/group_p2p.cc
   ${CMAKE_CURRENT_LIST_DIR}/dataplane/validate.cc
   ${CMAKE_CURRENT_LIST_DIR}/engine/engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/engine/engine_factory.cc

@@ -1,0 +1,165 @@
+// Point-to-point in a group: sends and receives matched per (source,
+// destination, tag) in posting order, a receive from any source taking the
+// oldest matching send; lowered to a two-member copy on the engine. The rest
+// of Group is in group.cc (same class, same locking rules).
+#include <algorithm>
+
+#include "daemon/dataplane/group.h"
+#include "hsdp/common/logging.h"
+#include "hsdp/shm/doorbell.h"
+
+namespace hsdp {
+
+void Group::ArriveP2P(int group_rank, Arrival arrival) {
+  const auto kind = static_cast<Collective>(arrival.desc.collective);
+  const int peer = arrival.desc.peer;
+  const int tag = arrival.desc.tag;
+  const int src = kind == Collective::kSend ? group_rank : peer;
+  const int dst = kind == Collective::kSend ? peer : group_rank;
+  std::optional<P2POp> match;
+  absl::Status reject;
+  {
+    absl::MutexLock l(&mu_);
+    arrival.arrived_ns = shm::NowNanos();
+    if (!IsLocal(group_rank)) {
+      reject = absl::InvalidArgumentError("group_id: this rank is not on this node");
+    } else if (!arrival.rejected.ok()) {
+      reject = arrival.rejected;
+    } else if (arrival.epoch < epoch_ || (arrival.epoch == epoch_ && !epoch_failure_.ok())) {
+      reject = arrival.epoch == epoch_
+                   ? epoch_failure_
+                   : absl::FailedPreconditionError(absl::StrCat(
+                         "epoch: epoch ", arrival.epoch, " of group ", spec_.id, " is over"));
+    } else if (arrival.epoch != epoch_) {
+      reject = absl::InvalidArgumentError(
+          absl::StrCat("epoch: ", arrival.epoch, " is not group ", spec_.id, "'s current epoch ",
+                       epoch_, " (point-to-point does not queue for a future epoch)"));
+    } else {
+      match = kind == Collective::kSend ? TakeRecvForLocked(src, dst, tag)
+                                        : TakeSendForLocked(src, dst, tag);
+      if (!match.has_value()) {
+        if (p2p_queued_ >= spec_.max_pending) {
+          reject = absl::ResourceExhaustedError(absl::StrCat(
+              "group ", spec_.id, " already has ", p2p_queued_,
+              " unmatched sends and receives (limits: the ring size)"));
+        } else {
+          auto& queues = kind == Collective::kSend ? p2p_sends_ : p2p_recvs_;
+          queues[{src, dst, tag}].push_back(P2POp{std::move(arrival), group_rank, ++p2p_order_});
+          ++p2p_queued_;
+          return;
+        }
+      }
+    }
+  }
+  if (!reject.ok()) {
+    Notify({std::move(arrival)}, reject, 0, 0);
+    return;
+  }
+  P2POp mine{std::move(arrival), group_rank, 0};
+  if (kind == Collective::kSend) {
+    LaunchP2P(std::move(mine), std::move(*match));
+  } else {
+    LaunchP2P(std::move(*match), std::move(mine));
+  }
+}
+
+std::optional<Group::P2POp> Group::TakeRecvForLocked(int src, int dst, int tag) {
+  // A specific receive from `src`, or one from any source: the older wins.
+  std::deque<P2POp>* best = nullptr;
+  for (const P2PKey& key : {P2PKey{src, dst, tag}, P2PKey{kAnySource, dst, tag}}) {
+    auto it = p2p_recvs_.find(key);
+    if (it == p2p_recvs_.end() || it->second.empty()) continue;
+    if (best == nullptr || it->second.front().order < best->front().order) best = &it->second;
+  }
+  if (best == nullptr) return std::nullopt;
+  P2POp op = std::move(best->front());
+  best->pop_front();
+  --p2p_queued_;
+  return op;
+}
+
+std::optional<Group::P2POp> Group::TakeSendForLocked(int src, int dst, int tag) {
+  std::deque<P2POp>* best = nullptr;
+  if (src != kAnySource) {
+    auto it = p2p_sends_.find({src, dst, tag});
+    if (it != p2p_sends_.end() && !it->second.empty()) best = &it->second;
+  } else {
+    for (auto& [key, q] : p2p_sends_) {  // the oldest send to dst with this tag
+      if (std::get<1>(key) != dst || std::get<2>(key) != tag || q.empty()) continue;
+      if (best == nullptr || q.front().order < best->front().order) best = &q;
+    }
+  }
+  if (best == nullptr) return std::nullopt;
+  P2POp op = std::move(best->front());
+  best->pop_front();
+  --p2p_queued_;
+  return op;
+}
+
+std::vector<Group::P2POp> Group::TakeAllP2PLocked() {
+  std::vector<P2POp> out;
+  for (auto* queues : {&p2p_sends_, &p2p_recvs_}) {
+    for (auto& [key, q] : *queues) {
+      for (P2POp& p : q) out.push_back(std::move(p));
+    }
+    queues->clear();
+  }
+  p2p_queued_ = 0;
+  return out;
+}
+
+void Group::LaunchP2P(P2POp send, P2POp recv) {
+  const shm::OpDescriptor& s = send.arrival.desc;
+  const shm::OpDescriptor& r = recv.arrival.desc;
+  const std::string what = absl::StrCat("send/recv (tag ", s.tag, ") from rank ",
+                                        spec_.ranks[send.rank], " to rank ",
+                                        spec_.ranks[recv.rank], " in group ", spec_.id);
+  if (s.count != r.count || s.dtype != r.dtype) {
+    const absl::Status bad = absl::InvalidArgumentError(absl::StrCat(
+        what, ": the sender sends ", s.count, " ", std::string(DataTypeName(static_cast<DataType>(s.dtype))),
+        ", the receiver expects ", r.count, " ",
+        std::string(DataTypeName(static_cast<DataType>(r.dtype)))));
+    Notify({std::move(send.arrival), std::move(recv.arrival)}, bad, 0, 0);
+    return;
+  }
+  // Lowered to a two-member broadcast from the sender (the sender's own
+  // "output" is its input, so nothing is copied there).
+  EngineTask t;
+  t.collective = Collective::kBroadcast;
+  t.count = s.count;
+  t.root = 0;
+  t.group_key = spec_.key + "/p2p";
+  t.epoch = send.arrival.epoch;
+  t.spec.dtype = static_cast<DataType>(s.dtype);
+  const uint64_t bytes = s.count * DataTypeSize(t.spec.dtype);
+  for (const P2POp* p : {&send, &recv}) {
+    EngineMember m;
+    m.global_rank = spec_.ranks[p->rank];
+    m.node = spec_.nodes.empty() ? spec_.this_node : spec_.nodes[p->rank];
+    m.local = true;
+    void* data = p == &send ? const_cast<void*>(p->arrival.send) : p->arrival.recv;
+    m.send = BufferView{MemoryKind::kHost, -1, data, bytes};
+    m.recv = BufferView{MemoryKind::kHost, -1, data, bytes};
+    t.members.push_back(std::move(m));
+  }
+  const int64_t start_ns = shm::NowNanos();
+  const int src = send.rank;
+  auto pair = std::make_shared<std::pair<Arrival, Arrival>>(std::move(send.arrival),
+                                                            std::move(recv.arrival));
+  EngineCallbacks cb;
+  cb.launched = [](uint64_t) {};
+  cb.completed = [self = shared_from_this(), pair, what, start_ns, src](absl::Status st,
+                                                                      uint64_t exec_ns) {
+    if (!st.ok()) {
+      st = absl::Status(st.code(), absl::StrCat(what, ": ", st.message()));
+      HSDP_LOG_EVERY_N_SEC(Warning, 1) << st.message();
+    }
+    const int64_t first = std::min(pair->first.first_ns, pair->second.first_ns);
+    const uint64_t queued = static_cast<uint64_t>(std::max<int64_t>(0, start_ns - first));
+    pair->first.session->Complete(pair->first.desc.op_id, st, queued, exec_ns);
+    pair->second.session->Complete(pair->second.desc.op_id, st, queued, exec_ns, src);
+  };
+  engine_->Launch(std::move(t), std::move(cb));
+}
+
+}  // namespace hsdp
