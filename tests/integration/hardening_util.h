@@ -24,6 +24,7 @@
 #include "hsdp/shm/data_conn.h"
 #include "hsdp/shm/layout.h"
 #include "hsdp/v1/node.grpc.pb.h"
+#include "raw_session.h"
 #include "test_util.h"
 
 namespace hsdp::testing {
@@ -147,14 +148,7 @@ inline absl::StatusOr<RawAttach> AttachOnly(const std::string& socket, const std
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
   auto stub = v1::Node::NewStub(
       grpc::CreateCustomChannel("unix:" + socket, grpc::InsecureChannelCredentials(), args));
-  v1::AttachRequest req;
-  req.set_job_id(job);
-  req.set_rank(0);
-  req.set_world_size(1);
-  req.set_device("cpu");
-  req.set_pid(::getpid());
-  req.set_protocol_version(shm::kLayoutVersion);
-  req.set_features(shm::kFeaturesImplemented);
+  const v1::AttachRequest req = RawAttachRequest(job, 0, 1);
   v1::AttachResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));

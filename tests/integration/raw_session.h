@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <memory>
@@ -26,6 +27,20 @@
 
 namespace hsdp::testing {
 
+// The Attach request a current client sends (layout version and features
+// of this build), for tests that speak the raw protocol.
+inline v1::AttachRequest RawAttachRequest(const std::string& job, int rank, int world) {
+  v1::AttachRequest req;
+  req.set_job_id(job);
+  req.set_rank(rank);
+  req.set_world_size(world);
+  req.set_device("cpu");
+  req.set_pid(::getpid());
+  req.set_protocol_version(shm::kLayoutVersion);
+  req.set_features(shm::kFeaturesImplemented);
+  return req;
+}
+
 class RawSession {
  public:
   ~RawSession() {
@@ -38,14 +53,7 @@ class RawSession {
     args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
     stub_ = v1::Node::NewStub(
         grpc::CreateCustomChannel("unix:" + socket, grpc::InsecureChannelCredentials(), args));
-    v1::AttachRequest req;
-    req.set_job_id(job);
-    req.set_rank(rank);
-    req.set_world_size(world);
-    req.set_device("cpu");
-    req.set_pid(::getpid());
-    req.set_protocol_version(shm::kLayoutVersion);
-    req.set_features(shm::kFeaturesImplemented);
+    const v1::AttachRequest req = RawAttachRequest(job, rank, world);
     v1::AttachResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
