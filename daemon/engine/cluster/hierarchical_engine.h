@@ -1,0 +1,42 @@
+// The engine of a daemon in a cluster: tasks whose members are all on this
+// node go to the local engine unchanged; tasks with remote members run
+// hierarchically — a local stage over the mapped buffers of this node's
+// members, an exchange between the participating daemons over a NodeLink
+// (one per group and epoch, connected lazily at the group's first
+// cross-node task, cached, replaced in a new epoch), then the local
+// copy-out. Reduce-scatter and all-gather move only each node's share
+// across the network; results have exactly the layout (and, for the same
+// reduce dtype, the accumulation type) of the flat rank-ordered collective.
+//
+// Ordering: tasks of one group run one after the other in launch order on
+// the engine's worker threads; `launched` is reported when a task is queued
+// behind its group's previous task. Abort() and a task's deadline break the
+// link of its group (the epoch is over anyway).
+#ifndef HSDP_DAEMON_ENGINE_CLUSTER_HIERARCHICAL_ENGINE_H_
+#define HSDP_DAEMON_ENGINE_CLUSTER_HIERARCHICAL_ENGINE_H_
+
+#include <memory>
+
+#include "absl/time/time.h"
+#include "daemon/engine/cluster/node_transport.h"
+#include "daemon/engine/engine.h"
+
+namespace hsdp {
+
+struct HierarchicalEngineOptions {
+  int threads = 2;  // worker threads for cross-node tasks (groups run in parallel)
+  // Longest a cross-node task (connecting included) may take before it fails
+  // with DEADLINE_EXCEEDED (timeouts.collective_ms).
+  absl::Duration timeout = absl::Seconds(60);
+  // Bytes per pipelined chunk of the network stage (0: no chunking).
+  size_t chunk_bytes = 4 << 20;
+};
+
+// `local` runs all-local tasks and is owned; `transport` makes the links.
+std::unique_ptr<Engine> MakeHierarchicalEngine(std::unique_ptr<Engine> local,
+                                               std::unique_ptr<TransportFactory> transport,
+                                               HierarchicalEngineOptions options);
+
+}  // namespace hsdp
+
+#endif  // HSDP_DAEMON_ENGINE_CLUSTER_HIERARCHICAL_ENGINE_H_
