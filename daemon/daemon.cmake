@@ -27,6 +27,7 @@ add_library(hsdp_daemon_lib STATIC
   ${CMAKE_CURRENT_LIST_DIR}/cluster/cluster_node.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/cluster_service.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/coordinator.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/kv_cluster_directory.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/kv_store.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/token_authenticator.cc)
 target_include_directories(hsdp_daemon_lib PUBLIC ${PROJECT_SOURCE_DIR})
@@ -35,8 +36,6 @@ target_link_libraries(hsdp_daemon_lib PUBLIC
   absl::synchronization absl::time absl::strings gRPC::grpc++)
 target_compile_definitions(hsdp_daemon_lib PRIVATE HSDP_VERSION="${PROJECT_VERSION}")
 
-add_executable(hsdpd ${CMAKE_CURRENT_LIST_DIR}/main.cc)
-target_link_libraries(hsdpd PRIVATE hsdp_daemon_lib)
 
 include(${CMAKE_CURRENT_LIST_DIR}/observability/observability.cmake)
 # The Gloo rendezvous store over the coordinator's key/value store.
@@ -44,3 +43,14 @@ if(HSDP_GLOO_ENABLED)
   add_library(hsdp_cluster_gloo STATIC ${CMAKE_CURRENT_LIST_DIR}/cluster/gloo_store.cc)
   target_link_libraries(hsdp_cluster_gloo PUBLIC hsdp_daemon_lib gloo)
 endif()
+
+# The daemon binary, with the cross-node engine when this build has one
+# (Gloo and the hierarchical engine of daemon/engine/cluster/).
+add_library(hsdp_cluster_engine STATIC ${CMAKE_CURRENT_LIST_DIR}/server/cluster_engine.cc)
+target_link_libraries(hsdp_cluster_engine PUBLIC hsdp_daemon_lib)
+if(HSDP_GLOO_ENABLED AND TARGET hsdp_engine_cluster)
+  target_link_libraries(hsdp_cluster_engine PUBLIC hsdp_engine_cluster hsdp_cluster_gloo)
+  target_compile_definitions(hsdp_cluster_engine PRIVATE HSDP_HAVE_CLUSTER_ENGINE=1)
+endif()
+add_executable(hsdpd ${CMAKE_CURRENT_LIST_DIR}/main.cc)
+target_link_libraries(hsdpd PRIVATE hsdp_cluster_engine hsdp_daemon_lib)

@@ -10,13 +10,16 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include "daemon/config/node_config.h"
+#include "daemon/server/cluster_engine.h"
 #include "daemon/server/daemon.h"
 #include "daemon/util/sd_notify.h"
 #include "hsdp/common/logging.h"
@@ -145,10 +148,37 @@ int main(int argc, char** argv) {
     }
   }
 
-  hsdp::Daemon daemon(*config);
-  if (absl::Status s = daemon.Start(); !s.ok()) {
-    HSDP_LOG(Error) << "hsdpd cannot start: " << s.message();
-    return 1;
+  hsdp::Daemon daemon(*config, hsdp::MakeClusterEngine);
+  // Start runs on its own thread (it may wait for the cluster's coordinator
+  // for up to cluster.join_timeout_ms) while this one keeps taking signals,
+  // so SIGTERM / SIGINT stop a daemon that is still joining at once.
+  {
+    std::atomic<bool> started{false};
+    absl::Status start_status;
+    std::thread starter([&] {
+      start_status = daemon.Start();
+      started.store(true);
+    });
+    bool stop_requested = false;
+    const struct timespec poll{0, 50 * 1000 * 1000};
+    while (!started.load()) {
+      siginfo_t info;
+      const int sig = sigtimedwait(&sigs, &info, &poll);
+      if ((sig == SIGTERM || sig == SIGINT) && !stop_requested) {
+        HSDP_LOG(Info) << "received " << strsignal(sig) << " while starting; stopping";
+        stop_requested = true;
+        daemon.Cancel();
+      }
+    }
+    starter.join();
+    if (stop_requested) {
+      daemon.Shutdown();
+      return 0;
+    }
+    if (!start_status.ok()) {
+      HSDP_LOG(Error) << "hsdpd cannot start: " << start_status.message();
+      return 1;
+    }
   }
   hsdp::SdNotify("READY=1\nSTATUS=serving on " + config->socket_path);
 

@@ -98,6 +98,56 @@ absl::Status ClusterClient::Wait(const std::vector<std::string>& keys, absl::Dur
   return FromGrpc(stub_->Wait(&ctx, req, &resp), "wait");
 }
 
+absl::StatusOr<std::vector<std::string>> ClusterClient::WaitValues(
+    const std::vector<std::string>& keys, absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout + absl::Seconds(2));
+  v1::KvWaitRequest req;
+  for (const std::string& k : keys) req.add_keys(k);
+  req.set_timeout_ms(static_cast<uint32_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout))));
+  req.set_return_values(true);
+  v1::KvWaitResponse resp;
+  const grpc::Status s = stub_->Wait(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpc(s, "wait");
+  if (resp.values_size() != static_cast<int>(keys.size())) {
+    return absl::InternalError(absl::StrCat("wait: the coordinator ", coordinator_, " answered ",
+                                            resp.values_size(), " values for ", keys.size(),
+                                            " keys"));
+  }
+  return std::vector<std::string>(resp.values().begin(), resp.values().end());
+}
+
+absl::StatusOr<std::string> ClusterClient::SetIfAbsent(const std::string& key,
+                                                       const std::string& value,
+                                                       absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout);
+  v1::KvSetRequest req;
+  req.set_key(key);
+  req.set_value(value);
+  req.set_if_absent(true);
+  v1::KvSetResponse resp;
+  const grpc::Status s = stub_->Set(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("set \"", key, "\""));
+  return std::move(*resp.mutable_value());
+}
+
+absl::Status ClusterClient::Delete(const std::vector<std::string>& keys, absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout);
+  v1::KvDeleteRequest req;
+  for (const std::string& k : keys) req.add_keys(k);
+  v1::KvDeleteResponse resp;
+  return FromGrpc(stub_->Delete(&ctx, req, &resp), "delete");
+}
+
+absl::Status ClusterClient::Report(const v1::ReportRequest& req, absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout);
+  v1::ReportResponse resp;
+  return FromGrpc(stub_->Report(&ctx, req, &resp), absl::StrCat("report to ", coordinator_));
+}
+
 absl::Status ClusterClient::Barrier(const std::string& name, uint32_t count,
                                     absl::Duration timeout) {
   grpc::ClientContext ctx;

@@ -33,6 +33,14 @@ class ClusterClient {
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta, absl::Duration timeout);
   // Waits up to `timeout` for every key (DEADLINE_EXCEEDED after it).
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout);
+  // Waits like Wait and returns the values, by key, in the same round trip.
+  absl::StatusOr<std::vector<std::string>> WaitValues(const std::vector<std::string>& keys,
+                                                      absl::Duration timeout);
+  // Stores `value` unless `key` exists; returns the value stored now.
+  absl::StatusOr<std::string> SetIfAbsent(const std::string& key, const std::string& value,
+                                          absl::Duration timeout);
+  absl::Status Delete(const std::vector<std::string>& keys, absl::Duration timeout);
+  absl::Status Report(const v1::ReportRequest& req, absl::Duration timeout);
   absl::Status Barrier(const std::string& name, uint32_t count, absl::Duration timeout);
 
  private:

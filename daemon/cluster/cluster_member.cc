@@ -33,8 +33,9 @@ bool Permanent(const absl::Status& s) {
 
 }  // namespace
 
-ClusterMember::ClusterMember(Options options, PeerEvents events)
-    : options_(std::move(options)), events_(std::move(events)), instance_(RandomInstance()),
+ClusterMember::ClusterMember(Options options, PeerEvents events, GroupEvents group_events)
+    : options_(std::move(options)), events_(std::move(events)),
+      group_events_(std::move(group_events)), instance_(RandomInstance()),
       client_(options_.coordinator, options_.token, options_.credentials) {}
 
 ClusterMember::~ClusterMember() { Stop(); }
@@ -53,6 +54,7 @@ absl::Status ClusterMember::JoinOnce(absl::Duration timeout) {
   {
     absl::MutexLock l(&mu_);
     rank_ = r->node_rank();
+    events_after_ = r->events_last();  // older events concern groups before this join
     state_ = "ok";
     detail_.clear();
     last_contact_ = absl::Now();
@@ -67,7 +69,12 @@ absl::Status ClusterMember::Start() {
   for (int attempt = 0;; ++attempt) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) break;
-    last = JoinOnce(std::min(left, absl::Seconds(5)));
+    {
+      absl::MutexLock l(&mu_);
+      if (stopping_) return absl::CancelledError("cluster: stopped while joining");
+    }
+    // Short attempts, so Stop (SIGTERM) ends a join within about a second.
+    last = JoinOnce(std::min(left, absl::Seconds(1)));
     if (last.ok()) break;
     if (Permanent(last)) {
       absl::MutexLock l(&mu_);
@@ -79,7 +86,9 @@ absl::Status ClusterMember::Start() {
       HSDP_LOG(Info) << "cluster: waiting for the coordinator " << options_.coordinator << " ("
                      << last.message() << ")";
     }
-    absl::SleepFor(std::min(absl::Milliseconds(200), std::max(absl::ZeroDuration(), left)));
+    absl::MutexLock l(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                         std::min(absl::Milliseconds(200), std::max(absl::ZeroDuration(), left)));
   }
   if (!last.ok()) {
     absl::MutexLock l(&mu_);
@@ -92,6 +101,8 @@ absl::Status ClusterMember::Start() {
   }
   HSDP_LOG(Info) << "cluster: joined " << options_.coordinator << " as node " << node_rank()
                  << " of " << options_.nodes << " (epoch " << epoch() << ")";
+  absl::MutexLock l(&mu_);
+  if (stopping_) return absl::CancelledError("cluster: stopped while joining");
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   return absl::OkStatus();
 }
@@ -144,25 +155,119 @@ void ClusterMember::Update(uint64_t epoch,
   }
 }
 
+void ClusterMember::ReportGroupEvent(v1::GroupEvent event) {
+  absl::MutexLock l(&mu_);
+  if (outbox_.size() >= kMaxOutbox) {
+    HSDP_LOG_EVERY_N_SEC(Warning, 5) << "cluster: dropping a group event for \""
+                                     << outbox_.front().group_key()
+                                     << "\": the coordinator has not taken " << kMaxOutbox
+                                     << " queued events";
+    outbox_.pop_front();
+  }
+  outbox_.push_back(std::move(event));
+}
+
+bool ClusterMember::WakeLocked() const { return stopping_ || (!outbox_blocked_ && !outbox_.empty()); }
+
+bool ClusterMember::FlushOutbox() {
+  for (;;) {
+    v1::ReportRequest req;
+    {
+      absl::MutexLock l(&mu_);
+      if (outbox_.empty()) return true;
+      req.set_node_rank(rank_);
+      req.set_instance(instance_);
+      for (size_t i = 0; i < outbox_.size() && i < 64; ++i) *req.add_events() = outbox_[i];
+    }
+    const absl::Status s =
+        client_.Report(req, std::max(options_.heartbeat, absl::Milliseconds(500)));
+    if (s.code() == absl::StatusCode::kInvalidArgument) {
+      HSDP_LOG_EVERY_N_SEC(Error, 5) << "cluster: the coordinator refused " << req.events_size()
+                                     << " group event(s): " << s.message();
+    } else if (!s.ok()) {
+      // Kept for the next try; the others fail the epoch at their own
+      // deadline meanwhile.
+      HSDP_LOG_EVERY_N_SEC(Error, 5) << "cluster: cannot report " << req.events_size()
+                                     << " group event(s) to the coordinator: " << s.message();
+      return false;
+    }
+    absl::MutexLock l(&mu_);
+    for (int i = 0; i < req.events_size() && !outbox_.empty(); ++i) outbox_.pop_front();
+  }
+}
+
+void ClusterMember::Deliver(const v1::HeartbeatResponse& r) {
+  int self;
+  {
+    absl::MutexLock l(&mu_);
+    self = rank_;
+    events_after_ = r.events_last();
+  }
+  if (r.events_missed()) {
+    HSDP_LOG(Error) << "cluster: group events were dropped by the coordinator before this node "
+                       "saw them; groups they concerned fail at their deadline instead";
+  }
+  for (const v1::GroupEvent& e : r.events()) {
+    if (e.origin_node() == self) continue;
+    if (group_events_) group_events_(e);
+  }
+}
+
 void ClusterMember::HeartbeatLoop() {
   int failures = 0;
   bool degraded = false;
+  absl::Time next = absl::Now() + options_.heartbeat;
   for (;;) {
     {
       absl::MutexLock l(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.heartbeat)) return;
+      mu_.AwaitWithDeadline(absl::Condition(this, &ClusterMember::WakeLocked), next);
+      if (stopping_) return;
+    }
+    const bool sent = FlushOutbox();
+    if (absl::Now() < next) {
+      // Woken for the outbox: a refused report waits for the next heartbeat.
+      absl::MutexLock l(&mu_);
+      outbox_blocked_ = !sent;
+      continue;
+    }
+    next = absl::Now() + options_.heartbeat;
+    {
+      absl::MutexLock l(&mu_);
+      outbox_blocked_ = false;
     }
     v1::HeartbeatRequest req;
     req.set_node_rank(node_rank());
     req.set_instance(instance_);
+    {
+      absl::MutexLock l(&mu_);
+      req.set_events_after(events_after_);
+    }
     absl::StatusOr<v1::HeartbeatResponse> r =
         client_.Heartbeat(req, std::max(options_.heartbeat, absl::Milliseconds(200)));
     absl::Status status = r.status();
     if (r.ok()) {
       Update(r->epoch(), r->nodes());
+      Deliver(*r);
     } else if (status.code() == absl::StatusCode::kFailedPrecondition) {
-      // Declared lost, or a new coordinator: join again.
+      // Declared lost, or a new coordinator: join again. The others failed
+      // the epochs of every group shared with this node, so it does too.
       HSDP_LOG(Warning) << "cluster: " << status.message() << "; joining again";
+      std::vector<PeerEvent> lost;
+      {
+        absl::MutexLock l(&mu_);
+        for (const v1::ClusterNode& n : nodes_) {
+          if (n.node_rank() == rank_ || n.state() != "alive") continue;
+          lost.push_back({PeerEvent::Kind::kLost, n.node_rank(),
+                          absl::StrCat("this node lost contact with the coordinator ",
+                                       options_.coordinator, " (", status.message(),
+                                       ") and joins again; node ", n.node_rank(), " (",
+                                       n.address(), ") is treated as lost meanwhile")});
+        }
+        nodes_.clear();
+      }
+      for (const PeerEvent& e : lost) {
+        if (events_) events_(e);
+      }
       status = JoinOnce(std::max(options_.heartbeat, absl::Milliseconds(500)));
     }
     if (status.ok()) {
@@ -184,8 +289,8 @@ void ClusterMember::HeartbeatLoop() {
       const std::string detail = absl::StrCat(
           "the coordinator ", options_.coordinator, " has not answered ", failures,
           " heartbeats (", status.message(),
-          "); membership is frozen and node losses are not detected; restart the coordinator "
-          "(see docs/cluster.md)");
+          "); membership is frozen, node losses are not detected, and new cross-node groups "
+          "and attaches fail; restart the coordinator (see docs/cluster.md)");
       HSDP_LOG(Error) << "cluster degraded: " << detail;
       absl::MutexLock l(&mu_);
       state_ = "degraded";

@@ -9,10 +9,19 @@
 // frozen, losses no longer detected); it keeps trying, and joins again when a
 // coordinator answers (docs/cluster.md).
 //
-// Thread-safe. Start blocks (joining); the rest never blocks on the network.
+// Group events: ReportGroupEvent queues an event (a cross-node group's
+// epoch failed here) that the heartbeat thread sends to the coordinator at
+// once; events other nodes reported arrive with heartbeats and are handed to
+// `group_events` on the heartbeat thread. A member that learns it was
+// declared lost reports every other node lost (kLost) before joining again,
+// since the others failed the epochs of the groups it shares with them.
+//
+// Thread-safe. Start blocks (joining) until it joined, failed, or Stop was
+// called; the rest never blocks on the network.
 #ifndef HSDP_DAEMON_CLUSTER_CLUSTER_MEMBER_H_
 #define HSDP_DAEMON_CLUSTER_CLUSTER_MEMBER_H_
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -35,6 +44,8 @@ struct PeerEvent {
   std::string why;
 };
 using PeerEvents = std::function<void(const PeerEvent&)>;
+// A group event another node reported (relayed by the coordinator).
+using GroupEvents = std::function<void(const v1::GroupEvent&)>;
 
 class ClusterMember {
  public:
@@ -53,7 +64,7 @@ class ClusterMember {
     uint32_t missed_heartbeats = 5;
   };
 
-  ClusterMember(Options options, PeerEvents events);
+  ClusterMember(Options options, PeerEvents events, GroupEvents group_events = nullptr);
   ~ClusterMember();  // Stop()
 
   // Joins, retrying transient failures until join_timeout; then starts the
@@ -61,7 +72,13 @@ class ClusterMember {
   // / ALREADY_EXISTS / RESOURCE_EXHAUSTED from the coordinator end it at
   // once; DEADLINE_EXCEEDED names the last error when time runs out.
   absl::Status Start() ABSL_LOCKS_EXCLUDED(mu_);
+  // Idempotent; also ends a Start in progress (CANCELLED).
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Queues `event` for the coordinator (never blocks; the oldest queued
+  // event is dropped beyond kMaxOutbox, with a log line).
+  void ReportGroupEvent(v1::GroupEvent event) ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr size_t kMaxOutbox = 1024;
 
   // The view for `hsdpctl nodes`.
   v1::NodesResponse View() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -74,9 +91,14 @@ class ClusterMember {
   void Update(uint64_t epoch, const google::protobuf::RepeatedPtrField<v1::ClusterNode>& nodes)
       ABSL_LOCKS_EXCLUDED(mu_);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends queued events; false when the coordinator refused or is unreachable.
+  bool FlushOutbox() ABSL_LOCKS_EXCLUDED(mu_);
+  bool WakeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Deliver(const v1::HeartbeatResponse& r) ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
   const PeerEvents events_;
+  const GroupEvents group_events_;
   const std::string instance_;
   ClusterClient client_;
 
@@ -88,6 +110,9 @@ class ClusterMember {
   absl::Time last_contact_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::vector<v1::ClusterNode> nodes_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t events_after_ ABSL_GUARDED_BY(mu_) = 0;  // group event cursor
+  std::deque<v1::GroupEvent> outbox_ ABSL_GUARDED_BY(mu_);
+  bool outbox_blocked_ ABSL_GUARDED_BY(mu_) = false;  // a report failed: retry at the heartbeat
   std::thread heartbeat_;
 };
 

@@ -15,8 +15,14 @@
 
 namespace hsdp {
 
-ClusterNode::ClusterNode(const NodeConfig& config, PeerEvents events)
-    : config_(config), events_(std::move(events)) {}
+ClusterNode::ClusterNode(const NodeConfig& config, PeerEvents events, GroupEvents group_events)
+    : config_(config), events_(std::move(events)), group_events_(std::move(group_events)) {}
+
+void ClusterNode::Cancel() {
+  absl::MutexLock l(&cancel_mu_);
+  cancelled_ = true;
+  if (member_) member_->Stop();
+}
 
 ClusterNode::~ClusterNode() { Stop(); }
 
@@ -80,9 +86,11 @@ absl::Status ClusterNode::Start() {
 
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
+  client_ = std::make_unique<ClusterClient>(config_.cluster_coordinator, token,
+                                            channel_credentials);
   const std::string listen_host =
       config_.cluster_listen.substr(0, config_.cluster_listen.rfind(':'));
-  member_ = std::make_unique<ClusterMember>(
+  auto member = std::make_unique<ClusterMember>(
       ClusterMember::Options{
           .coordinator = config_.cluster_coordinator,
           .address = config_.cluster_listen,
@@ -97,7 +105,12 @@ absl::Status ClusterNode::Start() {
           .join_timeout = absl::Milliseconds(config_.cluster_join_timeout_ms),
           .heartbeat = absl::Milliseconds(config_.cluster_heartbeat_ms),
           .missed_heartbeats = config_.cluster_missed_heartbeats},
-      events_);
+      events_, group_events_);
+  {
+    absl::MutexLock l(&cancel_mu_);
+    member_ = std::move(member);
+    if (cancelled_) return absl::CancelledError("cluster: stopped while starting");
+  }
   return member_->Start();
 }
 

@@ -2,13 +2,15 @@
 // TCP gRPC server on cluster.listen with the Cluster service, the
 // authenticator, and — on the coordinator (listen == coordinator) — the
 // membership and the key/value store; on every daemon, the ClusterMember.
-// Daemon owns one and only calls Start, Stop and member().
+// Daemon owns one and calls Start, Cancel, Stop, member() and client().
 #ifndef HSDP_DAEMON_CLUSTER_CLUSTER_NODE_H_
 #define HSDP_DAEMON_CLUSTER_CLUSTER_NODE_H_
 
 #include <memory>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/cluster/cluster_member.h"
 #include "daemon/config/node_config.h"
 
@@ -27,21 +29,32 @@ class ClusterNode {
  public:
   // `config.cluster_coordinator` must be set. `events` runs on the member's
   // heartbeat thread.
-  ClusterNode(const NodeConfig& config, PeerEvents events);
+  ClusterNode(const NodeConfig& config, PeerEvents events, GroupEvents group_events = nullptr);
   ~ClusterNode();  // Stop()
 
   // Reads the token, starts the server, joins (blocking up to
   // cluster.join_timeout_ms). Errors name the key or address at fault.
   absl::Status Start();
+  // Ends a Start in progress (from any thread, e.g. on SIGTERM): it returns
+  // CANCELLED within about a second. Thread-safe.
+  void Cancel();
   // Stops heartbeats, finishes pending waits, stops the server. Idempotent.
   void Stop();
 
   // Null before Start.
   const ClusterMember* member() const { return member_.get(); }
+  ClusterMember* member() { return member_.get(); }
+  // A client of the coordinator for the key/value store (placement, Gloo
+  // rendezvous). Null before Start; lives until the ClusterNode is destroyed.
+  ClusterClient* client() const { return client_.get(); }
 
  private:
   const NodeConfig& config_;
   PeerEvents events_;
+  GroupEvents group_events_;
+  std::unique_ptr<ClusterClient> client_;
+  absl::Mutex cancel_mu_;
+  bool cancelled_ ABSL_GUARDED_BY(cancel_mu_) = false;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<KvStore> kv_;

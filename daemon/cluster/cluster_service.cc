@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/cluster/kv_cluster_directory.h"
 #include "hsdp/common/logging.h"
 
 namespace hsdp {
@@ -63,9 +65,39 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::Heartbeat(grpc::CallbackServerCont
 
 grpc::ServerUnaryReactor* ClusterServiceImpl::Set(grpc::CallbackServerContext* ctx,
                                                   const v1::KvSetRequest* req,
-                                                  v1::KvSetResponse*) {
+                                                  v1::KvSetResponse* resp) {
   if (absl::Status s = Admit(ctx); !s.ok()) return Finish(ctx, s);
-  return Finish(ctx, kv_->Set(req->key(), req->value()));
+  if (!req->if_absent()) return Finish(ctx, kv_->Set(req->key(), req->value()));
+  absl::StatusOr<std::string> v = kv_->SetIfAbsent(req->key(), req->value());
+  if (v.ok()) resp->set_value(std::move(*v));
+  return Finish(ctx, v.status());
+}
+
+grpc::ServerUnaryReactor* ClusterServiceImpl::Delete(grpc::CallbackServerContext* ctx,
+                                                     const v1::KvDeleteRequest* req,
+                                                     v1::KvDeleteResponse*) {
+  if (absl::Status s = Admit(ctx); !s.ok()) return Finish(ctx, s);
+  return Finish(ctx, kv_->Delete(std::vector<std::string>(req->keys().begin(), req->keys().end())));
+}
+
+grpc::ServerUnaryReactor* ClusterServiceImpl::Report(grpc::CallbackServerContext* ctx,
+                                                     const v1::ReportRequest* req,
+                                                     v1::ReportResponse*) {
+  if (absl::Status s = Admit(ctx); !s.ok()) return Finish(ctx, s);
+  const absl::Status s = coordinator_->Report(*req);
+  if (s.ok()) {
+    // Remember one past each failed epoch, so a group created again later
+    // (its node's trainers all restarted) starts in line with the others.
+    for (const v1::GroupEvent& e : req->events()) {
+      const std::string key = GroupEpochKey(e.group_key());
+      uint32_t known = 0;
+      if (absl::StatusOr<std::string> v = kv_->Get(key); v.ok()) (void)absl::SimpleAtoi(*v, &known);
+      if (e.epoch() >= known && e.epoch() < UINT32_MAX) {
+        (void)kv_->Set(key, absl::StrCat(e.epoch() + 1));  // a full store only loses the hint
+      }
+    }
+  }
+  return Finish(ctx, s);
 }
 
 grpc::ServerUnaryReactor* ClusterServiceImpl::Get(grpc::CallbackServerContext* ctx,
@@ -88,12 +120,30 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::Add(grpc::CallbackServerContext* c
 
 grpc::ServerUnaryReactor* ClusterServiceImpl::Wait(grpc::CallbackServerContext* ctx,
                                                    const v1::KvWaitRequest* req,
-                                                   v1::KvWaitResponse*) {
+                                                   v1::KvWaitResponse* resp) {
   if (absl::Status s = Admit(ctx); !s.ok()) return Finish(ctx, s);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   std::vector<std::string> keys(req->keys().begin(), req->keys().end());
+  const bool values = req->return_values();
+  KvStore* kv = kv_;
   kv_->Wait(keys, DeadlineOf(ctx, req->timeout_ms()),
-            [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
+            [reactor, resp, values, kv, keys](absl::Status s) {
+              size_t bytes = 0;
+              for (size_t i = 0; s.ok() && values && i < keys.size(); ++i) {
+                absl::StatusOr<std::string> v = kv->Get(keys[i]);  // deleted meanwhile: NOT_FOUND
+                if (!v.ok()) {
+                  s = v.status();
+                } else if ((bytes += v->size()) > kMaxWaitValueBytes) {
+                  s = absl::ResourceExhaustedError(absl::StrCat(
+                      "the values of the ", keys.size(), " keys exceed ", kMaxWaitValueBytes,
+                      " bytes; wait for fewer keys"));
+                } else {
+                  resp->add_values(std::move(*v));
+                }
+              }
+              if (!s.ok()) resp->clear_values();
+              reactor->Finish(ToGrpcStatus(s));
+            });
   return reactor;
 }
 

@@ -38,6 +38,13 @@ class ClusterServiceImpl final : public v1::Cluster::CallbackService {
                                 v1::KvAddResponse*) override;
   grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext*, const v1::BarrierRequest*,
                                     v1::BarrierResponse*) override;
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext*, const v1::KvDeleteRequest*,
+                                   v1::KvDeleteResponse*) override;
+  grpc::ServerUnaryReactor* Report(grpc::CallbackServerContext*, const v1::ReportRequest*,
+                                   v1::ReportResponse*) override;
+
+  // Values a Wait with return_values may carry in all.
+  static constexpr size_t kMaxWaitValueBytes = 4 << 20;
 
  private:
   // OK when the caller may proceed; else the status to finish with.

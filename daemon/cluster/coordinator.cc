@@ -144,15 +144,67 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& req) {
   resp.set_epoch(epoch_);
   resp.set_heartbeat_ms(options_.heartbeat_ms);
   resp.set_missed_heartbeats(options_.missed_heartbeats);
+  resp.set_events_last(last_event_);
   FillNodes(resp.mutable_nodes(), now);
   return resp;
+}
+
+bool Coordinator::IsLiveLocked(int rank, const std::string& instance) const {
+  return rank >= 0 && rank < static_cast<int>(nodes_.size()) && nodes_[rank].used &&
+         nodes_[rank].alive && nodes_[rank].instance == instance;
+}
+
+absl::Status Coordinator::Report(const v1::ReportRequest& req) {
+  if (static_cast<size_t>(req.events_size()) > kMaxReportEvents) {
+    return absl::InvalidArgumentError(absl::StrCat("events: ", req.events_size(),
+                                                   " in one report; the limit is ",
+                                                   kMaxReportEvents));
+  }
+  for (const v1::GroupEvent& e : req.events()) {
+    if (e.group_key().empty() || e.group_key().size() > kMaxEventField ||
+        e.why().size() > kMaxEventField) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "events: group_key must be 1 to ", kMaxEventField, " bytes and why at most ",
+          kMaxEventField, " bytes"));
+    }
+  }
+  absl::MutexLock l(&mu_);
+  if (!IsLiveLocked(req.node_rank(), req.instance())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", req.node_rank(), " is not a live member of this cluster; join again"));
+  }
+  for (const v1::GroupEvent& in : req.events()) {
+    v1::GroupEvent e = in;
+    e.set_seq(++last_event_);
+    e.set_origin_node(req.node_rank());
+    events_.push_back(std::move(e));
+    while (events_.size() > kMaxEventLog) events_.pop_front();
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::FillEvents(uint64_t after, v1::HeartbeatResponse* resp) const {
+  // A cursor from before a coordinator restart (beyond our log) starts over.
+  if (after > last_event_) after = 0;
+  resp->set_events_last(last_event_);
+  if (after == last_event_) return;
+  const uint64_t first = events_.empty() ? last_event_ + 1 : events_.front().seq();
+  resp->set_events_missed(after + 1 < first);
+  size_t n = 0;
+  for (const v1::GroupEvent& e : events_) {
+    if (e.seq() <= after) continue;
+    if (n++ == kMaxEventsPerHeartbeat) {
+      resp->set_events_last(e.seq() - 1);  // the rest on the next heartbeat
+      break;
+    }
+    *resp->add_events() = e;
+  }
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& req) {
   absl::MutexLock l(&mu_);
   const int rank = req.node_rank();
-  if (rank < 0 || rank >= static_cast<int>(nodes_.size()) || !nodes_[rank].used ||
-      !nodes_[rank].alive || nodes_[rank].instance != req.instance()) {
+  if (!IsLiveLocked(rank, req.instance())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "node ", rank, " is not a live member of this cluster (declared lost, or the "
         "coordinator restarted); join again"));
@@ -162,6 +214,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   v1::HeartbeatResponse resp;
   resp.set_epoch(epoch_);
   FillNodes(resp.mutable_nodes(), now);
+  FillEvents(req.events_after(), &resp);
   return resp;
 }
 

@@ -5,12 +5,17 @@
 // silence. The epoch advances whenever a node joins, rejoins as a new
 // instance or is lost.
 //
+// It also relays group events (a cross-node group's epoch failed on one
+// node): Report appends them to a bounded log with sequence numbers, and
+// each heartbeat answers with the events after the member's cursor.
+//
 // Thread-safe (one mutex); a monitor thread (Start/Stop) declares losses.
 // Calls never block beyond the mutex.
 #ifndef HSDP_DAEMON_CLUSTER_COORDINATOR_H_
 #define HSDP_DAEMON_CLUSTER_COORDINATOR_H_
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,6 +53,17 @@ class Coordinator {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Appends the events of live member (node_rank, instance) to the log.
+  // FAILED_PRECONDITION for a node that is not a live member,
+  // INVALID_ARGUMENT for more than kMaxReportEvents events or oversized
+  // fields (nothing is appended then).
+  absl::Status Report(const v1::ReportRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+
+  static constexpr size_t kMaxReportEvents = 64;
+  static constexpr size_t kMaxEventLog = 4096;
+  static constexpr size_t kMaxEventsPerHeartbeat = 256;
+  static constexpr size_t kMaxEventField = 1024;
+
   uint64_t epoch() const ABSL_LOCKS_EXCLUDED(mu_);
   // Declares nodes silent for too long lost; called by the monitor thread
   // (public for tests, with an explicit `now`).
@@ -60,6 +76,10 @@ class Coordinator {
     std::string address, data_address, name, instance;
     absl::Time last_heartbeat;
   };
+  bool IsLiveLocked(int rank, const std::string& instance) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillEvents(uint64_t after, v1::HeartbeatResponse* resp) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillNodes(google::protobuf::RepeatedPtrField<v1::ClusterNode>* out, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -67,6 +87,8 @@ class Coordinator {
   mutable absl::Mutex mu_;
   std::vector<Node> nodes_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<v1::GroupEvent> events_ ABSL_GUARDED_BY(mu_);  // seq ascending, bounded
+  uint64_t last_event_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
 };

@@ -86,6 +86,36 @@ absl::Status KvStore::Set(const std::string& key, std::string value) {
   return status;
 }
 
+absl::StatusOr<std::string> KvStore::SetIfAbsent(const std::string& key, std::string value) {
+  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock l(&mu_);
+    if (auto it = values_.find(key); it != values_.end()) return it->second;
+    if (absl::Status s = Store(key, value, &completions); !s.ok()) return s;
+  }
+  Run(completions);
+  return value;
+}
+
+absl::Status KvStore::Delete(const std::vector<std::string>& keys) {
+  if (keys.size() > limits_.max_wait_keys) {
+    return absl::InvalidArgumentError(absl::StrCat("deleting ", keys.size(),
+                                                   " keys; the limit is ", limits_.max_wait_keys));
+  }
+  for (const std::string& k : keys) {
+    if (absl::Status s = CheckKey(k); !s.ok()) return s;
+  }
+  absl::MutexLock l(&mu_);
+  for (const std::string& k : keys) {
+    auto it = values_.find(k);
+    if (it == values_.end()) continue;
+    total_bytes_ -= k.size() + it->second.size();
+    values_.erase(it);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> KvStore::Get(const std::string& key) const {
   if (absl::Status s = CheckKey(key); !s.ok()) return s;
   absl::MutexLock l(&mu_);

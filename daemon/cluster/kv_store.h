@@ -51,6 +51,12 @@ class KvStore {
   // INVALID_ARGUMENT for an empty or oversized key, RESOURCE_EXHAUSTED when
   // the value or the store would exceed its limits.
   absl::Status Set(const std::string& key, std::string value) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stores `value` only when `key` is absent; returns the value stored now
+  // (`value`, or the one that was there first). Errors as Set.
+  absl::StatusOr<std::string> SetIfAbsent(const std::string& key, std::string value)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes the keys that exist; INVALID_ARGUMENT for a bad key (nothing removed).
+  absl::Status Delete(const std::vector<std::string>& keys) ABSL_LOCKS_EXCLUDED(mu_);
   // NOT_FOUND when absent.
   absl::StatusOr<std::string> Get(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
   // Adds `delta` to the decimal integer at `key` (absent = 0) and returns the

@@ -54,7 +54,8 @@ Group::Group(GroupSpec spec, Engine* engine, GroupLookup lookup)
     }
   }
   members_.resize(n);
-  joined_epoch_.assign(n, 1);
+  epoch_ = std::max<uint32_t>(1, spec_.first_epoch);
+  joined_epoch_.assign(n, epoch_);
   waits_.resize(n);
 }
 
@@ -111,16 +112,56 @@ void Group::RemoteJoined(int group_rank, uint32_t epoch) {
   Pump();
 }
 
+void Group::PeerJoined(int node) {
+  {
+    absl::MutexLock l(&mu_);
+    for (int r = 0; r < size(); ++r) {
+      if (!IsLocal(r) && !spec_.nodes.empty() && spec_.nodes[r] == node &&
+          joined_epoch_[r] == 0) {
+        joined_epoch_[r] = epoch_ + 1;
+      }
+    }
+    MaybeAdvanceLocked();
+  }
+  Pump();
+}
+
+void Group::RemoteEpochFailed(uint32_t epoch, const absl::Status& why) {
+  {
+    absl::MutexLock l(&mu_);
+    if (epoch < epoch_ || (epoch == epoch_ && !epoch_failure_.ok())) return;  // over already
+    if (epoch > epoch_) {
+      // Not reached yet (this daemon still waits for members to re-join):
+      // fail it on arrival. Bounded: only epochs ahead of the current one.
+      if (remote_failed_.size() < 64) remote_failed_.emplace(epoch, why);
+      return;
+    }
+  }
+  FailEpoch(why, epoch, /*report=*/false);
+}
+
 void Group::MaybeAdvanceLocked() {
   if (epoch_failure_.ok()) return;
   for (int r = 0; r < size(); ++r) {
-    if (joined_epoch_[r] != epoch_ + 1) return;
-    if (IsLocal(r) && (members_[r] == nullptr || members_[r]->closed())) return;
+    if (IsLocal(r)) {
+      if (joined_epoch_[r] != epoch_ + 1) return;
+      if (members_[r] == nullptr || members_[r]->closed()) return;
+    } else if (joined_epoch_[r] == 0) {
+      return;  // on a lost node: waits for it to join again
+    }
   }
   ++epoch_;
   epoch_failure_ = absl::OkStatus();
   failed_.clear();
+  p2p_posted_.clear();
   next_run_ = 1;
+  for (auto it = remote_failed_.begin(); it != remote_failed_.end() && it->first < epoch_;) {
+    it = remote_failed_.erase(it);
+  }
+  if (auto it = remote_failed_.find(epoch_); it != remote_failed_.end()) {
+    epoch_failure_ = it->second;  // another daemon already failed this epoch
+    remote_failed_.erase(it);
+  }
   EngineGroupSpec es{spec_.key, epoch_, spec_.ranks, spec_.nodes, spec_.this_node};
   if (es.nodes.empty()) es.nodes.assign(spec_.ranks.size(), spec_.this_node);
   if (absl::Status s = engine_->CreateGroup(es); !s.ok()) {
@@ -429,9 +470,9 @@ std::vector<Arrival> Group::FailLocked(OpKey key, const absl::Status& status) {
   return out;
 }
 
-void Group::FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to_fail,
+bool Group::FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to_fail,
                             std::vector<uint64_t>* to_abort) {
-  if (!epoch_failure_.ok()) return;
+  if (!epoch_failure_.ok()) return false;
   epoch_failure_ = status;
   std::vector<OpKey> keys;
   for (auto& [key, op] : pending_) {
@@ -444,14 +485,23 @@ void Group::FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to
   for (const std::shared_ptr<RunningOp>& run : running_) {
     if (run->ticket != 0) to_abort->push_back(run->ticket);
   }
+  for (const auto& [ticket, epoch] : p2p_running_) {
+    if (epoch == epoch_) to_abort->push_back(ticket);
+  }
+  return true;
 }
 
-void Group::FailEpoch(const absl::Status& status) {
+void Group::FailEpoch(const absl::Status& status, uint32_t epoch, bool report) {
   std::vector<Arrival> to_fail;
   std::vector<uint64_t> to_abort;
+  uint32_t failed_epoch = 0;
   {
     absl::MutexLock l(&mu_);
-    FailEpochLocked(status, &to_fail, &to_abort);
+    if (epoch != 0 && epoch != epoch_) return;  // that epoch is over already
+    if (FailEpochLocked(status, &to_fail, &to_abort)) failed_epoch = epoch_;
+  }
+  if (report && failed_epoch != 0 && spans_nodes() && spec_.on_epoch_failed) {
+    spec_.on_epoch_failed(failed_epoch, status);
   }
   // Running operations end through the engine (aborted where it can), or at
   // their deadline.
@@ -528,6 +578,12 @@ void Group::OnCompleted(const std::shared_ptr<RunningOp>& run, absl::Status stat
     if (run->finished.exchange(true)) return;  // already failed at its deadline
     forwarded = run->forwarded;
     if (!status.ok()) ++ops_failed_;
+  }
+  if (!status.ok() && spans_nodes()) {
+    // A failed cross-node operation leaves the daemons out of step (and the
+    // engine's link of this epoch broken): the epoch ends everywhere.
+    FailEpoch(absl::Status(status.code(), absl::StrCat(Describe(run->op), ": ", status.message())),
+              run->op.epoch, /*report=*/true);
   }
   PendingOp& op = run->op;
   std::vector<Arrival> arrivals;
@@ -623,7 +679,7 @@ void Group::MemberLeft(const Session* session, const std::string& why) {
         "rank ", spec_.ranks[rank], " left the job (", why, "); epoch ", epoch_, " of group ",
         spec_.id, " (job \"", spec_.job_id, "\") ended: join the group again to continue"));
   }
-  FailEpoch(status);
+  FailEpoch(status, 0, /*report=*/true);
 }
 
 void Group::PeerLost(int node, const std::string& why) {
@@ -632,13 +688,17 @@ void Group::PeerLost(int node, const std::string& why) {
     if (!spec_.nodes.empty() && spec_.nodes[r] == node && !IsLocal(r)) lost.push_back(r);
   }
   if (lost.empty()) return;
+  const absl::Status status = absl::AbortedError(
+      absl::StrCat("node ", node, " hosting rank(s) ", RanksList(lost), " was lost (", why,
+                   "); the epoch of group ", spec_.id, " (job \"", spec_.job_id, "\") ended"));
   {
     absl::MutexLock l(&mu_);
     for (int r : lost) joined_epoch_[r] = 0;
+    // Already failed (the engine saw the link break first): later
+    // submissions hear the cause instead.
+    if (!epoch_failure_.ok()) epoch_failure_ = status;
   }
-  FailEpoch(absl::AbortedError(absl::StrCat("node ", node, " hosting rank(s) ", RanksList(lost),
-                                            " was lost (", why, "); the epoch of group ",
-                                            spec_.id, " (job \"", spec_.job_id, "\") ended")));
+  FailEpoch(status);
 }
 
 void Group::CheckTimeouts(int64_t now_ns) {
@@ -730,7 +790,7 @@ void Group::CheckTimeouts(int64_t now_ns) {
     for (auto& [li, a] : run->op.arrivals) arrivals.push_back(std::move(a));
     // A forwarded composite phase reports through its replicate group.
     if (!forwarded) Notify(std::move(arrivals), s, 0, 0);
-    FailEpoch(s);
+    FailEpoch(s, run->op.epoch, /*report=*/true);
   }
   if (!fails.empty() || skipped) Pump();
 }

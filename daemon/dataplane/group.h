@@ -10,13 +10,20 @@
 // when all LOCAL members' submissions are in; remote members are matched by
 // their own daemons.
 //
-// Epochs: a group runs in epoch 1, 2, ... Sequence numbers restart at 1 in
-// every epoch. When a member is lost (its session ended, its node failed) or
-// a running operation overruns its deadline, the epoch fails: every pending
-// and running operation of it fails at every local member, and later
-// submissions for it fail with the same error. The group is re-formed when
-// every member has joined again (Join / RemoteJoined) for the next epoch;
-// submissions for that next epoch may queue before that.
+// Epochs: a group runs in epoch 1, 2, ... (or from spec.first_epoch).
+// Sequence numbers restart at 1 in every epoch. When a member is lost (its
+// session ended, its node failed, another daemon reported the epoch failed)
+// or a running operation overruns its deadline, the epoch fails: every
+// pending and running operation of it fails at every local member, and
+// later submissions for it fail with the same error. The group is re-formed
+// when every local member has joined again (Join) for the next epoch;
+// remote members join each next epoch implicitly (their daemons re-form the
+// group the same way, and the engine's per-(key, epoch) connection is the
+// real barrier), except the ranks of a lost node until it joins again
+// (PeerJoined / RemoteJoined). Submissions for the next epoch may queue
+// before that. A failure that starts here (a local member left, an
+// operation overran or failed in a cross-node group) is reported through
+// spec.on_epoch_failed so the other daemons fail the same epoch.
 //
 // Pipelining: the next operation is handed to the engine as soon as the
 // previous one is *launched* (ordered by the engine), not finished; the
@@ -64,6 +71,10 @@ struct GroupSpec {
   int64_t timeout_ns = 60'000'000'000;  // matching timeout and running-op deadline
   uint32_t max_pending = 4096;          // queued operations (and sequence window)
   OpObserver* observer = nullptr;       // sees every operation (metrics, trace); may be null
+  uint32_t first_epoch = 1;             // the epoch it starts in (ClusterDirectory::FirstEpoch)
+  // Cross-node groups: called (without the group's lock) when an epoch fails
+  // for a reason that started on this node. May be empty.
+  std::function<void(uint32_t epoch, const absl::Status& why)> on_epoch_failed;
 };
 
 // The global key of the `k`-th group a job creates with `ranks` (k from 0):
@@ -132,6 +143,14 @@ class Group : public std::enable_shared_from_this<Group> {
   bool IsMember(int group_rank, const Session* session) const;
   // A remote member joined `epoch` (told by its daemon).
   void RemoteJoined(int group_rank, uint32_t epoch);
+  // Node `node` joined (again): its ranks, lost with it, join the next epoch.
+  void PeerJoined(int node);
+  // Another daemon reported that `epoch` of this group failed: it fails here
+  // too (now, or when this daemon reaches it).
+  void RemoteEpochFailed(uint32_t epoch, const absl::Status& why);
+  // Whether some members are on other nodes.
+  bool spans_nodes() const { return local_ranks_.size() < spec_.ranks.size(); }
+  const std::vector<int>& nodes() const { return spec_.nodes; }
 
   // Adds a submission. Completes it at once (to its session) when it is
   // malformed for this group, when its epoch is over, when its sequence
@@ -181,9 +200,13 @@ class Group : public std::enable_shared_from_this<Group> {
   std::vector<Arrival> FailLocked(OpKey key, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the current epoch: returns what to notify and the tickets to abort.
-  void FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to_fail,
+  // Returns false when the epoch had already failed.
+  bool FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to_fail,
                        std::vector<uint64_t>* to_abort) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FailEpoch(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Fails `epoch` if it is the current one (0: whichever is current);
+  // `report`: the failure started here (spec.on_epoch_failed hears of it).
+  void FailEpoch(const absl::Status& status, uint32_t epoch = 0, bool report = false)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Enters the next epoch when every member joined it.
   void MaybeAdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordWaitsLocked(const PendingOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -214,6 +237,9 @@ class Group : public std::enable_shared_from_this<Group> {
   std::optional<P2POp> TakeSendForLocked(int src, int dst, int tag)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LaunchP2P(P2POp send, P2POp recv);
+  // One side of a send/recv between nodes: the k-th send of (src, dst, tag)
+  // here pairs with the k-th receive of it on the peer's daemon.
+  void LaunchRemoteP2P(P2POp mine, int src, int dst, int tag, uint64_t k);
   std::vector<P2POp> TakeAllP2PLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const GroupSpec spec_;
@@ -240,6 +266,12 @@ class Group : public std::enable_shared_from_this<Group> {
   std::map<P2PKey, std::deque<P2POp>> p2p_recvs_ ABSL_GUARDED_BY(mu_);
   size_t p2p_queued_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t p2p_order_ ABSL_GUARDED_BY(mu_) = 0;
+  // Cross-node point-to-point: operations posted so far per (src, dst, tag)
+  // in this epoch, and the engine tickets still running (aborted with the epoch).
+  std::map<P2PKey, uint64_t> p2p_posted_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, uint32_t> p2p_running_ ABSL_GUARDED_BY(mu_);  // ticket -> epoch
+  // Epochs other daemons reported failed that this one has not reached yet.
+  std::map<uint32_t, absl::Status> remote_failed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hsdp

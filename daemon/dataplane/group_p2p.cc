@@ -1,7 +1,13 @@
 // Point-to-point in a group: sends and receives matched per (source,
 // destination, tag) in posting order, a receive from any source taking the
-// oldest matching send; lowered to a two-member copy on the engine. The rest
-// of Group is in group.cc (same class, same locking rules).
+// oldest matching send; lowered to a two-member copy on the engine. Between
+// nodes neither daemon sees the other side: the k-th send of (src, dst, tag)
+// in an epoch pairs with the k-th receive of it on the peer's daemon, each
+// launched as a two-member broadcast (root = src) on an engine group of its
+// own per (src, dst, tag), with k as the sequence number. A receive from any
+// source cannot be matched soundly without a cross-node handshake, so it is
+// UNIMPLEMENTED in a group that spans nodes. The rest of Group is in
+// group.cc (same class, same locking rules).
 #include <algorithm>
 
 #include "daemon/dataplane/group.h"
@@ -18,9 +24,12 @@ void Group::ArriveP2P(int group_rank, Arrival arrival) {
   const int dst = kind == Collective::kSend ? peer : group_rank;
   std::optional<P2POp> match;
   absl::Status reject;
+  bool remote = false;
+  uint64_t k = 0;
   {
     absl::MutexLock l(&mu_);
     arrival.arrived_ns = shm::NowNanos();
+    const bool any = kind == Collective::kRecv && peer == kAnySource;
     if (!IsLocal(group_rank)) {
       reject = absl::InvalidArgumentError("group_id: this rank is not on this node");
     } else if (!arrival.rejected.ok()) {
@@ -34,6 +43,17 @@ void Group::ArriveP2P(int group_rank, Arrival arrival) {
       reject = absl::InvalidArgumentError(
           absl::StrCat("epoch: ", arrival.epoch, " is not group ", spec_.id, "'s current epoch ",
                        epoch_, " (point-to-point does not queue for a future epoch)"));
+    } else if (any && spans_nodes()) {
+      reject = absl::UnimplementedError(absl::StrCat(
+          "peer: a receive from any source is not supported in group ", spec_.id,
+          " because it spans nodes (a send on another node cannot be matched without a "
+          "cross-node handshake); name the source rank"));
+    } else if (!any && (peer < 0 || peer >= size())) {
+      reject = absl::InvalidArgumentError(
+          absl::StrCat("peer: ", peer, " is not a rank of group ", spec_.id));
+    } else if (!any && !IsLocal(peer)) {
+      remote = true;
+      k = ++p2p_posted_[{src, dst, tag}];
     } else {
       match = kind == Collective::kSend ? TakeRecvForLocked(src, dst, tag)
                                         : TakeSendForLocked(src, dst, tag);
@@ -56,6 +76,7 @@ void Group::ArriveP2P(int group_rank, Arrival arrival) {
     return;
   }
   P2POp mine{std::move(arrival), group_rank, 0};
+  if (remote) return LaunchRemoteP2P(std::move(mine), src, dst, tag, k);
   if (kind == Collective::kSend) {
     LaunchP2P(std::move(mine), std::move(*match));
   } else {
@@ -160,6 +181,74 @@ void Group::LaunchP2P(P2POp send, P2POp recv) {
     pair->second.session->Complete(pair->second.desc.op_id, st, queued, exec_ns, src);
   };
   engine_->Launch(std::move(t), std::move(cb));
+}
+
+void Group::LaunchRemoteP2P(P2POp mine, int src, int dst, int tag, uint64_t k) {
+  const bool sending = mine.rank == src;
+  const shm::OpDescriptor& d = mine.arrival.desc;
+  const std::string what = absl::StrCat(sending ? "send" : "recv", " (tag ", tag, ") from rank ",
+                                        spec_.ranks[src], " to rank ", spec_.ranks[dst],
+                                        " in group ", spec_.id, " across nodes");
+  EngineTask t;
+  t.collective = Collective::kBroadcast;
+  t.count = d.count;
+  t.root = 0;
+  t.group_key = absl::StrCat(spec_.key, "/p2p/", src, ">", dst, "/", tag);
+  t.epoch = mine.arrival.epoch;
+  t.spec.dtype = static_cast<DataType>(d.dtype);
+  t.seq = k;
+  const uint64_t bytes = d.count * DataTypeSize(t.spec.dtype);
+  for (int r : {src, dst}) {
+    EngineMember m;
+    m.global_rank = spec_.ranks[r];
+    m.node = spec_.nodes[r];
+    m.local = r == mine.rank;
+    if (m.local) {
+      void* data = sending ? const_cast<void*>(mine.arrival.send) : mine.arrival.recv;
+      m.send = BufferView{MemoryKind::kHost, -1, data, bytes};
+      m.recv = BufferView{MemoryKind::kHost, -1, data, bytes};
+    }
+    t.members.push_back(std::move(m));
+  }
+  if (t.seq == 1) {
+    EngineGroupSpec es{t.group_key, t.epoch, {spec_.ranks[src], spec_.ranks[dst]},
+                       {spec_.nodes[src], spec_.nodes[dst]}, spec_.this_node};
+    if (absl::Status s = engine_->CreateGroup(es); !s.ok()) {
+      Notify({std::move(mine.arrival)}, absl::Status(s.code(), absl::StrCat(what, ": ", s.message())),
+             0, 0);
+      return;
+    }
+  }
+  const int64_t start_ns = shm::NowNanos();
+  auto arrival = std::make_shared<Arrival>(std::move(mine.arrival));
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  auto ticket_of = std::make_shared<std::atomic<uint64_t>>(0);
+  EngineCallbacks cb;
+  cb.launched = [](uint64_t) {};
+  cb.completed = [self = shared_from_this(), arrival, what, start_ns, src, sending, done,
+                  ticket_of](absl::Status st, uint64_t exec_ns) {
+    done->store(true);
+    if (const uint64_t t = ticket_of->load(); t != 0) {
+      absl::MutexLock l(&self->mu_);
+      self->p2p_running_.erase(t);
+    }
+    if (!st.ok()) {
+      st = absl::Status(st.code(), absl::StrCat(what, ": ", st.message()));
+      HSDP_LOG_EVERY_N_SEC(Warning, 1) << st.message();
+    }
+    const uint64_t queued =
+        static_cast<uint64_t>(std::max<int64_t>(0, start_ns - arrival->first_ns));
+    if (sending) {
+      arrival->session->Complete(arrival->desc.op_id, st, queued, exec_ns);
+    } else {
+      arrival->session->Complete(arrival->desc.op_id, st, queued, exec_ns, src);
+    }
+  };
+  const uint32_t epoch = t.epoch;
+  const uint64_t ticket = engine_->Launch(std::move(t), std::move(cb));
+  absl::MutexLock l(&mu_);
+  ticket_of->store(ticket);
+  if (!done->load()) p2p_running_[ticket] = epoch;
 }
 
 }  // namespace hsdp

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "daemon/cluster/cluster_node.h"
+#include "daemon/cluster/kv_cluster_directory.h"
 #include "daemon/dataplane/dispatcher.h"
 #include "daemon/engine/engine_factory.h"
 #include "daemon/observability/observability.h"
@@ -44,9 +45,23 @@ uint64_t ResolveMaxNodeBytes(const NodeConfig& config) {
   return static_cast<uint64_t>(si.totalram) * si.mem_unit / 10 * 9;
 }
 
-Daemon::Daemon(NodeConfig config) : config_(std::move(config)) {}
+Daemon::Daemon(NodeConfig config, ClusterEngineFactory cluster_engine)
+    : config_(std::move(config)), cluster_engine_(std::move(cluster_engine)) {}
 
-Daemon::~Daemon() { Shutdown(); }
+Daemon::~Daemon() {
+  Shutdown();
+  // Before the directory and the cluster node they point at.
+  dispatcher_.reset();
+  data_server_.reset();
+  sessions_.reset();
+  directory_.reset();
+}
+
+void Daemon::Cancel() {
+  absl::MutexLock l(&cancel_mu_);
+  cancelled_ = true;
+  if (cluster_) cluster_->Cancel();
+}
 
 absl::Status Daemon::Start() {
   std::vector<uint32_t> uids(config_.allowed_uids.begin(), config_.allowed_uids.end());
@@ -54,9 +69,48 @@ absl::Status Daemon::Start() {
   ASSIGN_OR_RETURN(listener_, Listener::Bind(config_.socket_path, config_.socket_mode));
   auth_ = std::make_unique<UnixPeerAuthenticator>(peers_.get());
   ASSIGN_OR_RETURN(wake_, WakeFd::Create());
+  if (!config_.cluster_coordinator.empty()) {
+    // Joined first: the cross-node engine rendezvous through the coordinator.
+    // Events reach the session manager once it exists (none can concern a
+    // group before).
+    auto cluster = std::make_unique<ClusterNode>(
+        config_,
+        [this](const PeerEvent& e) {
+          SessionManager* sm = sessions_ready_.load();
+          if (sm == nullptr) return;
+          if (e.kind == PeerEvent::Kind::kLost) {
+            sm->OnPeerLost(e.node, e.why);
+          } else {
+            sm->OnPeerJoined(e.node);
+          }
+        },
+        [this](const v1::GroupEvent& e) {
+          if (SessionManager* sm = sessions_ready_.load(); sm != nullptr) {
+            sm->OnGroupEvent(e.group_key(), e.epoch(), e.origin_node(), e.why());
+          }
+        });
+    {
+      absl::MutexLock l(&cancel_mu_);
+      if (cancelled_) return absl::CancelledError("stopped while starting");
+      cluster_ = std::move(cluster);
+    }
+    // Blocks up to cluster.join_timeout_ms (Cancel ends it sooner).
+    RETURN_IF_ERROR(cluster_->Start());
+  }
   const int threads = config_.engine_threads > 0 ? config_.engine_threads : UsableCores();
   ASSIGN_OR_RETURN(engine_,
                    MakeEngine(EngineOptions{config_.engine_kind, threads, config_.inline_max_bytes}));
+  if (cluster_) {
+    if (cluster_engine_) {
+      ASSIGN_OR_RETURN(engine_, cluster_engine_(std::move(engine_), cluster_->client(), config_,
+                                                threads));
+    } else {
+      HSDP_LOG(Warning) << "cluster: this hsdpd has no cross-node engine; groups cannot span "
+                           "nodes";
+    }
+    directory_ = std::make_unique<KvClusterDirectory>(cluster_->client(), cluster_->member(),
+                                                      static_cast<int>(config_.cluster_nodes));
+  }
   control_ = std::make_unique<Executor>(2);
   NodeLimits limits;
   limits.max_node_bytes = ResolveMaxNodeBytes(config_);
@@ -66,7 +120,8 @@ absl::Status Daemon::Start() {
                        ObservabilityOptions{config_.metrics_listen, config_.trace_buffer_events},
                        [this] { return CollectNodeGauges(*sessions_); }));
   sessions_ = std::make_unique<SessionManager>(config_, limits, engine_.get(), control_.get(),
-                                               observability_.get());
+                                               observability_.get(), directory_.get());
+  sessions_ready_.store(sessions_.get());
   RETURN_IF_ERROR(observability_->ServeMetrics());
   if (!config_.metrics_listen.empty()) {
     HSDP_LOG(Info) << "metrics: serving Prometheus /metrics on http://"
@@ -85,11 +140,6 @@ absl::Status Daemon::Start() {
                                                       engine_.get(), config_.socket_path,
                                                       observability_.get());
   health_service_ = std::make_unique<HealthServiceImpl>(auth_.get());
-  if (!config_.cluster_coordinator.empty()) {
-    cluster_ = std::make_unique<ClusterNode>(config_, [this](const PeerEvent& e) {
-      if (e.kind == PeerEvent::Kind::kLost) sessions_->OnPeerLost(e.node, e.why);
-    });
-  }
   admin_cluster_service_ = std::make_unique<AdminClusterServiceImpl>(auth_.get(), cluster_.get());
   grpc::ServerBuilder builder;
   // Connections come from AddInsecureChannelFromFd, where gRPC's handshake
@@ -114,9 +164,6 @@ absl::Status Daemon::Start() {
   builder.RegisterService(admin_cluster_service_.get());
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr) return absl::InternalError("cannot start the gRPC server");
-  // Joins before the socket accepts connections (blocks up to
-  // cluster.join_timeout_ms).
-  if (cluster_) RETURN_IF_ERROR(cluster_->Start());
 
   dispatcher_->Start();
   listener_->Start(

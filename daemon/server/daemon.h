@@ -1,13 +1,20 @@
 // Wires the daemon's components together and owns them: listener, gRPC
-// server, data-connection server, session manager, dispatcher, engine.
-// main() parses flags and config and hands the result here.
+// server, data-connection server, session manager, dispatcher, engine, and
+// in a cluster the ClusterNode (joined before the engine is built, since
+// the cross-node engine rendezvous through the coordinator) and the
+// placement directory. main() parses flags and config and hands the result
+// here, with the factory of the cross-node engine.
 #ifndef HSDP_DAEMON_SERVER_DAEMON_H_
 #define HSDP_DAEMON_SERVER_DAEMON_H_
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/config/node_config.h"
 
 namespace grpc {
@@ -17,6 +24,8 @@ class Server;
 namespace hsdp {
 
 class Authenticator;
+class ClusterClient;
+class ClusterDirectory;
 class AdminClusterServiceImpl;
 class ClusterNode;
 class Engine;
@@ -33,15 +42,26 @@ class AdminServiceImpl;
 class Observability;
 class RpcTracker;
 
+// Wraps the node's engine into one that also reaches other nodes, with the
+// coordinator's client for rendezvous (daemon/server/cluster_engine.h).
+using ClusterEngineFactory = std::function<absl::StatusOr<std::unique_ptr<Engine>>(
+    std::unique_ptr<Engine> local, ClusterClient* coordinator, const NodeConfig& config,
+    int threads)>;
+
 class Daemon {
  public:
-  // `config.socket_path` must be resolved (non-empty).
-  explicit Daemon(NodeConfig config);
+  // `config.socket_path` must be resolved (non-empty). `cluster_engine`:
+  // used when cluster.coordinator is set (null: the local engine only, so
+  // groups cannot span nodes).
+  explicit Daemon(NodeConfig config, ClusterEngineFactory cluster_engine = nullptr);
   ~Daemon();
 
   // Binds the socket and starts every thread. FAILED_PRECONDITION when
-  // another daemon owns the socket.
+  // another daemon owns the socket; CANCELLED after Cancel().
   absl::Status Start();
+  // Makes a Start in progress (joining the cluster) return CANCELLED within
+  // about a second. Thread-safe; call Shutdown after Start returned.
+  void Cancel();
   // Tells every session, drains, stops threads, removes the socket.
   // Idempotent.
   void Shutdown();
@@ -50,6 +70,7 @@ class Daemon {
 
  private:
   NodeConfig config_;
+  const ClusterEngineFactory cluster_engine_;
   // First: groups (kept alive by the engine's callbacks) point at it.
   std::unique_ptr<Observability> observability_;
   std::unique_ptr<WakeFd> wake_;
@@ -65,6 +86,11 @@ class Daemon {
   std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<HealthServiceImpl> health_service_;
   std::unique_ptr<ClusterNode> cluster_;  // null on a single node
+  std::unique_ptr<ClusterDirectory> directory_;  // placement; null on a single node
+  // For the cluster's event callbacks (heartbeat thread), set once sessions_ exists.
+  std::atomic<SessionManager*> sessions_ready_{nullptr};
+  absl::Mutex cancel_mu_;
+  bool cancelled_ ABSL_GUARDED_BY(cancel_mu_) = false;
   std::unique_ptr<AdminClusterServiceImpl> admin_cluster_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<Listener> listener_;

@@ -99,8 +99,13 @@ uint64_t KernelMaxMapCount() {
 }
 
 SessionManager::SessionManager(const NodeConfig& config, NodeLimits limits, Engine* engine,
-                               Executor* control, OpObserver* observer)
-    : config_(config), limits_(limits), engine_(engine), control_(control), observer_(observer) {}
+                               Executor* control, OpObserver* observer, ClusterDirectory* cluster)
+    : config_(config), limits_(limits), engine_(engine), control_(control), observer_(observer),
+      cluster_(cluster) {}
+
+absl::Time SessionManager::ClusterDeadline() const {
+  return absl::Now() + absl::Milliseconds(config_.cluster_join_timeout_ms);
+}
 
 SessionManager::~SessionManager() = default;
 
@@ -118,32 +123,58 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Lookup(uint64_t session
   return it->second;
 }
 
+absl::Status SessionManager::CheckJobLocked(const AttachParams& p, const PeerCred& caller) const {
+  auto job_it = jobs_.find(p.job_id);
+  if (job_it == jobs_.end()) return absl::OkStatus();
+  const Job& job = job_it->second;
+  if (caller.uid != 0 && caller.uid != job.owner_uid) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "job_id: job \"", p.job_id, "\" belongs to another user; pick another job id"));
+  }
+  if (job.world_size != p.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("world_size: job \"", p.job_id,
+                                                   "\" has world size ", job.world_size,
+                                                   ", this trainer says ", p.world_size));
+  }
+  if (auto r = job.rank_to_session.find(p.rank); r != job.rank_to_session.end()) {
+    const auto& other = sessions_.at(r->second);
+    return absl::AlreadyExistsError(absl::StrCat(
+        "rank: rank ", p.rank, " of job \"", p.job_id, "\" is already attached (session ",
+        other->id(), ", pid ", other->info().pid, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<AttachResult> SessionManager::Attach(const AttachParams& p, const PeerCred& caller) {
   RETURN_IF_ERROR(ValidateAttach(p));
+  if (cluster_ == nullptr) return AttachHere(p, caller);
+  {
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(CheckJobLocked(p, caller));
+  }
+  // Placed in the cluster first (no lock held: this is a network call).
+  RETURN_IF_ERROR(cluster_->Publish(p.job_id, p.rank, p.world_size, ClusterDeadline()));
+  absl::StatusOr<AttachResult> r = AttachHere(p, caller);
+  if (!r.ok()) {
+    bool here;
+    {
+      absl::MutexLock l(&mu_);
+      auto job_it = jobs_.find(p.job_id);
+      here = job_it != jobs_.end() && job_it->second.rank_to_session.count(p.rank) > 0;
+    }
+    if (!here) cluster_->Withdraw(p.job_id, {p.rank}, ClusterDeadline());
+  }
+  return r;
+}
+
+absl::StatusOr<AttachResult> SessionManager::AttachHere(const AttachParams& p,
+                                                        const PeerCred& caller) {
   absl::MutexLock l(&mu_);
   if (sessions_.size() >= config_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "this hsdpd already has ", sessions_.size(), " sessions (limits.max_sessions)"));
   }
-  auto job_it = jobs_.find(p.job_id);
-  if (job_it != jobs_.end()) {
-    Job& job = job_it->second;
-    if (caller.uid != 0 && caller.uid != job.owner_uid) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "job_id: job \"", p.job_id, "\" belongs to another user; pick another job id"));
-    }
-    if (job.world_size != p.world_size) {
-      return absl::InvalidArgumentError(absl::StrCat("world_size: job \"", p.job_id,
-                                                     "\" has world size ", job.world_size,
-                                                     ", this trainer says ", p.world_size));
-    }
-    if (auto r = job.rank_to_session.find(p.rank); r != job.rank_to_session.end()) {
-      const auto& other = sessions_.at(r->second);
-      return absl::AlreadyExistsError(absl::StrCat(
-          "rank: rank ", p.rank, " of job \"", p.job_id, "\" is already attached (session ",
-          other->id(), ", pid ", other->info().pid, ")"));
-    }
-  }
+  RETURN_IF_ERROR(CheckJobLocked(p, caller));
   if (node_mappings_ >= limits_.max_mappings) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "this node already has ", node_mappings_, " shared-memory mappings (the budget below "
@@ -320,6 +351,8 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
                                                         uint32_t rejoin_group_id) {
   std::shared_ptr<Group> group;
   std::shared_ptr<Session> s;
+  std::string key;
+  int k = 0;
   {
     absl::MutexLock l(&mu_);
     ASSIGN_OR_RETURN(s, Lookup(session_id, caller));
@@ -365,45 +398,37 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
             " ranks; only members call NewGroup"));
       }
       auto call_it = job.calls.find({session_id, ranks});
-      const int k = call_it == job.calls.end() ? 0 : call_it->second;
-      const std::string key = GroupKey(s->info().job_id, ranks, k);
+      k = call_it == job.calls.end() ? 0 : call_it->second;
+      key = GroupKey(s->info().job_id, ranks, k);
       auto it = job.groups.find(key);
       if (it != job.groups.end()) {
         group = groups_.at(it->second);
-      } else {
-        if (job.groups.size() >= config_.max_groups_per_job) {
-          return absl::ResourceExhaustedError(absl::StrCat(
-              "job \"", s->info().job_id, "\" already has ", job.groups.size(),
-              " groups (limits.max_groups_per_job)"));
-        }
-        if (job.group_members + ranks.size() > limits_.max_group_members_per_job ||
-            node_group_members_ + ranks.size() > limits_.max_group_members) {
-          return absl::ResourceExhaustedError(absl::StrCat(
-              "a group of ", ranks.size(), " ranks would bring job \"", s->info().job_id,
-              "\" to ", job.group_members + ranks.size(), " group members (at most ",
-              limits_.max_group_members_per_job, " per job and ", limits_.max_group_members,
-              " per node, ", node_group_members_, " in use)"));
-        }
-        const uint32_t id = next_group_id_++;
-        GroupSpec spec;
-        spec.id = id;
-        spec.key = key;
-        spec.job_id = s->info().job_id;
-        spec.ranks = ranks;
-        spec.timeout_ns = int64_t{config_.collective_timeout_ms} * 1'000'000;
-        spec.max_pending = config_.ring_entries;
-        spec.observer = observer_;
-        group = std::make_shared<Group>(std::move(spec), engine_,
-                                        [this](uint32_t gid) { return FindGroup(gid); });
-        EngineGroupSpec es{key, 1, ranks, std::vector<int>(ranks.size(), 0), 0};
-        RETURN_IF_ERROR(engine_->CreateGroup(es));
-        groups_[id] = group;
-        job.groups[key] = id;
-        job.group_members += ranks.size();
-        node_group_members_ += ranks.size();
+        job.calls[{session_id, ranks}] = k + 1;  // counted only once accepted
+      } else if (job.groups.size() >= config_.max_groups_per_job) {
+        // Checked again when creating; early here, before any network wait.
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "job \"", s->info().job_id, "\" already has ", job.groups.size(),
+            " groups (limits.max_groups_per_job)"));
       }
-      job.calls[{session_id, ranks}] = k + 1;  // counted only once accepted
     }
+  }
+  if (group == nullptr) {
+    // Where every rank is (a network wait in a cluster; no lock held).
+    std::vector<int> nodes;
+    int this_node = 0;
+    uint32_t first_epoch = 1;
+    if (cluster_ != nullptr) {
+      const absl::Time deadline = ClusterDeadline();
+      ASSIGN_OR_RETURN(nodes, cluster_->Resolve(s->info().job_id, ranks, deadline));
+      this_node = cluster_->this_node();
+      if (std::all_of(nodes.begin(), nodes.end(), [&](int n) { return n == this_node; })) {
+        nodes.clear();  // all here: a single-node group, as without a cluster
+      } else {
+        ASSIGN_OR_RETURN(first_epoch, cluster_->FirstEpoch(key, deadline));
+      }
+    }
+    ASSIGN_OR_RETURN(group, CreateGroup(s, ranks, key, k, std::move(nodes), this_node,
+                                        first_epoch));
   }
   const int group_rank = group->RankOf(s->info().rank);
   if (group_rank < 0) {
@@ -412,6 +437,73 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
   }
   ASSIGN_OR_RETURN(const uint32_t epoch, group->Join(group_rank, s));
   return NewGroupResult{group->id(), group_rank, group->size(), epoch};
+}
+
+absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
+    const std::shared_ptr<Session>& s, const std::vector<int>& ranks, const std::string& key, int k,
+    std::vector<int> nodes, int this_node, uint32_t first_epoch) {
+  absl::MutexLock l(&mu_);
+  auto job_it = jobs_.find(s->info().job_id);
+  if (s->closed() || job_it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("session_id: session ", s->id(), " ended"));
+  }
+  Job& job = job_it->second;
+  std::shared_ptr<Group> group;
+  if (auto it = job.groups.find(key); it != job.groups.end()) {
+    group = groups_.at(it->second);  // another member created it meanwhile
+  } else {
+    if (job.groups.size() >= config_.max_groups_per_job) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "job \"", s->info().job_id, "\" already has ", job.groups.size(),
+          " groups (limits.max_groups_per_job)"));
+    }
+    if (job.group_members + ranks.size() > limits_.max_group_members_per_job ||
+        node_group_members_ + ranks.size() > limits_.max_group_members) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a group of ", ranks.size(), " ranks would bring job \"", s->info().job_id,
+          "\" to ", job.group_members + ranks.size(), " group members (at most ",
+          limits_.max_group_members_per_job, " per job and ", limits_.max_group_members,
+          " per node, ", node_group_members_, " in use)"));
+    }
+    if (!nodes.empty() && !engine_->SupportsRemoteMembers()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ranks: the group spans nodes, but this hsdpd's engine (", engine_->name(),
+          ") cannot reach other nodes (built without the cross-node engine?)"));
+    }
+    const uint32_t id = next_group_id_++;
+    GroupSpec spec;
+    spec.id = id;
+    spec.key = key;
+    spec.job_id = s->info().job_id;
+    spec.ranks = ranks;
+    spec.nodes = nodes;
+    spec.this_node = this_node;
+    spec.first_epoch = first_epoch;
+    spec.timeout_ns = int64_t{config_.collective_timeout_ms} * 1'000'000;
+    spec.max_pending = config_.ring_entries;
+    spec.observer = observer_;
+    if (cluster_ != nullptr && !nodes.empty()) {
+      ClusterDirectory* cluster = cluster_;
+      spec.on_epoch_failed = [cluster, key](uint32_t epoch, const absl::Status& why) {
+        cluster->ReportEpochFailed(key, epoch, std::string(why.message()));
+      };
+    }
+    if (nodes.empty()) nodes.assign(ranks.size(), this_node);
+    group = std::make_shared<Group>(std::move(spec), engine_,
+                                    [this](uint32_t gid) { return FindGroup(gid); });
+    EngineGroupSpec es{key, first_epoch, ranks, std::move(nodes), this_node};
+    RETURN_IF_ERROR(engine_->CreateGroup(es));
+    groups_[id] = group;
+    job.groups[key] = id;
+    job.group_members += ranks.size();
+    node_group_members_ += ranks.size();
+    if (group->spans_nodes()) {
+      HSDP_LOG(Info) << "group " << id << " (job \"" << s->info().job_id << "\", "
+                     << ranks.size() << " ranks) spans nodes; epoch " << first_epoch;
+    }
+  }
+  job.calls[{s->id(), ranks}] = k + 1;  // counted only once accepted
+  return group;
 }
 
 void SessionManager::EndSession(uint64_t session_id, const std::string& why) {
@@ -442,6 +534,7 @@ void SessionManager::EndSession(uint64_t session_id, const std::string& why) {
     version_.fetch_add(1, std::memory_order_release);
   }
   s->Close();
+  if (cluster_ != nullptr) cluster_->Withdraw(s->info().job_id, {s->info().rank}, ClusterDeadline());
   for (const std::shared_ptr<Group>& g : groups) g->MemberLeft(s.get(), why);
   retired_completed_.fetch_add(s->ops_completed());
   retired_failed_.fetch_add(s->ops_failed());
@@ -465,6 +558,26 @@ void SessionManager::OnPeerLost(int node, const std::string& why) {
     for (auto& [id, g] : groups_) groups.push_back(g);
   }
   for (const std::shared_ptr<Group>& g : groups) g->PeerLost(node, why);
+}
+
+void SessionManager::OnPeerJoined(int node) {
+  for (const std::shared_ptr<Group>& g : AllGroups()) g->PeerJoined(node);
+}
+
+void SessionManager::OnGroupEvent(const std::string& key, uint32_t epoch, int origin,
+                                  const std::string& why) {
+  std::vector<std::shared_ptr<Group>> groups;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& [id, g] : groups_) {
+      if (g->key() == key && g->spans_nodes()) groups.push_back(g);
+    }
+  }
+  for (const std::shared_ptr<Group>& g : groups) {
+    g->RemoteEpochFailed(epoch, absl::AbortedError(absl::StrCat(
+                                    "epoch ", epoch, " of group ", g->id(), " (job \"",
+                                    g->job_id(), "\") failed on node ", origin, ": ", why)));
+  }
 }
 
 void SessionManager::Housekeeping() {

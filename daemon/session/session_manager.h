@@ -11,8 +11,16 @@
 // and count per session, bytes and mappings per node, group members per job
 // and per node) and released when the work fails.
 //
+// Cluster (a ClusterDirectory given): Attach places the rank in the
+// cluster first (a conflicting world size or a rank attached on another
+// node is an error), NewGroup resolves the node of every rank (waiting up to
+// cluster.join_timeout_ms, without mu_) and creates a cross-node group when
+// some are elsewhere, and group failures that start here are reported to
+// the other daemons; OnGroupEvent / OnPeerLost / OnPeerJoined take theirs.
+//
 // Thread-safety: all methods are thread-safe. Lock order: mu_ before any
-// Group's or Session's lock; Group::MemberLeft is called without mu_.
+// Group's or Session's lock; Group::MemberLeft is called without mu_, and so
+// is every ClusterDirectory call.
 #ifndef HSDP_DAEMON_SESSION_SESSION_MANAGER_H_
 #define HSDP_DAEMON_SESSION_SESSION_MANAGER_H_
 
@@ -33,6 +41,7 @@
 #include "daemon/dataplane/dispatcher.h"
 #include "daemon/dataplane/group.h"
 #include "daemon/engine/engine.h"
+#include "daemon/session/cluster_directory.h"
 #include "daemon/session/session.h"
 #include "daemon/session/shm_channel.h"
 #include "hsdp/common/unix_socket.h"
@@ -93,8 +102,11 @@ class SessionManager : public SessionDirectory {
   // `control`: where buffer mapping runs (nullptr: inline, for tests).
   // `observer`: given to every group it creates (nullptr: none); must
   // outlive the manager.
+  // `cluster`: placement and failure events across nodes (nullptr: a
+  // single node); must outlive the manager.
   SessionManager(const NodeConfig& config, NodeLimits limits, Engine* engine,
-                 Executor* control = nullptr, OpObserver* observer = nullptr);
+                 Executor* control = nullptr, OpObserver* observer = nullptr,
+                 ClusterDirectory* cluster = nullptr);
   ~SessionManager() override;
 
   absl::StatusOr<AttachResult> Attach(const AttachParams& params, const PeerCred& caller);
@@ -132,6 +144,12 @@ class SessionManager : public SessionDirectory {
   // Cluster: node `node` was lost; every group with members on it fails its
   // current epoch (Group::PeerLost). Thread-safe.
   void OnPeerLost(int node, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Node `node` joined again: groups let its ranks into their next epoch.
+  void OnPeerJoined(int node) ABSL_LOCKS_EXCLUDED(mu_);
+  // Another daemon (node `origin`) reported that `epoch` of group `key`
+  // failed: this daemon's group of that key fails it too.
+  void OnGroupEvent(const std::string& key, uint32_t epoch, int origin, const std::string& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every job, or only those of `uid` when `only_uid` is set.
   std::vector<JobSummary> Jobs(std::optional<uint32_t> only_uid = std::nullopt) const;
@@ -163,6 +181,22 @@ class SessionManager : public SessionDirectory {
     uint64_t group_members = 0;  // sum of the sizes of its groups
   };
 
+  // Attach without the cluster step.
+  absl::StatusOr<AttachResult> AttachHere(const AttachParams& params, const PeerCred& caller)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The checks an existing job makes of a new member (owner, world size, rank free).
+  absl::Status CheckJobLocked(const AttachParams& params, const PeerCred& caller) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Creates group `key` (the k-th with `ranks`) for session `s`, or returns
+  // the one another member created meanwhile.
+  absl::StatusOr<std::shared_ptr<Group>> CreateGroup(const std::shared_ptr<Session>& s,
+                                                     const std::vector<int>& ranks,
+                                                     const std::string& key, int k,
+                                                     std::vector<int> nodes, int this_node,
+                                                     uint32_t first_epoch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Time ClusterDeadline() const;
+
   // The session, checking that `caller` may act on it.
   absl::StatusOr<std::shared_ptr<Session>> Lookup(uint64_t session_id, const PeerCred& caller) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -178,6 +212,7 @@ class SessionManager : public SessionDirectory {
   Engine* const engine_;
   Executor* const control_;
   OpObserver* const observer_;
+  ClusterDirectory* const cluster_;
 
   std::atomic<uint64_t> version_{0};
   std::atomic<uint64_t> retired_completed_{0};

@@ -1,0 +1,72 @@
+// ClusterDirectory over the coordinator's key/value store and this node's
+// ClusterMember. Placement keys, for job J (length-prefixed, so any job id is
+// unambiguous) and rank R:
+//   hsdp/job/<len>:J/world    the job's world size (first writer wins)
+//   hsdp/job/<len>:J/rank/R   the node rank hosting R (first writer wins)
+//   hsdp/job/<len>:J/ranks    how many ranks are placed (the world key goes
+//                             with the last one)
+//   hsdp/epoch/<group key>    one past the last failed epoch of a group
+//                             (written by the coordinator on Report)
+// Withdrawals run on a worker thread (EndSession never waits on the
+// network); Publish waits for queued withdrawals first, so a trainer that
+// re-attaches at once is not un-placed by its predecessor's withdrawal.
+//
+// Thread-safe. Errors name the coordinator.
+#ifndef HSDP_DAEMON_CLUSTER_KV_CLUSTER_DIRECTORY_H_
+#define HSDP_DAEMON_CLUSTER_KV_CLUSTER_DIRECTORY_H_
+
+#include <deque>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/cluster/cluster_client.h"
+#include "daemon/cluster/cluster_member.h"
+#include "daemon/session/cluster_directory.h"
+
+namespace hsdp {
+
+// Key helpers (shared with the coordinator's service and tests).
+std::string JobPlacementPrefix(const std::string& job);
+std::string GroupEpochKey(const std::string& group_key);
+
+class KvClusterDirectory : public ClusterDirectory {
+ public:
+  // `client` and `member` must outlive this; `nodes` is cluster.nodes.
+  KvClusterDirectory(ClusterClient* client, ClusterMember* member, int nodes);
+  ~KvClusterDirectory() override;  // finishes queued withdrawals (bounded by their deadlines)
+
+  int this_node() const override;
+  absl::Status Publish(const std::string& job, int rank, int world_size,
+                       absl::Time deadline) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Withdraw(const std::string& job, const std::vector<int>& ranks,
+                absl::Time deadline) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::vector<int>> Resolve(const std::string& job, const std::vector<int>& ranks,
+                                           absl::Time deadline) override;
+  absl::StatusOr<uint32_t> FirstEpoch(const std::string& key, absl::Time deadline) override;
+  void ReportEpochFailed(const std::string& key, uint32_t epoch, const std::string& why) override;
+
+  static constexpr size_t kMaxQueued = 4096;
+
+ private:
+  absl::Status Named(const absl::Status& s, const std::string& what) const;
+  void WithdrawNow(const std::string& job, const std::vector<int>& ranks, absl::Time deadline);
+  void Worker() ABSL_LOCKS_EXCLUDED(mu_);
+
+  ClusterClient* const client_;
+  ClusterMember* const member_;
+  const int nodes_;
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread worker_;
+};
+
+}  // namespace hsdp
+
+#endif  // HSDP_DAEMON_CLUSTER_KV_CLUSTER_DIRECTORY_H_

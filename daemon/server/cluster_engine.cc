@@ -1,0 +1,46 @@
+#include "daemon/server/cluster_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+#if HSDP_HAVE_CLUSTER_ENGINE
+#include "daemon/cluster/gloo_store.h"
+#include "daemon/engine/cluster/gloo_transport.h"
+#include "daemon/engine/cluster/hierarchical_engine.h"
+#endif
+
+namespace hsdp {
+
+absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(std::unique_ptr<Engine> local,
+                                                          ClusterClient* coordinator,
+                                                          const NodeConfig& config, int threads) {
+#if HSDP_HAVE_CLUSTER_ENGINE
+  const std::string listen_host = config.cluster_listen.substr(0, config.cluster_listen.rfind(':'));
+  GlooTransportOptions transport;
+  transport.data_address =
+      config.cluster_data_address.empty() ? listen_host : config.cluster_data_address;
+  // Rendezvous waits are bounded like the tasks themselves.
+  const std::chrono::milliseconds wait(std::max<uint32_t>(1000, config.collective_timeout_ms));
+  transport.store = [coordinator, wait](const std::string& prefix) {
+    return std::unique_ptr<gloo::rendezvous::Store>(new GlooStore(coordinator, prefix, wait));
+  };
+  HierarchicalEngineOptions options;
+  options.threads = std::max(2, threads);
+  options.timeout = absl::Milliseconds(config.collective_timeout_ms);
+  return MakeHierarchicalEngine(std::move(local), MakeGlooTransport(std::move(transport)),
+                                options);
+#else
+  (void)local;
+  (void)coordinator;
+  (void)config;
+  (void)threads;
+  return absl::UnimplementedError(
+      "cluster.coordinator: this hsdpd was built without Gloo, so it has no cross-node engine; "
+      "rebuild with Gloo or remove the cluster section");
+#endif
+}
+
+}  // namespace hsdp

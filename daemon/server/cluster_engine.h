@@ -1,0 +1,27 @@
+// The engine of a daemon in a cluster: the node's own engine wrapped in the
+// hierarchical cross-node engine (daemon/engine/cluster/), whose links are
+// Gloo over TCP on cluster.data_address (the listen host by default) and
+// rendezvous through the coordinator's key/value store (GlooStore), with
+// engine.threads workers and timeouts.collective_ms per cross-node task.
+// In a build without Gloo it fails with UNIMPLEMENTED naming what is missing.
+#ifndef HSDP_DAEMON_SERVER_CLUSTER_ENGINE_H_
+#define HSDP_DAEMON_SERVER_CLUSTER_ENGINE_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "daemon/config/node_config.h"
+#include "daemon/engine/engine.h"
+
+namespace hsdp {
+
+class ClusterClient;
+
+// `coordinator` must outlive the engine. Matches ClusterEngineFactory.
+absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(std::unique_ptr<Engine> local,
+                                                          ClusterClient* coordinator,
+                                                          const NodeConfig& config, int threads);
+
+}  // namespace hsdp
+
+#endif  // HSDP_DAEMON_SERVER_CLUSTER_ENGINE_H_
