@@ -3,7 +3,8 @@
 // Gloo over TCP on cluster.data_address (the listen host by default) and
 // rendezvous through the coordinator's key/value store (GlooStore), with
 // engine.threads workers and timeouts.collective_ms per cross-node task.
-// In a build without Gloo it fails with UNIMPLEMENTED naming what is missing.
+// In a build without it, returns `local` (logged): the cluster's control
+// plane works, and groups that span nodes fail with FAILED_PRECONDITION.
 #ifndef HSDP_DAEMON_SERVER_CLUSTER_ENGINE_H_
 #define HSDP_DAEMON_SERVER_CLUSTER_ENGINE_H_
 

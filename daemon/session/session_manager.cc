@@ -574,9 +574,9 @@ void SessionManager::OnGroupEvent(const std::string& key, uint32_t epoch, int or
     }
   }
   for (const std::shared_ptr<Group>& g : groups) {
-    g->RemoteEpochFailed(epoch, absl::AbortedError(absl::StrCat(
-                                    "epoch ", epoch, " of group ", g->id(), " (job \"",
-                                    g->job_id(), "\") failed on node ", origin, ": ", why)));
+    // `why` comes from the origin's daemon (its group ids are its own).
+    g->RemoteEpochFailed(epoch, absl::AbortedError(absl::StrCat("node ", origin, " reports: ",
+                                                                why)));
   }
 }
 

@@ -1,0 +1,504 @@
+// Collectives across real hsdpd processes that form a cluster on loopback:
+// every trainer (a forked process) attaches to its own node's daemon with
+// (job, global rank, world size) and creates groups by global ranks; the
+// daemons find where every rank lives through the coordinator and run the
+// group across nodes. Rank layouts are not contiguous per node. Results are
+// checked against an independent reference (collective_check.h). Failures:
+// a trainer killed on one node fails the group's operations on the other
+// node naming the rank; a daemon killed fails them naming the node, while a
+// group local to a surviving node keeps working and the survivors form a new
+// group that runs. Every wait is bounded.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "cluster_test_util.h"
+#include "collective_check.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "hsdp/client.h"
+
+namespace hsdp::testing {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using bench::LoadAs;
+using bench::StoreAs;
+
+constexpr size_t kBufBytes = 1 << 20;
+constexpr int kFormMs = 10000;
+constexpr int kChildMs = 25000;
+
+// One trainer inside its child process.
+struct Trainer {
+  std::unique_ptr<Client> client;
+  Buffer send, recv;
+  FILE* out = nullptr;
+  int rank = 0;
+  int failures = 0;
+
+  void Fail(const std::string& what) {
+    if (++failures <= 20) std::fprintf(out, "rank %d FAIL: %s\n", rank, what.c_str());
+  }
+  void* At(const Buffer& b, uint64_t offset = 0) const {
+    return static_cast<char*>(b.data) + offset;
+  }
+};
+
+bool Attach(Trainer* T, const std::string& socket, const std::string& job, int rank, int world) {
+  ClientOptions o;
+  o.socket_path = socket;
+  o.job_id = job;
+  o.rank = rank;
+  o.world_size = world;
+  T->rank = rank;
+  auto c = Client::Connect(o);
+  if (!c.ok()) {
+    T->Fail("connect: " + c.status().ToString());
+    return false;
+  }
+  T->client = std::move(*c);
+  auto s = T->client->AllocateBuffer(kBufBytes, "send");
+  auto r = T->client->AllocateBuffer(kBufBytes, "recv");
+  if (!s.ok() || !r.ok()) {
+    T->Fail("allocate");
+    return false;
+  }
+  T->send = *s;
+  T->recv = *r;
+  return true;
+}
+
+bool MakeGroup(Trainer* T, const std::vector<int>& ranks, Group* g) {
+  absl::StatusOr<Group> r = T->client->NewGroup(ranks);
+  if (!r.ok()) {
+    T->Fail("new group: " + r.status().ToString());
+    return false;
+  }
+  *g = *r;
+  return true;
+}
+
+bool Await(Trainer* T, absl::StatusOr<Work> w, const std::string& name) {
+  if (!w.ok()) {
+    T->Fail(name + ": submit: " + w.status().ToString());
+    return false;
+  }
+  absl::Status s = w->Wait(absl::Seconds(20));
+  if (!s.ok()) {
+    T->Fail(name + ": " + s.ToString());
+    return false;
+  }
+  return true;
+}
+
+template <typename Want>
+void Check(Trainer* T, const std::string& name, DataType t, const ReduceOptions& o,
+           const void* out, uint64_t count, Want want) {
+  for (uint64_t i = 0; i < count; ++i) {
+    const double w = want(i);
+    const double g = LoadAs(t, out, i);
+    if (!(std::fabs(g - w) <= Tolerance(t, o, w))) {
+      T->Fail(name + ": [" + std::to_string(i) + "] got " + std::to_string(g) + ", want " +
+              std::to_string(w));
+      return;
+    }
+  }
+}
+
+void Fill(Trainer* T, DataType t, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) StoreAs(t, T->At(T->send), i, Input(t, T->rank, i));
+}
+
+void AllReduceCase(Trainer* T, const Group& g, DataType t, const ReduceOptions& o, uint64_t n) {
+  const std::string name = "all_reduce " + std::string(DataTypeName(t)) + " " +
+                           std::string(ReduceOpName(o.op)) + " n=" + std::to_string(n);
+  Fill(T, t, n);
+  if (!Await(T, T->client->AllReduce(g, {T->send.id, 0}, {T->recv.id, 0}, n, t, o), name)) return;
+  Check(T, name, t, o, T->At(T->recv), n, [&](uint64_t i) { return Reference(t, o, g.ranks, i); });
+}
+
+void ReduceScatterCase(Trainer* T, const Group& g, DataType t, const ReduceOptions& o,
+                       uint64_t n) {
+  const std::string name = "reduce_scatter " + std::string(DataTypeName(t)) + " n=" + std::to_string(n);
+  Fill(T, t, n * g.size);
+  if (!Await(T, T->client->ReduceScatter(g, {T->send.id, 0}, {T->recv.id, 0}, n, t, o), name)) {
+    return;
+  }
+  Check(T, name, t, o, T->At(T->recv), n,
+        [&](uint64_t i) { return Reference(t, o, g.ranks, g.rank * n + i); });
+}
+
+void AllGatherCase(Trainer* T, const Group& g, DataType t, uint64_t n) {
+  const std::string name = "all_gather " + std::string(DataTypeName(t)) + " n=" + std::to_string(n);
+  Fill(T, t, n);
+  if (!Await(T, T->client->AllGather(g, {T->send.id, 0}, {T->recv.id, 0}, n, t), name)) return;
+  Check(T, name, t, {}, T->At(T->recv), n * g.size,
+        [&](uint64_t i) { return Input(t, g.ranks[i / n], i % n); });
+}
+
+void BroadcastCase(Trainer* T, const Group& g, DataType t, int root, uint64_t n) {
+  const std::string name = "broadcast root " + std::to_string(root);
+  Fill(T, t, n);
+  if (!Await(T, T->client->Broadcast(g, {T->send.id, 0}, {T->recv.id, 0}, n, t, root), name)) {
+    return;
+  }
+  Check(T, name, t, {}, T->At(T->recv), n, [&](uint64_t i) { return Input(t, g.ranks[root], i); });
+}
+
+void AllToAllCase(Trainer* T, const Group& g, DataType t, uint64_t n) {
+  const std::string name = "all_to_all n=" + std::to_string(n);
+  Fill(T, t, n * g.size);
+  if (!Await(T, T->client->AllToAll(g, {T->send.id, 0}, {T->recv.id, 0}, n, t), name)) return;
+  // Block j of the output is block `g.rank` of rank j's input.
+  Check(T, name, t, {}, T->At(T->recv), n * g.size,
+        [&](uint64_t i) { return Input(t, g.ranks[i / n], g.rank * n + i % n); });
+}
+
+// Reduce-scatter in `shard`, all-reduce across `replicate`: each rank gets
+// the sum over the whole mesh (`mesh` ranks) of its shard position's block.
+void CompositeCase(Trainer* T, const Group& shard, const Group& replicate,
+                   const std::vector<int>& mesh, DataType t, const ReduceOptions& o, uint64_t n,
+                   const std::string& label) {
+  const std::string name = "composite " + label + " " + std::string(ReduceOpName(o.op));
+  Fill(T, t, n * shard.size);
+  if (!Await(T, T->client->ReduceScatterAllReduce(shard, replicate, {T->send.id, 0},
+                                                  {T->recv.id, 0}, n, t, o),
+             name)) {
+    return;
+  }
+  Check(T, name, t, o, T->At(T->recv), n,
+        [&](uint64_t i) { return Reference(t, o, mesh, shard.rank * n + i); });
+}
+
+// Rank `src` sends to `dst` (group ranks of `g`) with `tag`; called by both.
+void SendRecvCase(Trainer* T, const Group& g, int src, int dst, int tag, uint64_t n) {
+  const DataType t = DataType::kFloat32;
+  const std::string name = "send/recv " + std::to_string(g.ranks[src]) + "->" +
+                           std::to_string(g.ranks[dst]) + " tag " + std::to_string(tag);
+  if (g.rank == src) {
+    Fill(T, t, n);
+    Await(T, T->client->Send(g, {T->send.id, 0}, n, t, dst, tag), name);
+  } else if (g.rank == dst) {
+    if (!Await(T, T->client->Recv(g, {T->recv.id, 0}, n, t, src, tag), name)) return;
+    Check(T, name, t, {}, T->At(T->recv), n,
+          [&](uint64_t i) { return Input(t, g.ranks[src], i); });
+  }
+}
+
+// Waits up to `ms` for `path` to exist (a go-signal from the parent).
+bool WaitFile(const std::string& path, int ms) {
+  return Eventually([&] { return Exists(path); }, ms);
+}
+
+int Report(Trainer* T) {
+  std::fprintf(T->out, "rank %d done, %d failures\n", T->rank, T->failures);
+  return T->failures == 0 ? 0 : 1;
+}
+
+class ClusterDatapathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    token_ = WriteToken(shared_, "token", "cluster datapath test token");
+    coordinator_ = Loopback(FreePort());
+  }
+
+  // Starts `n` daemons (node i has cluster.node_rank i; node 0 is the
+  // coordinator) and waits until every one sees all of them.
+  void StartCluster(int n, int collective_ms = 15000) {
+    daemons_.clear();
+    for (int i = 0; i < n; ++i) daemons_.push_back(std::make_unique<ClusterDaemon>());
+    for (int i = 0; i < n; ++i) {
+      const std::string listen = i == 0 ? coordinator_ : Loopback(FreePort());
+      const std::string yaml =
+          ClusterYaml(coordinator_, listen, n, token_) + "  node_rank: " + std::to_string(i) +
+          "\ntimeouts:\n  collective_ms: " + std::to_string(collective_ms) +
+          "\nengine:\n  threads: 2\n";
+      ASSERT_TRUE(daemons_[i]->process.Start(yaml, {}, {}, /*wait_ready=*/false));
+    }
+    for (int i = 0; i < n; ++i) {
+      ASSERT_TRUE(daemons_[i]->process.WaitReady(kFormMs)) << daemons_[i]->log();
+    }
+    for (int i = 0; i < n; ++i) {
+      v1::NodesResponse view;
+      ASSERT_TRUE(Eventually(
+          [&] { return QueryNodes(daemons_[i]->socket(), &view) && AliveNodes(view) == n; },
+          kFormMs))
+          << view.DebugString() << daemons_[i]->log();
+    }
+  }
+
+  std::string Socket(int node) const { return daemons_[node]->socket(); }
+  std::string Logs() const {
+    std::string all;
+    for (size_t i = 0; i < daemons_.size(); ++i) {
+      all += "--- daemon " + std::to_string(i) + " log (tail) ---\n";
+      const std::string log = daemons_[i]->log();
+      all += log.size() > 6000 ? log.substr(log.size() - 6000) : log;
+    }
+    return all;
+  }
+
+  // Runs one child per rank (rank r on node placement[r]) and expects each
+  // to exit 0; prints their output and the daemons' logs otherwise.
+  void RunRanks(const std::vector<int>& placement,
+                const std::function<int(Trainer*, int rank)>& body) {
+    const int world = static_cast<int>(placement.size());
+    std::vector<std::unique_ptr<Child>> children;
+    for (int r = 0; r < world; ++r) {
+      const std::string socket = Socket(placement[r]);
+      const std::string job = job_;
+      children.push_back(std::make_unique<Child>([=](FILE* out) {
+        Trainer T;
+        T.out = out;
+        if (!Attach(&T, socket, job, r, world)) return 2;
+        return body(&T, r);
+      }));
+    }
+    for (int r = 0; r < world; ++r) {
+      const int rc = children[r]->Finish(kChildMs);
+      EXPECT_EQ(rc, 0) << "rank " << r << " on node " << placement[r] << ":\n"
+                       << children[r]->output() << Logs();
+    }
+  }
+
+  TempDir shared_;
+  std::string token_;
+  std::string coordinator_;
+  std::string job_ = "xjob";
+  std::vector<std::unique_ptr<ClusterDaemon>> daemons_;
+};
+
+// 2 nodes x 2 trainers, ranks {0, 3} on node 0 and {1, 2} on node 1.
+TEST_F(ClusterDatapathTest, TwoNodesTwoTrainersEveryCollectiveMatchesTheReference) {
+  StartCluster(2);
+  const std::vector<int> placement = {0, 1, 1, 0};
+  RunRanks(placement, [](Trainer* T, int rank) {
+    Group all, cross;
+    if (!MakeGroup(T, {0, 1, 2, 3}, &all)) return Report(T);
+    for (uint64_t n : {uint64_t{1}, uint64_t{1000}, uint64_t{70000}}) {
+      AllReduceCase(T, all, DataType::kFloat32, {}, n);
+    }
+    AllReduceCase(T, all, DataType::kFloat32,
+                  ReduceOptions{ReduceOp::kAvg, 1.0, 2.0, 1.0, DataType::kBFloat16}, 4096);
+    AllReduceCase(T, all, DataType::kInt32, ReduceOptions{ReduceOp::kMax}, 777);
+    AllReduceCase(T, all, DataType::kFloat64, ReduceOptions{ReduceOp::kPremulSum, 0.25}, 300);
+    ReduceScatterCase(T, all, DataType::kFloat32, {}, 1500);
+    ReduceScatterCase(T, all, DataType::kBFloat16, ReduceOptions{ReduceOp::kAvg}, 256);
+    AllGatherCase(T, all, DataType::kFloat32, 2000);
+    AllGatherCase(T, all, DataType::kUInt8, 333);
+    BroadcastCase(T, all, DataType::kFloat32, /*root=*/2, 5000);
+    AllToAllCase(T, all, DataType::kFloat32, 640);
+    // A group whose ranks are listed out of order, one on each node.
+    if (rank == 3 || rank == 1) {
+      if (!MakeGroup(T, {3, 1}, &cross)) return Report(T);
+      AllReduceCase(T, cross, DataType::kFloat32, {}, 10000);
+      AllGatherCase(T, cross, DataType::kFloat32, 100);
+    }
+    // Point-to-point across nodes (0 -> 1 and 2 -> 3), twice per pair so
+    // the k-th send pairs with the k-th receive; and within node 1.
+    SendRecvCase(T, all, 0, 1, 7, 3000);
+    SendRecvCase(T, all, 2, 3, 7, 10);
+    SendRecvCase(T, all, 0, 1, 7, 20);
+    SendRecvCase(T, all, 1, 2, 0, 50);
+    return Report(T);
+  });
+}
+
+// HSDP 2x2 in both placements: shard groups inside a node and the
+// replicate group across nodes, and the transpose.
+TEST_F(ClusterDatapathTest, TwoNodesHsdpMeshBothPlacementsCompositeMatchesTheReference) {
+  StartCluster(2);
+  const std::vector<int> placement = {0, 1, 1, 0};  // node 0: {0, 3}; node 1: {1, 2}
+  RunRanks(placement, [](Trainer* T, int rank) {
+    const std::vector<int> mesh = {0, 1, 2, 3};
+    // Placement A: shard = node ({0, 3} / {1, 2}), replicate across ({0, 1} / {3, 2}).
+    const bool node0 = rank == 0 || rank == 3;
+    Group shard, replicate;
+    if (!MakeGroup(T, node0 ? std::vector<int>{0, 3} : std::vector<int>{1, 2}, &shard)) {
+      return Report(T);
+    }
+    const bool first = rank == 0 || rank == 1;
+    if (!MakeGroup(T, first ? std::vector<int>{0, 1} : std::vector<int>{3, 2}, &replicate)) {
+      return Report(T);
+    }
+    for (int bucket = 0; bucket < 3; ++bucket) {  // consecutive buckets pipeline
+      CompositeCase(T, shard, replicate, mesh, DataType::kFloat32, {}, 1000 + bucket, "A");
+    }
+    CompositeCase(T, shard, replicate, mesh, DataType::kFloat32,
+                  ReduceOptions{ReduceOp::kAvg, 1.0, 2.0, 1.0, DataType::kBFloat16}, 512, "A");
+    // Placement B (transpose): shard across nodes, replicate inside a node.
+    Group shard2, replicate2;
+    if (!MakeGroup(T, first ? std::vector<int>{0, 1} : std::vector<int>{3, 2}, &shard2)) {
+      return Report(T);
+    }
+    if (!MakeGroup(T, node0 ? std::vector<int>{0, 3} : std::vector<int>{1, 2}, &replicate2)) {
+      return Report(T);
+    }
+    CompositeCase(T, shard2, replicate2, mesh, DataType::kFloat32, {}, 2048, "B");
+    // Accumulation variant: reduce-scatter only, all-reduce once at the end.
+    ReduceScatterCase(T, shard2, DataType::kFloat32, {}, 300);
+    return Report(T);
+  });
+}
+
+// 3 nodes x 1 trainer, ranks placed 0 -> node 2, 1 -> node 0, 2 -> node 1.
+TEST_F(ClusterDatapathTest, ThreeNodesOneTrainerEach) {
+  StartCluster(3);
+  RunRanks({2, 0, 1}, [](Trainer* T, int rank) {
+    Group all;
+    if (!MakeGroup(T, {0, 1, 2}, &all)) return Report(T);
+    AllReduceCase(T, all, DataType::kFloat32, {}, 50000);
+    ReduceScatterCase(T, all, DataType::kFloat32, {}, 1000);
+    AllGatherCase(T, all, DataType::kFloat32, 1000);
+    BroadcastCase(T, all, DataType::kFloat32, 1, 100);
+    AllToAllCase(T, all, DataType::kInt32, 100);
+    // A subset over two of the three nodes (node 0 hosts no member).
+    if (rank != 1) {
+      Group two;
+      if (!MakeGroup(T, {2, 0}, &two)) return Report(T);
+      AllReduceCase(T, two, DataType::kFloat32, {}, 999);
+    }
+    return Report(T);
+  });
+}
+
+// 3 nodes x 2 trainers; every rank's node differs from its neighbours'.
+TEST_F(ClusterDatapathTest, ThreeNodesTwoTrainersEach) {
+  StartCluster(3);
+  RunRanks({0, 1, 2, 0, 1, 2}, [](Trainer* T, int) {
+    Group all;
+    if (!MakeGroup(T, {0, 1, 2, 3, 4, 5}, &all)) return Report(T);
+    AllReduceCase(T, all, DataType::kFloat32, {}, 30000);
+    AllReduceCase(T, all, DataType::kFloat16, ReduceOptions{ReduceOp::kSum}, 1000);
+    ReduceScatterCase(T, all, DataType::kFloat32, {}, 500);
+    AllGatherCase(T, all, DataType::kFloat32, 500);
+    return Report(T);
+  });
+}
+
+// A trainer killed on node 1 fails the group's operation on node 0 naming
+// its rank, well before the collective timeout.
+TEST_F(ClusterDatapathTest, TrainerKilledFailsOpsOnTheOtherNodeNamingTheRank) {
+  StartCluster(2, /*collective_ms=*/20000);
+  const std::string formed = shared_.File("formed");
+  const std::string victim_ready = shared_.File("victim-ready");
+  const std::string job = job_;
+  const std::string s0 = Socket(0), s1 = Socket(1);
+  Child victim([=](FILE* out) {
+    Trainer T;
+    T.out = out;
+    if (!Attach(&T, s1, job, 1, 2)) return 2;
+    Group g;
+    if (!MakeGroup(&T, {0, 1}, &g)) return 2;
+    AllReduceCase(&T, g, DataType::kFloat32, {}, 100);  // the group works first
+    WriteFile(victim_ready, "");
+    ::pause();  // killed here
+    return 0;
+  });
+  Child survivor([=](FILE* out) {
+    Trainer T;
+    T.out = out;
+    if (!Attach(&T, s0, job, 0, 2)) return 2;
+    Group g;
+    if (!MakeGroup(&T, {0, 1}, &g)) return 2;
+    AllReduceCase(&T, g, DataType::kFloat32, {}, 100);
+    if (T.failures > 0) return 2;
+    WriteFile(formed, "");
+    // This one waits for rank 1, which dies meanwhile.
+    Fill(&T, DataType::kFloat32, 100);
+    absl::StatusOr<Work> w = T.client->AllReduce(g, {T.send.id, 0}, {T.recv.id, 0}, 100,
+                                                 DataType::kFloat32);
+    if (!w.ok()) return 3;
+    const int64_t start = NowMs();
+    const absl::Status s = w->Wait(absl::Seconds(19));
+    std::fprintf(out, "RESULT %s after %lld ms\n", s.ToString().c_str(),
+                 static_cast<long long>(NowMs() - start));
+    return 0;
+  });
+  ASSERT_TRUE(WaitFile(victim_ready, kChildMs)) << victim.output() << Logs();
+  ASSERT_TRUE(WaitFile(formed, kChildMs)) << survivor.output() << Logs();
+  absl::SleepFor(absl::Milliseconds(200));  // the survivor's op is in flight
+  ::kill(victim.pid(), SIGKILL);
+  ASSERT_EQ(survivor.Finish(kChildMs), 0) << survivor.output() << Logs();
+  const std::string out = survivor.output();
+  EXPECT_THAT(out, AllOf(HasSubstr("RESULT ABORTED"), HasSubstr("rank 1"), HasSubstr("left")))
+      << out << Logs();
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("DEADLINE_EXCEEDED"))) << out;
+}
+
+// Node 2's daemon is killed: the 4-rank group's operation on node 0 fails
+// naming node 2; a group local to node 0 keeps working; the survivors
+// (ranks 0, 1, 3) form a new group and run.
+TEST_F(ClusterDatapathTest, DaemonKilledFailsOpsNamingTheNodeAndSurvivorsGoOn) {
+  StartCluster(3, /*collective_ms=*/20000);
+  const std::string formed = shared_.File("formed");
+  const std::string lost = shared_.File("lost");
+  const std::string job = job_;
+  // node 0: ranks 0, 3; node 1: rank 1; node 2: rank 2.
+  const std::vector<int> placement = {0, 1, 2, 0};
+  std::vector<std::unique_ptr<Child>> children;
+  for (int r = 0; r < 4; ++r) {
+    const std::string socket = Socket(placement[r]);
+    children.push_back(std::make_unique<Child>([=](FILE* out) {
+      Trainer T;
+      T.out = out;
+      if (!Attach(&T, socket, job, r, 4)) return 2;
+      Group all, local;
+      if (!MakeGroup(&T, {0, 1, 2, 3}, &all)) return 2;
+      AllReduceCase(&T, all, DataType::kFloat32, {}, 200);
+      if (T.failures > 0) return 2;
+      if (r == 0 || r == 3) {
+        if (!MakeGroup(&T, {3, 0}, &local)) return 2;
+      }
+      WriteFile(formed + std::to_string(r), "");
+      if (r == 2) {
+        ::pause();  // its daemon is killed
+        return 0;
+      }
+      // Every survivor submits; the operation cannot finish without rank 2.
+      Fill(&T, DataType::kFloat32, 200);
+      absl::StatusOr<Work> w = T.client->AllReduce(all, {T.send.id, 0}, {T.recv.id, 0}, 200,
+                                                   DataType::kFloat32);
+      if (!w.ok()) return 3;
+      const absl::Status s = w->Wait(absl::Seconds(19));
+      std::fprintf(out, "RESULT %s\n", s.ToString().c_str());
+      if (!WaitFile(lost, kChildMs)) return 4;
+      if (r == 0 || r == 3) AllReduceCase(&T, local, DataType::kFloat32, {}, 5000);
+      Group survivors;
+      if (!MakeGroup(&T, {0, 1, 3}, &survivors)) return Report(&T);
+      AllReduceCase(&T, survivors, DataType::kFloat32, {}, 4000);
+      AllGatherCase(&T, survivors, DataType::kFloat32, 100);
+      return Report(&T);
+    }));
+  }
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(WaitFile(formed + std::to_string(r), kChildMs))
+        << "rank " << r << ": " << children[r]->output() << Logs();
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  daemons_[2]->process.Kill();
+  for (int r : {0, 1, 3}) {
+    ASSERT_TRUE(children[r]->WaitFor("RESULT", kChildMs))
+        << "rank " << r << ": " << children[r]->output() << Logs();
+  }
+  WriteFile(lost, "");
+  for (int r : {0, 1, 3}) {
+    EXPECT_EQ(children[r]->Finish(kChildMs), 0)
+        << "rank " << r << ":\n" << children[r]->output() << Logs();
+    // On node 0 and on node 1 alike, the failure names the lost node.
+    EXPECT_THAT(children[r]->output(), AllOf(HasSubstr("RESULT ABORTED"), HasSubstr("node 2")))
+        << "rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace hsdp::testing

@@ -1,0 +1,303 @@
+// SessionManager in a cluster, without processes: two simulated daemons
+// (a SessionManager, a FakeStreamEngine joined by a FakeFabric, and a
+// FakeClusterDirectory over one shared placement state each). Placement
+// conflicts, hostile rank lists refused before any network call, groups
+// that span nodes (non-contiguous ranks) running once on both, a trainer
+// leaving on one node failing the epoch on the other naming it, both
+// daemons re-forming the group in the same next epoch, a lost node's ranks
+// kept out until it joins again, a re-created group starting in line, and
+// point-to-point between nodes.
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "daemon/engine/fake/fake_engine.h"
+#include "daemon/session/session_manager.h"
+#include "fake_cluster_directory.h"
+#include "fake_engine.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "hsdp/shm/doorbell.h"
+#include "hsdp/shm/layout.h"
+
+namespace hsdp {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using testing::CompletionOf;
+using testing::FakeClusterDirectory;
+using testing::FakeClusterState;
+using testing::StatusOf;
+
+constexpr int kCount = 16;
+
+class ClusterSessionTest : public ::testing::Test {
+ protected:
+  struct Node {
+    Node(int id, FakeFabric* fabric, FakeClusterState* state)
+        : engine(id, fabric), dir(state, id) {}
+    FakeStreamEngine engine;
+    FakeClusterDirectory dir;
+    std::unique_ptr<SessionManager> sm;
+    std::map<int, uint64_t> sid;                // by global rank
+    std::map<int, std::vector<float>> mem;      // send then recv, by global rank
+  };
+
+  void SetUp() override {
+    config_.cluster_join_timeout_ms = 300;
+    NodeLimits limits;
+    limits.max_node_bytes = 1 << 30;
+    limits.max_mappings = 100;
+    for (int n = 0; n < 2; ++n) {
+      nodes_.push_back(std::make_unique<Node>(n, &fabric_, &state_));
+      nodes_[n]->sm = std::make_unique<SessionManager>(config_, limits, &nodes_[n]->engine,
+                                                       nullptr, nullptr, &nodes_[n]->dir);
+      state_.managers[n] = nodes_[n]->sm.get();
+    }
+  }
+
+  static PeerCred Cred() { return PeerCred{1, 1000, 1000}; }
+
+  absl::StatusOr<uint64_t> TryAttach(int node, int rank, int world, const std::string& job = "j") {
+    AttachParams p;
+    p.job_id = job;
+    p.rank = rank;
+    p.world_size = world;
+    p.protocol_version = shm::kLayoutVersion;
+    p.features = shm::kFeaturesImplemented;
+    absl::StatusOr<AttachResult> r = nodes_[node]->sm->Attach(p, Cred());
+    if (!r.ok()) return r.status();
+    EXPECT_TRUE(nodes_[node]->sm->ClaimSession(r->session_id, r->token.data(), Cred()).ok());
+    nodes_[node]->sid[rank] = r->session_id;
+    nodes_[node]->mem[rank] = std::vector<float>(2 * kCount, 0.0f);
+    return r->session_id;
+  }
+  void Attach(int node, int rank, int world) { ASSERT_TRUE(TryAttach(node, rank, world).ok()); }
+
+  absl::StatusOr<NewGroupResult> NewGroup(int node, int rank, const std::vector<int>& ranks,
+                                          uint32_t rejoin = 0) {
+    return nodes_[node]->sm->NewGroup(nodes_[node]->sid.at(rank), ranks, Cred(), rejoin);
+  }
+
+  // Rank `rank` on `node` submits an all-reduce (input rank + i) or a send / recv.
+  void Submit(int node, int rank, uint32_t gid, uint64_t op_id, uint64_t seq, uint32_t epoch,
+              Collective c = Collective::kAllReduce, int peer = 0, int tag = 0) {
+    Node& n = *nodes_[node];
+    std::shared_ptr<Group> g = n.sm->FindGroup(gid);
+    ASSERT_NE(g, nullptr);
+    std::vector<float>& m = n.mem[rank];
+    for (int i = 0; i < kCount; ++i) m[i] = static_cast<float>(rank * 100 + i);
+    Arrival a;
+    a.session = n.sm->FindSession(n.sid.at(rank));
+    a.desc.op_id = op_id;
+    a.desc.seq = seq;
+    a.desc.epoch = epoch;
+    a.desc.collective = static_cast<uint8_t>(c);
+    a.desc.dtype = static_cast<uint8_t>(DataType::kFloat32);
+    a.desc.reduce_op = static_cast<uint8_t>(ReduceOp::kSum);
+    a.desc.count = kCount;
+    a.desc.peer = peer;
+    a.desc.tag = tag;
+    a.desc.premul_factor = a.desc.pre_divide = a.desc.post_divide = 1.0;
+    a.desc.group_id = gid;
+    a.epoch = epoch;
+    a.seq = seq;
+    a.send = m.data();
+    a.recv = c == Collective::kRecv ? m.data() : m.data() + kCount;
+    a.first_ns = shm::NowNanos();
+    g->Arrive(g->RankOf(rank), std::move(a));
+  }
+
+  std::optional<absl::Status> Result(int node, int rank, uint64_t op_id) {
+    Node& n = *nodes_[node];
+    std::shared_ptr<Session> s = n.sm->FindSession(n.sid.at(rank));
+    if (s == nullptr) return std::nullopt;
+    const shm::Completion* c = CompletionOf(*s, op_id);
+    if (c == nullptr) return std::nullopt;
+    return StatusOf(*c);
+  }
+
+  // Ranks 0, 3 on node 0 and 1, 2 on node 1; group {0, 1, 2, 3} on both.
+  void FormFour(uint32_t* gid0, uint32_t* gid1) {
+    Attach(0, 0, 4);
+    Attach(0, 3, 4);
+    Attach(1, 1, 4);
+    Attach(1, 2, 4);
+    for (auto [node, rank] : {std::pair{0, 0}, {0, 3}, {1, 1}, {1, 2}}) {
+      absl::StatusOr<NewGroupResult> r = NewGroup(node, rank, {0, 1, 2, 3});
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->epoch, 1u);
+      *(node == 0 ? gid0 : gid1) = r->group_id;
+    }
+  }
+
+  NodeConfig config_;
+  FakeFabric fabric_;
+  FakeClusterState state_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+};
+
+TEST_F(ClusterSessionTest, ConflictingWorldSizeOrARankOnTwoNodesIsAClearError) {
+  Attach(0, 0, 4);
+  absl::StatusOr<uint64_t> twice = TryAttach(1, 0, 4);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(twice.status().message()), AllOf(HasSubstr("rank 0"), HasSubstr("node 0")));
+  absl::StatusOr<uint64_t> world = TryAttach(1, 1, 8);
+  ASSERT_FALSE(world.ok());
+  EXPECT_EQ(world.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(world.status().message()), HasSubstr("world size 4"));
+  EXPECT_TRUE(TryAttach(1, 1, 4).ok());
+}
+
+TEST_F(ClusterSessionTest, HostileRankListsAreRefusedBeforeAnyNetworkCall) {
+  Attach(0, 0, 4);
+  int before;
+  {
+    absl::MutexLock l(&state_.mu);
+    before = state_.network_calls;
+  }
+  for (const std::vector<int>& bad : std::vector<std::vector<int>>{
+           {0, 4}, {0, -1}, {0, 1, 1}, {1, 2}, {}, {0, 1, 2, 3, 0}}) {
+    absl::StatusOr<NewGroupResult> r = NewGroup(0, 0, bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad.size();
+  }
+  absl::MutexLock l(&state_.mu);
+  EXPECT_EQ(state_.network_calls, before);
+}
+
+TEST_F(ClusterSessionTest, NewGroupWaitsForPlacementWithADeadline) {
+  Attach(0, 0, 2);
+  absl::StatusOr<NewGroupResult> r = NewGroup(0, 0, {0, 1});  // rank 1 never attaches
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(ClusterSessionTest, GroupAcrossNodesRunsOnceOnBothWithNonContiguousRanks) {
+  uint32_t g0 = 0, g1 = 0;
+  FormFour(&g0, &g1);
+  EXPECT_TRUE(nodes_[0]->sm->FindGroup(g0)->spans_nodes());
+  EXPECT_EQ(nodes_[0]->sm->FindGroup(g0)->nodes(), (std::vector<int>{0, 1, 1, 0}));
+  Submit(0, 0, g0, 1, 1, 1);
+  Submit(0, 3, g0, 1, 1, 1);
+  Submit(1, 1, g1, 1, 1, 1);
+  EXPECT_EQ(fabric_.RunReady(), 0);  // rank 2 has not submitted
+  Submit(1, 2, g1, 1, 1, 1);
+  EXPECT_EQ(fabric_.RunReady(), 1);
+  for (auto [node, rank] : {std::pair{0, 0}, {0, 3}, {1, 1}, {1, 2}}) {
+    ASSERT_TRUE(Result(node, rank, 1).has_value()) << rank;
+    EXPECT_TRUE(Result(node, rank, 1)->ok()) << *Result(node, rank, 1);
+    const std::vector<float>& m = nodes_[node]->mem[rank];
+    for (int i = 0; i < kCount; ++i) {
+      ASSERT_EQ(m[kCount + i], 600.0f + 4 * i) << "rank " << rank << " element " << i;
+    }
+  }
+  // A group only on node 1 stays a single-node group there.
+  absl::StatusOr<NewGroupResult> local = NewGroup(1, 1, {2, 1});
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_FALSE(nodes_[1]->sm->FindGroup(local->group_id)->spans_nodes());
+}
+
+TEST_F(ClusterSessionTest, TrainerLeavingFailsTheEpochOnTheOtherNodeNamingTheRank) {
+  uint32_t g0 = 0, g1 = 0;
+  FormFour(&g0, &g1);
+  Submit(0, 0, g0, 1, 1, 1);
+  Submit(0, 3, g0, 1, 1, 1);
+  ASSERT_EQ(nodes_[0]->engine.pending(), 1u);  // launched, waiting for node 1
+  nodes_[1]->sm->EndSession(nodes_[1]->sid[1], "data connection closed");
+  EXPECT_EQ(state_.Deliver(), 1);
+  for (int rank : {0, 3}) {
+    ASSERT_TRUE(Result(0, rank, 1).has_value()) << rank;
+    EXPECT_EQ(Result(0, rank, 1)->code(), absl::StatusCode::kAborted);
+    EXPECT_THAT(std::string(Result(0, rank, 1)->message()),
+                AllOf(HasSubstr("node 1"), HasSubstr("rank 1 left")));
+  }
+  EXPECT_EQ(nodes_[0]->engine.aborted().size(), 1u);
+  EXPECT_TRUE(nodes_[0]->sm->FindGroup(g0)->stats().broken);
+
+  // Rank 1 comes back; every member joins again, and both daemons run epoch 2.
+  Attach(1, 1, 4);
+  absl::StatusOr<NewGroupResult> back = NewGroup(1, 1, {0, 1, 2, 3});
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->epoch, 2u);
+  ASSERT_TRUE(NewGroup(1, 2, {}, g1).ok());
+  ASSERT_TRUE(NewGroup(0, 0, {}, g0).ok());
+  absl::StatusOr<NewGroupResult> last = NewGroup(0, 3, {}, g0);
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(last->epoch, 2u);
+  EXPECT_EQ(nodes_[0]->sm->FindGroup(g0)->epoch(), 2u) << "remote ranks join implicitly";
+  EXPECT_EQ(nodes_[1]->sm->FindGroup(g1)->epoch(), 2u);
+  for (auto [node, rank] : {std::pair{0, 0}, {0, 3}, {1, 1}, {1, 2}}) {
+    Submit(node, rank, node == 0 ? g0 : g1, 2, 1, 2);
+  }
+  EXPECT_EQ(fabric_.RunReady(), 1);
+  EXPECT_TRUE(Result(1, 1, 2).value_or(absl::UnknownError("none")).ok());
+  EXPECT_TRUE(Result(0, 3, 2).value_or(absl::UnknownError("none")).ok());
+  EXPECT_EQ(state_.Deliver(), 0) << "nothing else failed";
+}
+
+TEST_F(ClusterSessionTest, ALostNodesRanksStayOutUntilItJoinsAgain) {
+  uint32_t g0 = 0, g1 = 0;
+  FormFour(&g0, &g1);
+  Submit(0, 0, g0, 1, 1, 1);
+  nodes_[0]->sm->OnPeerLost(1, "no heartbeat");
+  ASSERT_TRUE(Result(0, 0, 1).has_value());
+  EXPECT_THAT(std::string(Result(0, 0, 1)->message()),
+              AllOf(HasSubstr("node 1"), HasSubstr("[1, 2]")));
+  ASSERT_TRUE(NewGroup(0, 0, {}, g0).ok());
+  ASSERT_TRUE(NewGroup(0, 3, {}, g0).ok());
+  EXPECT_EQ(nodes_[0]->sm->FindGroup(g0)->epoch(), 1u) << "node 1 is still lost";
+  nodes_[0]->sm->OnPeerJoined(1);
+  EXPECT_EQ(nodes_[0]->sm->FindGroup(g0)->epoch(), 2u);
+  EXPECT_EQ(state_.Deliver(), 0) << "a lost node is not reported by the survivors";
+}
+
+TEST_F(ClusterSessionTest, AnEpochReportedFailedAheadFailsOnArrival) {
+  uint32_t g0 = 0, g1 = 0;
+  FormFour(&g0, &g1);
+  std::shared_ptr<Group> g = nodes_[0]->sm->FindGroup(g0);
+  nodes_[0]->sm->OnGroupEvent(g->key(), 2, 1, "rank 2 left the job");  // epoch 2 is ahead
+  EXPECT_FALSE(g->stats().broken);
+  nodes_[0]->sm->OnGroupEvent(g->key(), 1, 1, "rank 1 left the job");
+  EXPECT_TRUE(g->stats().broken);
+  ASSERT_TRUE(NewGroup(0, 0, {}, g0).ok());
+  ASSERT_TRUE(NewGroup(0, 3, {}, g0).ok());
+  EXPECT_EQ(g->epoch(), 2u);
+  EXPECT_TRUE(g->stats().broken) << "epoch 2 had already failed on node 1";
+  nodes_[0]->sm->OnGroupEvent("some other key", 1, 1, "ignored");
+}
+
+TEST_F(ClusterSessionTest, AGroupCreatedAgainStartsInLineWithTheOtherNodes) {
+  uint32_t g0 = 0, g1 = 0;
+  FormFour(&g0, &g1);
+  // Both trainers of node 1 end: node 1 forgets the job and its groups.
+  nodes_[1]->sm->EndSession(nodes_[1]->sid[1], "killed");
+  nodes_[1]->sm->EndSession(nodes_[1]->sid[2], "killed");
+  state_.Deliver();
+  Attach(1, 1, 4);
+  Attach(1, 2, 4);
+  absl::StatusOr<NewGroupResult> r = NewGroup(1, 1, {0, 1, 2, 3});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->epoch, 2u) << "node 0's group continues in epoch 2";
+}
+
+TEST_F(ClusterSessionTest, SendAndRecvAcrossNodesPairInPostingOrder) {
+  uint32_t g0 = 0, g1 = 0;
+  FormFour(&g0, &g1);
+  // Rank 0 (node 0) sends twice to rank 1 (node 1) with tag 5; the k-th
+  // send pairs with the k-th receive.
+  Submit(0, 0, g0, 10, 0, 1, Collective::kSend, /*peer=*/1, 5);
+  Submit(1, 1, g1, 10, 0, 1, Collective::kRecv, /*peer=*/0, 5);
+  EXPECT_EQ(fabric_.RunReady(), 1);
+  EXPECT_TRUE(Result(0, 0, 10).value_or(absl::UnknownError("none")).ok());
+  ASSERT_TRUE(Result(1, 1, 10).value_or(absl::UnknownError("none")).ok());
+  EXPECT_EQ(nodes_[1]->mem[1][3], 3.0f);  // rank 0's data
+  // A receive from any source cannot be matched across nodes.
+  Submit(1, 2, g1, 11, 0, 1, Collective::kRecv, kAnySource, 5);
+  ASSERT_TRUE(Result(1, 2, 11).has_value());
+  EXPECT_EQ(Result(1, 2, 11)->code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(Result(1, 2, 11)->message()), HasSubstr("spans nodes"));
+}
+
+}  // namespace
+}  // namespace hsdp

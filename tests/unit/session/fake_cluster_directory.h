@@ -1,0 +1,123 @@
+// An in-memory ClusterDirectory for tests: several simulated daemons share
+// one FakeClusterState (the coordinator's placement and epoch hints); each
+// has its own FakeClusterDirectory (its node rank). Reported epoch failures
+// queue in the state until the test delivers them to the other daemons'
+// SessionManagers (as heartbeats would). Counts the calls, so tests can check
+// that hostile input never reached the "network".
+#ifndef HSDP_TESTS_UNIT_SESSION_FAKE_CLUSTER_DIRECTORY_H_
+#define HSDP_TESTS_UNIT_SESSION_FAKE_CLUSTER_DIRECTORY_H_
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/session/cluster_directory.h"
+#include "daemon/session/session_manager.h"
+
+namespace hsdp::testing {
+
+struct FakeClusterState {
+  struct Event {
+    int origin;
+    std::string key;
+    uint32_t epoch;
+    std::string why;
+  };
+  absl::Mutex mu;
+  std::map<std::pair<std::string, int>, int> rank_node;  // (job, rank) -> node
+  std::map<std::string, int> world;
+  std::map<std::string, uint32_t> first_epoch;  // group key -> next epoch
+  std::vector<Event> events;
+  std::map<int, SessionManager*> managers;  // by node
+  int network_calls = 0;
+
+  // Hands every queued event to the other nodes' managers; returns how many.
+  int Deliver() {
+    std::vector<Event> evs;
+    std::map<int, SessionManager*> ms;
+    {
+      absl::MutexLock l(&mu);
+      evs.swap(events);
+      ms = managers;
+    }
+    for (const Event& e : evs) {
+      for (auto& [node, sm] : ms) {
+        if (node != e.origin) sm->OnGroupEvent(e.key, e.epoch, e.origin, e.why);
+      }
+    }
+    return static_cast<int>(evs.size());
+  }
+};
+
+class FakeClusterDirectory : public ClusterDirectory {
+ public:
+  FakeClusterDirectory(FakeClusterState* state, int node) : state_(state), node_(node) {}
+
+  int this_node() const override { return node_; }
+
+  absl::Status Publish(const std::string& job, int rank, int world_size, absl::Time) override {
+    absl::MutexLock l(&state_->mu);
+    ++state_->network_calls;
+    auto [w, fresh] = state_->world.emplace(job, world_size);
+    if (w->second != world_size) {
+      return absl::InvalidArgumentError(absl::StrCat("world_size: job \"", job,
+                                                     "\" has world size ", w->second,
+                                                     " on another node"));
+    }
+    auto [it, placed] = state_->rank_node.emplace(std::make_pair(job, rank), node_);
+    if (it->second != node_) {
+      return absl::AlreadyExistsError(absl::StrCat("rank: rank ", rank, " of job \"", job,
+                                                   "\" is already attached on node ",
+                                                   it->second));
+    }
+    return absl::OkStatus();
+  }
+
+  void Withdraw(const std::string& job, const std::vector<int>& ranks, absl::Time) override {
+    absl::MutexLock l(&state_->mu);
+    for (int r : ranks) state_->rank_node.erase({job, r});
+  }
+
+  absl::StatusOr<std::vector<int>> Resolve(const std::string& job, const std::vector<int>& ranks,
+                                           absl::Time deadline) override {
+    absl::MutexLock l(&state_->mu);
+    ++state_->network_calls;
+    auto placed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+      for (int r : ranks) {
+        if (!state_->rank_node.count({job, r})) return false;
+      }
+      return true;
+    };
+    if (!state_->mu.AwaitWithDeadline(absl::Condition(&placed), deadline)) {
+      return absl::DeadlineExceededError("ranks: not every rank attached in time");
+    }
+    std::vector<int> nodes;
+    for (int r : ranks) nodes.push_back(state_->rank_node.at({job, r}));
+    return nodes;
+  }
+
+  absl::StatusOr<uint32_t> FirstEpoch(const std::string& key, absl::Time) override {
+    absl::MutexLock l(&state_->mu);
+    ++state_->network_calls;
+    auto it = state_->first_epoch.find(key);
+    return it == state_->first_epoch.end() ? 1u : it->second;
+  }
+
+  void ReportEpochFailed(const std::string& key, uint32_t epoch, const std::string& why) override {
+    absl::MutexLock l(&state_->mu);
+    state_->events.push_back({node_, key, epoch, why});
+    uint32_t& next = state_->first_epoch[key];
+    next = std::max(next, epoch + 1);
+  }
+
+ private:
+  FakeClusterState* const state_;
+  const int node_;
+};
+
+}  // namespace hsdp::testing
+
+#endif  // HSDP_TESTS_UNIT_SESSION_FAKE_CLUSTER_DIRECTORY_H_
