@@ -9,6 +9,11 @@ add_library(hsdp_daemon_lib STATIC
   ${CMAKE_CURRENT_LIST_DIR}/engine/fake/fake_engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/engine/cpu/cpu_engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/engine/cpu/thread_pool.cc
+  # engine/cluster: the cross-node data path (hierarchical engine, fake transport)
+  ${CMAKE_CURRENT_LIST_DIR}/engine/cpu/partial_reduce.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine/cluster/cross_node_ops.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine/cluster/fake_transport.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine/cluster/hierarchical_engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/server/daemon.cc
   ${CMAKE_CURRENT_LIST_DIR}/server/data_conn_server.cc
   ${CMAKE_CURRENT_LIST_DIR}/server/grpc_services.cc
@@ -35,12 +40,15 @@ target_link_libraries(hsdp_daemon_lib PUBLIC
   hsdp_config hsdp_cpu_kernels hsdp_common hsdp_proto hsdp_shm
   absl::synchronization absl::time absl::strings gRPC::grpc++)
 target_compile_definitions(hsdp_daemon_lib PRIVATE HSDP_VERSION="${PROJECT_VERSION}")
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/engine/cpu/partial_reduce.cc
+  PROPERTIES COMPILE_OPTIONS -O3)
 
 
 include(${CMAKE_CURRENT_LIST_DIR}/observability/observability.cmake)
 # The Gloo rendezvous store over the coordinator's key/value store.
 if(HSDP_GLOO_ENABLED)
-  add_library(hsdp_cluster_gloo STATIC ${CMAKE_CURRENT_LIST_DIR}/cluster/gloo_store.cc)
+  add_library(hsdp_cluster_gloo STATIC ${CMAKE_CURRENT_LIST_DIR}/cluster/gloo_store.cc
+    ${CMAKE_CURRENT_LIST_DIR}/engine/cluster/gloo_transport.cc)
   target_link_libraries(hsdp_cluster_gloo PUBLIC hsdp_daemon_lib gloo)
 endif()
 

@@ -23,16 +23,20 @@
 namespace hsdp {
 
 // One message of an Exchange, to or from link peer `peer` (an index into
-// NodeLink::nodes(), never self()).
+// NodeLink::nodes(), never self()). A message is identified by (tag of the
+// Exchange, part): several messages between the same two peers in one
+// Exchange need distinct parts.
 struct SendRange {
   int peer = 0;
   const void* data = nullptr;
   size_t bytes = 0;
+  uint32_t part = 0;
 };
 struct RecvRange {
   int peer = 0;
   void* data = nullptr;
-  size_t bytes = 0;  // must equal what the peer sends with the same tag
+  size_t bytes = 0;  // must equal what the peer sends with the same tag and part
+  uint32_t part = 0;
 };
 
 class NodeLink {
@@ -44,8 +48,10 @@ class NodeLink {
   virtual int self() const = 0;
 
   // Posts every send and receive, then waits until all of them finished.
-  // Messages between two peers are matched by `tag` (the caller makes tags
-  // unique per message in flight). DEADLINE_EXCEEDED at `deadline` naming the
+  // Messages between two peers are matched by (`tag`, part) (the caller makes
+  // them unique per message in flight; the Gloo link uses the low 32 bits of
+  // the tag). A message whose size differs from the receive posted for it is
+  // an error of the link, never written past the receive. DEADLINE_EXCEEDED at `deadline` naming the
   // peers still outstanding; the status given to Abort() when aborted;
   // UNAVAILABLE naming the peer when a connection fails. After any error the
   // link is broken: every later call fails at once with the same error.

@@ -1,0 +1,108 @@
+// The collectives of the cross-node engine: one task whose group spans
+// nodes, run by this node over a connected NodeLink. Every participating
+// daemon runs the same task (same group, epoch and seq) with its own local
+// members; together they produce exactly the flat, rank-ordered result.
+//
+//   all-reduce      local partial (this node's inputs, in the compute type)
+//                   -> reduce-scatter of the partials among the P nodes
+//                   (node i owns 1/P of every chunk) -> final rounding and
+//                   post-division by the owner -> all-gather of the results
+//                   in dtype; chunked so that the next chunk's local stage
+//                   overlaps the network.
+//   reduce-scatter  local partial of every rank's block; node j receives only
+//                   the blocks of the ranks it hosts.
+//   all-gather      each node sends its members' blocks to every other node.
+//   broadcast       the root's node sends to every other node (send/recv is a
+//                   two-member broadcast).
+//   all-to-all      node A sends node B exactly the blocks from A's ranks to
+//                   B's ranks; uneven splits are compared between the two
+//                   nodes first and a disagreement fails the task.
+//   barrier         the task header exchange below.
+//
+// Every task starts with a fixed-size header exchanged with every peer (the
+// shape: collective, dtype, count, reduce spec, root, members and nodes,
+// chunking); a peer running a different shape fails the task on both sides
+// before any sized message moves. Every length is checked against the local
+// buffers before memory is touched.
+//
+// Thread-safety: RunCrossNode is reentrant; one call per link at a time.
+#ifndef HSDP_DAEMON_ENGINE_CLUSTER_CROSS_NODE_OPS_H_
+#define HSDP_DAEMON_ENGINE_CLUSTER_CROSS_NODE_OPS_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/engine/cluster/node_transport.h"
+#include "daemon/engine/engine.h"
+
+namespace hsdp {
+
+// Who takes part in a task: the nodes hosting its members and which ranks
+// each of them hosts.
+struct TaskLayout {
+  int group_size = 0;
+  int this_node = 0;
+  std::vector<int> nodes;                  // ascending, unique
+  int self = 0;                            // index of this_node in nodes
+  std::vector<int> link_index;             // per group rank: index into nodes
+  std::vector<std::vector<int>> ranks_of;  // per node index: its group ranks, ascending
+  const std::vector<int>& local() const { return ranks_of[self]; }
+};
+
+// INVALID_ARGUMENT when the members do not describe one local node and at
+// least one other.
+absl::StatusOr<TaskLayout> MakeTaskLayout(const EngineTask& task);
+
+// One helper thread that runs a closure while its owner waits on the network.
+class Sidecar {
+ public:
+  Sidecar();
+  ~Sidecar();
+  Sidecar(const Sidecar&) = delete;
+  Sidecar& operator=(const Sidecar&) = delete;
+  void Run(std::function<void()> fn);  // at most one at a time
+  // Until the closure returned; false when it threw (out of memory).
+  bool Wait();
+
+ private:
+  void Loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> fn_;  // guarded by mu_
+  bool busy_ = false;         // guarded by mu_
+  bool threw_ = false;        // guarded by mu_
+  bool stop_ = false;         // guarded by mu_
+  std::thread thread_;
+};
+
+// Reusable staging memory of one worker.
+struct Scratch {
+  std::vector<char> bufs[4];
+  char* Get(int i, size_t bytes) {
+    if (bufs[i].size() < bytes) bufs[i].resize(bytes);
+    return bufs[i].data();
+  }
+};
+
+struct CrossNodeRun {
+  NodeLink* link = nullptr;
+  uint64_t* next_tag = nullptr;  // the link's exchange counter (same on every node)
+  absl::Time deadline;
+  size_t chunk_bytes = 0;        // must be the same on every node (checked)
+  Sidecar* sidecar = nullptr;
+  Scratch* scratch = nullptr;
+};
+
+// Runs `task` (validated here) on `layout` over run.link.
+absl::Status RunCrossNode(const EngineTask& task, const TaskLayout& layout, const CrossNodeRun& run);
+
+}  // namespace hsdp
+
+#endif  // HSDP_DAEMON_ENGINE_CLUSTER_CROSS_NODE_OPS_H_
