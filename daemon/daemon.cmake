@@ -43,7 +43,6 @@ target_compile_definitions(hsdp_daemon_lib PRIVATE HSDP_VERSION="${PROJECT_VERSI
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/engine/cpu/partial_reduce.cc
   PROPERTIES COMPILE_OPTIONS -O3)
 
-
 include(${CMAKE_CURRENT_LIST_DIR}/observability/observability.cmake)
 # The Gloo rendezvous store over the coordinator's key/value store.
 if(HSDP_GLOO_ENABLED)
@@ -56,8 +55,8 @@ endif()
 # (Gloo and the hierarchical engine of daemon/engine/cluster/).
 add_library(hsdp_cluster_engine STATIC ${CMAKE_CURRENT_LIST_DIR}/server/cluster_engine.cc)
 target_link_libraries(hsdp_cluster_engine PUBLIC hsdp_daemon_lib)
-if(HSDP_GLOO_ENABLED AND TARGET hsdp_engine_cluster)
-  target_link_libraries(hsdp_cluster_engine PUBLIC hsdp_engine_cluster hsdp_cluster_gloo)
+if(HSDP_GLOO_ENABLED)
+  target_link_libraries(hsdp_cluster_engine PUBLIC hsdp_cluster_gloo)
   target_compile_definitions(hsdp_cluster_engine PRIVATE HSDP_HAVE_CLUSTER_ENGINE=1)
 endif()
 add_executable(hsdpd ${CMAKE_CURRENT_LIST_DIR}/main.cc)

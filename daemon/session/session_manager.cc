@@ -521,9 +521,18 @@ void SessionManager::EndSession(uint64_t session_id, const std::string& why) {
       job.rank_to_session.erase(s->info().rank);
       for (auto& [key, gid] : job.groups) groups.push_back(groups_.at(gid));
       if (job.rank_to_session.empty()) {
+        const absl::Time later =
+            absl::Now() + absl::Milliseconds(2 * int64_t{config_.cluster_heartbeat_ms} + 500);
         for (auto& [key, gid] : job.groups) {
+          // A group that spans nodes keeps its engine state (its links) a
+          // little longer, so the other daemons learn why from this node's
+          // report rather than from a connection reset.
+          if (groups_.at(gid)->spans_nodes() && retired_.size() < kMaxRetiredGroups) {
+            retired_.emplace_back(key, later);
+          } else {
+            engine_->DestroyGroup(key);
+          }
           groups_.erase(gid);
-          engine_->DestroyGroup(key);
         }
         node_group_members_ -= job.group_members;
         jobs_.erase(job_it);
@@ -581,6 +590,17 @@ void SessionManager::OnGroupEvent(const std::string& key, uint32_t epoch, int or
 }
 
 void SessionManager::Housekeeping() {
+  {
+    absl::MutexLock l(&mu_);
+    const absl::Time now = absl::Now();
+    while (!retired_.empty() && retired_.front().second <= now) {
+      const std::string& key = retired_.front().first;
+      bool live = false;  // created again meanwhile: that one owns the engine state now
+      for (auto& [id, g] : groups_) live = live || g->key() == key;
+      if (!live) engine_->DestroyGroup(key);
+      retired_.pop_front();
+    }
+  }
   std::vector<uint64_t> expired;
   std::vector<std::shared_ptr<Session>> all;
   {

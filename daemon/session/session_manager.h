@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <functional>
 #include <memory>
@@ -226,6 +227,9 @@ class SessionManager : public SessionDirectory {
   std::map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
+  // Cross-node groups of ended jobs whose engine state goes at the given time.
+  static constexpr size_t kMaxRetiredGroups = 4096;
+  std::deque<std::pair<std::string, absl::Time>> retired_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hsdp
