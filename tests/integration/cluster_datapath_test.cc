@@ -256,11 +256,18 @@ class ClusterDatapathTest : public ::testing::Test {
     for (int r = 0; r < world; ++r) {
       const std::string socket = Socket(placement[r]);
       const std::string job = job_;
+      const std::string done = shared_.File("done");
       children.push_back(std::make_unique<Child>([=](FILE* out) {
         Trainer T;
         T.out = out;
         if (!Attach(&T, socket, job, r, world)) return 2;
-        return body(&T, r);
+        const int rc = body(&T, r);
+        // Nobody detaches (which ends the group's epoch) before all are done.
+        WriteFile(done + std::to_string(r), "");
+        for (int i = 0; i < world; ++i) {
+          if (!WaitFile(done + std::to_string(i), kChildMs)) return 5;
+        }
+        return rc;
       }));
     }
     for (int r = 0; r < world; ++r) {
