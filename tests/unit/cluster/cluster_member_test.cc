@@ -1,13 +1,19 @@
 // ClusterMember against an in-process coordinator on a loopback port: join,
 // PeerEvents for a lost and a rejoining node, the coordinator's death seen
-// as "degraded", a wrong token failing fast, and the join timeout.
+// as "degraded", a wrong token failing fast, the join timeout, Stop ending a
+// join, group events relayed to the other members; and KvClusterDirectory
+// (placement, its conflicts, resolution with a deadline, withdrawal, the
+// epoch a re-created group starts in) over the same coordinator.
 #include "daemon/cluster/cluster_member.h"
 
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "daemon/cluster/cluster_service.h"
+#include "daemon/cluster/kv_cluster_directory.h"
 #include "daemon/cluster/token_authenticator.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -147,6 +153,153 @@ TEST(ClusterMemberTest, JoinTimesOutWhenNobodyAnswers) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_THAT(s.message(), HasSubstr("join_timeout_ms"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+}
+
+
+class GroupEventLog {
+ public:
+  GroupEvents Callback() {
+    return [this](const v1::GroupEvent& e) {
+      absl::MutexLock l(&mu_);
+      events_.push_back(e);
+    };
+  }
+  bool Saw(const std::string& key, int ms) {
+    absl::MutexLock l(&mu_);
+    auto seen = [&] {
+      for (const v1::GroupEvent& e : events_) {
+        if (e.group_key() == key) return true;
+      }
+      return false;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&seen), absl::Milliseconds(ms));
+  }
+  std::vector<v1::GroupEvent> events() {
+    absl::MutexLock l(&mu_);
+    return events_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<v1::GroupEvent> events_;
+};
+
+TEST(ClusterMemberTest, GroupEventsReachTheOtherMembersOnly) {
+  InProcessCoordinator coordinator(4);  // rank 0 stays free for a coordinator
+  GroupEventLog at_a, at_b;
+  ClusterMember a(Member(coordinator.address(), "a:1", 4), nullptr, at_a.Callback());
+  ClusterMember b(Member(coordinator.address(), "b:1", 4), nullptr, at_b.Callback());
+  ASSERT_TRUE(a.Start().ok());
+  ASSERT_TRUE(b.Start().ok());
+  v1::GroupEvent e;
+  e.set_group_key("key-1");
+  e.set_epoch(3);
+  e.set_why("rank 5 left the job");
+  a.ReportGroupEvent(e);
+  ASSERT_TRUE(at_b.Saw("key-1", 3000));
+  const v1::GroupEvent got = at_b.events().front();
+  EXPECT_EQ(got.epoch(), 3u);
+  EXPECT_EQ(got.origin_node(), a.node_rank());
+  EXPECT_EQ(got.why(), "rank 5 left the job");
+  // A member that joins afterwards does not replay it; the origin never sees its own.
+  GroupEventLog at_c;
+  ClusterMember c(Member(coordinator.address(), "c:1", 4), nullptr, at_c.Callback());
+  ASSERT_TRUE(c.Start().ok());
+  e.set_group_key("key-2");
+  b.ReportGroupEvent(e);
+  ASSERT_TRUE(at_c.Saw("key-2", 3000));
+  EXPECT_EQ(at_c.events().size(), 1u);
+  ASSERT_TRUE(at_a.Saw("key-2", 3000));
+  for (const v1::GroupEvent& seen : at_a.events()) EXPECT_NE(seen.group_key(), "key-1");
+}
+
+TEST(ClusterMemberTest, StopEndsAJoinInProgress) {
+  // Nothing listens there: the join would retry for 30 s.
+  ClusterMember::Options o = Member("127.0.0.1:1", "a:1", 2);
+  o.join_timeout = absl::Seconds(30);
+  ClusterMember a(o, nullptr);
+  absl::Status status;
+  absl::Notification done;
+  std::thread t([&] {
+    status = a.Start();
+    done.Notify();
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time stop = absl::Now();
+  a.Stop();
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  t.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  EXPECT_LT(absl::Now() - stop, absl::Seconds(5));
+}
+
+TEST(KvClusterDirectoryTest, PlacementConflictsResolutionAndWithdrawal) {
+  InProcessCoordinator coordinator(3);
+  ClusterMember a(Member(coordinator.address(), "a:1", 3), nullptr);
+  ClusterMember b(Member(coordinator.address(), "b:1", 3), nullptr);
+  ASSERT_TRUE(a.Start().ok());
+  ASSERT_TRUE(b.Start().ok());
+  ClusterClient ca(coordinator.address(), "tok"), cb(coordinator.address(), "tok");
+  KvClusterDirectory da(&ca, &a, 3), db(&cb, &b, 3);
+  const absl::Time soon = absl::Now() + absl::Seconds(5);
+  // A job id with separators cannot collide with another job's keys.
+  const std::string job = "team/a:1";
+  ASSERT_TRUE(da.Publish(job, 0, 4, soon).ok());
+  ASSERT_TRUE(da.Publish(job, 3, 4, soon).ok());
+  ASSERT_TRUE(db.Publish(job, 1, 4, soon).ok());
+  absl::Status twice = db.Publish(job, 0, 4, soon);
+  EXPECT_EQ(twice.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(twice.message(), HasSubstr("node " + std::to_string(a.node_rank())));
+  absl::Status world = db.Publish(job, 2, 8, soon);
+  EXPECT_EQ(world.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(world.message(), HasSubstr("world size 4"));
+  // Rank 2 is not placed yet: resolution waits for it, up to its deadline.
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<int>> missing =
+      da.Resolve(job, {3, 1, 2, 0}, absl::Now() + absl::Milliseconds(300));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(missing.status().message(), HasSubstr("rank(s) 2 "));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));
+  std::thread late([&] { EXPECT_TRUE(db.Publish(job, 2, 4, soon).ok()); });
+  absl::StatusOr<std::vector<int>> nodes = da.Resolve(job, {3, 1, 2, 0}, soon);
+  late.join();
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  EXPECT_EQ(*nodes, (std::vector<int>{a.node_rank(), b.node_rank(), b.node_rank(), a.node_rank()}));
+  // Rank 1 leaves node b and attaches on node a.
+  db.Withdraw(job, {1}, soon);
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  absl::Status moved;
+  do {
+    moved = da.Publish(job, 1, 4, soon);
+  } while (!moved.ok() && absl::Now() < until);
+  EXPECT_TRUE(moved.ok()) << moved;
+  // Everyone leaves: the job id (and its world size) is free again.
+  da.Withdraw(job, {0, 1, 3}, soon);
+  db.Withdraw(job, {2}, soon);
+  absl::Status reused;
+  do {
+    reused = da.Publish(job, 0, 2, soon);
+  } while (!reused.ok() && absl::Now() < until);
+  EXPECT_TRUE(reused.ok()) << reused;
+}
+
+TEST(KvClusterDirectoryTest, AReportedFailureMovesTheFirstEpochOfTheGroup) {
+  InProcessCoordinator coordinator(2);
+  ClusterMember a(Member(coordinator.address(), "a:1", 2), nullptr);
+  ASSERT_TRUE(a.Start().ok());
+  ClusterClient ca(coordinator.address(), "tok");
+  KvClusterDirectory da(&ca, &a, 2);
+  const absl::Time soon = absl::Now() + absl::Seconds(5);
+  EXPECT_EQ(*da.FirstEpoch("g", soon), 1u);
+  da.ReportEpochFailed("g", 3, "rank 1 left");
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (*da.FirstEpoch("g", soon) != 4u && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(*da.FirstEpoch("g", soon), 4u);
+  da.ReportEpochFailed("g", 2, "older news");  // never moves it back
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(*da.FirstEpoch("g", soon), 4u);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Coordinator membership: rank assignment, rejoin, conflicts, loss by
-// missed heartbeats and the epoch.
+// missed heartbeats and the epoch; the group event log (Report, cursors on
+// heartbeats, its bounds).
 #include "daemon/cluster/coordinator.h"
 
 #include "gmock/gmock.h"
@@ -97,6 +98,84 @@ TEST(CoordinatorTest, RestartedCoordinatorContinuesTheEpoch) {
   auto a = c.Join(r);
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->epoch(), 18u);
+}
+
+
+v1::ReportRequest Report(int rank, const std::string& instance, int events, uint32_t epoch = 1) {
+  v1::ReportRequest r;
+  r.set_node_rank(rank);
+  r.set_instance(instance);
+  for (int i = 0; i < events; ++i) {
+    v1::GroupEvent* e = r.add_events();
+    e->set_group_key("4:job1/0,1,2#0");
+    e->set_epoch(epoch + i);
+    e->set_why("rank 1 left the job");
+    e->set_origin_node(99);  // forged: the coordinator sets the real one
+  }
+  return r;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Beat(Coordinator& c, int rank, const std::string& instance,
+                                           uint64_t after) {
+  v1::HeartbeatRequest h;
+  h.set_node_rank(rank);
+  h.set_instance(instance);
+  h.set_events_after(after);
+  return c.Heartbeat(h);
+}
+
+TEST(CoordinatorTest, ReportedGroupEventsReachOtherMembersOnHeartbeatsByCursor) {
+  Coordinator c(Opts());
+  ASSERT_TRUE(c.Join(Req("a:1", "ia")).ok());
+  auto b = c.Join(Req("b:1", "ib"));
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->events_last(), 0u);
+  ASSERT_TRUE(c.Report(Report(1, "ia", 2)).ok());
+  auto h = Beat(c, 2, "ib", 0);
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_EQ(h->events_size(), 2);
+  EXPECT_EQ(h->events(0).origin_node(), 1);
+  EXPECT_EQ(h->events(0).epoch(), 1u);
+  EXPECT_EQ(h->events(1).seq(), 2u);
+  EXPECT_EQ(h->events_last(), 2u);
+  EXPECT_FALSE(h->events_missed());
+  // Nothing new after the cursor.
+  h = Beat(c, 2, "ib", 2);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->events_size(), 0);
+  // A node that joins later starts its cursor at the newest event.
+  auto late = c.Join(Req("c:1", "ic"));
+  ASSERT_TRUE(late.ok());
+  EXPECT_EQ(late->events_last(), 2u);
+  // A cursor from before a coordinator restart (beyond the log) starts over.
+  h = Beat(c, 2, "ib", 1000);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->events_size(), 2);
+}
+
+TEST(CoordinatorTest, ReportsAreBoundedAndOnlyFromLiveMembers) {
+  Coordinator c(Opts());
+  ASSERT_TRUE(c.Join(Req("a:1", "ia")).ok());
+  EXPECT_EQ(c.Report(Report(1, "someone-else", 1)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c.Report(Report(7, "ia", 1)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c.Report(Report(1, "ia", Coordinator::kMaxReportEvents + 1)).code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::ReportRequest big = Report(1, "ia", 1);
+  big.mutable_events(0)->set_group_key(std::string(Coordinator::kMaxEventField + 1, 'k'));
+  EXPECT_EQ(c.Report(big).code(), absl::StatusCode::kInvalidArgument);
+  v1::ReportRequest empty = Report(1, "ia", 1);
+  empty.mutable_events(0)->set_group_key("");
+  EXPECT_EQ(c.Report(empty).code(), absl::StatusCode::kInvalidArgument);
+  // A flood keeps only the newest kMaxEventLog events; a slow reader is told.
+  for (size_t i = 0; i < Coordinator::kMaxEventLog / Coordinator::kMaxReportEvents + 2; ++i) {
+    ASSERT_TRUE(c.Report(Report(1, "ia", Coordinator::kMaxReportEvents)).ok());
+  }
+  auto h = Beat(c, 1, "ia", 1);
+  ASSERT_TRUE(h.ok());
+  EXPECT_TRUE(h->events_missed());
+  EXPECT_EQ(static_cast<size_t>(h->events_size()), Coordinator::kMaxEventsPerHeartbeat);
+  EXPECT_LT(h->events_last(), (Coordinator::kMaxEventLog / Coordinator::kMaxReportEvents + 2) *
+                                  Coordinator::kMaxReportEvents);
 }
 
 }  // namespace

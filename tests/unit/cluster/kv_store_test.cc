@@ -2,6 +2,8 @@
 // every limit answering RESOURCE_EXHAUSTED.
 #include "daemon/cluster/kv_store.h"
 
+#include "absl/synchronization/notification.h"
+
 #include <atomic>
 #include <future>
 #include <memory>
@@ -125,6 +127,41 @@ TEST(KvStoreTest, ConcurrentAddsAreAtomic) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(*kv.Get("c"), "2000");
+}
+
+
+TEST(KvStoreTest, SetIfAbsentKeepsTheFirstWriterAndWakesWaiters) {
+  KvStore kv;
+  absl::Notification woke;
+  kv.Wait({"claim"}, absl::Now() + absl::Seconds(5), [&](absl::Status s) {
+    EXPECT_TRUE(s.ok());
+    woke.Notify();
+  });
+  auto first = kv.SetIfAbsent("claim", "node 1");
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(*first, "node 1");
+  EXPECT_TRUE(woke.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  auto second = kv.SetIfAbsent("claim", "node 2");
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(*second, "node 1");
+  EXPECT_EQ(*kv.Get("claim"), "node 1");
+  EXPECT_EQ(kv.SetIfAbsent("", "x").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(KvStoreTest, DeleteRemovesKeysAndFreesTheirRoom) {
+  KvLimits limits;
+  limits.max_keys = 2;
+  KvStore kv(limits);
+  ASSERT_TRUE(kv.Set("a", "1").ok());
+  ASSERT_TRUE(kv.Set("b", "2").ok());
+  EXPECT_EQ(kv.Set("c", "3").code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(kv.Delete({"a", "never-there"}).ok());
+  EXPECT_EQ(kv.Get("a").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(kv.Set("c", "3").ok());
+  EXPECT_EQ(kv.key_count(), 2u);
+  EXPECT_EQ(kv.Delete({""}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kv.Delete(std::vector<std::string>(limits.max_wait_keys + 1, "b")).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
