@@ -51,7 +51,8 @@ int KvClusterDirectory::this_node() const { return member_->node_rank(); }
 absl::Status KvClusterDirectory::Named(const absl::Status& s, const std::string& what) const {
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat(what, ": the cluster coordinator ",
-                                             client_->coordinator(), " answered: ", s.message()));
+                                             client_->coordinator(), " failed (", s.message(),
+                                             "); see docs/cluster.md, coordinator loss"));
 }
 
 void KvClusterDirectory::Worker() {

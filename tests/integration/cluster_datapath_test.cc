@@ -43,7 +43,9 @@ struct Trainer {
   Buffer send, recv;
   FILE* out = nullptr;
   int rank = 0;
+  int world = 0;
   int failures = 0;
+  std::string sync_dir;  // where Sync() leaves its marks
 
   void Fail(const std::string& what) {
     if (++failures <= 20) std::fprintf(out, "rank %d FAIL: %s\n", rank, what.c_str());
@@ -199,6 +201,17 @@ bool WaitFile(const std::string& path, int ms) {
   return Eventually([&] { return Exists(path); }, ms);
 }
 
+// Every rank of the job reaches step `name` before any goes on (marks in
+// files), so the steps of a test do not overlap between nodes.
+void Sync(Trainer* T, const std::string& name) {
+  WriteFile(T->sync_dir + "/" + name + "." + std::to_string(T->rank), "");
+  for (int r = 0; r < T->world; ++r) {
+    if (!WaitFile(T->sync_dir + "/" + name + "." + std::to_string(r), kChildMs)) {
+      T->Fail("sync " + name + ": rank " + std::to_string(r) + " never came");
+    }
+  }
+}
+
 int Report(Trainer* T) {
   std::fprintf(T->out, "rank %d done, %d failures\n", T->rank, T->failures);
   return T->failures == 0 ? 0 : 1;
@@ -257,9 +270,12 @@ class ClusterDatapathTest : public ::testing::Test {
       const std::string socket = Socket(placement[r]);
       const std::string job = job_;
       const std::string done = shared_.File("done");
+      const std::string sync_dir = shared_.path();
       children.push_back(std::make_unique<Child>([=](FILE* out) {
         Trainer T;
         T.out = out;
+        T.world = world;
+        T.sync_dir = sync_dir;
         if (!Attach(&T, socket, job, r, world)) return 2;
         const int rc = body(&T, r);
         // Nobody detaches (which ends the group's epoch) before all are done.
@@ -304,16 +320,20 @@ TEST_F(ClusterDatapathTest, TwoNodesTwoTrainersEveryCollectiveMatchesTheReferenc
     AllGatherCase(T, all, DataType::kUInt8, 333);
     BroadcastCase(T, all, DataType::kFloat32, /*root=*/2, 5000);
     AllToAllCase(T, all, DataType::kFloat32, 640);
+    Sync(T, "collectives");
     // A group whose ranks are listed out of order, one on each node.
     if (rank == 3 || rank == 1) {
       if (!MakeGroup(T, {3, 1}, &cross)) return Report(T);
       AllReduceCase(T, cross, DataType::kFloat32, {}, 10000);
       AllGatherCase(T, cross, DataType::kFloat32, 100);
     }
+    Sync(T, "subgroup");
     // Point-to-point across nodes (0 -> 1 and 2 -> 3), twice per pair so
     // the k-th send pairs with the k-th receive; and within node 1.
     SendRecvCase(T, all, 0, 1, 7, 3000);
+    Sync(T, "p2p1");
     SendRecvCase(T, all, 2, 3, 7, 10);
+    Sync(T, "p2p2");
     SendRecvCase(T, all, 0, 1, 7, 20);
     SendRecvCase(T, all, 1, 2, 0, 50);
     return Report(T);
@@ -521,6 +541,82 @@ TEST_F(ClusterDatapathTest, DaemonKilledFailsOpsNamingTheNodeAndSurvivorsGoOn) {
     EXPECT_THAT(out, ::testing::ContainsRegex("RESULT (UNAVAILABLE|ABORTED)")) << out;
     EXPECT_THAT(out, AllOf(HasSubstr("AGAIN ABORTED"), HasSubstr("rank(s) [2]"))) << out;
   }
+}
+
+
+// A daemon still waiting for its coordinator stops at once on SIGTERM
+// (it used to ignore it until cluster.join_timeout_ms).
+TEST_F(ClusterDatapathTest, ADaemonStillJoiningStopsPromptlyOnSigterm) {
+  ClusterDaemon d;
+  const std::string nobody = Loopback(FreePort());  // no coordinator there
+  ASSERT_TRUE(d.process.Start(ClusterYaml(nobody, Loopback(FreePort()), 2, token_,
+                                          /*join_timeout_ms=*/60000),
+                              {}, {}, /*wait_ready=*/false));
+  ASSERT_TRUE(Eventually([&] { return d.log().find("waiting for the coordinator") !=
+                                      std::string::npos; },
+                         kFormMs))
+      << d.log();
+  const int64_t start = NowMs();
+  EXPECT_EQ(d.process.Stop(/*timeout_ms=*/5000), 0) << d.log();
+  EXPECT_LT(NowMs() - start, 5000);
+  EXPECT_THAT(d.log(), HasSubstr("while starting"));
+}
+
+// With the coordinator gone, what needs it fails loudly naming it (a new
+// trainer's placement, a new cross-node group), while a group that already
+// spans nodes 1 and 2 keeps running (its links are up).
+TEST_F(ClusterDatapathTest, WithoutTheCoordinatorNewPlacementFailsNamingIt) {
+  StartCluster(3);
+  const std::string formed = shared_.File("formed");
+  const std::string gone = shared_.File("gone");
+  const std::string job = job_;
+  std::vector<std::unique_ptr<Child>> children;
+  for (int r = 0; r < 2; ++r) {
+    const std::string socket = Socket(r + 1);  // rank 0 on node 1, rank 1 on node 2
+    children.push_back(std::make_unique<Child>([=](FILE* out) {
+      Trainer T;
+      T.out = out;
+      if (!Attach(&T, socket, job, r, 2)) return 2;
+      Group g;
+      if (!MakeGroup(&T, {0, 1}, &g)) return 2;
+      AllReduceCase(&T, g, DataType::kFloat32, {}, 100);
+      WriteFile(formed + std::to_string(r), "");
+      if (!WaitFile(gone, kChildMs)) return 4;
+      AllReduceCase(&T, g, DataType::kFloat32, {}, 100);  // established: still runs
+      if (r == 1) {
+        absl::StatusOr<Group> more = T.client->NewGroup({1, 0});
+        std::fprintf(out, "NEWGROUP %s\n", more.status().ToString().c_str());
+      }
+      WriteFile(formed + "done" + std::to_string(r), "");
+      if (!WaitFile(formed + "done" + std::to_string(1 - r), kChildMs)) return 5;
+      return Report(&T);
+    }));
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(WaitFile(formed + std::to_string(r), kChildMs)) << children[r]->output() << Logs();
+  }
+  daemons_[0]->process.Kill();  // the coordinator
+  WriteFile(gone, "");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(children[r]->Finish(kChildMs), 0) << children[r]->output() << Logs();
+  }
+  EXPECT_THAT(children[1]->output(),
+              AllOf(HasSubstr("NEWGROUP UNAVAILABLE"), HasSubstr(coordinator_)))
+      << children[1]->output();
+  // A new trainer on node 1 cannot be placed: the error names the coordinator.
+  Child late([&](FILE* out) {
+    ClientOptions o;
+    o.socket_path = Socket(1);
+    o.job_id = "another";
+    o.rank = 0;
+    o.world_size = 2;
+    auto c = Client::Connect(o);
+    std::fprintf(out, "ATTACH %s\n", c.status().ToString().c_str());
+    return 0;
+  });
+  EXPECT_EQ(late.Finish(kChildMs), 0);
+  EXPECT_THAT(late.output(), AllOf(HasSubstr("ATTACH UNAVAILABLE"), HasSubstr(coordinator_)))
+      << late.output();
 }
 
 }  // namespace
