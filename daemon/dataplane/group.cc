@@ -698,7 +698,9 @@ void Group::PeerLost(int node, const std::string& why) {
     // submissions hear the cause instead.
     if (!epoch_failure_.ok()) epoch_failure_ = status;
   }
-  FailEpoch(status);
+  // Reported too: the others know already, but the coordinator then records
+  // the failed epoch, so a restarted node's new group starts in line.
+  FailEpoch(status, 0, /*report=*/true);
 }
 
 void Group::CheckTimeouts(int64_t now_ns) {
