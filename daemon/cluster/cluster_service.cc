@@ -92,8 +92,15 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::Report(grpc::CallbackServerContext
       const std::string key = GroupEpochKey(e.group_key());
       uint32_t known = 0;
       if (absl::StatusOr<std::string> v = kv_->Get(key); v.ok()) (void)absl::SimpleAtoi(*v, &known);
-      if (e.epoch() >= known && e.epoch() < UINT32_MAX) {
-        (void)kv_->Set(key, absl::StrCat(e.epoch() + 1));  // a full store only loses the hint
+      if (e.epoch() >= known && e.epoch() < UINT32_MAX &&
+          kv_->Set(key, absl::StrCat(e.epoch() + 1)).ok()) {  // a full store only loses the hint
+        // Bounded: the oldest hints go first, so they never fill the store.
+        absl::MutexLock l(&epoch_keys_mu_);
+        if (known == 0) epoch_keys_.push_back(key);
+        while (epoch_keys_.size() > kMaxEpochHints) {
+          (void)kv_->Delete({epoch_keys_.front()});
+          epoch_keys_.pop_front();
+        }
       }
     }
   }

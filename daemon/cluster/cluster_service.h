@@ -8,7 +8,11 @@
 #ifndef HSDP_DAEMON_CLUSTER_CLUSTER_SERVICE_H_
 #define HSDP_DAEMON_CLUSTER_CLUSTER_SERVICE_H_
 
+#include <deque>
 #include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 #include "daemon/cluster/coordinator.h"
 #include "daemon/cluster/kv_store.h"
@@ -45,6 +49,8 @@ class ClusterServiceImpl final : public v1::Cluster::CallbackService {
 
   // Values a Wait with return_values may carry in all.
   static constexpr size_t kMaxWaitValueBytes = 4 << 20;
+  // Group epoch hints (hsdp/epoch/<key>) kept in the store; older ones are deleted.
+  static constexpr size_t kMaxEpochHints = 4096;
 
  private:
   // OK when the caller may proceed; else the status to finish with.
@@ -56,6 +62,8 @@ class ClusterServiceImpl final : public v1::Cluster::CallbackService {
   Coordinator* const coordinator_;
   KvStore* const kv_;
   const std::string coordinator_address_;
+  absl::Mutex epoch_keys_mu_;
+  std::deque<std::string> epoch_keys_ ABSL_GUARDED_BY(epoch_keys_mu_);  // oldest first
 };
 
 }  // namespace hsdp

@@ -353,6 +353,7 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
   std::shared_ptr<Session> s;
   std::string key;
   int k = 0;
+  bool all_here = false;  // every rank attached to this daemon: no placement lookup
   {
     absl::MutexLock l(&mu_);
     ASSIGN_OR_RETURN(s, Lookup(session_id, caller));
@@ -410,6 +411,8 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
             "job \"", s->info().job_id, "\" already has ", job.groups.size(),
             " groups (limits.max_groups_per_job)"));
       }
+      all_here = std::all_of(ranks.begin(), ranks.end(),
+                             [&](int r) { return job.rank_to_session.count(r) > 0; });
     }
   }
   if (group == nullptr) {
@@ -417,7 +420,9 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
     std::vector<int> nodes;
     int this_node = 0;
     uint32_t first_epoch = 1;
-    if (cluster_ != nullptr) {
+    if (cluster_ != nullptr && all_here) {
+      this_node = cluster_->this_node();
+    } else if (cluster_ != nullptr) {
       const absl::Time deadline = ClusterDeadline();
       ASSIGN_OR_RETURN(nodes, cluster_->Resolve(s->info().job_id, ranks, deadline));
       this_node = cluster_->this_node();

@@ -55,6 +55,9 @@ class CrossNodeTest : public ::testing::Test {
   static int NodeOf(int rank) { return rank % 2; }
 
   // The same group, as each node's daemon sees it.
+  // Epoch failures each node's group reports (spec.on_epoch_failed), by node.
+  std::map<int, std::vector<std::pair<uint32_t, std::string>>> reported_;
+
   void MakeGroup(uint32_t id, const std::vector<int>& ranks) {
     std::vector<int> nodes;
     for (int r : ranks) nodes.push_back(NodeOf(r));
@@ -68,6 +71,9 @@ class CrossNodeTest : public ::testing::Test {
       spec.this_node = n->node;
       spec.timeout_ns = kTimeoutNs;
       spec.max_pending = 64;
+      spec.on_epoch_failed = [this, node = n->node](uint32_t epoch, const absl::Status& why) {
+        reported_[node].emplace_back(epoch, std::string(why.message()));
+      };
       Node* np = n.get();
       auto g = std::make_shared<Group>(std::move(spec), &n->engine,
                                        [np](uint32_t gid) -> std::shared_ptr<Group> {
@@ -239,6 +245,32 @@ TEST_F(CrossNodeTest, GroupReformsAcrossNodesInANewEpoch) {
   ASSERT_EQ(nodes_[0]->engine.pending(), 1u);
   EXPECT_EQ(nodes_[0]->engine.front().epoch, 2u);
   EXPECT_EQ(nodes_[0]->engine.front().seq, 1u);
+}
+
+TEST_F(CrossNodeTest, RemoteMembersJoinTheNextEpochImplicitlyAndLocalFailuresAreReported) {
+  MakeGroup(1, {0, 1, 2, 3});
+  // Rank 0 (node 0) leaves: node 0 fails epoch 1 and reports it; node 1
+  // hears (as the coordinator would relay it) and fails it too.
+  G(0, 1).MemberLeft(nodes_[0]->sessions[0].get(), "killed");
+  ASSERT_EQ(reported_[0].size(), 1u);
+  EXPECT_EQ(reported_[0][0].first, 1u);
+  EXPECT_THAT(reported_[0][0].second, HasSubstr("rank 0 left"));
+  G(1, 1).RemoteEpochFailed(1, absl::AbortedError("node 0 reports: rank 0 left"));
+  EXPECT_TRUE(G(1, 1).stats().broken);
+  EXPECT_TRUE(reported_[1].empty()) << "a relayed failure is not reported again";
+  // Each node's local members join again; remote ones need not be announced.
+  ASSERT_EQ(*G(1, 1).Join(1, nodes_[1]->sessions[1]), 2u);
+  ASSERT_EQ(*G(1, 1).Join(3, nodes_[1]->sessions[3]), 2u);
+  EXPECT_EQ(G(1, 1).epoch(), 2u);
+  ASSERT_EQ(*G(0, 1).Join(2, nodes_[0]->sessions[2]), 2u);
+  EXPECT_EQ(G(0, 1).epoch(), 1u) << "rank 0 (local) has not joined yet";
+  ASSERT_EQ(*G(0, 1).Join(0, nodes_[0]->sessions[0]), 2u);
+  EXPECT_EQ(G(0, 1).epoch(), 2u);
+  for (int r = 0; r < 4; ++r) SubmitAllReduce(1, r, 5, 1, 8, /*epoch=*/2);
+  EXPECT_EQ(fabric_.RunReady(), 1);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(Result(r, 5).value_or(absl::UnknownError("none")).ok()) << "rank " << r;
+  }
 }
 
 TEST_F(CrossNodeTest, CompositePipelinesAcrossTwoStreamOrderedPhases) {
