@@ -544,6 +544,66 @@ TEST_F(ClusterDatapathTest, DaemonKilledFailsOpsNamingTheNodeAndSurvivorsGoOn) {
 }
 
 
+// The only trainer of node 1 dies and is restarted: its daemon forgot the
+// group, creates it again in the epoch after the one that failed (learnt
+// from the coordinator), node 0's survivor joins that epoch, and they run.
+TEST_F(ClusterDatapathTest, ARestartedTrainerRejoinsTheGroupInTheNextEpoch) {
+  StartCluster(2, /*collective_ms=*/20000);
+  const std::string ready = shared_.File("ready");
+  const std::string again = shared_.File("again");
+  const std::string job = job_;
+  const std::string s0 = Socket(0), s1 = Socket(1);
+  auto trainer1 = [=](const std::string& mark) {
+    return [=](FILE* out) {
+      Trainer T;
+      T.out = out;
+      T.world = 2;
+      if (!Attach(&T, s1, job, 1, 2)) return 2;
+      Group g;
+      if (!MakeGroup(&T, {0, 1}, &g)) return 2;
+      std::fprintf(out, "EPOCH %u\n", g.epoch);
+      AllReduceCase(&T, g, DataType::kFloat32, {}, 1000);
+      WriteFile(mark, "");
+      if (mark == ready) ::pause();  // killed here
+      return Report(&T);
+    };
+  };
+  auto first = std::make_unique<Child>(trainer1(ready));
+  Child survivor([=](FILE* out) {
+    Trainer T;
+    T.out = out;
+    if (!Attach(&T, s0, job, 0, 2)) return 2;
+    Group g;
+    if (!MakeGroup(&T, {0, 1}, &g)) return 2;
+    AllReduceCase(&T, g, DataType::kFloat32, {}, 1000);
+    if (!WaitFile(ready, kChildMs)) return 4;
+    // Rank 1 dies while this operation waits for it.
+    Fill(&T, DataType::kFloat32, 10);
+    absl::StatusOr<Work> w =
+        T.client->AllReduce(g, {T.send.id, 0}, {T.recv.id, 0}, 10, DataType::kFloat32);
+    if (!w.ok()) return 3;
+    std::fprintf(out, "RESULT %s\n", w->Wait(absl::Seconds(19)).ToString().c_str());
+    absl::StatusOr<Group> next = T.client->RejoinGroup(g);
+    if (!next.ok()) {
+      T.Fail("rejoin: " + next.status().ToString());
+      return Report(&T);
+    }
+    std::fprintf(out, "EPOCH %u\n", next->epoch);
+    AllReduceCase(&T, *next, DataType::kFloat32, {}, 1000);
+    if (!WaitFile(again, kChildMs)) return 5;
+    return Report(&T);
+  });
+  ASSERT_TRUE(WaitFile(ready, kChildMs)) << first->output() << survivor.output() << Logs();
+  absl::SleepFor(absl::Milliseconds(200));
+  ::kill(first->pid(), SIGKILL);
+  ASSERT_TRUE(survivor.WaitFor("EPOCH 2", kChildMs)) << survivor.output() << Logs();
+  Child second(trainer1(again));
+  EXPECT_EQ(second.Finish(kChildMs), 0) << second.output() << Logs();
+  EXPECT_EQ(survivor.Finish(kChildMs), 0) << survivor.output() << Logs();
+  EXPECT_THAT(survivor.output(), AllOf(HasSubstr("RESULT ABORTED"), HasSubstr("rank 1 left")));
+  EXPECT_THAT(second.output(), HasSubstr("EPOCH 2"));
+}
+
 // A daemon still waiting for its coordinator stops at once on SIGTERM
 // (it used to ignore it until cluster.join_timeout_ms).
 TEST_F(ClusterDatapathTest, ADaemonStillJoiningStopsPromptlyOnSigterm) {
