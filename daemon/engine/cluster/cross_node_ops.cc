@@ -16,6 +16,8 @@ constexpr uint32_t kHeaderMagic = 0x4e584853;         // "SHXN"
 constexpr uint32_t kHeaderVersion = 1;
 // The smallest chunk worth a network round (elements of a step).
 constexpr uint64_t kMinChunkElements = 1024;
+// Local work below this many bytes of memory traffic runs inline.
+constexpr uint64_t kInlineWorkBytes = 256 << 10;
 
 uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
@@ -316,6 +318,22 @@ class Runner {
     return run_.link->Exchange(sends, recvs, tag, run_.deadline);
   }
 
+  // Exchange, with `fn` (about `work_bytes` of memory traffic) overlapping
+  // it on the sidecar; small work runs inline first (a thread handoff would
+  // cost more).
+  absl::Status ExchangeWhile(std::vector<SendRange>& sends, std::vector<RecvRange>& recvs,
+                             uint64_t work_bytes, const std::function<void()>& fn) {
+    if (work_bytes == 0) return Exchange(sends, recvs);
+    if (work_bytes < kInlineWorkBytes) {
+      fn();
+      return Exchange(sends, recvs);
+    }
+    run_.sidecar->Run(fn);
+    absl::Status s = Exchange(sends, recvs);
+    if (!run_.sidecar->Wait()) return OutOfMemory();
+    return s;
+  }
+
   absl::Status HeaderRound() {
     const TaskHeader ours = MakeHeader(t_, run_.chunk_bytes);
     std::vector<TaskHeader> theirs(P_);
@@ -413,12 +431,13 @@ class Runner {
           recvs.push_back({p, out_[0] + (c.begin + sg.begin) * es_, sg.len * es_, 1});
         }
       }
-      run_.sidecar->Run([&, step] {
+      uint64_t work = 0;
+      if (step + 1 < M && !identity) work += chunk(step + 1).len * (L * es_ + cs);
+      if (step >= 2 && L > 1) work += chunk(step - 2).len * es_ * (L - 1);
+      absl::Status s = ExchangeWhile(sends, recvs, work, [&, step] {
         if (step + 1 < M) local_reduce(step + 1);
         if (step >= 2) copy_out(step - 2);
       });
-      absl::Status s = Exchange(sends, recvs);
-      if (!run_.sidecar->Wait()) return OutOfMemory();
       if (!s.ok()) return s;
       if (step < M) finish(step);
     }
@@ -471,11 +490,9 @@ class Runner {
           recvs.push_back({p, rs(p, l), c.len * cs, static_cast<uint32_t>(lay_.local()[l])});
         }
       }
-      run_.sidecar->Run([&, m] {
-        if (m + 1 < M) local_reduce(m + 1);
-      });
-      absl::Status s = Exchange(sends, recvs);
-      if (!run_.sidecar->Wait()) return OutOfMemory();
+      const uint64_t work = m + 1 < M && !identity ? chunk(m + 1).len * G_ * (L * es_ + cs) : 0;
+      absl::Status s =
+          ExchangeWhile(sends, recvs, work, [&, m] { local_reduce(m + 1); });
       if (!s.ok()) return s;
       std::vector<const void*> parts(P_);
       for (int l = 0; l < L; ++l) {
@@ -533,12 +550,11 @@ class Runner {
               {p, out_[0] + (r * N + c.begin) * es_, c.len * es_, static_cast<uint32_t>(r)});
         }
       }
-      run_.sidecar->Run([&, m] {
+      const uint64_t work = c.len * es_ * L * (L + (m >= 1 ? G_ : 0));
+      absl::Status s = ExchangeWhile(sends, recvs, work, [&, m] {
         copy_local(m);
         if (m >= 1) copy_remote(m - 1);
       });
-      absl::Status s = Exchange(sends, recvs);
-      if (!run_.sidecar->Wait()) return OutOfMemory();
       if (!s.ok()) return s;
     }
     copy_remote(M - 1);
@@ -577,15 +593,14 @@ class Runner {
       } else {
         recvs.push_back({root_node, out_[0] + c.begin * es_, c.len * es_, 0});
       }
-      run_.sidecar->Run([&, m] {
+      const uint64_t work = (at_root || m >= 1) ? c.len * es_ * L : 0;
+      absl::Status s = ExchangeWhile(sends, recvs, work, [&, m] {
         if (at_root) {
           copy_out(m);
         } else if (m >= 1) {
           copy_out(m - 1);
         }
       });
-      absl::Status s = Exchange(sends, recvs);
-      if (!run_.sidecar->Wait()) return OutOfMemory();
       if (!s.ok()) return s;
     }
     if (!at_root) copy_out(M - 1);
@@ -628,7 +643,11 @@ class Runner {
         }
       }
     }
-    run_.sidecar->Run([&] {
+    uint64_t work = 0;
+    for (int a = 0; a < L; ++a) {
+      for (int b = 0; b < L; ++b) work += SendCount(a, local[b]) * es_;
+    }
+    absl::Status s = ExchangeWhile(sends, recvs, work, [&] {
       for (int a = 0; a < L; ++a) {
         for (int b = 0; b < L; ++b) {
           const uint64_t c = SendCount(a, local[b]);  // == RecvCount(b, local[a]) (validated)
@@ -638,8 +657,6 @@ class Runner {
         }
       }
     });
-    absl::Status s = Exchange(sends, recvs);
-    if (!run_.sidecar->Wait()) return OutOfMemory();
     return s;
   }
 

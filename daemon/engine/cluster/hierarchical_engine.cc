@@ -211,7 +211,7 @@ void HierarchicalEngine::ScheduleLocked(const std::string& key, Actions* act) {
     }
     g.listed = true;
     ready_.push_back(key);
-    if (idle_workers_ == 0 &&
+    if (static_cast<int>(ready_.size()) > idle_workers_ &&
         static_cast<int>(workers_.size()) < std::max(options_.threads, kMaxWorkers)) {
       workers_.emplace_back([this] { WorkerLoop(); });
     } else {
