@@ -89,6 +89,13 @@ struct Scratch {
     if (bufs[i].size() < bytes) bufs[i].resize(bytes);
     return bufs[i].data();
   }
+  // Gives the memory back when more than `max_bytes` are held.
+  void Trim(size_t max_bytes) {
+    size_t held = 0;
+    for (const auto& b : bufs) held += b.capacity();
+    if (held <= max_bytes) return;
+    for (auto& b : bufs) std::vector<char>().swap(b);
+  }
 };
 
 struct CrossNodeRun {

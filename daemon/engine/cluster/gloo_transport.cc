@@ -210,8 +210,9 @@ class GlooTransport : public TransportFactory {
     absl::StatusOr<std::shared_ptr<gloo::transport::Device>> device = Device();
     if (!device.ok()) return device.status();
     const std::string prefix = StorePrefix(key, epoch);
+    std::unique_ptr<gloo::rendezvous::Store> store;
     try {
-      std::unique_ptr<gloo::rendezvous::Store> store = options_.store(prefix);
+      store = options_.store(prefix);
       if (store == nullptr) return absl::InternalError("no rendezvous store");
       auto context = std::make_shared<gloo::rendezvous::Context>(self, static_cast<int>(nodes.size()));
       context->setTimeout(Remaining(deadline));
@@ -219,6 +220,23 @@ class GlooTransport : public TransportFactory {
       return std::unique_ptr<NodeLink>(new GlooLink(std::move(context), nodes, self));
     } catch (const std::exception& e) {
       absl::Status s = FromGloo(e.what(), -1, "connecting");
+      if (s.code() == absl::StatusCode::kDeadlineExceeded && store != nullptr) {
+        // Name the nodes whose address never appeared (Gloo's key per
+        // participant is its index in the link).
+        std::vector<int> missing;
+        for (size_t i = 0; i < nodes.size(); ++i) {
+          if (static_cast<int>(i) == self) continue;
+          try {
+            store->wait({std::to_string(i)}, std::chrono::milliseconds(1));
+          } catch (...) {
+            missing.push_back(nodes[i]);
+          }
+        }
+        if (!missing.empty()) {
+          s = absl::DeadlineExceededError(absl::StrCat(
+              "node(s) [", absl::StrJoin(missing, ", "), "] did not come before the deadline"));
+        }
+      }
       return absl::Status(s.code(), absl::StrCat("connecting the link of ", prefix, " among nodes [",
                                                  absl::StrJoin(nodes, ", "), "]: ", s.message()));
     } catch (...) {

@@ -22,6 +22,9 @@ constexpr size_t kMaxRememberedFailures = 4096;
 // group waiting for a worker while its peers wait for it would stall until
 // the deadline, so every busy group should get one.
 constexpr int kMaxWorkers = 64;
+// Staging memory a worker keeps between tasks (4 buffers of a few chunks
+// with the default chunk size).
+constexpr size_t kMaxIdleScratchBytes = size_t{64} << 20;
 
 absl::Status ShuttingDown() { return absl::UnavailableError("hsdpd is shutting down"); }
 
@@ -572,6 +575,7 @@ void HierarchicalEngine::WorkerLoop() {
     const int64_t start = shm::NowNanos();
     absl::Status status = Execute(xt, &sidecar, &scratch);
     const uint64_t exec_ns = static_cast<uint64_t>(shm::NowNanos() - start);
+    scratch.Trim(kMaxIdleScratchBytes);
     {
       std::lock_guard<std::mutex> g2(mu_);
       if (!xt->abort.ok()) status = xt->abort;  // the reason, not the broken link

@@ -112,6 +112,23 @@ TEST(GlooTransport, APeerThatNeverAnswersReachesTheDeadline) {
   EXPECT_NE(done.status(0).message().find("node 1"), std::string::npos) << done.status(0);
 }
 
+TEST(GlooTransport, ANodeThatNeverConnectsReachesTheDeadlineNamed) {
+  GlooCluster cl(3, absl::Milliseconds(500));
+  Placement p = testing::Contiguous(3, 1);
+  Case c = Make(Collective::kAllReduce, DataType::kFloat32, 100);
+  RankBuffers bufs(c, 3, 1);
+  Completions done(2);
+  for (int n = 0; n < 2; ++n) {
+    cl.engine(n)->Launch(testing::BuildTask(c, p, n, &bufs, "late", 1, 1), done.Callbacks(n));
+  }
+  ASSERT_TRUE(done.Wait(absl::Seconds(10)));
+  for (int n = 0; n < 2; ++n) {
+    EXPECT_EQ(done.status(n).code(), absl::StatusCode::kDeadlineExceeded) << done.status(n);
+    EXPECT_NE(done.status(n).message().find("node(s) [2] did not come"), std::string::npos)
+        << done.status(n);
+  }
+}
+
 TEST(GlooTransport, APeerThatGoesAwayFailsTheOperationNamingIt) {
   GlooCluster cl(2);
   Placement p = testing::Contiguous(2, 1);
