@@ -15,7 +15,8 @@
 // only one at a time (they run one after the other).
 //
 // Usage: hsdp-cluster-engine-bench [--nodes N] [--per-node L] [--iters I]
-//                                  [--sizes-mb 1,4,16,64] [--chunk-kb K]
+//                                  [--sizes-mb 1,4,16,64] [--chunk-kb K] [--devices D]
+//                                  [--baseline 0|1]
 #include <algorithm>
 #include <barrier>
 #include <chrono>
@@ -49,6 +50,8 @@ struct Flags {
   int iters = 10;
   std::vector<size_t> sizes_mb = {1, 4, 16, 64};
   size_t chunk_kb = 4096;
+  int devices = 1;
+  bool baseline = true;
 };
 
 Flags Parse(int argc, char** argv) {
@@ -59,6 +62,8 @@ Flags Parse(int argc, char** argv) {
     else if (k == "--per-node") f.per_node = std::max(1, std::atoi(v.c_str()));
     else if (k == "--iters") f.iters = std::max(1, std::atoi(v.c_str()));
     else if (k == "--chunk-kb") f.chunk_kb = std::strtoull(v.c_str(), nullptr, 10);
+    else if (k == "--devices") f.devices = std::max(1, std::atoi(v.c_str()));
+    else if (k == "--baseline") f.baseline = std::atoi(v.c_str()) != 0;
     else if (k == "--sizes-mb") {
       f.sizes_mb.clear();
       for (absl::string_view s : absl::StrSplit(v, ',')) {
@@ -99,6 +104,7 @@ class EngineSide {
     for (int n = 0; n < f.nodes; ++n) {
       hsdp::GlooTransportOptions t;
       t.data_address = "127.0.0.1";
+      t.devices = f.devices;
       t.store = [store](const std::string& prefix) {
         return std::unique_ptr<gloo::rendezvous::Store>(new SharedPrefixStore(prefix, store));
       };
@@ -246,10 +252,11 @@ int main(int argc, char** argv) {
   const Flags f = Parse(argc, argv);
   const int n = f.nodes * f.per_node;
   EngineSide engine(f);
-  GlooSide gloo_side(f);
+  std::unique_ptr<GlooSide> gloo_side;
+  if (f.baseline) gloo_side = std::make_unique<GlooSide>(f);
   std::printf("# %d nodes x %d ranks = %d ranks, loopback TCP, float32, chunk %zu KiB, "
-              "median of %d\n",
-              f.nodes, f.per_node, n, f.chunk_kb, f.iters);
+              "%d Gloo devices per node, median of %d\n",
+              f.nodes, f.per_node, n, f.chunk_kb, f.devices, f.iters);
   std::printf("%-10s %8s %12s %12s %12s %12s %8s\n", "op", "MiB", "hsdpd ms", "hsdpd GB/s",
               "gloo ms", "gloo GB/s", "ratio");
   for (bool allreduce : {true, false}) {
@@ -264,7 +271,7 @@ int main(int argc, char** argv) {
       const double te = engine.Time(allreduce ? hsdp::Collective::kAllReduce
                                               : hsdp::Collective::kAllGather,
                                     bytes, in, out);
-      const double tg = gloo_side.Time(allreduce, bytes, in, out);
+      const double tg = gloo_side != nullptr ? gloo_side->Time(allreduce, bytes, in, out) : 1e30;
       const double factor = allreduce ? 2.0 * (n - 1) / n : double(n - 1) / n;
       const double moved = allreduce ? double(bytes) : double(bytes) * n;
       const double be = factor * moved / te / 1e9, bg = factor * moved / tg / 1e9;

@@ -3,9 +3,10 @@
 // through a gloo::rendezvous::Store — the coordinator's key/value store in
 // the daemon (daemon/cluster/gloo_store.h), a HashStore in tests.
 //
-// One tcp device (one IO thread) per transport, created at the first
-// Connect; one gloo::rendezvous::Context per link, fully meshed, with the
-// store under the prefix "<key>/<epoch>" (shortened to a hash when long).
+// `devices` tcp devices (IO threads) per transport, created at the first
+// Connect; per link one gloo::rendezvous::Context per device, fully meshed,
+// with the store under the prefix "<key>/<epoch>" (shortened to a hash when
+// long; the contexts of devices 1.. under "d<k>/" inside it).
 // Exchange posts gloo UnboundBuffer sends and receives (slot = low 32 bits of
 // the tag << 32 | part) and waits with the time left to the deadline; Abort
 // wakes the waits (abortWaitRecv/abortWaitSend); any error closes the
@@ -49,6 +50,14 @@ struct GlooTransportOptions {
   std::string data_address;  // host or IP to bind (cluster.data_address)
   // A store for the keys under `prefix` (one per link); called per Connect.
   std::function<std::unique_ptr<gloo::rendezvous::Store>(const std::string& prefix)> store;
+  // TCP devices (each with its own IO thread and connections); a link has one
+  // Gloo context per device and stripes messages of at least
+  // `stripe_min_bytes` across them, so the kernel's copies run in parallel.
+  // Must be the same on every daemon. (On the 2-core development VM, 2
+  // devices measured no better than 1 on loopback; more may pay on real
+  // NICs and more cores.)
+  int devices = 1;
+  size_t stripe_min_bytes = 256 << 10;
 };
 
 std::unique_ptr<TransportFactory> MakeGlooTransport(GlooTransportOptions options);
