@@ -33,7 +33,7 @@ class SharedPrefixStore : public gloo::rendezvous::PrefixStore {
 
 class GlooCluster {
  public:
-  GlooCluster(int nodes, absl::Duration timeout = absl::Seconds(30)) {
+  explicit GlooCluster(int nodes, absl::Duration timeout = absl::Seconds(30), int devices = 1) {
     auto store = std::make_shared<gloo::rendezvous::HashStore>();
     HierarchicalEngineOptions o;
     o.threads = 2;
@@ -42,6 +42,8 @@ class GlooCluster {
     for (int n = 0; n < nodes; ++n) {
       GlooTransportOptions t;
       t.data_address = "127.0.0.1";
+      t.devices = devices;
+      t.stripe_min_bytes = 4096;
       t.store = [store](const std::string& prefix) {
         return std::unique_ptr<gloo::rendezvous::Store>(new SharedPrefixStore(prefix, store));
       };
@@ -96,6 +98,20 @@ TEST(GlooTransport, CollectivesMatchFlatOnTwoAndThreeNodes) {
             << nodes << " nodes: " << c.Describe();
       }
     }
+  }
+}
+
+// Large messages striped over two tcp devices per node.
+TEST(GlooTransport, StripedOverTwoDevices) {
+  GlooCluster cl(2, absl::Seconds(30), 2);
+  const Placement p = testing::RoundRobin(2, 2);
+  uint64_t seq = 0;
+  for (const Case& c : {Make(Collective::kAllReduce, DataType::kFloat32, 30000),
+                        Make(Collective::kReduceScatter, DataType::kBFloat16, 5000),
+                        Make(Collective::kAllGather, DataType::kInt32, 7000),
+                        Make(Collective::kAllToAll, DataType::kFloat64, 900)}) {
+    EXPECT_EQ(testing::RunAndCompare(cl.engines(), c, p, "striped", 1, ++seq), "")
+        << c.Describe();
   }
 }
 

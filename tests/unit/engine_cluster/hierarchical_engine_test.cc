@@ -508,6 +508,38 @@ TEST(HierarchicalEngine, NodesThatDisagreeOnTheOperationFailCleanly) {
   EXPECT_TRUE(bb.GuardsIntact());
 }
 
+TEST(HierarchicalEngine, WithoutChunkingEveryCollectiveStillMatches) {
+  HierarchicalEngineOptions o = FakeCluster::Options();
+  o.chunk_bytes = 0;
+  FakeCluster cl(3, o);
+  Placement p = testing::RoundRobin(3, 2);
+  uint64_t seq = 0;
+  for (Collective c : {Collective::kAllReduce, Collective::kReduceScatter,
+                       Collective::kAllGather, Collective::kBroadcast, Collective::kAllToAll}) {
+    EXPECT_EQ(testing::RunAndCompare(cl.engines(), SumCase(5000, c), p, "whole", 1, ++seq), "")
+        << CollectiveName(c);
+  }
+}
+
+TEST(HierarchicalEngine, NodesWithDifferentChunkSizesFailCleanly) {
+  FakeNetwork net;
+  HierarchicalEngineOptions a = FakeCluster::Options(), b = FakeCluster::Options();
+  b.chunk_bytes = 2 * a.chunk_bytes;
+  auto e0 = MakeHierarchicalEngine(std::make_unique<CpuEngine>(1, 1 << 20), net.MakeTransport(0), a);
+  auto e1 = MakeHierarchicalEngine(std::make_unique<CpuEngine>(1, 1 << 20), net.MakeTransport(1), b);
+  Placement p = testing::Contiguous(2, 1);
+  Case c = SumCase(100000);
+  RankBuffers bufs(c, 2, 1);
+  Completions done(2);
+  e0->Launch(testing::BuildTask(c, p, 0, &bufs, "g", 1, 1), done.Callbacks(0));
+  e1->Launch(testing::BuildTask(c, p, 1, &bufs, "g", 1, 1), done.Callbacks(1));
+  ASSERT_TRUE(done.Wait(absl::Seconds(10)));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(done.status(i).code(), absl::StatusCode::kFailedPrecondition) << done.status(i);
+    EXPECT_NE(done.status(i).message().find("chunks by"), std::string::npos) << done.status(i);
+  }
+}
+
 TEST(HierarchicalEngine, UnevenAllToAllWhoseSplitsDisagreeFailsOnEveryNode) {
   FakeCluster cl(2);
   Placement p = testing::Contiguous(2, 1);
