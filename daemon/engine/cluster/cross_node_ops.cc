@@ -157,7 +157,14 @@ class Runner {
 
   absl::Status Run() {
     if (absl::Status s = Validate(); !s.ok()) return s;
-    if (absl::Status s = HeaderRound(); !s.ok()) return s;
+    // The reductions overlap their first local stage with the header round
+    // (it only reads this node's inputs).
+    const bool reduction =
+        t_.count > 0 && (t_.collective == Collective::kAllReduce ||
+                         t_.collective == Collective::kReduceScatter);
+    if (!reduction) {
+      if (absl::Status s = HeaderRound(0, nullptr); !s.ok()) return s;
+    }
     switch (t_.collective) {
       case Collective::kAllReduce:
         return t_.count == 0 ? absl::OkStatus() : AllReduce();
@@ -334,7 +341,7 @@ class Runner {
     return s;
   }
 
-  absl::Status HeaderRound() {
+  absl::Status HeaderRound(uint64_t work_bytes, const std::function<void()>& work) {
     const TaskHeader ours = MakeHeader(t_, run_.chunk_bytes);
     std::vector<TaskHeader> theirs(P_);
     std::vector<SendRange> sends;
@@ -344,7 +351,7 @@ class Runner {
       sends.push_back({p, &ours, sizeof(ours), 0});
       recvs.push_back({p, &theirs[p], sizeof(TaskHeader), 0});
     }
-    if (absl::Status s = Exchange(sends, recvs); !s.ok()) return s;
+    if (absl::Status s = ExchangeWhile(sends, recvs, work_bytes, work); !s.ok()) return s;
     for (int p = 0; p < P_; ++p) {
       if (p == s_) continue;
       const std::string diff = CompareHeaders(theirs[p], ours);
@@ -407,7 +414,11 @@ class Runner {
       cpu::FinishPartials(spec, G_, parts.data(), P_, outs.data(), L, mine.len);
     };
 
-    local_reduce(0);
+    if (absl::Status s = HeaderRound(identity ? 0 : chunk(0).len * (L * es_ + cs),
+                                     [&] { local_reduce(0); });
+        !s.ok()) {
+      return s;
+    }
     for (uint64_t step = 0; step <= M; ++step) {
       std::vector<SendRange> sends;
       std::vector<RecvRange> recvs;
@@ -476,7 +487,11 @@ class Runner {
         cpu::ReducePartial(spec, ins.data(), L, partial[m % 2] + j * K * cs, c.len);
       }
     };
-    local_reduce(0);
+    if (absl::Status s = HeaderRound(identity ? 0 : chunk(0).len * G_ * (L * es_ + cs),
+                                     [&] { local_reduce(0); });
+        !s.ok()) {
+      return s;
+    }
     for (uint64_t m = 0; m < M; ++m) {
       const Range c = chunk(m);
       std::vector<SendRange> sends;

@@ -164,8 +164,7 @@ TEST_P(CollectivesMatchFlat, ReduceScatter) {
 }
 
 TEST_P(CollectivesMatchFlat, AllGatherBroadcastAllToAllBarrier) {
-  for (DataType dt : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat64,
-                      DataType::kInt64, DataType::kUInt8}) {
+  for (DataType dt : kAllTypes) {
     for (uint64_t count : {0, 1, 33, 2500}) {
       Case c;
       c.spec.dtype = dt;
@@ -425,6 +424,34 @@ TEST(HierarchicalEngine, AbortOfARunningTaskEndsItAndANewEpochWorks) {
   cl.engine(0)->Launch(testing::BuildTask(c, p, 0, &bufs, "g", 1, 2), old.Callbacks(0));
   ASSERT_TRUE(old.Wait(absl::Seconds(10)));
   EXPECT_EQ(old.status(0).code(), absl::StatusCode::kFailedPrecondition) << old.status(0);
+}
+
+TEST(HierarchicalEngine, AbortOfAQueuedTaskDropsItAndTheGroupGoesOn) {
+  FakeCluster cl(2);
+  Placement p = testing::Contiguous(2, 1);
+  Case c = SumCase(300);
+  std::vector<std::unique_ptr<RankBuffers>> bufs;
+  for (int i = 0; i < 3; ++i) bufs.push_back(std::make_unique<RankBuffers>(c, 2, i));
+  // Node 0 queues seq 1..3; seq 2 is aborted while seq 1 waits for node 1.
+  Completions node0(3);
+  std::vector<uint64_t> tickets;
+  for (int i = 0; i < 3; ++i) {
+    tickets.push_back(cl.engine(0)->Launch(
+        testing::BuildTask(c, p, 0, bufs[i].get(), "q", 1, i + 1), node0.Callbacks(i)));
+  }
+  cl.engine(0)->Abort(tickets[1], absl::CancelledError("dropped by the test"));
+  // Node 1 runs seq 1 and 3 only.
+  Completions node1(2);
+  cl.engine(1)->Launch(testing::BuildTask(c, p, 1, bufs[0].get(), "q", 1, 1), node1.Callbacks(0));
+  cl.engine(1)->Launch(testing::BuildTask(c, p, 1, bufs[2].get(), "q", 1, 3), node1.Callbacks(1));
+  ASSERT_TRUE(node0.Wait(absl::Seconds(10)));
+  ASSERT_TRUE(node1.Wait(absl::Seconds(10)));
+  EXPECT_TRUE(node0.status(0).ok()) << node0.status(0);
+  EXPECT_EQ(node0.status(1).code(), absl::StatusCode::kCancelled) << node0.status(1);
+  EXPECT_TRUE(node0.status(2).ok()) << node0.status(2);
+  EXPECT_TRUE(node1.status(0).ok()) << node1.status(0);
+  EXPECT_TRUE(node1.status(1).ok()) << node1.status(1);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(node0.launched_before_completed(i));
 }
 
 TEST(HierarchicalEngine, LinksAreCachedPerGroupAndEpoch) {
