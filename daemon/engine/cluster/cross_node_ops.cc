@@ -12,6 +12,8 @@ namespace hsdp {
 namespace {
 
 constexpr uint64_t kMaxElements = uint64_t{1} << 40;  // shm::kMaxCount
+// Message parts of an all-to-all are i * G + j: G^2 must fit in 32 bits.
+constexpr int kMaxGroupSize = 65535;
 constexpr uint32_t kHeaderMagic = 0x4e584853;         // "SHXN"
 constexpr uint32_t kHeaderVersion = 1;
 // The smallest chunk worth a network round (elements of a step).
@@ -215,6 +217,9 @@ class Runner {
 
   absl::Status Validate() {
     if (es_ == 0) return Bad("dtype: not a known type");
+    if (G_ > kMaxGroupSize) {
+      return Bad(absl::StrCat("a group of ", G_, " ranks (at most ", kMaxGroupSize, ")"));
+    }
     if (t_.count > kMaxElements) return Bad(absl::StrCat("count ", t_.count, " is too large"));
     const uint64_t n = t_.count * es_;  // < 2^43
     const uint64_t gn = n * static_cast<uint64_t>(G_);
