@@ -70,7 +70,14 @@ class HierarchicalEngine : public Engine {
     {
       std::lock_guard<std::mutex> l(mu_);
       DropLinksLocked(key, UINT32_MAX, &dropped);
-      epochs_.erase(key);
+      const std::string sub = key + "/";
+      for (auto it = epochs_.begin(); it != epochs_.end();) {
+        if (it->first == key || it->first.compare(0, sub.size(), sub) == 0) {
+          it = epochs_.erase(it);
+        } else {
+          ++it;
+        }
+      }
     }
     inner_->DestroyGroup(key);
   }
@@ -437,10 +444,11 @@ void HierarchicalEngine::Abort(uint64_t ticket, const absl::Status& why) {
 
 void HierarchicalEngine::DropLinksLocked(const std::string& key, uint32_t below_epoch,
                                          std::vector<std::shared_ptr<LinkState>>* dropped) {
-  const std::string p2p = key + "/p2p";
+  // The group's own links and those of its point-to-point keys ("<key>/...").
+  const std::string sub = key + "/";
   for (auto it = links_.begin(); it != links_.end();) {
     const std::string& k = it->first.first;
-    if ((k == key || k == p2p) && it->second.epoch < below_epoch) {
+    if ((k == key || k.compare(0, sub.size(), sub) == 0) && it->second.epoch < below_epoch) {
       dropped->push_back(std::move(it->second.state));
       it = links_.erase(it);
     } else {

@@ -19,6 +19,9 @@
 // Abort() and a task's deadline break the link of its group (the epoch is
 // over anyway): peers waiting on this node fail at once.
 //
+// Links: DestroyGroup(key), and CreateGroup of a newer epoch, also drop the
+// links of keys under "<key>/" (the group's point-to-point keys).
+//
 // Threads: workers are started on demand, one per group with runnable work
 // (up to max(threads, 64); they stay until Shutdown), so a group never waits for
 // a worker busy with another group; each worker has one helper thread for

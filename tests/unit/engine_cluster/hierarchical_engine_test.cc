@@ -466,6 +466,19 @@ TEST(HierarchicalEngine, LinksAreCachedPerGroupAndEpoch) {
   EXPECT_EQ(cl.net().connects(), 6);
 }
 
+TEST(HierarchicalEngine, DestroyGroupDropsItsPointToPointLinksToo) {
+  FakeCluster cl(2);
+  Placement p = testing::Contiguous(2, 1);
+  Case c = SumCase(10, Collective::kBroadcast);
+  EXPECT_EQ(testing::RunAndCompare(cl.engines(), c, p, "grp/p2p/0>1/5", 1, 1), "");
+  EXPECT_EQ(cl.net().connects(), 2);
+  EXPECT_EQ(testing::RunAndCompare(cl.engines(), c, p, "grp/p2p/0>1/5", 1, 2), "");
+  EXPECT_EQ(cl.net().connects(), 2);  // cached
+  cl.Destroy("grp");
+  EXPECT_EQ(testing::RunAndCompare(cl.engines(), c, p, "grp/p2p/0>1/5", 1, 3), "");
+  EXPECT_EQ(cl.net().connects(), 4);  // dropped with the group, connected again
+}
+
 TEST(HierarchicalEngine, DeadlineWhenAPeerNeverAnswers) {
   HierarchicalEngineOptions o = FakeCluster::Options();
   o.timeout = absl::Milliseconds(300);
