@@ -46,8 +46,9 @@ struct TaskHeader {
   uint64_t members_hash = 0;  // global rank and node of every member
   uint64_t spec_hash = 0;     // premul_factor, pre_divide, post_divide
   uint64_t chunk_bytes = 0;
+  uint64_t small_allreduce_bytes = 0;
 };
-static_assert(sizeof(TaskHeader) == 64);
+static_assert(sizeof(TaskHeader) == 72);
 
 bool Uneven(const EngineTask& t) {
   for (const EngineMember& m : t.members) {
@@ -56,7 +57,7 @@ bool Uneven(const EngineTask& t) {
   return false;
 }
 
-TaskHeader MakeHeader(const EngineTask& t, size_t chunk_bytes) {
+TaskHeader MakeHeader(const EngineTask& t, size_t chunk_bytes, size_t small_allreduce_bytes) {
   TaskHeader h;
   h.collective = static_cast<uint8_t>(t.collective);
   h.dtype = static_cast<uint8_t>(t.spec.dtype);
@@ -83,6 +84,7 @@ TaskHeader MakeHeader(const EngineTask& t, size_t chunk_bytes) {
   }
   h.members_hash = mh;
   h.chunk_bytes = chunk_bytes;
+  h.small_allreduce_bytes = small_allreduce_bytes;
   return h;
 }
 
@@ -117,9 +119,11 @@ std::string CompareHeaders(const TaskHeader& theirs, const TaskHeader& ours) {
     return absl::StrCat("uses ", theirs.uneven ? "splits" : "equal blocks", " (this node: ",
                         ours.uneven ? "splits" : "equal blocks", ")");
   }
-  if (theirs.chunk_bytes != ours.chunk_bytes) {
-    return absl::StrCat("chunks by ", theirs.chunk_bytes, " bytes (this node: ", ours.chunk_bytes,
-                        ")");
+  if (theirs.chunk_bytes != ours.chunk_bytes ||
+      theirs.small_allreduce_bytes != ours.small_allreduce_bytes) {
+    return absl::StrCat("chunks by ", theirs.chunk_bytes, " bytes, small all-reduce up to ",
+                        theirs.small_allreduce_bytes, " (this node: ", ours.chunk_bytes, ", ",
+                        ours.small_allreduce_bytes, ")");
   }
   return "";
 }
@@ -347,7 +351,7 @@ class Runner {
   }
 
   absl::Status HeaderRound(uint64_t work_bytes, const std::function<void()>& work) {
-    const TaskHeader ours = MakeHeader(t_, run_.chunk_bytes);
+    const TaskHeader ours = MakeHeader(t_, run_.chunk_bytes, run_.small_allreduce_bytes);
     std::vector<TaskHeader> theirs(P_);
     std::vector<SendRange> sends;
     std::vector<RecvRange> recvs;
@@ -370,11 +374,46 @@ class Runner {
 
   // --- all-reduce -------------------------------------------------------------
 
+  // Small all-reduce: every node sends its whole partial to every other node
+  // and reduces all of them in node order (so every node computes the same
+  // bits): one network round instead of two.
+  absl::Status AllReduceDirect() {
+    const ReduceSpec& spec = t_.spec;
+    const size_t cs = DataTypeSize(cpu::PartialType(spec));
+    const int L = static_cast<int>(in_.size());
+    const uint64_t N = t_.count;
+    const bool identity = L == 1 && cpu::PartialIsIdentity(spec);
+    char* partial = identity ? nullptr : run_.scratch->Get(0, N * cs);
+    const char* mine = identity ? in_[0] : partial;
+    auto local_reduce = [&] {
+      std::vector<const void*> ins(in_.begin(), in_.end());
+      cpu::ReducePartial(spec, ins.data(), L, partial, N);
+    };
+    if (absl::Status s = HeaderRound(identity ? 0 : N * (L * es_ + cs), local_reduce); !s.ok()) {
+      return s;
+    }
+    char* theirs = run_.scratch->Get(2, static_cast<uint64_t>(P_) * N * cs);
+    std::vector<SendRange> sends;
+    std::vector<RecvRange> recvs;
+    for (int p = 0; p < P_; ++p) {
+      if (p == s_) continue;
+      sends.push_back({p, mine, N * cs, 2});
+      recvs.push_back({p, theirs + p * N * cs, N * cs, 2});
+    }
+    if (absl::Status s = Exchange(sends, recvs); !s.ok()) return s;
+    std::vector<const void*> parts(P_);
+    for (int p = 0; p < P_; ++p) parts[p] = p == s_ ? mine : theirs + p * N * cs;
+    std::vector<void*> outs(out_.begin(), out_.end());
+    cpu::FinishPartials(spec, G_, parts.data(), P_, outs.data(), L, N);
+    return absl::OkStatus();
+  }
+
   absl::Status AllReduce() {
     const ReduceSpec& spec = t_.spec;
     const size_t cs = DataTypeSize(cpu::PartialType(spec));
     const int L = static_cast<int>(in_.size());
     const uint64_t N = t_.count;
+    if (N * cs * (P_ - 1) <= run_.small_allreduce_bytes) return AllReduceDirect();
     const bool identity = L == 1 && cpu::PartialIsIdentity(spec);
     const uint64_t K = StepElements(N, run_.chunk_bytes, cs);
     const uint64_t M = CeilDiv(N, K);

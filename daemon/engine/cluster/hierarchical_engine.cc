@@ -549,6 +549,7 @@ absl::Status HierarchicalEngine::Execute(const std::shared_ptr<XTask>& xt, Sidec
   run.next_tag = &(*ls)->next_tag;
   run.deadline = deadline;
   run.chunk_bytes = options_.chunk_bytes;
+  run.small_allreduce_bytes = options_.small_allreduce_bytes;
   run.sidecar = sidecar;
   run.scratch = scratch;
   absl::Status status = RunCrossNode(xt->task, *layout, run);

@@ -48,6 +48,11 @@ struct HierarchicalEngineOptions {
   // Bytes per pipelined chunk of the network stage (0: no chunking). Must be
   // the same on every daemon (checked per task).
   size_t chunk_bytes = 4 << 20;
+  // All-reduces whose partials total at most this many bytes per node on the
+  // wire send whole partials to every node (one round) instead of
+  // reduce-scatter + all-gather (two rounds of half the bytes). Must be the
+  // same on every daemon (checked per task).
+  size_t small_allreduce_bytes = 128 << 10;
 };
 
 // `local` runs all-local tasks and is owned; `transport` makes the links.

@@ -38,6 +38,7 @@ class FakeCluster {
     o.threads = 2;
     o.timeout = absl::Seconds(30);
     o.chunk_bytes = 4096;  // several pipeline steps already at a few thousand elements
+    o.small_allreduce_bytes = 0;  // the two-round path; SmallAllReduceInOneRound covers the other
     return o;
   }
   std::vector<Engine*> engines() {
@@ -135,6 +136,25 @@ class CollectivesMatchFlat : public ::testing::TestWithParam<Topology> {
 };
 
 TEST_P(CollectivesMatchFlat, AllReduce) {
+  for (DataType dt : kAllTypes) {
+    for (const ReduceSpec& spec : Specs(dt)) {
+      for (uint64_t count : {1, 37, 3001}) {
+        Case c;
+        c.collective = Collective::kAllReduce;
+        c.spec = spec;
+        c.count = count;
+        c.in_place = count == 37;
+        Check(c);
+      }
+    }
+  }
+}
+
+// The same all-reduces below the one-round threshold.
+TEST_P(CollectivesMatchFlat, SmallAllReduceInOneRound) {
+  HierarchicalEngineOptions o = FakeCluster::Options();
+  o.small_allreduce_bytes = 1 << 20;
+  cluster_ = std::make_unique<FakeCluster>(GetParam().nodes, o);
   for (DataType dt : kAllTypes) {
     for (const ReduceSpec& spec : Specs(dt)) {
       for (uint64_t count : {1, 37, 3001}) {
