@@ -159,6 +159,7 @@ class HierarchicalEngine : public Engine {
   std::map<uint64_t, absl::Status> failures_;  // recently failed tickets (bounded)
   std::map<uint64_t, std::shared_ptr<XTask>> xtasks_;
   std::map<uint64_t, std::shared_ptr<LocalTask>> locals_;
+  int parked_ = 0;  // locals_ waiting for a dependency
   std::map<std::string, GroupQueue> groups_;
   std::set<std::string> blocked_;  // groups whose head waits for a dependency
   std::deque<std::string> ready_;
@@ -234,12 +235,14 @@ void HierarchicalEngine::ScheduleLocked(const std::string& key, Actions* act) {
 void HierarchicalEngine::RecheckLocked(Actions* act) {
   const std::vector<std::string> blocked(blocked_.begin(), blocked_.end());
   for (const std::string& key : blocked) ScheduleLocked(key, act);
+  if (parked_ == 0) return;
   for (auto& [ticket, lt] : locals_) {
     if (!lt->parked) continue;
     absl::Status failed;
     const Deps d = CheckDepsLocked(lt->task.depends_on, true, &failed);
     if (d == Deps::kWait) continue;
     lt->parked = false;
+    --parked_;
     if (d == Deps::kFailed) {
       act->fail_local.emplace_back(lt, failed);
     } else {
@@ -283,6 +286,7 @@ uint64_t HierarchicalEngine::Launch(EngineTask task, EngineCallbacks cb) {
     const Deps d = CheckDepsLocked(lt->task.depends_on, true, &failed);
     if (d == Deps::kWait) {
       lt->parked = true;  // `launched` once the inner engine orders it
+      ++parked_;
       return ticket;
     }
     l.unlock();
@@ -315,7 +319,7 @@ uint64_t HierarchicalEngine::Launch(EngineTask task, EngineCallbacks cb) {
 }
 
 void HierarchicalEngine::ForwardLocal(const std::shared_ptr<LocalTask>& lt) {
-  EngineTask task = lt->task;
+  EngineTask task = std::move(lt->task);  // not read again once forwarded
   {
     // Dependencies still pending are forwarded local tasks: the inner
     // engine's own tickets order them.
@@ -421,6 +425,7 @@ void HierarchicalEngine::Abort(uint64_t ticket, const absl::Status& why) {
       const std::shared_ptr<LocalTask>& lt = lit->second;
       if (lt->parked) {
         lt->parked = false;
+        --parked_;
         act.fail_local.emplace_back(lt, why);
       } else if (lt->inner_ticket != 0) {
         inner_ticket = lt->inner_ticket;
@@ -620,6 +625,7 @@ void HierarchicalEngine::Shutdown() {
     for (auto& [ticket, lt] : locals_) {
       if (lt->parked) {
         lt->parked = false;
+        --parked_;
         act.fail_local.emplace_back(lt, ShuttingDown());
       }
     }
