@@ -161,8 +161,11 @@ class Runner {
     }
   }
 
+  // Checks the task against this node's buffers; touches no memory.
+  absl::Status Validate() { return CheckTask(); }
+
   absl::Status Run() {
-    if (absl::Status s = Validate(); !s.ok()) return s;
+    if (absl::Status s = CheckTask(); !s.ok()) return s;
     // The reductions overlap their first local stage with the header round
     // (it only reads this node's inputs).
     const bool reduction =
@@ -219,7 +222,7 @@ class Runner {
     return m.recv_counts.empty() ? t_.count : m.recv_counts[i];
   }
 
-  absl::Status Validate() {
+  absl::Status CheckTask() {
     if (es_ == 0) return Bad("dtype: not a known type");
     if (G_ > kMaxGroupSize) {
       return Bad(absl::StrCat("a group of ", G_, " ranks (at most ", kMaxGroupSize, ")"));
@@ -816,6 +819,13 @@ absl::StatusOr<TaskLayout> MakeTaskLayout(const EngineTask& task) {
     lay.ranks_of[idx].push_back(r);
   }
   return lay;
+}
+
+absl::Status ValidateCrossNode(const EngineTask& task, const TaskLayout& layout) {
+  const CrossNodeRun none;
+  Runner runner(task, layout, none);
+  runner.set_uneven(task.collective == Collective::kAllToAll && Uneven(task));
+  return runner.Validate();
 }
 
 absl::Status RunCrossNode(const EngineTask& task, const TaskLayout& layout,

@@ -111,6 +111,10 @@ struct CrossNodeRun {
   Scratch* scratch = nullptr;
 };
 
+// What RunCrossNode checks first (every length against the local buffers),
+// without a link: INVALID_ARGUMENT / UNIMPLEMENTED naming the problem.
+absl::Status ValidateCrossNode(const EngineTask& task, const TaskLayout& layout);
+
 // Runs `task` (validated here) on `layout` over run.link.
 absl::Status RunCrossNode(const EngineTask& task, const TaskLayout& layout, const CrossNodeRun& run);
 

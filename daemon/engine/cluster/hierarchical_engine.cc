@@ -535,6 +535,21 @@ absl::Status HierarchicalEngine::Execute(const std::shared_ptr<XTask>& xt, Sidec
   const absl::Time deadline = absl::Now() + options_.timeout;
   absl::StatusOr<TaskLayout> layout = MakeTaskLayout(xt->task);
   if (!layout.ok()) return layout.status();
+  if (absl::Status s = ValidateCrossNode(xt->task, *layout); !s.ok()) {
+    // Not worth a connect; a link already there is broken so that the peers
+    // running their part fail now rather than at their deadline.
+    std::shared_ptr<LinkState> cached;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = links_.find(LinkKey{xt->task.group_key, layout->nodes});
+      if (it != links_.end() && it->second.epoch == xt->task.epoch) cached = it->second.state;
+    }
+    if (cached != nullptr) {
+      std::lock_guard<std::mutex> l(cached->mu);
+      if (cached->link != nullptr) cached->link->Abort(s);
+    }
+    return s;
+  }
   absl::StatusOr<std::shared_ptr<LinkState>> ls = AcquireLink(xt, *layout, deadline);
   if (!ls.ok()) return ls.status();
   NodeLink* link;

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -631,16 +632,64 @@ TEST(HierarchicalEngine, ALocalBufferTooSmallIsRefusedBeforeAnythingMoves) {
   FakeCluster cl(2);
   Placement p = testing::Contiguous(2, 1);
   Case c = SumCase(100, Collective::kAllGather);
+  // The group's link is up (a first operation succeeded).
+  ASSERT_EQ(testing::RunAndCompare(cl.engines(), c, p, "g", 1, 1), "");
   RankBuffers bufs(c, 2, 1);
-  EngineTask t0 = testing::BuildTask(c, p, 0, &bufs, "g", 1, 1);
+  EngineTask t0 = testing::BuildTask(c, p, 0, &bufs, "g", 1, 2);
   t0.members[0].recv.bytes -= 4;
   Completions done(2);
   cl.engine(0)->Launch(t0, done.Callbacks(0));
-  cl.engine(1)->Launch(testing::BuildTask(c, p, 1, &bufs, "g", 1, 1), done.Callbacks(1));
+  cl.engine(1)->Launch(testing::BuildTask(c, p, 1, &bufs, "g", 1, 2), done.Callbacks(1));
   ASSERT_TRUE(done.Wait(absl::Seconds(10)));
   EXPECT_EQ(done.status(0).code(), absl::StatusCode::kInvalidArgument) << done.status(0);
-  EXPECT_FALSE(done.status(1).ok());  // its peer closed the link instead of answering
+  // Node 0 broke the link instead of answering.
+  EXPECT_EQ(done.status(1).code(), absl::StatusCode::kUnavailable) << done.status(1);
+  EXPECT_NE(done.status(1).message().find("node 0"), std::string::npos) << done.status(1);
   EXPECT_TRUE(bufs.GuardsIntact());
+}
+
+// Malformed tasks fail at once on the node that has them, before any
+// connect (no peer needed).
+TEST(HierarchicalEngine, MalformedTasksFailAtOnceWithoutAPeer) {
+  FakeCluster cl(2);
+  Placement p = testing::Contiguous(2, 2);
+  Case c = SumCase(64);
+  RankBuffers bufs(c, 4, 1);
+  std::vector<std::pair<std::string, std::function<void(EngineTask*)>>> mutations = {
+      {"no local member", [](EngineTask* t) { for (auto& m : t->members) m.local = false; }},
+      {"local members on two nodes", [](EngineTask* t) { t->members[1].node = 1; }},
+      {"remote member on this node", [](EngineTask* t) { t->members[2].node = 0; t->members[2].local = false; t->members[3].node = 0; }},
+      {"unknown dtype", [](EngineTask* t) { t->spec.dtype = static_cast<DataType>(99); }},
+      {"count too large", [](EngineTask* t) { t->count = uint64_t{1} << 41; }},
+      {"null buffer", [](EngineTask* t) { t->members[0].recv.data = nullptr; }},
+      {"short buffer", [](EngineTask* t) { t->members[1].send.bytes = 8; }},
+      {"unknown op", [](EngineTask* t) { t->spec.op = static_cast<ReduceOp>(42); }},
+      {"device memory", [](EngineTask* t) { t->members[0].send.kind = MemoryKind::kDevice; }},
+      {"root out of range", [](EngineTask* t) { t->collective = Collective::kBroadcast; t->root = 9; }},
+      {"splits of the wrong size", [](EngineTask* t) {
+         t->collective = Collective::kAllToAll;
+         for (auto& m : t->members) {
+           if (m.local) m.send_counts = m.recv_counts = {1, 1};
+         }
+       }},
+      {"send/recv is not a task", [](EngineTask* t) { t->collective = Collective::kSend; }},
+  };
+  uint64_t seq = 0;
+  for (auto& [what, mutate] : mutations) {
+    EngineTask t = testing::BuildTask(c, p, 0, &bufs, "bad", 1, ++seq);
+    mutate(&t);
+    Completions done(1);
+    const absl::Time start = absl::Now();
+    cl.engine(0)->Launch(std::move(t), done.Callbacks(0));
+    ASSERT_TRUE(done.Wait(absl::Seconds(5))) << what;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << what;
+    const absl::StatusCode code = done.status(0).code();
+    EXPECT_TRUE(code == absl::StatusCode::kInvalidArgument ||
+                code == absl::StatusCode::kUnimplemented)
+        << what << ": " << done.status(0);
+  }
+  EXPECT_TRUE(bufs.GuardsIntact());
+  EXPECT_EQ(cl.net().connects(), 0);
 }
 
 TEST(HierarchicalEngine, ShutdownCompletesEverythingWithUnavailable) {
