@@ -12,10 +12,14 @@ namespace hsdp {
 namespace {
 
 constexpr uint64_t kMaxElements = uint64_t{1} << 40;  // shm::kMaxCount
+// Message parts of an all-to-all are i * G + j: G^2 must fit in 32 bits.
+constexpr int kMaxGroupSize = 65535;
 constexpr uint32_t kHeaderMagic = 0x4e584853;         // "SHXN"
 constexpr uint32_t kHeaderVersion = 1;
 // The smallest chunk worth a network round (elements of a step).
 constexpr uint64_t kMinChunkElements = 1024;
+// Local work below this many bytes of memory traffic runs inline.
+constexpr uint64_t kInlineWorkBytes = 256 << 10;
 
 uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
@@ -42,8 +46,9 @@ struct TaskHeader {
   uint64_t members_hash = 0;  // global rank and node of every member
   uint64_t spec_hash = 0;     // premul_factor, pre_divide, post_divide
   uint64_t chunk_bytes = 0;
+  uint64_t small_allreduce_bytes = 0;
 };
-static_assert(sizeof(TaskHeader) == 64);
+static_assert(sizeof(TaskHeader) == 72);
 
 bool Uneven(const EngineTask& t) {
   for (const EngineMember& m : t.members) {
@@ -52,7 +57,7 @@ bool Uneven(const EngineTask& t) {
   return false;
 }
 
-TaskHeader MakeHeader(const EngineTask& t, size_t chunk_bytes) {
+TaskHeader MakeHeader(const EngineTask& t, size_t chunk_bytes, size_t small_allreduce_bytes) {
   TaskHeader h;
   h.collective = static_cast<uint8_t>(t.collective);
   h.dtype = static_cast<uint8_t>(t.spec.dtype);
@@ -79,6 +84,7 @@ TaskHeader MakeHeader(const EngineTask& t, size_t chunk_bytes) {
   }
   h.members_hash = mh;
   h.chunk_bytes = chunk_bytes;
+  h.small_allreduce_bytes = small_allreduce_bytes;
   return h;
 }
 
@@ -113,9 +119,11 @@ std::string CompareHeaders(const TaskHeader& theirs, const TaskHeader& ours) {
     return absl::StrCat("uses ", theirs.uneven ? "splits" : "equal blocks", " (this node: ",
                         ours.uneven ? "splits" : "equal blocks", ")");
   }
-  if (theirs.chunk_bytes != ours.chunk_bytes) {
-    return absl::StrCat("chunks by ", theirs.chunk_bytes, " bytes (this node: ", ours.chunk_bytes,
-                        ")");
+  if (theirs.chunk_bytes != ours.chunk_bytes ||
+      theirs.small_allreduce_bytes != ours.small_allreduce_bytes) {
+    return absl::StrCat("chunks by ", theirs.chunk_bytes, " bytes, small all-reduce up to ",
+                        theirs.small_allreduce_bytes, " (this node: ", ours.chunk_bytes, ", ",
+                        ours.small_allreduce_bytes, ")");
   }
   return "";
 }
@@ -153,9 +161,19 @@ class Runner {
     }
   }
 
+  // Checks the task against this node's buffers; touches no memory.
+  absl::Status Validate() { return CheckTask(); }
+
   absl::Status Run() {
-    if (absl::Status s = Validate(); !s.ok()) return s;
-    if (absl::Status s = HeaderRound(); !s.ok()) return s;
+    if (absl::Status s = CheckTask(); !s.ok()) return s;
+    // The reductions overlap their first local stage with the header round
+    // (it only reads this node's inputs).
+    const bool reduction =
+        t_.count > 0 && (t_.collective == Collective::kAllReduce ||
+                         t_.collective == Collective::kReduceScatter);
+    if (!reduction) {
+      if (absl::Status s = HeaderRound(0, nullptr); !s.ok()) return s;
+    }
     switch (t_.collective) {
       case Collective::kAllReduce:
         return t_.count == 0 ? absl::OkStatus() : AllReduce();
@@ -204,8 +222,11 @@ class Runner {
     return m.recv_counts.empty() ? t_.count : m.recv_counts[i];
   }
 
-  absl::Status Validate() {
+  absl::Status CheckTask() {
     if (es_ == 0) return Bad("dtype: not a known type");
+    if (G_ > kMaxGroupSize) {
+      return Bad(absl::StrCat("a group of ", G_, " ranks (at most ", kMaxGroupSize, ")"));
+    }
     if (t_.count > kMaxElements) return Bad(absl::StrCat("count ", t_.count, " is too large"));
     const uint64_t n = t_.count * es_;  // < 2^43
     const uint64_t gn = n * static_cast<uint64_t>(G_);
@@ -316,8 +337,24 @@ class Runner {
     return run_.link->Exchange(sends, recvs, tag, run_.deadline);
   }
 
-  absl::Status HeaderRound() {
-    const TaskHeader ours = MakeHeader(t_, run_.chunk_bytes);
+  // Exchange, with `fn` (about `work_bytes` of memory traffic) overlapping
+  // it on the sidecar; small work runs inline first (a thread handoff would
+  // cost more).
+  absl::Status ExchangeWhile(std::vector<SendRange>& sends, std::vector<RecvRange>& recvs,
+                             uint64_t work_bytes, const std::function<void()>& fn) {
+    if (work_bytes == 0) return Exchange(sends, recvs);
+    if (work_bytes < kInlineWorkBytes) {
+      fn();
+      return Exchange(sends, recvs);
+    }
+    run_.sidecar->Run(fn);
+    absl::Status s = Exchange(sends, recvs);
+    if (!run_.sidecar->Wait()) return OutOfMemory();
+    return s;
+  }
+
+  absl::Status HeaderRound(uint64_t work_bytes, const std::function<void()>& work) {
+    const TaskHeader ours = MakeHeader(t_, run_.chunk_bytes, run_.small_allreduce_bytes);
     std::vector<TaskHeader> theirs(P_);
     std::vector<SendRange> sends;
     std::vector<RecvRange> recvs;
@@ -326,7 +363,7 @@ class Runner {
       sends.push_back({p, &ours, sizeof(ours), 0});
       recvs.push_back({p, &theirs[p], sizeof(TaskHeader), 0});
     }
-    if (absl::Status s = Exchange(sends, recvs); !s.ok()) return s;
+    if (absl::Status s = ExchangeWhile(sends, recvs, work_bytes, work); !s.ok()) return s;
     for (int p = 0; p < P_; ++p) {
       if (p == s_) continue;
       const std::string diff = CompareHeaders(theirs[p], ours);
@@ -340,11 +377,46 @@ class Runner {
 
   // --- all-reduce -------------------------------------------------------------
 
+  // Small all-reduce: every node sends its whole partial to every other node
+  // and reduces all of them in node order (so every node computes the same
+  // bits): one network round instead of two.
+  absl::Status AllReduceDirect() {
+    const ReduceSpec& spec = t_.spec;
+    const size_t cs = DataTypeSize(cpu::PartialType(spec));
+    const int L = static_cast<int>(in_.size());
+    const uint64_t N = t_.count;
+    const bool identity = L == 1 && cpu::PartialIsIdentity(spec);
+    char* partial = identity ? nullptr : run_.scratch->Get(0, N * cs);
+    const char* mine = identity ? in_[0] : partial;
+    auto local_reduce = [&] {
+      std::vector<const void*> ins(in_.begin(), in_.end());
+      cpu::ReducePartial(spec, ins.data(), L, partial, N);
+    };
+    if (absl::Status s = HeaderRound(identity ? 0 : N * (L * es_ + cs), local_reduce); !s.ok()) {
+      return s;
+    }
+    char* theirs = run_.scratch->Get(2, static_cast<uint64_t>(P_) * N * cs);
+    std::vector<SendRange> sends;
+    std::vector<RecvRange> recvs;
+    for (int p = 0; p < P_; ++p) {
+      if (p == s_) continue;
+      sends.push_back({p, mine, N * cs, 2});
+      recvs.push_back({p, theirs + p * N * cs, N * cs, 2});
+    }
+    if (absl::Status s = Exchange(sends, recvs); !s.ok()) return s;
+    std::vector<const void*> parts(P_);
+    for (int p = 0; p < P_; ++p) parts[p] = p == s_ ? mine : theirs + p * N * cs;
+    std::vector<void*> outs(out_.begin(), out_.end());
+    cpu::FinishPartials(spec, G_, parts.data(), P_, outs.data(), L, N);
+    return absl::OkStatus();
+  }
+
   absl::Status AllReduce() {
     const ReduceSpec& spec = t_.spec;
     const size_t cs = DataTypeSize(cpu::PartialType(spec));
     const int L = static_cast<int>(in_.size());
     const uint64_t N = t_.count;
+    if (N * cs * (P_ - 1) <= run_.small_allreduce_bytes) return AllReduceDirect();
     const bool identity = L == 1 && cpu::PartialIsIdentity(spec);
     const uint64_t K = StepElements(N, run_.chunk_bytes, cs);
     const uint64_t M = CeilDiv(N, K);
@@ -389,7 +461,11 @@ class Runner {
       cpu::FinishPartials(spec, G_, parts.data(), P_, outs.data(), L, mine.len);
     };
 
-    local_reduce(0);
+    if (absl::Status s = HeaderRound(identity ? 0 : chunk(0).len * (L * es_ + cs),
+                                     [&] { local_reduce(0); });
+        !s.ok()) {
+      return s;
+    }
     for (uint64_t step = 0; step <= M; ++step) {
       std::vector<SendRange> sends;
       std::vector<RecvRange> recvs;
@@ -413,12 +489,13 @@ class Runner {
           recvs.push_back({p, out_[0] + (c.begin + sg.begin) * es_, sg.len * es_, 1});
         }
       }
-      run_.sidecar->Run([&, step] {
+      uint64_t work = 0;
+      if (step + 1 < M && !identity) work += chunk(step + 1).len * (L * es_ + cs);
+      if (step >= 2 && L > 1) work += chunk(step - 2).len * es_ * (L - 1);
+      absl::Status s = ExchangeWhile(sends, recvs, work, [&, step] {
         if (step + 1 < M) local_reduce(step + 1);
         if (step >= 2) copy_out(step - 2);
       });
-      absl::Status s = Exchange(sends, recvs);
-      if (!run_.sidecar->Wait()) return OutOfMemory();
       if (!s.ok()) return s;
       if (step < M) finish(step);
     }
@@ -457,7 +534,11 @@ class Runner {
         cpu::ReducePartial(spec, ins.data(), L, partial[m % 2] + j * K * cs, c.len);
       }
     };
-    local_reduce(0);
+    if (absl::Status s = HeaderRound(identity ? 0 : chunk(0).len * G_ * (L * es_ + cs),
+                                     [&] { local_reduce(0); });
+        !s.ok()) {
+      return s;
+    }
     for (uint64_t m = 0; m < M; ++m) {
       const Range c = chunk(m);
       std::vector<SendRange> sends;
@@ -471,11 +552,9 @@ class Runner {
           recvs.push_back({p, rs(p, l), c.len * cs, static_cast<uint32_t>(lay_.local()[l])});
         }
       }
-      run_.sidecar->Run([&, m] {
-        if (m + 1 < M) local_reduce(m + 1);
-      });
-      absl::Status s = Exchange(sends, recvs);
-      if (!run_.sidecar->Wait()) return OutOfMemory();
+      const uint64_t work = m + 1 < M && !identity ? chunk(m + 1).len * G_ * (L * es_ + cs) : 0;
+      absl::Status s =
+          ExchangeWhile(sends, recvs, work, [&, m] { local_reduce(m + 1); });
       if (!s.ok()) return s;
       std::vector<const void*> parts(P_);
       for (int l = 0; l < L; ++l) {
@@ -533,12 +612,11 @@ class Runner {
               {p, out_[0] + (r * N + c.begin) * es_, c.len * es_, static_cast<uint32_t>(r)});
         }
       }
-      run_.sidecar->Run([&, m] {
+      const uint64_t work = c.len * es_ * L * (L + (m >= 1 ? G_ : 0));
+      absl::Status s = ExchangeWhile(sends, recvs, work, [&, m] {
         copy_local(m);
         if (m >= 1) copy_remote(m - 1);
       });
-      absl::Status s = Exchange(sends, recvs);
-      if (!run_.sidecar->Wait()) return OutOfMemory();
       if (!s.ok()) return s;
     }
     copy_remote(M - 1);
@@ -577,15 +655,14 @@ class Runner {
       } else {
         recvs.push_back({root_node, out_[0] + c.begin * es_, c.len * es_, 0});
       }
-      run_.sidecar->Run([&, m] {
+      const uint64_t work = (at_root || m >= 1) ? c.len * es_ * L : 0;
+      absl::Status s = ExchangeWhile(sends, recvs, work, [&, m] {
         if (at_root) {
           copy_out(m);
         } else if (m >= 1) {
           copy_out(m - 1);
         }
       });
-      absl::Status s = Exchange(sends, recvs);
-      if (!run_.sidecar->Wait()) return OutOfMemory();
       if (!s.ok()) return s;
     }
     if (!at_root) copy_out(M - 1);
@@ -628,7 +705,11 @@ class Runner {
         }
       }
     }
-    run_.sidecar->Run([&] {
+    uint64_t work = 0;
+    for (int a = 0; a < L; ++a) {
+      for (int b = 0; b < L; ++b) work += SendCount(a, local[b]) * es_;
+    }
+    absl::Status s = ExchangeWhile(sends, recvs, work, [&] {
       for (int a = 0; a < L; ++a) {
         for (int b = 0; b < L; ++b) {
           const uint64_t c = SendCount(a, local[b]);  // == RecvCount(b, local[a]) (validated)
@@ -638,8 +719,6 @@ class Runner {
         }
       }
     });
-    absl::Status s = Exchange(sends, recvs);
-    if (!run_.sidecar->Wait()) return OutOfMemory();
     return s;
   }
 
@@ -740,6 +819,13 @@ absl::StatusOr<TaskLayout> MakeTaskLayout(const EngineTask& task) {
     lay.ranks_of[idx].push_back(r);
   }
   return lay;
+}
+
+absl::Status ValidateCrossNode(const EngineTask& task, const TaskLayout& layout) {
+  const CrossNodeRun none;
+  Runner runner(task, layout, none);
+  runner.set_uneven(task.collective == Collective::kAllToAll && Uneven(task));
+  return runner.Validate();
 }
 
 absl::Status RunCrossNode(const EngineTask& task, const TaskLayout& layout,

@@ -9,6 +9,9 @@
 //                   post-division by the owner -> all-gather of the results
 //                   in dtype; chunked so that the next chunk's local stage
 //                   overlaps the network.
+//                   Small ones (small_allreduce_bytes of partials per node) send
+//                   every node's whole partial to every node instead (one
+//                   round); each node reduces them in the same node order.
 //   reduce-scatter  local partial of every rank's block; node j receives only
 //                   the blocks of the ranks it hosts.
 //   all-gather      each node sends its members' blocks to every other node.
@@ -89,6 +92,13 @@ struct Scratch {
     if (bufs[i].size() < bytes) bufs[i].resize(bytes);
     return bufs[i].data();
   }
+  // Gives the memory back when more than `max_bytes` are held.
+  void Trim(size_t max_bytes) {
+    size_t held = 0;
+    for (const auto& b : bufs) held += b.capacity();
+    if (held <= max_bytes) return;
+    for (auto& b : bufs) std::vector<char>().swap(b);
+  }
 };
 
 struct CrossNodeRun {
@@ -96,9 +106,14 @@ struct CrossNodeRun {
   uint64_t* next_tag = nullptr;  // the link's exchange counter (same on every node)
   absl::Time deadline;
   size_t chunk_bytes = 0;        // must be the same on every node (checked)
+  size_t small_allreduce_bytes = 0;  // likewise; see HierarchicalEngineOptions
   Sidecar* sidecar = nullptr;
   Scratch* scratch = nullptr;
 };
+
+// What RunCrossNode checks first (every length against the local buffers),
+// without a link: INVALID_ARGUMENT / UNIMPLEMENTED naming the problem.
+absl::Status ValidateCrossNode(const EngineTask& task, const TaskLayout& layout);
 
 // Runs `task` (validated here) on `layout` over run.link.
 absl::Status RunCrossNode(const EngineTask& task, const TaskLayout& layout, const CrossNodeRun& run);

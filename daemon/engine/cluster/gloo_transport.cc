@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/prefix_store.h"
 #include "gloo/rendezvous/store.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
@@ -50,8 +51,12 @@ absl::Status FromGloo(const std::string& what, int peer_node, const std::string&
 
 class GlooLink : public NodeLink {
  public:
-  GlooLink(std::shared_ptr<gloo::rendezvous::Context> context, std::vector<int> nodes, int self)
-      : context_(std::move(context)), nodes_(std::move(nodes)), self_(self) {}
+  // One context per device; messages of at least `stripe_min_bytes` are
+  // striped across them, smaller ones spread by part.
+  GlooLink(std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts,
+           std::vector<int> nodes, int self, size_t stripe_min_bytes)
+      : contexts_(std::move(contexts)), nodes_(std::move(nodes)), self_(self),
+        stripe_min_bytes_(std::max<size_t>(1, stripe_min_bytes)) {}
 
   ~GlooLink() override {
     std::lock_guard<std::mutex> l(mu_);
@@ -64,7 +69,7 @@ class GlooLink : public NodeLink {
   absl::Status Exchange(const std::vector<SendRange>& sends, const std::vector<RecvRange>& recvs,
                         uint64_t tag, absl::Time deadline) override {
     const int n = static_cast<int>(nodes_.size());
-    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> send_bufs, recv_bufs;
+    std::vector<Posted> posted;
     {
       std::lock_guard<std::mutex> l(mu_);
       if (!broken_.ok()) return broken_;
@@ -81,32 +86,27 @@ class GlooLink : public NodeLink {
       }
       try {
         for (const RecvRange& r : recvs) {
-          recv_bufs.push_back(context_->createUnboundBuffer(r.data, r.bytes));
-          recv_bufs.back()->recv(r.peer, Slot(tag, r.part), 0, r.bytes);
+          Post(true, r.peer, r.data, r.bytes, Slot(tag, r.part), r.part, &posted);
         }
         for (const SendRange& s : sends) {
-          send_bufs.push_back(
-              context_->createUnboundBuffer(const_cast<void*>(s.data), s.bytes));
-          send_bufs.back()->send(s.peer, Slot(tag, s.part), 0, s.bytes);
+          Post(false, s.peer, const_cast<void*>(s.data), s.bytes, Slot(tag, s.part), s.part,
+               &posted);
         }
       } catch (const std::exception& e) {
         return BreakLocked(FromGloo(e.what(), -1, "posting"));
       } catch (...) {
         return BreakLocked(absl::UnavailableError("posting: unknown error in Gloo"));
       }
-      for (auto& b : recv_bufs) active_recv_.push_back(b.get());
-      for (auto& b : send_bufs) active_send_.push_back(b.get());
+      for (Posted& p : posted) active_.push_back(&p);
     }
-    absl::Status status = Wait(recvs, recv_bufs, sends, send_bufs, deadline);
+    absl::Status status = Wait(posted, deadline);
     std::lock_guard<std::mutex> l(mu_);
-    active_recv_.clear();
-    active_send_.clear();
+    active_.clear();
     if (!status.ok() || !broken_.ok()) {
       // Closing first stops Gloo from touching the buffers once we return.
       status = BreakLocked(status.ok() ? broken_ : status);
     }
-    recv_bufs.clear();
-    send_bufs.clear();
+    posted.clear();
     return status;
   }
 
@@ -114,47 +114,69 @@ class GlooLink : public NodeLink {
     std::lock_guard<std::mutex> l(mu_);
     if (!broken_.ok()) return;
     broken_ = why;
-    if (active_recv_.empty() && active_send_.empty()) {
+    if (active_.empty()) {
       CloseLocked();
       return;
     }
     // The Exchange in progress wakes up and closes the link itself.
-    for (auto* b : active_recv_) b->abortWaitRecv();
-    for (auto* b : active_send_) b->abortWaitSend();
+    for (Posted* p : active_) {
+      if (p->recv) {
+        p->buf->abortWaitRecv();
+      } else {
+        p->buf->abortWaitSend();
+      }
+    }
   }
 
  private:
+  struct Posted {
+    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+    bool recv = false;
+    int peer = 0;  // link index
+  };
+
   static uint64_t Slot(uint64_t tag, uint32_t part) {
     return (tag & 0xffffffffull) << 32 | part;
   }
 
-  absl::Status Wait(const std::vector<RecvRange>& recvs,
-                    const std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>& rb,
-                    const std::vector<SendRange>& sends,
-                    const std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>& sb,
-                    absl::Time deadline) {
-    for (size_t i = 0; i < rb.size(); ++i) {
-      const int peer = nodes_[recvs[i].peer];
+  // Posts one message, striped over the contexts when large (both ends
+  // split the same way: they agree on every size).
+  void Post(bool recv, int peer, void* data, size_t bytes, uint64_t slot, uint32_t part,
+            std::vector<Posted>* out) {
+    const size_t d = contexts_.size();
+    const size_t stripes = bytes >= stripe_min_bytes_ ? d : 1;
+    for (size_t k = 0; k < stripes; ++k) {
+      const size_t b = bytes * k / stripes, e = bytes * (k + 1) / stripes;
+      gloo::rendezvous::Context& ctx = *contexts_[stripes == 1 ? part % d : k];
+      Posted p;
+      p.recv = recv;
+      p.peer = peer;
+      p.buf = ctx.createUnboundBuffer(static_cast<char*>(data) + b, e - b);
+      if (recv) {
+        p.buf->recv(peer, slot, 0, e - b);
+      } else {
+        p.buf->send(peer, slot, 0, e - b);
+      }
+      out->push_back(std::move(p));
+    }
+  }
+
+  absl::Status Wait(std::vector<Posted>& posted, absl::Time deadline) {
+    for (Posted& p : posted) {
+      const int peer = nodes_[p.peer];
       try {
         if (absl::Now() >= deadline) {
           return absl::DeadlineExceededError(
               absl::StrCat("no answer from node ", peer, " before the deadline"));
         }
-        if (!rb[i]->waitRecv(nullptr, Remaining(deadline))) return Aborted();
+        const bool done = p.recv ? p.buf->waitRecv(nullptr, Remaining(deadline))
+                                 : p.buf->waitSend(nullptr, Remaining(deadline));
+        if (!done) return Aborted();
       } catch (const std::exception& e) {
-        return FromGloo(e.what(), peer, "receiving");
+        return FromGloo(e.what(), peer, p.recv ? "receiving" : "sending");
       } catch (...) {
-        return absl::UnavailableError(absl::StrCat("receiving from node ", peer, ": unknown error"));
-      }
-    }
-    for (size_t i = 0; i < sb.size(); ++i) {
-      const int peer = nodes_[sends[i].peer];
-      try {
-        if (!sb[i]->waitSend(nullptr, Remaining(deadline))) return Aborted();
-      } catch (const std::exception& e) {
-        return FromGloo(e.what(), peer, "sending");
-      } catch (...) {
-        return absl::UnavailableError(absl::StrCat("sending to node ", peer, ": unknown error"));
+        return absl::UnavailableError(absl::StrCat(p.recv ? "receiving from" : "sending to",
+                                                   " node ", peer, ": unknown error"));
       }
     }
     return absl::OkStatus();
@@ -174,22 +196,24 @@ class GlooLink : public NodeLink {
   void CloseLocked() {
     if (closed_) return;
     closed_ = true;
-    try {
-      context_->closeConnections();
-    } catch (const std::exception& e) {
-      HSDP_LOG(Warning) << "closing a Gloo link: " << e.what();
-    } catch (...) {
+    for (auto& ctx : contexts_) {
+      try {
+        ctx->closeConnections();
+      } catch (const std::exception& e) {
+        HSDP_LOG(Warning) << "closing a Gloo link: " << e.what();
+      } catch (...) {
+      }
     }
   }
 
-  const std::shared_ptr<gloo::rendezvous::Context> context_;
+  const std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts_;
   const std::vector<int> nodes_;
   const int self_;
+  const size_t stripe_min_bytes_;
   std::mutex mu_;
   absl::Status broken_;  // guarded by mu_
   bool closed_ = false;  // guarded by mu_
-  // The buffers of the Exchange in progress (for Abort); guarded by mu_.
-  std::vector<gloo::transport::UnboundBuffer*> active_recv_, active_send_;
+  std::vector<Posted*> active_;  // the Exchange in progress (for Abort); guarded by mu_
 };
 
 class GlooTransport : public TransportFactory {
@@ -207,18 +231,47 @@ class GlooTransport : public TransportFactory {
     }
     const int self =
         static_cast<int>(std::lower_bound(nodes.begin(), nodes.end(), this_node) - nodes.begin());
-    absl::StatusOr<std::shared_ptr<gloo::transport::Device>> device = Device();
-    if (!device.ok()) return device.status();
+    absl::StatusOr<std::vector<std::shared_ptr<gloo::transport::Device>>> devices = Devices();
+    if (!devices.ok()) return devices.status();
     const std::string prefix = StorePrefix(key, epoch);
+    std::unique_ptr<gloo::rendezvous::Store> store;
     try {
-      std::unique_ptr<gloo::rendezvous::Store> store = options_.store(prefix);
+      store = options_.store(prefix);
       if (store == nullptr) return absl::InternalError("no rendezvous store");
-      auto context = std::make_shared<gloo::rendezvous::Context>(self, static_cast<int>(nodes.size()));
-      context->setTimeout(Remaining(deadline));
-      context->connectFullMesh(*store, *device);
-      return std::unique_ptr<NodeLink>(new GlooLink(std::move(context), nodes, self));
+      std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts;
+      for (size_t k = 0; k < devices->size(); ++k) {
+        auto context =
+            std::make_shared<gloo::rendezvous::Context>(self, static_cast<int>(nodes.size()));
+        context->setTimeout(Remaining(deadline));
+        if (k == 0) {
+          context->connectFullMesh(*store, (*devices)[k]);
+        } else {
+          gloo::rendezvous::PrefixStore sub(absl::StrCat("d", k), *store);
+          context->connectFullMesh(sub, (*devices)[k]);
+        }
+        contexts.push_back(std::move(context));
+      }
+      return std::unique_ptr<NodeLink>(
+          new GlooLink(std::move(contexts), nodes, self, options_.stripe_min_bytes));
     } catch (const std::exception& e) {
       absl::Status s = FromGloo(e.what(), -1, "connecting");
+      if (s.code() == absl::StatusCode::kDeadlineExceeded && store != nullptr) {
+        // Name the nodes whose address never appeared (Gloo's key per
+        // participant is its index in the link).
+        std::vector<int> missing;
+        for (size_t i = 0; i < nodes.size(); ++i) {
+          if (static_cast<int>(i) == self) continue;
+          try {
+            store->wait({std::to_string(i)}, std::chrono::milliseconds(1));
+          } catch (...) {
+            missing.push_back(nodes[i]);
+          }
+        }
+        if (!missing.empty()) {
+          s = absl::DeadlineExceededError(absl::StrCat(
+              "node(s) [", absl::StrJoin(missing, ", "), "] did not come before the deadline"));
+        }
+      }
       return absl::Status(s.code(), absl::StrCat("connecting the link of ", prefix, " among nodes [",
                                                  absl::StrJoin(nodes, ", "), "]: ", s.message()));
     } catch (...) {
@@ -228,15 +281,18 @@ class GlooTransport : public TransportFactory {
   }
 
  private:
-  absl::StatusOr<std::shared_ptr<gloo::transport::Device>> Device() {
+  absl::StatusOr<std::vector<std::shared_ptr<gloo::transport::Device>>> Devices() {
     std::lock_guard<std::mutex> l(mu_);
-    if (device_ != nullptr) return device_;
+    if (!devices_.empty()) return devices_;
     try {
-      gloo::transport::tcp::attr attr;
-      attr.hostname = options_.data_address;
-      device_ = gloo::transport::tcp::CreateDevice(attr);
-      return device_;
+      for (int k = 0; k < std::max(1, options_.devices); ++k) {
+        gloo::transport::tcp::attr attr;
+        attr.hostname = options_.data_address;
+        devices_.push_back(gloo::transport::tcp::CreateDevice(attr));
+      }
+      return devices_;
     } catch (const std::exception& e) {
+      devices_.clear();
       return absl::UnavailableError(absl::StrCat("cluster.data_address \"",
                                                  options_.data_address,
                                                  "\": cannot bind the Gloo transport: ", e.what()));
@@ -245,7 +301,7 @@ class GlooTransport : public TransportFactory {
 
   const GlooTransportOptions options_;
   std::mutex mu_;
-  std::shared_ptr<gloo::transport::Device> device_;  // guarded by mu_
+  std::vector<std::shared_ptr<gloo::transport::Device>> devices_;  // guarded by mu_
 };
 
 }  // namespace

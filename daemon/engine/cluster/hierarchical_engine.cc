@@ -22,6 +22,9 @@ constexpr size_t kMaxRememberedFailures = 4096;
 // group waiting for a worker while its peers wait for it would stall until
 // the deadline, so every busy group should get one.
 constexpr int kMaxWorkers = 64;
+// Staging memory a worker keeps between tasks (4 buffers of a few chunks
+// with the default chunk size).
+constexpr size_t kMaxIdleScratchBytes = size_t{64} << 20;
 
 absl::Status ShuttingDown() { return absl::UnavailableError("hsdpd is shutting down"); }
 
@@ -67,7 +70,14 @@ class HierarchicalEngine : public Engine {
     {
       std::lock_guard<std::mutex> l(mu_);
       DropLinksLocked(key, UINT32_MAX, &dropped);
-      epochs_.erase(key);
+      const std::string sub = key + "/";
+      for (auto it = epochs_.begin(); it != epochs_.end();) {
+        if (it->first == key || it->first.compare(0, sub.size(), sub) == 0) {
+          it = epochs_.erase(it);
+        } else {
+          ++it;
+        }
+      }
     }
     inner_->DestroyGroup(key);
   }
@@ -149,6 +159,7 @@ class HierarchicalEngine : public Engine {
   std::map<uint64_t, absl::Status> failures_;  // recently failed tickets (bounded)
   std::map<uint64_t, std::shared_ptr<XTask>> xtasks_;
   std::map<uint64_t, std::shared_ptr<LocalTask>> locals_;
+  int parked_ = 0;  // locals_ waiting for a dependency
   std::map<std::string, GroupQueue> groups_;
   std::set<std::string> blocked_;  // groups whose head waits for a dependency
   std::deque<std::string> ready_;
@@ -211,7 +222,7 @@ void HierarchicalEngine::ScheduleLocked(const std::string& key, Actions* act) {
     }
     g.listed = true;
     ready_.push_back(key);
-    if (idle_workers_ == 0 &&
+    if (static_cast<int>(ready_.size()) > idle_workers_ &&
         static_cast<int>(workers_.size()) < std::max(options_.threads, kMaxWorkers)) {
       workers_.emplace_back([this] { WorkerLoop(); });
     } else {
@@ -224,12 +235,14 @@ void HierarchicalEngine::ScheduleLocked(const std::string& key, Actions* act) {
 void HierarchicalEngine::RecheckLocked(Actions* act) {
   const std::vector<std::string> blocked(blocked_.begin(), blocked_.end());
   for (const std::string& key : blocked) ScheduleLocked(key, act);
+  if (parked_ == 0) return;
   for (auto& [ticket, lt] : locals_) {
     if (!lt->parked) continue;
     absl::Status failed;
     const Deps d = CheckDepsLocked(lt->task.depends_on, true, &failed);
     if (d == Deps::kWait) continue;
     lt->parked = false;
+    --parked_;
     if (d == Deps::kFailed) {
       act->fail_local.emplace_back(lt, failed);
     } else {
@@ -273,6 +286,7 @@ uint64_t HierarchicalEngine::Launch(EngineTask task, EngineCallbacks cb) {
     const Deps d = CheckDepsLocked(lt->task.depends_on, true, &failed);
     if (d == Deps::kWait) {
       lt->parked = true;  // `launched` once the inner engine orders it
+      ++parked_;
       return ticket;
     }
     l.unlock();
@@ -305,7 +319,7 @@ uint64_t HierarchicalEngine::Launch(EngineTask task, EngineCallbacks cb) {
 }
 
 void HierarchicalEngine::ForwardLocal(const std::shared_ptr<LocalTask>& lt) {
-  EngineTask task = lt->task;
+  EngineTask task = std::move(lt->task);  // not read again once forwarded
   {
     // Dependencies still pending are forwarded local tasks: the inner
     // engine's own tickets order them.
@@ -411,6 +425,7 @@ void HierarchicalEngine::Abort(uint64_t ticket, const absl::Status& why) {
       const std::shared_ptr<LocalTask>& lt = lit->second;
       if (lt->parked) {
         lt->parked = false;
+        --parked_;
         act.fail_local.emplace_back(lt, why);
       } else if (lt->inner_ticket != 0) {
         inner_ticket = lt->inner_ticket;
@@ -434,10 +449,11 @@ void HierarchicalEngine::Abort(uint64_t ticket, const absl::Status& why) {
 
 void HierarchicalEngine::DropLinksLocked(const std::string& key, uint32_t below_epoch,
                                          std::vector<std::shared_ptr<LinkState>>* dropped) {
-  const std::string p2p = key + "/p2p";
+  // The group's own links and those of its point-to-point keys ("<key>/...").
+  const std::string sub = key + "/";
   for (auto it = links_.begin(); it != links_.end();) {
     const std::string& k = it->first.first;
-    if ((k == key || k == p2p) && it->second.epoch < below_epoch) {
+    if ((k == key || k.compare(0, sub.size(), sub) == 0) && it->second.epoch < below_epoch) {
       dropped->push_back(std::move(it->second.state));
       it = links_.erase(it);
     } else {
@@ -519,6 +535,21 @@ absl::Status HierarchicalEngine::Execute(const std::shared_ptr<XTask>& xt, Sidec
   const absl::Time deadline = absl::Now() + options_.timeout;
   absl::StatusOr<TaskLayout> layout = MakeTaskLayout(xt->task);
   if (!layout.ok()) return layout.status();
+  if (absl::Status s = ValidateCrossNode(xt->task, *layout); !s.ok()) {
+    // Not worth a connect; a link already there is broken so that the peers
+    // running their part fail now rather than at their deadline.
+    std::shared_ptr<LinkState> cached;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = links_.find(LinkKey{xt->task.group_key, layout->nodes});
+      if (it != links_.end() && it->second.epoch == xt->task.epoch) cached = it->second.state;
+    }
+    if (cached != nullptr) {
+      std::lock_guard<std::mutex> l(cached->mu);
+      if (cached->link != nullptr) cached->link->Abort(s);
+    }
+    return s;
+  }
   absl::StatusOr<std::shared_ptr<LinkState>> ls = AcquireLink(xt, *layout, deadline);
   if (!ls.ok()) return ls.status();
   NodeLink* link;
@@ -538,6 +569,7 @@ absl::Status HierarchicalEngine::Execute(const std::shared_ptr<XTask>& xt, Sidec
   run.next_tag = &(*ls)->next_tag;
   run.deadline = deadline;
   run.chunk_bytes = options_.chunk_bytes;
+  run.small_allreduce_bytes = options_.small_allreduce_bytes;
   run.sidecar = sidecar;
   run.scratch = scratch;
   absl::Status status = RunCrossNode(xt->task, *layout, run);
@@ -572,6 +604,7 @@ void HierarchicalEngine::WorkerLoop() {
     const int64_t start = shm::NowNanos();
     absl::Status status = Execute(xt, &sidecar, &scratch);
     const uint64_t exec_ns = static_cast<uint64_t>(shm::NowNanos() - start);
+    scratch.Trim(kMaxIdleScratchBytes);
     {
       std::lock_guard<std::mutex> g2(mu_);
       if (!xt->abort.ok()) status = xt->abort;  // the reason, not the broken link
@@ -607,6 +640,7 @@ void HierarchicalEngine::Shutdown() {
     for (auto& [ticket, lt] : locals_) {
       if (lt->parked) {
         lt->parked = false;
+        --parked_;
         act.fail_local.emplace_back(lt, ShuttingDown());
       }
     }

@@ -10,8 +10,25 @@
 //
 // Ordering: tasks of one group run one after the other in launch order on
 // the engine's worker threads; `launched` is reported when a task is queued
-// behind its group's previous task. Abort() and a task's deadline break the
-// link of its group (the epoch is over anyway).
+// behind its group's previous task. Every daemon must run the tasks of a
+// link in the same order (the group's sequence numbers; for point-to-point,
+// the matching order), since messages are matched by a per-link counter.
+// depends_on is honoured for tickets of both kinds (a composite's phase 2
+// may depend on a phase 1 run by the local engine or by this one): the task
+// starts only once they finished, and fails when one of them failed.
+// Abort() and a task's deadline break the link of its group (the epoch is
+// over anyway): peers waiting on this node fail at once.
+//
+// Links: DestroyGroup(key), and CreateGroup of a newer epoch, also drop the
+// links of keys under "<key>/" (the group's point-to-point keys).
+//
+// Threads: workers are started on demand, one per group with runnable work
+// (up to max(threads, 64); they stay until Shutdown), so a group never waits for
+// a worker busy with another group; each worker has one helper thread for
+// the local stage. Connects run on their own short-lived thread so that
+// Abort and Shutdown never wait for them. Shutdown completes everything
+// with UNAVAILABLE. All methods are thread-safe; callbacks run without
+// locks held.
 #ifndef HSDP_DAEMON_ENGINE_CLUSTER_HIERARCHICAL_ENGINE_H_
 #define HSDP_DAEMON_ENGINE_CLUSTER_HIERARCHICAL_ENGINE_H_
 
@@ -28,8 +45,14 @@ struct HierarchicalEngineOptions {
   // Longest a cross-node task (connecting included) may take before it fails
   // with DEADLINE_EXCEEDED (timeouts.collective_ms).
   absl::Duration timeout = absl::Seconds(60);
-  // Bytes per pipelined chunk of the network stage (0: no chunking).
+  // Bytes per pipelined chunk of the network stage (0: no chunking). Must be
+  // the same on every daemon (checked per task).
   size_t chunk_bytes = 4 << 20;
+  // All-reduces whose partials total at most this many bytes per node on the
+  // wire send whole partials to every node (one round) instead of
+  // reduce-scatter + all-gather (two rounds of half the bytes). Must be the
+  // same on every daemon (checked per task).
+  size_t small_allreduce_bytes = 128 << 10;
 };
 
 // `local` runs all-local tasks and is owned; `transport` makes the links.

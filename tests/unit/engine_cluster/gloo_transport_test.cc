@@ -33,7 +33,7 @@ class SharedPrefixStore : public gloo::rendezvous::PrefixStore {
 
 class GlooCluster {
  public:
-  GlooCluster(int nodes, absl::Duration timeout = absl::Seconds(30)) {
+  explicit GlooCluster(int nodes, absl::Duration timeout = absl::Seconds(30), int devices = 1) {
     auto store = std::make_shared<gloo::rendezvous::HashStore>();
     HierarchicalEngineOptions o;
     o.threads = 2;
@@ -42,6 +42,8 @@ class GlooCluster {
     for (int n = 0; n < nodes; ++n) {
       GlooTransportOptions t;
       t.data_address = "127.0.0.1";
+      t.devices = devices;
+      t.stripe_min_bytes = 4096;
       t.store = [store](const std::string& prefix) {
         return std::unique_ptr<gloo::rendezvous::Store>(new SharedPrefixStore(prefix, store));
       };
@@ -99,6 +101,20 @@ TEST(GlooTransport, CollectivesMatchFlatOnTwoAndThreeNodes) {
   }
 }
 
+// Large messages striped over two tcp devices per node.
+TEST(GlooTransport, StripedOverTwoDevices) {
+  GlooCluster cl(2, absl::Seconds(30), 2);
+  const Placement p = testing::RoundRobin(2, 2);
+  uint64_t seq = 0;
+  for (const Case& c : {Make(Collective::kAllReduce, DataType::kFloat32, 30000),
+                        Make(Collective::kReduceScatter, DataType::kBFloat16, 5000),
+                        Make(Collective::kAllGather, DataType::kInt32, 7000),
+                        Make(Collective::kAllToAll, DataType::kFloat64, 900)}) {
+    EXPECT_EQ(testing::RunAndCompare(cl.engines(), c, p, "striped", 1, ++seq), "")
+        << c.Describe();
+  }
+}
+
 TEST(GlooTransport, APeerThatNeverAnswersReachesTheDeadline) {
   GlooCluster cl(2, absl::Milliseconds(500));
   Placement p = testing::Contiguous(2, 1);
@@ -110,6 +126,23 @@ TEST(GlooTransport, APeerThatNeverAnswersReachesTheDeadline) {
   ASSERT_TRUE(done.Wait(absl::Seconds(10)));
   EXPECT_EQ(done.status(0).code(), absl::StatusCode::kDeadlineExceeded) << done.status(0);
   EXPECT_NE(done.status(0).message().find("node 1"), std::string::npos) << done.status(0);
+}
+
+TEST(GlooTransport, ANodeThatNeverConnectsReachesTheDeadlineNamed) {
+  GlooCluster cl(3, absl::Milliseconds(500));
+  Placement p = testing::Contiguous(3, 1);
+  Case c = Make(Collective::kAllReduce, DataType::kFloat32, 100);
+  RankBuffers bufs(c, 3, 1);
+  Completions done(2);
+  for (int n = 0; n < 2; ++n) {
+    cl.engine(n)->Launch(testing::BuildTask(c, p, n, &bufs, "late", 1, 1), done.Callbacks(n));
+  }
+  ASSERT_TRUE(done.Wait(absl::Seconds(10)));
+  for (int n = 0; n < 2; ++n) {
+    EXPECT_EQ(done.status(n).code(), absl::StatusCode::kDeadlineExceeded) << done.status(n);
+    EXPECT_NE(done.status(n).message().find("node(s) [2] did not come"), std::string::npos)
+        << done.status(n);
+  }
 }
 
 TEST(GlooTransport, APeerThatGoesAwayFailsTheOperationNamingIt) {

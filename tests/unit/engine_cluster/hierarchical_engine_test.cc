@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -38,6 +39,7 @@ class FakeCluster {
     o.threads = 2;
     o.timeout = absl::Seconds(30);
     o.chunk_bytes = 4096;  // several pipeline steps already at a few thousand elements
+    o.small_allreduce_bytes = 0;  // the two-round path; SmallAllReduceInOneRound covers the other
     return o;
   }
   std::vector<Engine*> engines() {
@@ -149,6 +151,25 @@ TEST_P(CollectivesMatchFlat, AllReduce) {
   }
 }
 
+// The same all-reduces below the one-round threshold.
+TEST_P(CollectivesMatchFlat, SmallAllReduceInOneRound) {
+  HierarchicalEngineOptions o = FakeCluster::Options();
+  o.small_allreduce_bytes = 1 << 20;
+  cluster_ = std::make_unique<FakeCluster>(GetParam().nodes, o);
+  for (DataType dt : kAllTypes) {
+    for (const ReduceSpec& spec : Specs(dt)) {
+      for (uint64_t count : {1, 37, 3001}) {
+        Case c;
+        c.collective = Collective::kAllReduce;
+        c.spec = spec;
+        c.count = count;
+        c.in_place = count == 37;
+        Check(c);
+      }
+    }
+  }
+}
+
 TEST_P(CollectivesMatchFlat, ReduceScatter) {
   for (DataType dt : kAllTypes) {
     for (const ReduceSpec& spec : Specs(dt)) {
@@ -164,8 +185,7 @@ TEST_P(CollectivesMatchFlat, ReduceScatter) {
 }
 
 TEST_P(CollectivesMatchFlat, AllGatherBroadcastAllToAllBarrier) {
-  for (DataType dt : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat64,
-                      DataType::kInt64, DataType::kUInt8}) {
+  for (DataType dt : kAllTypes) {
     for (uint64_t count : {0, 1, 33, 2500}) {
       Case c;
       c.spec.dtype = dt;
@@ -427,6 +447,34 @@ TEST(HierarchicalEngine, AbortOfARunningTaskEndsItAndANewEpochWorks) {
   EXPECT_EQ(old.status(0).code(), absl::StatusCode::kFailedPrecondition) << old.status(0);
 }
 
+TEST(HierarchicalEngine, AbortOfAQueuedTaskDropsItAndTheGroupGoesOn) {
+  FakeCluster cl(2);
+  Placement p = testing::Contiguous(2, 1);
+  Case c = SumCase(300);
+  std::vector<std::unique_ptr<RankBuffers>> bufs;
+  for (int i = 0; i < 3; ++i) bufs.push_back(std::make_unique<RankBuffers>(c, 2, i));
+  // Node 0 queues seq 1..3; seq 2 is aborted while seq 1 waits for node 1.
+  Completions node0(3);
+  std::vector<uint64_t> tickets;
+  for (int i = 0; i < 3; ++i) {
+    tickets.push_back(cl.engine(0)->Launch(
+        testing::BuildTask(c, p, 0, bufs[i].get(), "q", 1, i + 1), node0.Callbacks(i)));
+  }
+  cl.engine(0)->Abort(tickets[1], absl::CancelledError("dropped by the test"));
+  // Node 1 runs seq 1 and 3 only.
+  Completions node1(2);
+  cl.engine(1)->Launch(testing::BuildTask(c, p, 1, bufs[0].get(), "q", 1, 1), node1.Callbacks(0));
+  cl.engine(1)->Launch(testing::BuildTask(c, p, 1, bufs[2].get(), "q", 1, 3), node1.Callbacks(1));
+  ASSERT_TRUE(node0.Wait(absl::Seconds(10)));
+  ASSERT_TRUE(node1.Wait(absl::Seconds(10)));
+  EXPECT_TRUE(node0.status(0).ok()) << node0.status(0);
+  EXPECT_EQ(node0.status(1).code(), absl::StatusCode::kCancelled) << node0.status(1);
+  EXPECT_TRUE(node0.status(2).ok()) << node0.status(2);
+  EXPECT_TRUE(node1.status(0).ok()) << node1.status(0);
+  EXPECT_TRUE(node1.status(1).ok()) << node1.status(1);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(node0.launched_before_completed(i));
+}
+
 TEST(HierarchicalEngine, LinksAreCachedPerGroupAndEpoch) {
   FakeCluster cl(3);
   Placement p = testing::RoundRobin(3, 2);
@@ -437,6 +485,19 @@ TEST(HierarchicalEngine, LinksAreCachedPerGroupAndEpoch) {
   // A task of a higher epoch replaces the link without CreateGroup.
   EXPECT_EQ(testing::RunAndCompare(cl.engines(), SumCase(500), p, "cached", 2, 1), "");
   EXPECT_EQ(cl.net().connects(), 6);
+}
+
+TEST(HierarchicalEngine, DestroyGroupDropsItsPointToPointLinksToo) {
+  FakeCluster cl(2);
+  Placement p = testing::Contiguous(2, 1);
+  Case c = SumCase(10, Collective::kBroadcast);
+  EXPECT_EQ(testing::RunAndCompare(cl.engines(), c, p, "grp/p2p/0>1/5", 1, 1), "");
+  EXPECT_EQ(cl.net().connects(), 2);
+  EXPECT_EQ(testing::RunAndCompare(cl.engines(), c, p, "grp/p2p/0>1/5", 1, 2), "");
+  EXPECT_EQ(cl.net().connects(), 2);  // cached
+  cl.Destroy("grp");
+  EXPECT_EQ(testing::RunAndCompare(cl.engines(), c, p, "grp/p2p/0>1/5", 1, 3), "");
+  EXPECT_EQ(cl.net().connects(), 4);  // dropped with the group, connected again
 }
 
 TEST(HierarchicalEngine, DeadlineWhenAPeerNeverAnswers) {
@@ -508,6 +569,38 @@ TEST(HierarchicalEngine, NodesThatDisagreeOnTheOperationFailCleanly) {
   EXPECT_TRUE(bb.GuardsIntact());
 }
 
+TEST(HierarchicalEngine, WithoutChunkingEveryCollectiveStillMatches) {
+  HierarchicalEngineOptions o = FakeCluster::Options();
+  o.chunk_bytes = 0;
+  FakeCluster cl(3, o);
+  Placement p = testing::RoundRobin(3, 2);
+  uint64_t seq = 0;
+  for (Collective c : {Collective::kAllReduce, Collective::kReduceScatter,
+                       Collective::kAllGather, Collective::kBroadcast, Collective::kAllToAll}) {
+    EXPECT_EQ(testing::RunAndCompare(cl.engines(), SumCase(5000, c), p, "whole", 1, ++seq), "")
+        << CollectiveName(c);
+  }
+}
+
+TEST(HierarchicalEngine, NodesWithDifferentChunkSizesFailCleanly) {
+  FakeNetwork net;
+  HierarchicalEngineOptions a = FakeCluster::Options(), b = FakeCluster::Options();
+  b.chunk_bytes = 2 * a.chunk_bytes;
+  auto e0 = MakeHierarchicalEngine(std::make_unique<CpuEngine>(1, 1 << 20), net.MakeTransport(0), a);
+  auto e1 = MakeHierarchicalEngine(std::make_unique<CpuEngine>(1, 1 << 20), net.MakeTransport(1), b);
+  Placement p = testing::Contiguous(2, 1);
+  Case c = SumCase(100000);
+  RankBuffers bufs(c, 2, 1);
+  Completions done(2);
+  e0->Launch(testing::BuildTask(c, p, 0, &bufs, "g", 1, 1), done.Callbacks(0));
+  e1->Launch(testing::BuildTask(c, p, 1, &bufs, "g", 1, 1), done.Callbacks(1));
+  ASSERT_TRUE(done.Wait(absl::Seconds(10)));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(done.status(i).code(), absl::StatusCode::kFailedPrecondition) << done.status(i);
+    EXPECT_NE(done.status(i).message().find("chunks by"), std::string::npos) << done.status(i);
+  }
+}
+
 TEST(HierarchicalEngine, UnevenAllToAllWhoseSplitsDisagreeFailsOnEveryNode) {
   FakeCluster cl(2);
   Placement p = testing::Contiguous(2, 1);
@@ -539,16 +632,64 @@ TEST(HierarchicalEngine, ALocalBufferTooSmallIsRefusedBeforeAnythingMoves) {
   FakeCluster cl(2);
   Placement p = testing::Contiguous(2, 1);
   Case c = SumCase(100, Collective::kAllGather);
+  // The group's link is up (a first operation succeeded).
+  ASSERT_EQ(testing::RunAndCompare(cl.engines(), c, p, "g", 1, 1), "");
   RankBuffers bufs(c, 2, 1);
-  EngineTask t0 = testing::BuildTask(c, p, 0, &bufs, "g", 1, 1);
+  EngineTask t0 = testing::BuildTask(c, p, 0, &bufs, "g", 1, 2);
   t0.members[0].recv.bytes -= 4;
   Completions done(2);
   cl.engine(0)->Launch(t0, done.Callbacks(0));
-  cl.engine(1)->Launch(testing::BuildTask(c, p, 1, &bufs, "g", 1, 1), done.Callbacks(1));
+  cl.engine(1)->Launch(testing::BuildTask(c, p, 1, &bufs, "g", 1, 2), done.Callbacks(1));
   ASSERT_TRUE(done.Wait(absl::Seconds(10)));
   EXPECT_EQ(done.status(0).code(), absl::StatusCode::kInvalidArgument) << done.status(0);
-  EXPECT_FALSE(done.status(1).ok());  // its peer closed the link instead of answering
+  // Node 0 broke the link instead of answering.
+  EXPECT_EQ(done.status(1).code(), absl::StatusCode::kUnavailable) << done.status(1);
+  EXPECT_NE(done.status(1).message().find("node 0"), std::string::npos) << done.status(1);
   EXPECT_TRUE(bufs.GuardsIntact());
+}
+
+// Malformed tasks fail at once on the node that has them, before any
+// connect (no peer needed).
+TEST(HierarchicalEngine, MalformedTasksFailAtOnceWithoutAPeer) {
+  FakeCluster cl(2);
+  Placement p = testing::Contiguous(2, 2);
+  Case c = SumCase(64);
+  RankBuffers bufs(c, 4, 1);
+  std::vector<std::pair<std::string, std::function<void(EngineTask*)>>> mutations = {
+      {"no local member", [](EngineTask* t) { for (auto& m : t->members) m.local = false; }},
+      {"local members on two nodes", [](EngineTask* t) { t->members[1].node = 1; }},
+      {"remote member on this node", [](EngineTask* t) { t->members[2].node = 0; t->members[2].local = false; t->members[3].node = 0; }},
+      {"unknown dtype", [](EngineTask* t) { t->spec.dtype = static_cast<DataType>(99); }},
+      {"count too large", [](EngineTask* t) { t->count = uint64_t{1} << 41; }},
+      {"null buffer", [](EngineTask* t) { t->members[0].recv.data = nullptr; }},
+      {"short buffer", [](EngineTask* t) { t->members[1].send.bytes = 8; }},
+      {"unknown op", [](EngineTask* t) { t->spec.op = static_cast<ReduceOp>(42); }},
+      {"device memory", [](EngineTask* t) { t->members[0].send.kind = MemoryKind::kDevice; }},
+      {"root out of range", [](EngineTask* t) { t->collective = Collective::kBroadcast; t->root = 9; }},
+      {"splits of the wrong size", [](EngineTask* t) {
+         t->collective = Collective::kAllToAll;
+         for (auto& m : t->members) {
+           if (m.local) m.send_counts = m.recv_counts = {1, 1};
+         }
+       }},
+      {"send/recv is not a task", [](EngineTask* t) { t->collective = Collective::kSend; }},
+  };
+  uint64_t seq = 0;
+  for (auto& [what, mutate] : mutations) {
+    EngineTask t = testing::BuildTask(c, p, 0, &bufs, "bad", 1, ++seq);
+    mutate(&t);
+    Completions done(1);
+    const absl::Time start = absl::Now();
+    cl.engine(0)->Launch(std::move(t), done.Callbacks(0));
+    ASSERT_TRUE(done.Wait(absl::Seconds(5))) << what;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << what;
+    const absl::StatusCode code = done.status(0).code();
+    EXPECT_TRUE(code == absl::StatusCode::kInvalidArgument ||
+                code == absl::StatusCode::kUnimplemented)
+        << what << ": " << done.status(0);
+  }
+  EXPECT_TRUE(bufs.GuardsIntact());
+  EXPECT_EQ(cl.net().connects(), 0);
 }
 
 TEST(HierarchicalEngine, ShutdownCompletesEverythingWithUnavailable) {
