@@ -43,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -150,6 +151,12 @@ class Group : public std::enable_shared_from_this<Group> {
   void RemoteEpochFailed(uint32_t epoch, const absl::Status& why);
   // Whether some members are on other nodes.
   bool spans_nodes() const { return local_ranks_.size() < spec_.ranks.size(); }
+  // Every engine group this group created: its key, and one per
+  // (source, destination, tag) of point-to-point between nodes.
+  std::vector<std::string> engine_keys() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Distinct (source, destination, tag) of point-to-point between nodes per
+  // group (each is an engine link): more is RESOURCE_EXHAUSTED.
+  static constexpr size_t kMaxRemoteP2PStreams = 256;
   const std::vector<int>& nodes() const { return spec_.nodes; }
 
   // Adds a submission. Completes it at once (to its session) when it is
@@ -270,6 +277,7 @@ class Group : public std::enable_shared_from_this<Group> {
   // in this epoch, and the engine tickets still running (aborted with the epoch).
   std::map<P2PKey, uint64_t> p2p_posted_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, uint32_t> p2p_running_ ABSL_GUARDED_BY(mu_);  // ticket -> epoch
+  std::set<std::string> p2p_engine_keys_ ABSL_GUARDED_BY(mu_);  // bounded by kMaxRemoteP2PStreams
   // Epochs other daemons reported failed that this one has not reached yet.
   std::map<uint32_t, absl::Status> remote_failed_ ABSL_GUARDED_BY(mu_);
 };

@@ -51,9 +51,15 @@ void Group::ArriveP2P(int group_rank, Arrival arrival) {
     } else if (!any && (peer < 0 || peer >= size())) {
       reject = absl::InvalidArgumentError(
           absl::StrCat("peer: ", peer, " is not a rank of group ", spec_.id));
+    } else if (!any && !IsLocal(peer) && p2p_posted_.count({src, dst, tag}) == 0 &&
+               p2p_engine_keys_.size() >= kMaxRemoteP2PStreams) {
+      reject = absl::ResourceExhaustedError(absl::StrCat(
+          "tag: group ", spec_.id, " already has ", kMaxRemoteP2PStreams,
+          " distinct (source, destination, tag) between nodes; reuse tags"));
     } else if (!any && !IsLocal(peer)) {
       remote = true;
       k = ++p2p_posted_[{src, dst, tag}];
+      p2p_engine_keys_.insert(absl::StrCat(spec_.key, "/p2p/", src, ">", dst, "/", tag));
     } else {
       match = kind == Collective::kSend ? TakeRecvForLocked(src, dst, tag)
                                         : TakeSendForLocked(src, dst, tag);
@@ -82,6 +88,13 @@ void Group::ArriveP2P(int group_rank, Arrival arrival) {
   } else {
     LaunchP2P(std::move(*match), std::move(mine));
   }
+}
+
+std::vector<std::string> Group::engine_keys() const {
+  absl::MutexLock l(&mu_);
+  std::vector<std::string> keys = {spec_.key};
+  keys.insert(keys.end(), p2p_engine_keys_.begin(), p2p_engine_keys_.end());
+  return keys;
 }
 
 std::optional<Group::P2POp> Group::TakeRecvForLocked(int src, int dst, int tag) {
@@ -193,7 +206,7 @@ void Group::LaunchRemoteP2P(P2POp mine, int src, int dst, int tag, uint64_t k) {
   t.collective = Collective::kBroadcast;
   t.count = d.count;
   t.root = 0;
-  t.group_key = absl::StrCat(spec_.key, "/p2p/", src, ">", dst, "/", tag);
+  t.group_key = absl::StrCat(spec_.key, "/p2p/", src, ">", dst, "/", tag);  // in p2p_engine_keys_
   t.epoch = mine.arrival.epoch;
   t.spec.dtype = static_cast<DataType>(d.dtype);
   t.seq = k;

@@ -532,10 +532,13 @@ void SessionManager::EndSession(uint64_t session_id, const std::string& why) {
           // A group that spans nodes keeps its engine state (its links) a
           // little longer, so the other daemons learn why from this node's
           // report rather than from a connection reset.
-          if (groups_.at(gid)->spans_nodes() && retired_.size() < kMaxRetiredGroups) {
-            retired_.emplace_back(key, later);
-          } else {
-            engine_->DestroyGroup(key);
+          const std::shared_ptr<Group>& g = groups_.at(gid);
+          for (const std::string& engine_key : g->engine_keys()) {
+            if (g->spans_nodes() && retired_.size() < kMaxRetiredGroups) {
+              retired_.emplace_back(engine_key, later);
+            } else {
+              engine_->DestroyGroup(engine_key);
+            }
           }
           groups_.erase(gid);
         }
@@ -601,7 +604,9 @@ void SessionManager::Housekeeping() {
     while (!retired_.empty() && retired_.front().second <= now) {
       const std::string& key = retired_.front().first;
       bool live = false;  // created again meanwhile: that one owns the engine state now
-      for (auto& [id, g] : groups_) live = live || g->key() == key;
+      for (auto& [id, g] : groups_) {
+        live = live || key == g->key() || key.rfind(g->key() + "/p2p/", 0) == 0;
+      }
       if (!live) engine_->DestroyGroup(key);
       retired_.pop_front();
     }

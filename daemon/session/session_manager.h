@@ -228,7 +228,7 @@ class SessionManager : public SessionDirectory {
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
   // Cross-node groups of ended jobs whose engine state goes at the given time.
-  static constexpr size_t kMaxRetiredGroups = 4096;
+  static constexpr size_t kMaxRetiredGroups = 16384;
   std::deque<std::pair<std::string, absl::Time>> retired_ ABSL_GUARDED_BY(mu_);
 };
 

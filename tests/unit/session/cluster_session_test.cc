@@ -302,5 +302,27 @@ TEST_F(ClusterSessionTest, SendAndRecvAcrossNodesPairInPostingOrder) {
   EXPECT_THAT(std::string(Result(1, 2, 11)->message()), HasSubstr("spans nodes"));
 }
 
+
+TEST_F(ClusterSessionTest, PointToPointStreamsBetweenNodesAreBoundedAndReleased) {
+  uint32_t g0 = 0, g1 = 0;
+  FormFour(&g0, &g1);
+  const size_t limit = Group::kMaxRemoteP2PStreams;
+  for (size_t tag = 0; tag < limit; ++tag) {
+    Submit(0, 0, g0, 100 + tag, 0, 1, Collective::kSend, /*peer=*/1, static_cast<int>(tag));
+  }
+  EXPECT_EQ(nodes_[0]->engine.pending(), limit);  // launched, waiting for node 1
+  // Another send on an existing (source, destination, tag) is fine; a new tag is not.
+  Submit(0, 0, g0, 100 + limit, 0, 1, Collective::kSend, 1, 0);
+  EXPECT_FALSE(Result(0, 0, 100 + limit).has_value());
+  Submit(0, 0, g0, 101 + limit, 0, 1, Collective::kSend, 1, static_cast<int>(limit));
+  ASSERT_TRUE(Result(0, 0, 101 + limit).has_value());
+  EXPECT_EQ(Result(0, 0, 101 + limit)->code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(nodes_[0]->sm->FindGroup(g0)->engine_keys().size(), limit + 1);
+  // The epoch ends (rank 3 leaves): every one of them is aborted in the engine.
+  nodes_[0]->sm->EndSession(nodes_[0]->sid[3], "killed");
+  EXPECT_EQ(nodes_[0]->engine.pending(), 0u);
+  EXPECT_EQ(Result(0, 0, 100)->code(), absl::StatusCode::kAborted);
+}
+
 }  // namespace
 }  // namespace hsdp
