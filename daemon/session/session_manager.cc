@@ -423,8 +423,19 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
     if (cluster_ != nullptr && all_here) {
       this_node = cluster_->this_node();
     } else if (cluster_ != nullptr) {
+      // Each wait holds a gRPC thread: bounded, so waiting groups cannot
+      // take every thread of the daemon.
+      if (placement_waits_.fetch_add(1) >= kMaxPlacementWaits) {
+        placement_waits_.fetch_sub(1);
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "ranks: ", kMaxPlacementWaits, " NewGroup calls already wait for their ranks to "
+            "attach somewhere in the cluster; retry"));
+      }
       const absl::Time deadline = ClusterDeadline();
-      ASSIGN_OR_RETURN(nodes, cluster_->Resolve(s->info().job_id, ranks, deadline));
+      absl::StatusOr<std::vector<int>> resolved =
+          cluster_->Resolve(s->info().job_id, ranks, deadline);
+      placement_waits_.fetch_sub(1);
+      ASSIGN_OR_RETURN(nodes, std::move(resolved));
       this_node = cluster_->this_node();
       if (std::all_of(nodes.begin(), nodes.end(), [&](int n) { return n == this_node; })) {
         nodes.clear();  // all here: a single-node group, as without a cluster

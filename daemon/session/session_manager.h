@@ -216,6 +216,9 @@ class SessionManager : public SessionDirectory {
   ClusterDirectory* const cluster_;
 
   std::atomic<uint64_t> version_{0};
+  // NewGroup calls waiting for placement (each holds a gRPC thread).
+  static constexpr int kMaxPlacementWaits = 16;
+  std::atomic<int> placement_waits_{0};
   std::atomic<uint64_t> retired_completed_{0};
   std::atomic<uint64_t> retired_failed_{0};
   mutable absl::Mutex mu_;

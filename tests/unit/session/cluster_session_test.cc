@@ -9,6 +9,7 @@
 // point-to-point between nodes.
 #include <map>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "daemon/engine/fake/fake_engine.h"
@@ -171,6 +172,34 @@ TEST_F(ClusterSessionTest, NewGroupWaitsForPlacementWithADeadline) {
   Attach(0, 0, 2);
   absl::StatusOr<NewGroupResult> r = NewGroup(0, 0, {0, 1});  // rank 1 never attaches
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(ClusterSessionTest, PlacementWaitsAreBoundedSoTheyCannotTakeEveryThread) {
+  Attach(0, 0, 64);
+  {
+    absl::MutexLock l(&state_.mu);
+    state_.hold_resolve = true;
+  }
+  std::vector<std::thread> waiting;
+  std::vector<absl::StatusCode> codes(16);
+  for (int i = 0; i < 16; ++i) {
+    waiting.emplace_back([&, i] { codes[i] = NewGroup(0, 0, {0, 1 + i}).status().code(); });
+  }
+  {
+    absl::MutexLock l(&state_.mu);
+    auto all_in = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu) { return state_.resolving == 16; };
+    ASSERT_TRUE(state_.mu.AwaitWithTimeout(absl::Condition(&all_in), absl::Seconds(10)));
+  }
+  absl::StatusOr<NewGroupResult> one_more = NewGroup(0, 0, {0, 40});
+  EXPECT_EQ(one_more.status().code(), absl::StatusCode::kResourceExhausted);
+  {
+    absl::MutexLock l(&state_.mu);
+    state_.hold_resolve = false;
+  }
+  for (std::thread& t : waiting) t.join();
+  for (absl::StatusCode c : codes) EXPECT_EQ(c, absl::StatusCode::kDeadlineExceeded);
+  // The slots are free again.
+  EXPECT_EQ(NewGroup(0, 0, {0, 41}).status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
 TEST_F(ClusterSessionTest, GroupAcrossNodesRunsOnceOnBothWithNonContiguousRanks) {

@@ -33,6 +33,8 @@ struct FakeClusterState {
   std::vector<Event> events;
   std::map<int, SessionManager*> managers;  // by node
   int network_calls = 0;
+  bool hold_resolve = false;  // Resolve waits for release instead of its deadline
+  int resolving = 0;          // Resolve calls in progress
 
   // Hands every queued event to the other nodes' managers; returns how many.
   int Deliver() {
@@ -91,9 +93,16 @@ class FakeClusterDirectory : public ClusterDirectory {
       }
       return true;
     };
-    if (!state_->mu.AwaitWithDeadline(absl::Condition(&placed), deadline)) {
-      return absl::DeadlineExceededError("ranks: not every rank attached in time");
+    ++state_->resolving;
+    if (state_->hold_resolve) {
+      auto released = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+        return !state_->hold_resolve;
+      };
+      state_->mu.Await(absl::Condition(&released));
     }
+    const bool ok = state_->mu.AwaitWithDeadline(absl::Condition(&placed), deadline);
+    --state_->resolving;
+    if (!ok) return absl::DeadlineExceededError("ranks: not every rank attached in time");
     std::vector<int> nodes;
     for (int r : ranks) nodes.push_back(state_->rank_node.at({job, r}));
     return nodes;
