@@ -457,6 +457,7 @@ TEST_F(ClusterDatapathTest, TrainerKilledFailsOpsOnTheOtherNodeNamingTheRank) {
   ::kill(victim.pid(), SIGKILL);
   ASSERT_EQ(survivor.Finish(kChildMs), 0) << survivor.output() << Logs();
   const std::string out = survivor.output();
+  std::printf("survivor: %s", out.c_str());  // how long the failure took to arrive
   EXPECT_THAT(out, AllOf(HasSubstr("RESULT ABORTED"), HasSubstr("rank 1"), HasSubstr("left")))
       << out << Logs();
   EXPECT_THAT(out, ::testing::Not(HasSubstr("DEADLINE_EXCEEDED"))) << out;
