@@ -114,7 +114,10 @@ void ClusterMember::Stop() {
     stopping_ = true;
     if (state_ != "failed") state_ = "stopped";
   }
-  if (heartbeat_.joinable()) heartbeat_.join();
+  if (heartbeat_.joinable()) {
+    heartbeat_.join();
+    FlushOutbox();  // a last try for what this node reported while stopping (bounded)
+  }
 }
 
 void ClusterMember::Update(uint64_t epoch,

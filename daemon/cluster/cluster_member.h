@@ -72,7 +72,8 @@ class ClusterMember {
   // / ALREADY_EXISTS / RESOURCE_EXHAUSTED from the coordinator end it at
   // once; DEADLINE_EXCEEDED names the last error when time runs out.
   absl::Status Start() ABSL_LOCKS_EXCLUDED(mu_);
-  // Idempotent; also ends a Start in progress (CANCELLED).
+  // Idempotent; also ends a Start in progress (CANCELLED). Sends what is
+  // still queued for the coordinator once more (bounded by one call's timeout).
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Queues `event` for the coordinator (never blocks; the oldest queued

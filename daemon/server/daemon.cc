@@ -186,9 +186,11 @@ void Daemon::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   if (health_service_) health_service_->SetServing(false);
-  if (cluster_) cluster_->Stop();
   if (listener_) listener_->Stop();  // no new connections; socket removed
   if (sessions_) sessions_->EndAll("hsdpd is shutting down");
+  // After the sessions: their groups' failures still reach the other nodes,
+  // and their ranks are withdrawn while the coordinator answers.
+  if (cluster_) cluster_->Stop();
   if (dispatcher_) dispatcher_->Stop();
   if (engine_) engine_->Shutdown();
   if (control_) control_->Shutdown();
