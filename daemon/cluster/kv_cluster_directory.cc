@@ -170,7 +170,9 @@ absl::StatusOr<std::vector<int>> KvClusterDirectory::Resolve(const std::string& 
           "\" did not attach to any daemon of the cluster in time (every rank of a group must "
           "attach to its node's hsdpd before the group is created)"));
     }
-    if (!values.ok()) return Named(values.status(), absl::StrCat("resolving ranks of job \"", job, "\""));
+    if (!values.ok()) {
+      return Named(values.status(), absl::StrCat("resolving ranks of job \"", job, "\""));
+    }
     for (const std::string& v : *values) {
       int node = -1;
       if (!absl::SimpleAtoi(v, &node) || node < 0 || node >= nodes_) {

@@ -227,8 +227,8 @@ void Group::LaunchRemoteP2P(P2POp mine, int src, int dst, int tag, uint64_t k) {
     EngineGroupSpec es{t.group_key, t.epoch, {spec_.ranks[src], spec_.ranks[dst]},
                        {spec_.nodes[src], spec_.nodes[dst]}, spec_.this_node};
     if (absl::Status s = engine_->CreateGroup(es); !s.ok()) {
-      Notify({std::move(mine.arrival)}, absl::Status(s.code(), absl::StrCat(what, ": ", s.message())),
-             0, 0);
+      Notify({std::move(mine.arrival)},
+             absl::Status(s.code(), absl::StrCat(what, ": ", s.message())), 0, 0);
       return;
     }
   }

@@ -562,7 +562,9 @@ void SessionManager::EndSession(uint64_t session_id, const std::string& why) {
     version_.fetch_add(1, std::memory_order_release);
   }
   s->Close();
-  if (cluster_ != nullptr) cluster_->Withdraw(s->info().job_id, {s->info().rank}, ClusterDeadline());
+  if (cluster_ != nullptr) {
+    cluster_->Withdraw(s->info().job_id, {s->info().rank}, ClusterDeadline());
+  }
   for (const std::shared_ptr<Group>& g : groups) g->MemberLeft(s.get(), why);
   retired_completed_.fetch_add(s->ops_completed());
   retired_failed_.fetch_add(s->ops_failed());

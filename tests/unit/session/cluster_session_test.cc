@@ -144,7 +144,8 @@ TEST_F(ClusterSessionTest, ConflictingWorldSizeOrARankOnTwoNodesIsAClearError) {
   absl::StatusOr<uint64_t> twice = TryAttach(1, 0, 4);
   ASSERT_FALSE(twice.ok());
   EXPECT_EQ(twice.status().code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_THAT(std::string(twice.status().message()), AllOf(HasSubstr("rank 0"), HasSubstr("node 0")));
+  EXPECT_THAT(std::string(twice.status().message()),
+              AllOf(HasSubstr("rank 0"), HasSubstr("node 0")));
   absl::StatusOr<uint64_t> world = TryAttach(1, 1, 8);
   ASSERT_FALSE(world.ok());
   EXPECT_EQ(world.status().code(), absl::StatusCode::kInvalidArgument);
