@@ -706,6 +706,7 @@ void Group::PeerLost(int node, const std::string& why) {
 void Group::CheckTimeouts(int64_t now_ns) {
   std::vector<std::pair<std::vector<Arrival>, absl::Status>> fails;
   std::vector<std::shared_ptr<RunningOp>> overdue;
+  std::optional<std::pair<uint32_t, absl::Status>> epoch_missing;
   bool skipped = false;
   {
     absl::MutexLock l(&mu_);
@@ -725,6 +726,11 @@ void Group::CheckTimeouts(int64_t now_ns) {
       absl::Status s = absl::DeadlineExceededError(absl::StrCat(
           Describe(op), ": timed out after ", spec_.timeout_ns / 1000000,
           " ms waiting for rank(s) ", RanksList(missing), "; arrived: ", RanksList(arrived)));
+      // Across nodes the others already run this operation: the epoch ends
+      // everywhere (and they hear who was missing).
+      if (spans_nodes() && key.first == epoch_ && !epoch_missing.has_value()) {
+        epoch_missing.emplace(key.first, s);
+      }
       fails.emplace_back(FailLocked(key, s), s);
     }
     for (const std::shared_ptr<RunningOp>& run : running_) {
@@ -772,6 +778,9 @@ void Group::CheckTimeouts(int64_t now_ns) {
     }
   }
   for (auto& [arrivals, s] : fails) Notify(std::move(arrivals), s, 0, 0);
+  if (epoch_missing.has_value()) {
+    FailEpoch(epoch_missing->second, epoch_missing->first, /*report=*/true);
+  }
   for (const std::shared_ptr<RunningOp>& run : overdue) {
     const absl::Status s = absl::DeadlineExceededError(absl::StrCat(
         Describe(run->op), ": still running after ", spec_.timeout_ns / 1000000,

@@ -266,6 +266,26 @@ TEST_F(ClusterSessionTest, TrainerLeavingFailsTheEpochOnTheOtherNodeNamingTheRan
   EXPECT_EQ(state_.Deliver(), 0) << "nothing else failed";
 }
 
+TEST_F(ClusterSessionTest, AMemberThatNeverSubmitsEndsTheEpochOnEveryNode) {
+  uint32_t g0 = 0, g1 = 0;
+  FormFour(&g0, &g1);
+  Submit(0, 0, g0, 1, 1, 1);  // rank 3 (node 0) never submits; node 1's ranks do
+  Submit(1, 1, g1, 1, 1, 1);
+  Submit(1, 2, g1, 1, 1, 1);
+  ASSERT_EQ(nodes_[1]->engine.pending(), 1u);  // node 1 runs it, waiting for node 0
+  nodes_[0]->sm->FindGroup(g0)->CheckTimeouts(
+      shm::NowNanos() + int64_t{config_.collective_timeout_ms + 1000} * 1'000'000);
+  ASSERT_TRUE(Result(0, 0, 1).has_value());
+  EXPECT_EQ(Result(0, 0, 1)->code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(state_.Deliver(), 1);
+  for (int rank : {1, 2}) {
+    ASSERT_TRUE(Result(1, rank, 1).has_value()) << rank;
+    EXPECT_THAT(std::string(Result(1, rank, 1)->message()),
+                AllOf(HasSubstr("node 0 reports"), HasSubstr("rank(s) [3]")));
+  }
+  EXPECT_EQ(nodes_[1]->engine.pending(), 0u) << "aborted, not left to its deadline";
+}
+
 TEST_F(ClusterSessionTest, ALostNodesRanksStayOutUntilItJoinsAgain) {
   uint32_t g0 = 0, g1 = 0;
   FormFour(&g0, &g1);
