@@ -75,7 +75,7 @@ TaskHeader MakeHeader(const EngineTask& t, size_t chunk_bytes, size_t small_allr
   h.root = t.collective == Collective::kBroadcast ? t.root : 0;
   h.group_size = static_cast<uint32_t>(t.members.size());
   h.uneven = t.collective == Collective::kAllToAll && Uneven(t) ? 1 : 0;
-  h.count = t.count;
+  h.count = h.uneven ? 0 : t.count;  // splits carry the sizes (compared in their own round)
   h.seq = t.seq;
   uint64_t mh = 14695981039346656037ull;
   for (const EngineMember& m : t.members) {
