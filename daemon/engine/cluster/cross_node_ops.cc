@@ -7,12 +7,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/cpu/partial_reduce.h"
+#include "daemon/engine/cpu/thread_pool.h"
 
 namespace hsdp {
 namespace {
 
 // The smallest chunk worth a network round (elements of a step).
 constexpr uint64_t kMinChunkElements = 1024;
+// Pieces of the local stage split across a worker's pool are at least this
+// many elements.
+constexpr uint64_t kParallelMinElements = 64 << 10;
 // Local work below this many bytes of memory traffic runs inline.
 constexpr uint64_t kInlineWorkBytes = 256 << 10;
 
@@ -77,6 +81,52 @@ class Runner {
   }
 
  private:
+  // --- local stage, split across the worker's pool when it has one ----------
+
+  // fn(begin, len) over [0, n) elements.
+  void Parallel(uint64_t n, const std::function<void(uint64_t, uint64_t)>& fn) {
+    cpu::ThreadPool* pool = run_.pool;
+    if (pool == nullptr || pool->threads() <= 1 || n < 2 * kParallelMinElements) {
+      fn(0, n);
+      return;
+    }
+    const uint64_t pieces =
+        std::min<uint64_t>(4 * static_cast<uint64_t>(pool->threads()), n / kParallelMinElements);
+    const uint64_t per = (CeilDiv(n, pieces) + 63) / 64 * 64;
+    pool->ParallelFor(CeilDiv(n, per), [&](size_t i) {
+      const uint64_t b = i * per;
+      fn(b, std::min(per, n - b));
+    });
+  }
+
+  // The local members' inputs `ins` (in dtype) into `partial` (compute type).
+  void ReducePartial(const std::vector<const void*>& ins, char* partial, uint64_t n) {
+    const size_t cs = DataTypeSize(cpu::PartialType(t_.spec));
+    Parallel(n, [&](uint64_t b, uint64_t len) {
+      std::vector<const void*> in(ins.size());
+      for (size_t k = 0; k < ins.size(); ++k) in[k] = static_cast<const char*>(ins[k]) + b * es_;
+      cpu::ReducePartial(t_.spec, in.data(), static_cast<int>(in.size()), partial + b * cs, len);
+    });
+  }
+
+  // The nodes' partials, in node order, into every output.
+  void FinishPartials(const std::vector<const void*>& parts, const std::vector<void*>& outs,
+                      uint64_t n) {
+    const size_t cs = DataTypeSize(cpu::PartialType(t_.spec));
+    Parallel(n, [&](uint64_t b, uint64_t len) {
+      std::vector<const void*> p(parts.size());
+      for (size_t k = 0; k < parts.size(); ++k) p[k] = static_cast<const char*>(parts[k]) + b * cs;
+      std::vector<void*> o(outs.size());
+      for (size_t k = 0; k < outs.size(); ++k) o[k] = static_cast<char*>(outs[k]) + b * es_;
+      cpu::FinishPartials(t_.spec, G_, p.data(), static_cast<int>(p.size()), o.data(),
+                          static_cast<int>(o.size()), len);
+    });
+  }
+
+  void Copy(char* dst, const char* src, uint64_t bytes) {
+    Parallel(bytes, [&](uint64_t b, uint64_t len) { std::memcpy(dst + b, src + b, len); });
+  }
+
   static absl::Status OutOfMemory() {
     return absl::ResourceExhaustedError("out of memory staging a cross-node operation");
   }
@@ -151,7 +201,7 @@ class Runner {
     const char* mine = identity ? in_[0] : partial;
     auto local_reduce = [&] {
       std::vector<const void*> ins(in_.begin(), in_.end());
-      cpu::ReducePartial(spec, ins.data(), L, partial, N);
+      ReducePartial(ins, partial, N);
     };
     if (absl::Status s = HeaderRound(identity ? 0 : N * (L * es_ + cs), local_reduce); !s.ok()) {
       return s;
@@ -168,7 +218,7 @@ class Runner {
     std::vector<const void*> parts(P_);
     for (int p = 0; p < P_; ++p) parts[p] = p == s_ ? mine : theirs + p * N * cs;
     std::vector<void*> outs(out_.begin(), out_.end());
-    cpu::FinishPartials(spec, G_, parts.data(), P_, outs.data(), L, N);
+    FinishPartials(parts, outs, N);
     return absl::OkStatus();
   }
 
@@ -197,7 +247,7 @@ class Runner {
       const Range c = chunk(m);
       std::vector<const void*> ins(L);
       for (int l = 0; l < L; ++l) ins[l] = in_[l] + c.begin * es_;
-      cpu::ReducePartial(spec, ins.data(), L, partial[m % 2], c.len);
+      ReducePartial(ins, partial[m % 2], c.len);
     };
     auto copy_out = [&](uint64_t m) {
       const Range c = chunk(m);
@@ -206,7 +256,7 @@ class Runner {
         const Range sg = Split(c.len, P_, p);
         const uint64_t off = (c.begin + sg.begin) * es_;
         for (int l = 1; l < L; ++l) {
-          if (out_[l] + off != out_[0] + off) std::memcpy(out_[l] + off, out_[0] + off, sg.len * es_);
+          if (out_[l] != out_[0]) Copy(out_[l] + off, out_[0] + off, sg.len * es_);
         }
       }
     };
@@ -219,7 +269,7 @@ class Runner {
       }
       std::vector<void*> outs(L);
       for (int l = 0; l < L; ++l) outs[l] = out_[l] + (c.begin + mine.begin) * es_;
-      cpu::FinishPartials(spec, G_, parts.data(), P_, outs.data(), L, mine.len);
+      FinishPartials(parts, outs, mine.len);
     };
 
     if (absl::Status s = HeaderRound(identity ? 0 : chunk(0).len * (L * es_ + cs),
@@ -292,7 +342,7 @@ class Runner {
       std::vector<const void*> ins(L);
       for (int j = 0; j < G_; ++j) {
         for (int l = 0; l < L; ++l) ins[l] = in_[l] + (j * N + c.begin) * es_;
-        cpu::ReducePartial(spec, ins.data(), L, partial[m % 2] + j * K * cs, c.len);
+        ReducePartial(ins, partial[m % 2] + j * K * cs, c.len);
       }
     };
     if (absl::Status s = HeaderRound(identity ? 0 : chunk(0).len * G_ * (L * es_ + cs),
@@ -320,8 +370,8 @@ class Runner {
       std::vector<const void*> parts(P_);
       for (int l = 0; l < L; ++l) {
         for (int p = 0; p < P_; ++p) parts[p] = p == s_ ? pptr(m, lay_.local()[l]) : rs(p, l);
-        void* out = out_[l] + c.begin * es_;
-        cpu::FinishPartials(spec, G_, parts.data(), P_, &out, 1, c.len);
+        std::vector<void*> out = {out_[l] + c.begin * es_};
+        FinishPartials(parts, out, c.len);
       }
     }
     return absl::OkStatus();
@@ -342,7 +392,7 @@ class Runner {
         const char* src = in_[l] + c.begin * es_;
         for (int o = 0; o < L; ++o) {
           char* dst = out_[o] + (r * N + c.begin) * es_;
-          if (dst != src) std::memcpy(dst, src, c.len * es_);
+          if (dst != src) Copy(dst, src, c.len * es_);
         }
       }
     };
@@ -353,7 +403,7 @@ class Runner {
         for (int r : lay_.ranks_of[p]) {
           const uint64_t off = (r * N + c.begin) * es_;
           for (int o = 1; o < L; ++o) {
-            if (out_[o] != out_[0]) std::memcpy(out_[o] + off, out_[0] + off, c.len * es_);
+            if (out_[o] != out_[0]) Copy(out_[o] + off, out_[0] + off, c.len * es_);
           }
         }
       }
@@ -402,7 +452,7 @@ class Runner {
       const char* from = at_root ? src + c.begin * es_ : out_[0] + c.begin * es_;
       for (int l = at_root ? 0 : 1; l < L; ++l) {
         char* dst = out_[l] + c.begin * es_;
-        if (dst != from) std::memcpy(dst, from, c.len * es_);
+        if (dst != from) Copy(dst, from, c.len * es_);
       }
     };
     for (uint64_t m = 0; m < M; ++m) {

@@ -44,6 +44,10 @@
 
 namespace hsdp {
 
+namespace cpu {
+class ThreadPool;
+}
+
 struct CrossNodeRun {
   NodeLink* link = nullptr;
   uint64_t* next_tag = nullptr;  // the link's exchange counter (same on every node)
@@ -52,6 +56,9 @@ struct CrossNodeRun {
   size_t small_allreduce_bytes = 0;  // likewise; see HierarchicalEngineOptions
   Sidecar* sidecar = nullptr;
   Scratch* scratch = nullptr;
+  // Splits the local stage (reductions, copies) when set; used by one
+  // thread at a time (the sidecar, or the worker after waiting for it).
+  cpu::ThreadPool* pool = nullptr;
 };
 
 // Runs `task` (validated here) on `layout` over run.link.

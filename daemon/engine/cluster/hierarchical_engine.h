@@ -53,6 +53,10 @@ struct HierarchicalEngineOptions {
   // reduce-scatter + all-gather (two rounds of half the bytes). Must be the
   // same on every daemon (checked per task).
   size_t small_allreduce_bytes = 128 << 10;
+  // Threads that share the local stage of one running cross-node task (its
+  // reductions and copies; the worker's helper thread counts). 1: the helper
+  // alone. Each worker owns its own.
+  int local_threads = 1;
 };
 
 // `local` runs all-local tasks and is owned; `transport` makes the links.
