@@ -16,7 +16,7 @@
 //
 // Usage: hsdp-cluster-engine-bench [--nodes N] [--per-node L] [--iters I]
 //                                  [--sizes-mb 1,4,16,64] [--chunk-kb K] [--devices D]
-//                                  [--baseline 0|1]
+//                                  [--baseline 0|1] [--local-threads T]
 #include <algorithm>
 #include <barrier>
 #include <chrono>
@@ -51,6 +51,7 @@ struct Flags {
   std::vector<size_t> sizes_mb = {1, 4, 16, 64};
   size_t chunk_kb = 4096;
   int devices = 1;
+  int local_threads = 1;
   bool baseline = true;
 };
 
@@ -64,6 +65,7 @@ Flags Parse(int argc, char** argv) {
     else if (k == "--chunk-kb") f.chunk_kb = std::strtoull(v.c_str(), nullptr, 10);
     else if (k == "--devices") f.devices = std::max(1, std::atoi(v.c_str()));
     else if (k == "--baseline") f.baseline = std::atoi(v.c_str()) != 0;
+    else if (k == "--local-threads") f.local_threads = std::max(1, std::atoi(v.c_str()));
     else if (k == "--sizes-mb") {
       f.sizes_mb.clear();
       for (absl::string_view s : absl::StrSplit(v, ',')) {
@@ -101,6 +103,7 @@ class EngineSide {
     o.threads = 2;
     o.timeout = absl::Seconds(120);
     o.chunk_bytes = f.chunk_kb << 10;
+    o.local_threads = f.local_threads;
     for (int n = 0; n < f.nodes; ++n) {
       hsdp::GlooTransportOptions t;
       t.data_address = "127.0.0.1";
