@@ -227,7 +227,13 @@ class Runner {
     const size_t cs = DataTypeSize(cpu::PartialType(spec));
     const int L = static_cast<int>(in_.size());
     const uint64_t N = t_.count;
-    if (N * cs * (P_ - 1) <= run_.small_allreduce_bytes) return AllReduceDirect();
+    // Two nodes whose partial fits one chunk: the one-round exchange moves
+    // the same bytes as reduce-scatter + all-gather, in one round.
+    const bool one_chunk_pair =
+        P_ == 2 && (run_.chunk_bytes == 0 || N * cs <= run_.chunk_bytes);
+    if (one_chunk_pair || N * cs * (P_ - 1) <= run_.small_allreduce_bytes) {
+      return AllReduceDirect();
+    }
     const bool identity = L == 1 && cpu::PartialIsIdentity(spec);
     const uint64_t K = StepElements(N, run_.chunk_bytes, cs);
     const uint64_t M = CeilDiv(N, K);

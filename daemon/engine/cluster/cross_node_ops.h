@@ -9,9 +9,11 @@
 //                   post-division by the owner -> all-gather of the results
 //                   in dtype; chunked so that the next chunk's local stage
 //                   overlaps the network.
-//                   Small ones (small_allreduce_bytes of partials per node) send
-//                   every node's whole partial to every node instead (one
-//                   round); each node reduces them in the same node order.
+//                   Small ones (small_allreduce_bytes of partials per node,
+//                   or up to one chunk between two nodes, where it moves the
+//                   same bytes) send every node's whole partial to every node
+//                   instead (one round); each node reduces them in the same
+//                   node order.
 //   reduce-scatter  local partial of every rank's block; node j receives only
 //                   the blocks of the ranks it hosts.
 //   all-gather      each node sends its members' blocks to every other node.
