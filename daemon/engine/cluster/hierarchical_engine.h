@@ -41,7 +41,10 @@
 namespace hsdp {
 
 struct HierarchicalEngineOptions {
-  int threads = 2;  // worker threads for cross-node tasks (groups run in parallel)
+  // Worker threads for cross-node tasks (groups run in parallel); more start
+  // on demand, up to max(threads, 64), so that every group with runnable work
+  // has one.
+  int threads = 2;
   // Longest a cross-node task (connecting included) may take before it fails
   // with DEADLINE_EXCEEDED (timeouts.collective_ms).
   absl::Duration timeout = absl::Seconds(60);
