@@ -12,8 +12,10 @@ add_library(hsdp_daemon_lib STATIC
   # engine/cluster: the cross-node data path (hierarchical engine, fake transport)
   ${CMAKE_CURRENT_LIST_DIR}/engine/cpu/partial_reduce.cc
   ${CMAKE_CURRENT_LIST_DIR}/engine/cluster/cross_node_ops.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine/cluster/cross_node_task.cc
   ${CMAKE_CURRENT_LIST_DIR}/engine/cluster/fake_transport.cc
   ${CMAKE_CURRENT_LIST_DIR}/engine/cluster/hierarchical_engine.cc
+  ${CMAKE_CURRENT_LIST_DIR}/engine/cluster/sidecar.cc
   ${CMAKE_CURRENT_LIST_DIR}/server/daemon.cc
   ${CMAKE_CURRENT_LIST_DIR}/server/data_conn_server.cc
   ${CMAKE_CURRENT_LIST_DIR}/server/grpc_services.cc

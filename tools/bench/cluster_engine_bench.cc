@@ -9,14 +9,14 @@
 // (ring) and gloo::allgather, one thread per rank.
 //
 // For every size (bytes per rank: 1, 4, 16, 64 MiB by default) it prints the
-// median time per operation over --iters iterations and the bus bandwidth,
+// median time per operation over --iters iterations (3 alternating rounds of
+// each side, so that both see the same machine load) and the bus bandwidth,
 // nccl-tests style: all-reduce 2(n-1)/n x bytes / t, all-gather (n-1)/n x
-// output bytes / t. Both sides share the machine's cores with each other
-// only one at a time (they run one after the other).
+// output bytes / t. The two sides never run at the same time.
 //
 // Usage: hsdp-cluster-engine-bench [--nodes N] [--per-node L] [--iters I]
 //                                  [--sizes-mb 1,4,16,64] [--chunk-kb K] [--devices D]
-//                                  [--baseline 0|1]
+//                                  [--baseline 0|1] [--local-threads T]
 #include <algorithm>
 #include <barrier>
 #include <chrono>
@@ -51,6 +51,7 @@ struct Flags {
   std::vector<size_t> sizes_mb = {1, 4, 16, 64};
   size_t chunk_kb = 4096;
   int devices = 1;
+  int local_threads = 1;
   bool baseline = true;
 };
 
@@ -64,6 +65,7 @@ Flags Parse(int argc, char** argv) {
     else if (k == "--chunk-kb") f.chunk_kb = std::strtoull(v.c_str(), nullptr, 10);
     else if (k == "--devices") f.devices = std::max(1, std::atoi(v.c_str()));
     else if (k == "--baseline") f.baseline = std::atoi(v.c_str()) != 0;
+    else if (k == "--local-threads") f.local_threads = std::max(1, std::atoi(v.c_str()));
     else if (k == "--sizes-mb") {
       f.sizes_mb.clear();
       for (absl::string_view s : absl::StrSplit(v, ',')) {
@@ -101,6 +103,7 @@ class EngineSide {
     o.threads = 2;
     o.timeout = absl::Seconds(120);
     o.chunk_bytes = f.chunk_kb << 10;
+    o.local_threads = f.local_threads;
     for (int n = 0; n < f.nodes; ++n) {
       hsdp::GlooTransportOptions t;
       t.data_address = "127.0.0.1";
@@ -115,15 +118,16 @@ class EngineSide {
   }
 
   // Seconds per operation (median).
-  double Time(hsdp::Collective c, size_t bytes, std::vector<std::vector<float>>& in,
-              std::vector<std::vector<float>>& out) {
+  // Times of `iters` operations after one warm-up (which connects).
+  std::vector<double> Time(hsdp::Collective c, size_t bytes, std::vector<std::vector<float>>& in,
+                           std::vector<std::vector<float>>& out, int iters) {
     std::vector<double> times;
-    for (int it = -1; it < f_.iters; ++it) {  // -1: warm-up (connects)
+    for (int it = -1; it < iters; ++it) {
       const auto start = Clock::now();
       Run(c, bytes, in, out);
       if (it >= 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
     }
-    return Median(times);
+    return times;
   }
 
  private:
@@ -181,7 +185,7 @@ class EngineSide {
 
 class GlooSide {
  public:
-  explicit GlooSide(const Flags& f) : n_(f.nodes * f.per_node), iters_(f.iters) {
+  explicit GlooSide(const Flags& f) : n_(f.nodes * f.per_node) {
     auto store = std::make_shared<gloo::rendezvous::HashStore>();
     contexts_.resize(n_);
     std::vector<std::thread> threads;
@@ -200,15 +204,15 @@ class GlooSide {
     for (auto& t : threads) t.join();
   }
 
-  double Time(bool allreduce, size_t bytes, std::vector<std::vector<float>>& in,
-              std::vector<std::vector<float>>& out) {
+  std::vector<double> Time(bool allreduce, size_t bytes, std::vector<std::vector<float>>& in,
+                           std::vector<std::vector<float>>& out, int iters) {
     const size_t count = bytes / sizeof(float);
     std::vector<double> times;
     std::barrier sync(n_ + 1);
     std::vector<std::thread> threads;
     for (int r = 0; r < n_; ++r) {
       threads.emplace_back([&, r] {
-        for (int it = -1; it < iters_; ++it) {
+        for (int it = -1; it < iters; ++it) {
           sync.arrive_and_wait();
           if (allreduce) {
             std::memcpy(out[r].data(), in[r].data(), bytes);  // torch reduces in place
@@ -229,19 +233,18 @@ class GlooSide {
         }
       });
     }
-    for (int it = -1; it < iters_; ++it) {
+    for (int it = -1; it < iters; ++it) {
       sync.arrive_and_wait();
       const auto start = Clock::now();
       sync.arrive_and_wait();
       if (it >= 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
     }
     for (auto& t : threads) t.join();
-    return Median(times);
+    return times;
   }
 
  private:
   const int n_;
-  const int iters_;
   std::vector<std::shared_ptr<gloo::Context>> contexts_;
   std::vector<uint64_t> tags_ = std::vector<uint64_t>(64, 0);
 };
@@ -268,10 +271,21 @@ int main(int argc, char** argv) {
         in[r].assign(bytes / sizeof(float), float(r + 1));
         out[r].assign(out_elems, 0.0f);
       }
-      const double te = engine.Time(allreduce ? hsdp::Collective::kAllReduce
-                                              : hsdp::Collective::kAllGather,
-                                    bytes, in, out);
-      const double tg = gloo_side != nullptr ? gloo_side->Time(allreduce, bytes, in, out) : 1e30;
+      // Alternating rounds, so that both sides see the same machine load.
+      const hsdp::Collective c =
+          allreduce ? hsdp::Collective::kAllReduce : hsdp::Collective::kAllGather;
+      std::vector<double> engine_times, gloo_times;
+      const int rounds = 3, per_round = std::max(1, f.iters / rounds);
+      for (int round = 0; round < rounds; ++round) {
+        for (double t : engine.Time(c, bytes, in, out, per_round)) engine_times.push_back(t);
+        if (gloo_side != nullptr) {
+          for (double t : gloo_side->Time(allreduce, bytes, in, out, per_round)) {
+            gloo_times.push_back(t);
+          }
+        }
+      }
+      const double te = Median(engine_times);
+      const double tg = gloo_times.empty() ? 1e30 : Median(gloo_times);
       const double factor = allreduce ? 2.0 * (n - 1) / n : double(n - 1) / n;
       const double moved = allreduce ? double(bytes) : double(bytes) * n;
       const double be = factor * moved / te / 1e9, bg = factor * moved / tg / 1e9;

@@ -9,9 +9,11 @@
 //                   post-division by the owner -> all-gather of the results
 //                   in dtype; chunked so that the next chunk's local stage
 //                   overlaps the network.
-//                   Small ones (small_allreduce_bytes of partials per node) send
-//                   every node's whole partial to every node instead (one
-//                   round); each node reduces them in the same node order.
+//                   Small ones (small_allreduce_bytes of partials per node,
+//                   or up to one chunk between two nodes, where it moves the
+//                   same bytes) send every node's whole partial to every node
+//                   instead (one round); each node reduces them in the same
+//                   node order.
 //   reduce-scatter  local partial of every rank's block; node j receives only
 //                   the blocks of the ranks it hosts.
 //   all-gather      each node sends its members' blocks to every other node.
@@ -24,82 +26,29 @@
 //
 // Every task starts with a fixed-size header exchanged with every peer (the
 // shape: collective, dtype, count, reduce spec, root, members and nodes,
-// chunking); a peer running a different shape fails the task on both sides
-// before any sized message moves. Every length is checked against the local
-// buffers before memory is touched.
+// chunking; cross_node_task.h); a peer running a different shape fails the
+// task on both sides before any sized message moves. Every length is checked
+// against the local buffers before memory is touched.
 //
 // Thread-safety: RunCrossNode is reentrant; one call per link at a time.
 #ifndef HSDP_DAEMON_ENGINE_CLUSTER_CROSS_NODE_OPS_H_
 #define HSDP_DAEMON_ENGINE_CLUSTER_CROSS_NODE_OPS_H_
 
-#include <condition_variable>
+#include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <mutex>
-#include <thread>
-#include <vector>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "daemon/engine/cluster/cross_node_task.h"
 #include "daemon/engine/cluster/node_transport.h"
+#include "daemon/engine/cluster/sidecar.h"
 #include "daemon/engine/engine.h"
 
 namespace hsdp {
 
-// Who takes part in a task: the nodes hosting its members and which ranks
-// each of them hosts.
-struct TaskLayout {
-  int group_size = 0;
-  int this_node = 0;
-  std::vector<int> nodes;                  // ascending, unique
-  int self = 0;                            // index of this_node in nodes
-  std::vector<int> link_index;             // per group rank: index into nodes
-  std::vector<std::vector<int>> ranks_of;  // per node index: its group ranks, ascending
-  const std::vector<int>& local() const { return ranks_of[self]; }
-};
-
-// INVALID_ARGUMENT when the members do not describe one local node and at
-// least one other.
-absl::StatusOr<TaskLayout> MakeTaskLayout(const EngineTask& task);
-
-// One helper thread that runs a closure while its owner waits on the network.
-class Sidecar {
- public:
-  Sidecar();
-  ~Sidecar();
-  Sidecar(const Sidecar&) = delete;
-  Sidecar& operator=(const Sidecar&) = delete;
-  void Run(std::function<void()> fn);  // at most one at a time
-  // Until the closure returned; false when it threw (out of memory).
-  bool Wait();
-
- private:
-  void Loop();
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::function<void()> fn_;  // guarded by mu_
-  bool busy_ = false;         // guarded by mu_
-  bool threw_ = false;        // guarded by mu_
-  bool stop_ = false;         // guarded by mu_
-  std::thread thread_;
-};
-
-// Reusable staging memory of one worker.
-struct Scratch {
-  std::vector<char> bufs[4];
-  char* Get(int i, size_t bytes) {
-    if (bufs[i].size() < bytes) bufs[i].resize(bytes);
-    return bufs[i].data();
-  }
-  // Gives the memory back when more than `max_bytes` are held.
-  void Trim(size_t max_bytes) {
-    size_t held = 0;
-    for (const auto& b : bufs) held += b.capacity();
-    if (held <= max_bytes) return;
-    for (auto& b : bufs) std::vector<char>().swap(b);
-  }
-};
+namespace cpu {
+class ThreadPool;
+}
 
 struct CrossNodeRun {
   NodeLink* link = nullptr;
@@ -109,11 +58,10 @@ struct CrossNodeRun {
   size_t small_allreduce_bytes = 0;  // likewise; see HierarchicalEngineOptions
   Sidecar* sidecar = nullptr;
   Scratch* scratch = nullptr;
+  // Splits the local stage (reductions, copies) when set; used by one
+  // thread at a time (the sidecar, or the worker after waiting for it).
+  cpu::ThreadPool* pool = nullptr;
 };
-
-// What RunCrossNode checks first (every length against the local buffers),
-// without a link: INVALID_ARGUMENT / UNIMPLEMENTED naming the problem.
-absl::Status ValidateCrossNode(const EngineTask& task, const TaskLayout& layout);
 
 // Runs `task` (validated here) on `layout` over run.link.
 absl::Status RunCrossNode(const EngineTask& task, const TaskLayout& layout, const CrossNodeRun& run);

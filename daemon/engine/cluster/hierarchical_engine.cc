@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/engine/cluster/cross_node_ops.h"
+#include "daemon/engine/cpu/thread_pool.h"
 #include "hsdp/shm/doorbell.h"
 
 namespace hsdp {
@@ -140,7 +141,8 @@ class HierarchicalEngine : public Engine {
   void Complete(const std::shared_ptr<XTask>& xt, const absl::Status& status, uint64_t exec_ns,
                 bool ran);
   void WorkerLoop();
-  absl::Status Execute(const std::shared_ptr<XTask>& xt, Sidecar* sidecar, Scratch* scratch);
+  absl::Status Execute(const std::shared_ptr<XTask>& xt, Sidecar* sidecar, Scratch* scratch,
+                       cpu::ThreadPool* pool);
   absl::StatusOr<std::shared_ptr<LinkState>> AcquireLink(const std::shared_ptr<XTask>& xt,
                                                          const TaskLayout& layout,
                                                          absl::Time deadline);
@@ -531,7 +533,7 @@ absl::StatusOr<std::shared_ptr<LinkState>> HierarchicalEngine::AcquireLink(
 }
 
 absl::Status HierarchicalEngine::Execute(const std::shared_ptr<XTask>& xt, Sidecar* sidecar,
-                                         Scratch* scratch) {
+                                         Scratch* scratch, cpu::ThreadPool* pool) {
   const absl::Time deadline = absl::Now() + options_.timeout;
   absl::StatusOr<TaskLayout> layout = MakeTaskLayout(xt->task);
   if (!layout.ok()) return layout.status();
@@ -572,6 +574,7 @@ absl::Status HierarchicalEngine::Execute(const std::shared_ptr<XTask>& xt, Sidec
   run.small_allreduce_bytes = options_.small_allreduce_bytes;
   run.sidecar = sidecar;
   run.scratch = scratch;
+  run.pool = pool;
   absl::Status status = RunCrossNode(xt->task, *layout, run);
   if (!status.ok()) link->Abort(status);  // peers must not wait for what will not come
   return status;
@@ -580,6 +583,8 @@ absl::Status HierarchicalEngine::Execute(const std::shared_ptr<XTask>& xt, Sidec
 void HierarchicalEngine::WorkerLoop() {
   Sidecar sidecar;
   Scratch scratch;
+  std::unique_ptr<cpu::ThreadPool> pool;
+  if (options_.local_threads > 1) pool = std::make_unique<cpu::ThreadPool>(options_.local_threads);
   std::unique_lock<std::mutex> l(mu_);
   for (;;) {
     ++idle_workers_;
@@ -602,7 +607,7 @@ void HierarchicalEngine::WorkerLoop() {
     xt->running = true;
     l.unlock();
     const int64_t start = shm::NowNanos();
-    absl::Status status = Execute(xt, &sidecar, &scratch);
+    absl::Status status = Execute(xt, &sidecar, &scratch, pool.get());
     const uint64_t exec_ns = static_cast<uint64_t>(shm::NowNanos() - start);
     scratch.Trim(kMaxIdleScratchBytes);
     {
@@ -682,6 +687,7 @@ std::unique_ptr<Engine> MakeHierarchicalEngine(std::unique_ptr<Engine> local,
                                                std::unique_ptr<TransportFactory> transport,
                                                HierarchicalEngineOptions options) {
   options.threads = std::max(1, options.threads);
+  options.local_threads = std::clamp(options.local_threads, 1, 64);
   return std::make_unique<HierarchicalEngine>(std::move(local), std::move(transport), options);
 }
 

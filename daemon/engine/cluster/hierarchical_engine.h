@@ -41,7 +41,10 @@
 namespace hsdp {
 
 struct HierarchicalEngineOptions {
-  int threads = 2;  // worker threads for cross-node tasks (groups run in parallel)
+  // Worker threads for cross-node tasks (groups run in parallel); more start
+  // on demand, up to max(threads, 64), so that every group with runnable work
+  // has one.
+  int threads = 2;
   // Longest a cross-node task (connecting included) may take before it fails
   // with DEADLINE_EXCEEDED (timeouts.collective_ms).
   absl::Duration timeout = absl::Seconds(60);
@@ -53,6 +56,10 @@ struct HierarchicalEngineOptions {
   // reduce-scatter + all-gather (two rounds of half the bytes). Must be the
   // same on every daemon (checked per task).
   size_t small_allreduce_bytes = 128 << 10;
+  // Threads that share the local stage of one running cross-node task (its
+  // reductions and copies; the worker's helper thread counts). 1: the helper
+  // alone. Each worker owns its own.
+  int local_threads = 1;
 };
 
 // `local` runs all-local tasks and is owned; `transport` makes the links.

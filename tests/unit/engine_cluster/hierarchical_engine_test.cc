@@ -582,6 +582,25 @@ TEST(HierarchicalEngine, WithoutChunkingEveryCollectiveStillMatches) {
   }
 }
 
+TEST(HierarchicalEngine, LocalStageSplitAcrossThreads) {
+  HierarchicalEngineOptions o = FakeCluster::Options();
+  o.local_threads = 3;
+  o.chunk_bytes = 1 << 20;
+  FakeCluster cl(2, o);
+  Placement p = testing::RoundRobin(2, 2);
+  uint64_t seq = 0;
+  for (DataType dt : {DataType::kFloat32, DataType::kBFloat16, DataType::kInt64}) {
+    for (Collective c : {Collective::kAllReduce, Collective::kReduceScatter,
+                         Collective::kAllGather, Collective::kBroadcast}) {
+      Case k = SumCase(300001, c);
+      k.spec.dtype = dt;
+      k.spec.op = ReduceOp::kAvg;
+      EXPECT_EQ(testing::RunAndCompare(cl.engines(), k, p, "threads", 1, ++seq), "")
+          << k.Describe();
+    }
+  }
+}
+
 TEST(HierarchicalEngine, NodesWithDifferentChunkSizesFailCleanly) {
   FakeNetwork net;
   HierarchicalEngineOptions a = FakeCluster::Options(), b = FakeCluster::Options();
