@@ -6,3 +6,7 @@ add_library(hsdp_device STATIC
 target_include_directories(hsdp_device PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(hsdp_device PUBLIC hsdp_common hsdp_cpu_kernels absl::status absl::statusor
   absl::strings Threads::Threads)
+
+# hsdp_device_buffers: the per-session device-buffer registry and mapping cache.
+add_library(hsdp_device_buffers STATIC ${CMAKE_CURRENT_LIST_DIR}/../session/device_buffers.cc)
+target_link_libraries(hsdp_device_buffers PUBLIC hsdp_device hsdp_shm)
