@@ -548,6 +548,9 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
     if (plan.op == ReduceOp::kPremulSum) {
       for (int r = 0; r < n; ++r) coll_->DestroyRedOp(ops[r], run.set->comms[r]);
     }
+    // Non-blocking communicators: no call may follow on a communicator until
+    // it left the in-progress state the group call may have left it in.
+    if (issued.ok()) issued = WaitIssued(*run.set);
     if (!issued.ok()) {
       // Partially issued work may be stuck in the communicators: abort them.
       FailSet(run.set, issued);
@@ -577,6 +580,24 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
       RETURN_IF_ERROR(dev_->RecordEvent(e, streams[r]));
     }
     if (m.done_event != 0) RETURN_IF_ERROR(dev_->RecordEvent(m.done_event, streams[r]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NcclEngine::WaitIssued(const CommSet& set) {
+  const absl::Time deadline = absl::Now() + options_.init_timeout;
+  for (CommHandle c : set.comms) {
+    for (;;) {
+      absl::Status err;
+      const AsyncState st = coll_->Query(c, &err);
+      if (st == AsyncState::kReady) break;
+      if (st == AsyncState::kFailed) return err;
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("group ", set.group_key, ": the group call stayed in progress"));
+      }
+      absl::SleepFor(options_.poll_interval);
+    }
   }
   return absl::OkStatus();
 }

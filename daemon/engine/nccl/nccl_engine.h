@@ -112,6 +112,8 @@ class NcclEngine : public Engine {
   void Issue(Queued q);
   absl::Status IssueOrError(Queued& q, Running& run);
   absl::StatusOr<std::shared_ptr<CommSet>> CommsFor(const EngineTask& task);
+  // Polls the set's communicators out of kInProgress after a group call.
+  absl::Status WaitIssued(const CommSet& set);
   absl::StatusOr<device::StreamHandle> Stream(int device, bool high);
   absl::StatusOr<device::DevicePtr> Scratch(device::StreamHandle stream, int device, int slot,
                                             uint64_t bytes);
