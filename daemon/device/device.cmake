@@ -28,3 +28,9 @@ if(HSDP_CUDA_ENABLED)
     CUDA::cudart_static ${NCCL_LIBRARY})
   target_compile_definitions(hsdp_device_cuda PUBLIC HSDP_HAVE_CUDA=1)
 endif()
+
+# hsdp_device_service: registration (session checks, VMM fds) and the gRPC service.
+add_library(hsdp_device_service STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/device_registration.cc
+  ${CMAKE_CURRENT_LIST_DIR}/device_service.cc)
+target_link_libraries(hsdp_device_service PUBLIC hsdp_device_buffers hsdp_daemon_lib hsdp_proto)
