@@ -44,6 +44,8 @@ struct NcclEngine::CommSet {
   absl::Status broken;       // set once aborted
   bool retire = false;       // release once nothing runs on it
   std::set<uint64_t> running;
+  uint64_t last_ticket = 0;  // the set's latest task: the next one runs after it
+  bool last_high = false;    // ... and the stream class it ran on
 };
 
 struct NcclEngine::Running {
@@ -164,6 +166,7 @@ void NcclEngine::Shutdown() {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (stopping_ && !thread_.joinable()) return;
+    if (!stopping_) stop_deadline_ = absl::Now() + options_.shutdown_grace;
     stopping_ = true;
     cv_.notify_all();
   }
@@ -433,7 +436,11 @@ void NcclEngine::Issue(Queued q) {
     Finish(std::move(run), s);
     return;
   }
-  if (run->set != nullptr) run->set->running.insert(run->ticket);
+  if (run->set != nullptr) {
+    run->set->running.insert(run->ticket);
+    run->set->last_ticket = run->ticket;
+    run->set->last_high = HighPriority(run->task.collective);
+  }
   run->cb.launched(run->ticket);
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -465,6 +472,13 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
   }
   ASSIGN_OR_RETURN(run.set, CommsFor(t));
   const bool high = HighPriority(t.collective);
+  // A group's tasks run in launch order: on the same stream that is stream
+  // order; across the two streams the device waits for the previous task.
+  if (run.set != nullptr && run.set->last_ticket != 0 && run.set->last_high != high) {
+    if (auto it = running_.find(run.set->last_ticket); it != running_.end()) {
+      for (const auto& [d, e] : it->second->done) dep_events[d].push_back(e);
+    }
+  }
   std::vector<device::StreamHandle> streams(n);
   for (int r = 0; r < n; ++r) {
     const EngineMember& m = t.members[r];
@@ -618,7 +632,11 @@ void NcclEngine::Poll() {
     }
   }
   for (auto& [set, why] : broken) FailSet(set, why);
-  const absl::Time now = absl::Now();
+  absl::Time now = absl::Now();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_ && now > stop_deadline_) now = absl::InfiniteFuture();  // everything is late
+  }
   std::vector<uint64_t> done, late;
   std::vector<std::pair<uint64_t, absl::Status>> errored;
   for (auto& [ticket, run] : running_) {
@@ -661,10 +679,16 @@ void NcclEngine::Poll() {
   for (uint64_t t : late) {
     auto it = running_.find(t);
     if (it == running_.end()) continue;
-    const absl::Status why = absl::DeadlineExceededError(absl::StrCat(
-        CollName(it->second->task.collective), " in group ", it->second->task.group_key,
-        " did not finish within ", absl::FormatDuration(options_.op_timeout),
-        "; its communicators were aborted"));
+    const absl::Status why =
+        now == absl::InfiniteFuture()
+            ? absl::UnavailableError(absl::StrCat(
+                  "hsdpd is shutting down: ", CollName(it->second->task.collective),
+                  " in group ", it->second->task.group_key,
+                  " was still running after the grace period; its communicators were aborted"))
+            : absl::DeadlineExceededError(absl::StrCat(
+                  CollName(it->second->task.collective), " in group ",
+                  it->second->task.group_key, " did not finish within ",
+                  absl::FormatDuration(options_.op_timeout), "; its communicators were aborted"));
     if (it->second->set != nullptr) {
       FailSet(it->second->set, why);
     } else {

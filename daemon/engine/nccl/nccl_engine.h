@@ -55,6 +55,9 @@ struct NcclEngineOptions {
   absl::Duration op_timeout = absl::Seconds(300);  // launch to completion
   absl::Duration init_timeout = absl::Seconds(120);
   absl::Duration poll_interval = absl::Microseconds(50);
+  // After Shutdown(), tasks still running get this long before their
+  // communicators are aborted.
+  absl::Duration shutdown_grace = absl::Seconds(10);
 };
 
 // Engine-level counters for status output and tests.
@@ -135,6 +138,7 @@ class NcclEngine : public Engine {
   std::deque<Control> control_;        // guarded by mu_
   uint64_t next_ticket_ = 1;           // guarded by mu_
   bool stopping_ = false;              // guarded by mu_
+  absl::Time stop_deadline_ = absl::InfiniteFuture();  // guarded by mu_
   bool busy_ = false;                  // guarded by mu_: running tasks exist
   std::map<uint64_t, absl::Status> failed_;   // recent failed tickets; guarded by mu_
   std::map<device::StreamHandle, int> stream_devices_;  // guarded by mu_ (reads in StreamOf)

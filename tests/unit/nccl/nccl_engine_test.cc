@@ -470,5 +470,47 @@ TEST(NcclEngineTest, ShutdownFinishesQueuedWorkAndReleasesEverything) {
   EXPECT_EQ(late.Wait().status.code(), absl::StatusCode::kUnavailable);
 }
 
+TEST(NcclEngineTest, TasksOfOneGroupOnTwoStreamsRunInLaunchOrder) {
+  FakeNode node(2);
+  // An all-gather (high-priority stream) held back by its producer, then an
+  // all-reduce of the same group (default stream): it must wait for it.
+  FloatTask ag = MakeTask(node, Collective::kAllGather, 2, 4, [](int r, uint64_t) { return r + 1.0f; });
+  auto client = node.dev.CreateStream(0, device::StreamPriority::kDefault);
+  std::promise<void> gate;
+  auto gate_f = gate.get_future().share();
+  ASSERT_TRUE(node.dev.EnqueueHostFn(*client, [gate_f]() { gate_f.wait(); return absl::OkStatus(); }).ok());
+  auto ev = node.dev.CreateEvent(0, true);
+  ASSERT_TRUE(node.dev.RecordEvent(*ev, *client).ok());
+  ag.task.members[0].wait_event = *ev;
+  Pending p1;
+  node.engine.Launch(ag.task, p1.Callbacks());
+  FloatTask ar = MakeTask(node, Collective::kAllReduce, 2, 4, [](int, uint64_t) { return 1.0f; });
+  Pending p2;
+  node.engine.Launch(ar.task, p2.Callbacks());
+  EXPECT_FALSE(p2.Ready(100));
+  EXPECT_EQ(node.Read<float>(ar.recv[0], 1)[0], -1.0f);
+  gate.set_value();
+  ASSERT_TRUE(p1.Wait().status.ok());
+  ASSERT_TRUE(p2.Wait().status.ok());
+  EXPECT_EQ(node.Read<float>(ar.recv[0], 4), std::vector<float>(4, 2.0f));
+}
+
+TEST(NcclEngineTest, ShutdownAbortsWhatIsStillRunningAfterTheGracePeriod) {
+  NcclEngineOptions o = FakeNode::FastOptions();
+  o.shutdown_grace = absl::Milliseconds(100);
+  FakeNode node(2, o);
+  node.coll.Stall(true);
+  FloatTask a = MakeTask(node, Collective::kAllReduce, 2, 4, [](int, uint64_t) { return 1.0f; });
+  Pending pa;
+  node.engine.Launch(a.task, pa.Callbacks());
+  for (int i = 0; i < 2000 && node.coll.calls().size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  node.engine.Shutdown();  // returns after the grace period, not after op_timeout (30 s)
+  auto oa = pa.Wait();
+  EXPECT_EQ(oa.status.code(), absl::StatusCode::kUnavailable) << oa.status;
+  EXPECT_EQ(node.coll.live_comms(), 0);
+}
+
 }  // namespace
 }  // namespace hsdp::nccl
