@@ -117,10 +117,11 @@ absl::StatusOr<uint64_t> DeviceBufferRegistry::Register(uint64_t session_id,
   }
   MappingEntry& e = it->second;
   if (r.offset > e.mapping.bytes || r.size_bytes > e.mapping.bytes - r.offset) {
-    if (e.refs == 0) Unmap(s, it);
-    return Invalid("offset", absl::StrCat("buffer [", r.offset, ", +", r.size_bytes,
-                                          ") is outside the allocation of ", e.mapping.bytes,
-                                          " bytes"));
+    const absl::Status bad = Invalid(
+        "offset", absl::StrCat("buffer [", r.offset, ", +", r.size_bytes,
+                               ") is outside the allocation of ", e.mapping.bytes, " bytes"));
+    if (e.refs == 0) Unmap(s, it);  // `e` is gone after this
+    return bad;
   }
   ++e.refs;
   const uint64_t id = kDeviceBufferIdBit | s.next_buffer++;
