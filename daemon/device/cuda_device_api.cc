@@ -335,7 +335,8 @@ void CudaDeviceApi::DestroyStream(StreamHandle stream) {
     streams_.erase(it);
   }
   if (!SetDevice(device).ok()) return;
-  (void)cudaStreamSynchronize(FromHandle<cudaStream_t>(stream));
+  // No synchronize: the stream may be stuck (an aborted collective, a
+  // producer event that never fires); CUDA releases it once its work ends.
   (void)cudaStreamDestroy(FromHandle<cudaStream_t>(stream));
   (void)cudaGetLastError();
 }

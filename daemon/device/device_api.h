@@ -88,7 +88,8 @@ class DeviceApi {
 
   // --- streams ---
   virtual absl::StatusOr<StreamHandle> CreateStream(int device, StreamPriority priority) = 0;
-  // Waits for the stream's work, then releases it. Unknown handles are ignored.
+  // Releases the stream without waiting for its work: pending work still runs,
+  // a wait that can never be satisfied is abandoned. Unknown handles are ignored.
   virtual void DestroyStream(StreamHandle stream) = 0;
 
   // --- events ---

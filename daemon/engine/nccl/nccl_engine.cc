@@ -45,7 +45,6 @@ struct NcclEngine::CommSet {
   bool retire = false;       // release once nothing runs on it
   std::set<uint64_t> running;
   uint64_t last_ticket = 0;  // the set's latest task: the next one runs after it
-  bool last_high = false;    // ... and the stream class it ran on
 };
 
 struct NcclEngine::Running {
@@ -54,6 +53,7 @@ struct NcclEngine::Running {
   EngineCallbacks cb;
   std::shared_ptr<CommSet> set;
   std::map<int, device::EventHandle> done;  // device -> the engine's completion event
+  std::map<int, device::StreamHandle> streams;  // device -> the stream it ran on
   absl::Time deadline;
   int64_t start_ns = 0;
 };
@@ -222,6 +222,8 @@ void NcclEngine::Loop() {
   std::lock_guard<std::mutex> l(mu_);
   for (auto& [k, s] : streams_) dev_->DestroyStream(s);
   streams_.clear();
+  for (device::StreamHandle s : dead_streams_) dev_->DestroyStream(s);
+  dead_streams_.clear();
 }
 
 void NcclEngine::RunControl(const Control& c) {
@@ -439,7 +441,6 @@ void NcclEngine::Issue(Queued q) {
   if (run->set != nullptr) {
     run->set->running.insert(run->ticket);
     run->set->last_ticket = run->ticket;
-    run->set->last_high = HighPriority(run->task.collective);
   }
   run->cb.launched(run->ticket);
   {
@@ -473,11 +474,11 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
   ASSIGN_OR_RETURN(run.set, CommsFor(t));
   const bool high = HighPriority(t.collective);
   // A group's tasks run in launch order: on the same stream that is stream
-  // order; across the two streams the device waits for the previous task.
-  if (run.set != nullptr && run.set->last_ticket != 0 && run.set->last_high != high) {
-    if (auto it = running_.find(run.set->last_ticket); it != running_.end()) {
-      for (const auto& [d, e] : it->second->done) dep_events[d].push_back(e);
-    }
+  // order; on another stream (the other priority, or a stream that replaced
+  // one after a failure) the device waits for the previous task.
+  const Running* prev = nullptr;
+  if (run.set != nullptr && run.set->last_ticket != 0) {
+    if (auto it = running_.find(run.set->last_ticket); it != running_.end()) prev = it->second.get();
   }
   std::vector<device::StreamHandle> streams(n);
   for (int r = 0; r < n; ++r) {
@@ -485,6 +486,14 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
     if (m.send.kind != MemoryKind::kDevice || m.send.device < 0) continue;  // barrier
     const int d = m.send.device;
     ASSIGN_OR_RETURN(streams[r], Stream(d, high));
+    run.streams[d] = streams[r];
+    if (prev != nullptr) {
+      auto ps = prev->streams.find(d);
+      auto pe = prev->done.find(d);
+      if (ps != prev->streams.end() && ps->second != streams[r] && pe != prev->done.end()) {
+        dep_events[d].push_back(pe->second);
+      }
+    }
     // Never launch before the producer is done.
     if (m.wait_event != 0) RETURN_IF_ERROR(dev_->StreamWaitEvent(streams[r], m.wait_event));
     for (device::EventHandle e : dep_events[d]) RETURN_IF_ERROR(dev_->StreamWaitEvent(streams[r], e));
@@ -720,8 +729,20 @@ void NcclEngine::FailSet(const std::shared_ptr<CommSet>& set, const absl::Status
     HSDP_LOG(Warning) << "aborting the communicators of " << set->group_key << " epoch "
                       << set->epoch << ": " << why.message();
     ReleaseSet(set, /*abort=*/true);
+    // Work stuck on the set's streams (a producer event that never fires, a
+    // kernel of the aborted communicators) must not hold back later tasks:
+    // they get fresh streams; the old ones are released at shutdown.
     std::lock_guard<std::mutex> l(mu_);
     ++stats_.comm_aborts;
+    for (int d : set->devices) {
+      for (bool hi : {false, true}) {
+        auto it = streams_.find({d, hi});
+        if (it == streams_.end()) continue;
+        dead_streams_.push_back(it->second);
+        stream_devices_.erase(it->second);
+        streams_.erase(it);
+      }
+    }
   }
   const std::set<uint64_t> tickets = set->running;
   for (uint64_t t : tickets) {

@@ -143,6 +143,7 @@ class NcclEngine : public Engine {
   std::map<uint64_t, absl::Status> failed_;   // recent failed tickets; guarded by mu_
   std::map<device::StreamHandle, int> stream_devices_;  // guarded by mu_ (reads in StreamOf)
   std::map<std::pair<int, bool>, device::StreamHandle> streams_;  // guarded by mu_
+  std::vector<device::StreamHandle> dead_streams_;  // replaced after a failure; guarded by mu_
   NcclEngineStats stats_;              // guarded by mu_
 
   // Engine thread only.

@@ -512,5 +512,33 @@ TEST(NcclEngineTest, ShutdownAbortsWhatIsStillRunningAfterTheGracePeriod) {
   EXPECT_EQ(node.coll.live_comms(), 0);
 }
 
+TEST(NcclEngineTest, AProducerThatNeverFinishesDoesNotBlockTheDeviceAfterTheTimeout) {
+  NcclEngineOptions o = FakeNode::FastOptions();
+  o.op_timeout = absl::Milliseconds(150);
+  FakeNode node(2, o);
+  // Rank 1's trainer records its producer event behind work that never ends.
+  auto client = node.dev.CreateStream(1, device::StreamPriority::kDefault);
+  std::promise<void> never;
+  auto never_f = never.get_future().share();
+  ASSERT_TRUE(node.dev.EnqueueHostFn(*client, [never_f]() { never_f.wait(); return absl::OkStatus(); }).ok());
+  auto ev = node.dev.CreateEvent(1, true);
+  ASSERT_TRUE(node.dev.RecordEvent(*ev, *client).ok());
+  FloatTask stuck = MakeTask(node, Collective::kAllReduce, 2, 4, [](int, uint64_t) { return 1.0f; });
+  stuck.task.members[1].wait_event = *ev;
+  Pending p1;
+  node.engine.Launch(stuck.task, p1.Callbacks());
+  EXPECT_EQ(p1.Wait().status.code(), absl::StatusCode::kDeadlineExceeded);
+  const device::StreamHandle old_stream = node.engine.StreamOf(1, false);
+  // The group is re-formed; its next op must run, on fresh streams.
+  FloatTask next = MakeTask(node, Collective::kAllReduce, 2, 4, [](int, uint64_t) { return 2.0f; }, "g", 2);
+  Pending p2;
+  node.engine.Launch(next.task, p2.Callbacks());
+  ASSERT_TRUE(p2.Wait().status.ok());
+  EXPECT_EQ(node.Read<float>(next.recv[1], 4), std::vector<float>(4, 4.0f));
+  EXPECT_NE(node.engine.StreamOf(1, false), old_stream);
+  node.engine.Shutdown();  // the abandoned stream is released without waiting
+  never.set_value();
+}
+
 }  // namespace
 }  // namespace hsdp::nccl
