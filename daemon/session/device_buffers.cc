@@ -125,7 +125,7 @@ absl::StatusOr<uint64_t> DeviceBufferRegistry::Register(uint64_t session_id,
   }
   ++e.refs;
   const uint64_t id = kDeviceBufferIdBit | s.next_buffer++;
-  s.buffers[id] = Buffer{*key, r.device, e.mapping.ptr + r.offset, r.size_bytes};
+  s.buffers[id] = Buffer{*key, r.device, e.mapping.ptr + r.offset, r.size_bytes, nullptr};
   return id;
 }
 
@@ -139,18 +139,37 @@ void DeviceBufferRegistry::Unmap(PerSession& s,
   s.mappings.erase(it);
 }
 
-absl::Status DeviceBufferRegistry::Free(uint64_t session_id, uint64_t buffer_id) {
+absl::StatusOr<uint64_t> DeviceBufferRegistry::RegisterOwned(uint64_t session_id, int device,
+                                                             device::DevicePtr ptr, uint64_t bytes,
+                                                             std::function<void()> release) {
   std::lock_guard<std::mutex> l(mu_);
-  auto si = sessions_.find(session_id);
-  if (si == sessions_.end() || si->second.buffers.count(buffer_id) == 0) {
-    return absl::NotFoundError(absl::StrCat("buffer_id: no device buffer ", buffer_id,
-                                            " in session ", session_id));
+  PerSession& s = sessions_[session_id];
+  if (s.buffers.size() >= limits_.max_buffers_per_session) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "device buffers per session: the limit of ", limits_.max_buffers_per_session, " is reached"));
   }
-  PerSession& s = si->second;
-  auto bi = s.buffers.find(buffer_id);
-  auto mi = s.mappings.find(bi->second.key);
-  s.buffers.erase(bi);
-  if (mi != s.mappings.end() && --mi->second.refs == 0) Unmap(s, mi);
+  const uint64_t id = kDeviceBufferIdBit | s.next_buffer++;
+  s.buffers[id] = Buffer{MappingKey{}, device, ptr, bytes, std::move(release)};
+  return id;
+}
+
+absl::Status DeviceBufferRegistry::Free(uint64_t session_id, uint64_t buffer_id) {
+  std::function<void()> release;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto si = sessions_.find(session_id);
+    if (si == sessions_.end() || si->second.buffers.count(buffer_id) == 0) {
+      return absl::NotFoundError(absl::StrCat("buffer_id: no device buffer ", buffer_id,
+                                              " in session ", session_id));
+    }
+    PerSession& s = si->second;
+    auto bi = s.buffers.find(buffer_id);
+    release = std::move(bi->second.release);
+    auto mi = s.mappings.find(bi->second.key);
+    s.buffers.erase(bi);
+    if (mi != s.mappings.end() && --mi->second.refs == 0) Unmap(s, mi);
+  }
+  if (release) release();
   return absl::OkStatus();
 }
 
@@ -231,14 +250,21 @@ absl::StatusOr<device::EventHandle> DeviceBufferRegistry::FindEvent(uint64_t ses
 }
 
 void DeviceBufferRegistry::EndSession(uint64_t session_id) {
-  std::lock_guard<std::mutex> l(mu_);
-  auto si = sessions_.find(session_id);
-  if (si == sessions_.end()) return;
-  PerSession& s = si->second;
-  s.buffers.clear();
-  while (!s.mappings.empty()) Unmap(s, s.mappings.begin());
-  for (auto& [id, e] : s.events) dev_->DestroyEvent(e.second);
-  sessions_.erase(si);
+  std::vector<std::function<void()>> releases;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto si = sessions_.find(session_id);
+    if (si == sessions_.end()) return;
+    PerSession& s = si->second;
+    for (auto& [id, b] : s.buffers) {
+      if (b.release) releases.push_back(std::move(b.release));
+    }
+    s.buffers.clear();
+    while (!s.mappings.empty()) Unmap(s, s.mappings.begin());
+    for (auto& [id, e] : s.events) dev_->DestroyEvent(e.second);
+    sessions_.erase(si);
+  }
+  for (auto& r : releases) r();
 }
 
 DeviceBufferStats DeviceBufferRegistry::Stats(uint64_t session_id) const {

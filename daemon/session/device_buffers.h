@@ -35,6 +35,7 @@
 #define HSDP_DAEMON_SESSION_DEVICE_BUFFERS_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -97,6 +98,11 @@ class DeviceBufferRegistry {
   // naming the field, RESOURCE_EXHAUSTED naming the limit, or the import's
   // error.
   absl::StatusOr<uint64_t> Register(uint64_t session_id, DeviceBufferRequest request);
+  // A buffer over daemon-owned device memory (a DevicePool range): nothing
+  // is imported; `release` runs once when the buffer is freed or the session
+  // ends (outside the registry's lock). Counts against the buffer limit.
+  absl::StatusOr<uint64_t> RegisterOwned(uint64_t session_id, int device, device::DevicePtr ptr,
+                                         uint64_t bytes, std::function<void()> release);
   // NOT_FOUND for an unknown id. Unmaps the allocation with its last buffer.
   absl::Status Free(uint64_t session_id, uint64_t buffer_id);
   // [offset, offset + bytes) of buffer `buffer_id`; INVALID_ARGUMENT naming
@@ -127,10 +133,11 @@ class DeviceBufferRegistry {
     int refs = 0;
   };
   struct Buffer {
-    MappingKey key;
+    MappingKey key;         // empty kind (0) for daemon-owned ranges
     int device;
     device::DevicePtr ptr;  // start of the buffer in the daemon's space
     uint64_t bytes;
+    std::function<void()> release;  // daemon-owned ranges: gives the range back
   };
   struct PerSession {
     std::map<MappingKey, MappingEntry> mappings;

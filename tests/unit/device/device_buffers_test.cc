@@ -3,6 +3,7 @@
 // what a client sends, and descriptor resolution for device buffers.
 #include "daemon/session/device_buffers.h"
 
+#include "daemon/device/device_pool.h"
 #include "daemon/device/fake_device_api.h"
 #include "gtest/gtest.h"
 
@@ -184,6 +185,28 @@ TEST_F(DeviceBuffersTest, SessionsAreIsolated) {
   EXPECT_EQ(reg_.Free(2, *id).code(), absl::StatusCode::kNotFound);
   auto r = reg_.Resolve(1, *id, 4000, 200, "recv");
   EXPECT_NE(r.status().message().find("recv.offset_bytes"), std::string::npos);
+}
+
+TEST_F(DeviceBuffersTest, PoolRangesAreBuffersWithoutImports) {
+  auto pool = device::DevicePool::Create(&dev_, {0}, 1 << 20);
+  ASSERT_TRUE(pool.ok());
+  auto r1 = (*pool)->Allocate(4, 0, 1000);
+  auto r2 = (*pool)->Allocate(4, 0, 1000);
+  ASSERT_TRUE(r1.ok() && r2.ok());
+  device::DevicePool* p = pool->get();
+  auto b1 = reg_.RegisterOwned(4, 0, r1->ptr, r1->bytes,
+                               [p, off = r1->offset] { (void)p->Free(4, 0, off); });
+  auto b2 = reg_.RegisterOwned(4, 0, r2->ptr, r2->bytes,
+                               [p, off = r2->offset] { (void)p->Free(4, 0, off); });
+  ASSERT_TRUE(b1.ok() && b2.ok());
+  EXPECT_EQ(dev_.imports(), 0);
+  auto range = reg_.Resolve(4, *b2, 8, 16, "recv");
+  ASSERT_TRUE(range.ok());
+  EXPECT_EQ(range->ptr, r2->ptr + 8);
+  ASSERT_TRUE(reg_.Free(4, *b1).ok());
+  EXPECT_EQ(p->used_bytes(0), r2->bytes);  // given back to the pool
+  reg_.EndSession(4);
+  EXPECT_EQ(p->used_bytes(0), 0u);
 }
 
 class ResolveOperandsTest : public DeviceBuffersTest {
