@@ -22,7 +22,15 @@
 // them completes with the error (never a hang), and later tasks of that
 // group epoch fail at once. A new epoch (CreateGroup) gets new
 // communicators: ShrinkRanks of the old ones when they are healthy, the
-// member set shrank and the library supports it, else a fresh init.
+// member set shrank and the library supports it, else a fresh init. The
+// failed set's devices get fresh streams, so work stuck on the old ones (a
+// producer event that never fires) cannot hold back later tasks; a group's
+// next task waits on the device for the previous one whenever the two run on
+// different streams. After Shutdown(), tasks still running past
+// `shutdown_grace` are aborted.
+//
+// Files: nccl_engine.cc (lifecycle, polling, failure), nccl_engine_issue.cc
+// (communicator sets, streams, issuing a task).
 //
 // Threads: one engine thread issues every library call (so group calls are
 // never interleaved) and polls in-flight work every `poll_interval`. Launch,
