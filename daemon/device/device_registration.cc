@@ -94,6 +94,17 @@ absl::StatusOr<uint64_t> DeviceRegistration::RegisterEvent(const PeerCred& calle
   return id;
 }
 
+absl::StatusOr<std::vector<device::IpcHandleBytes>> DeviceRegistration::CompletionEvents(
+    const PeerCred& caller, uint64_t session_id, int device) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> s, Check(caller, session_id));
+  auto handles = registry_->CompletionEvents(session_id, device, s->channel().ring_entries());
+  if (handles.ok() && (s->closed() || sessions_->FindSession(session_id) == nullptr)) {
+    registry_->EndSession(session_id);
+    return absl::NotFoundError(absl::StrCat("session ", session_id, " ended meanwhile"));
+  }
+  return handles;
+}
+
 absl::Status DeviceRegistration::FreeEvent(const PeerCred& caller, uint64_t session_id,
                                            uint64_t event_id) {
   RETURN_IF_ERROR(Check(caller, session_id).status());

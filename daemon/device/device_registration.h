@@ -41,6 +41,11 @@ class DeviceRegistration {
                                          const std::string& handle);
   absl::Status FreeEvent(const PeerCred& caller, uint64_t session_id, uint64_t event_id);
 
+  // The session's completion events on `device`, one per ring slot.
+  absl::StatusOr<std::vector<device::IpcHandleBytes>> CompletionEvents(const PeerCred& caller,
+                                                                      uint64_t session_id,
+                                                                      int device);
+
   void OnSessionEnded(uint64_t session_id) { registry_->EndSession(session_id); }
 
  private:

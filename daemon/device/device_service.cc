@@ -86,4 +86,18 @@ grpc::Status DeviceMemoryServiceImpl::FreeDeviceEvent(grpc::ServerContext* ctx,
   return ToGrpc(registration_->FreeEvent(*cred, req->session_id(), req->event_id()));
 }
 
+grpc::Status DeviceMemoryServiceImpl::GetCompletionEvents(
+    grpc::ServerContext* ctx, const v1::GetCompletionEventsRequest* req,
+    v1::GetCompletionEventsResponse* resp) {
+  RpcTracker::Scope in_flight(tracker_);
+  absl::StatusOr<PeerCred> cred = auth_->Authenticate(*ctx);
+  if (!cred.ok()) return ToGrpc(cred.status());
+  auto handles = registration_->CompletionEvents(*cred, req->session_id(), req->device());
+  if (!handles.ok()) return ToGrpc(handles.status());
+  for (const device::IpcHandleBytes& h : *handles) {
+    resp->add_ipc_handles(reinterpret_cast<const char*>(h.data()), h.size());
+  }
+  return grpc::Status::OK;
+}
+
 }  // namespace hsdp

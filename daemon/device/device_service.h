@@ -28,6 +28,9 @@ class DeviceMemoryServiceImpl final
                                    v1::RegisterDeviceEventResponse* resp) override;
   grpc::Status FreeDeviceEvent(grpc::ServerContext* ctx, const v1::FreeDeviceEventRequest* req,
                                v1::FreeDeviceEventResponse* resp) override;
+  grpc::Status GetCompletionEvents(grpc::ServerContext* ctx,
+                                   const v1::GetCompletionEventsRequest* req,
+                                   v1::GetCompletionEventsResponse* resp) override;
 
   // The request as the registry takes it (no fd yet); INVALID_ARGUMENT
   // naming the field. Exposed for tests.

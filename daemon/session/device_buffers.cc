@@ -249,6 +249,54 @@ absl::StatusOr<device::EventHandle> DeviceBufferRegistry::FindEvent(uint64_t ses
       absl::StrCat("event_id: unknown device event ", event_id, " in session ", session_id));
 }
 
+absl::StatusOr<std::vector<device::IpcHandleBytes>> DeviceBufferRegistry::CompletionEvents(
+    uint64_t session_id, int device, uint32_t slots) {
+  if (device < 0 || device >= dev_->DeviceCount()) {
+    return Invalid("device", absl::StrCat("device ", device, " does not exist"));
+  }
+  if (slots == 0 || slots > 4096) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("completion events: ", slots, " slots (1 to 4096 allowed)"));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  PerSession& s = sessions_[session_id];
+  std::vector<device::EventHandle>& evs = s.completion[device];
+  if (!evs.empty() && evs.size() != slots) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "completion events of device ", device, " exist with ", evs.size(), " slots"));
+  }
+  while (evs.size() < slots) {
+    absl::StatusOr<device::EventHandle> e = dev_->CreateEvent(device, /*interprocess=*/true);
+    if (!e.ok()) {
+      for (device::EventHandle h : evs) dev_->DestroyEvent(h);
+      evs.clear();
+      return e.status();
+    }
+    evs.push_back(*e);
+  }
+  std::vector<device::IpcHandleBytes> out;
+  for (device::EventHandle h : evs) {
+    absl::StatusOr<device::IpcHandleBytes> bytes = dev_->ExportEvent(h);
+    if (!bytes.ok()) return bytes.status();
+    out.push_back(*bytes);
+  }
+  return out;
+}
+
+absl::StatusOr<device::EventHandle> DeviceBufferRegistry::CompletionEventFor(
+    uint64_t session_id, int device, uint64_t op_id) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto si = sessions_.find(session_id);
+  if (si != sessions_.end()) {
+    auto ci = si->second.completion.find(device);
+    if (ci != si->second.completion.end() && !ci->second.empty()) {
+      return ci->second[op_id % ci->second.size()];
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "session ", session_id, " has no completion events on device ", device));
+}
+
 void DeviceBufferRegistry::EndSession(uint64_t session_id) {
   std::vector<std::function<void()>> releases;
   {
@@ -262,6 +310,9 @@ void DeviceBufferRegistry::EndSession(uint64_t session_id) {
     s.buffers.clear();
     while (!s.mappings.empty()) Unmap(s, s.mappings.begin());
     for (auto& [id, e] : s.events) dev_->DestroyEvent(e.second);
+    for (auto& [d, evs] : s.completion) {
+      for (device::EventHandle h : evs) dev_->DestroyEvent(h);
+    }
     sessions_.erase(si);
   }
   for (auto& r : releases) r();

@@ -41,6 +41,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -118,6 +119,20 @@ class DeviceBufferRegistry {
   absl::StatusOr<device::EventHandle> FindEvent(uint64_t session_id, uint64_t event_id,
                                                 int device) const;
 
+  // Completion events: daemon-owned interprocess events, one per ring slot
+  // of the session, per device. The engine records slot op_id % slots when op
+  // op_id finishes (Completion::event_id = slot + 1) and the client's stream
+  // waits on it; a slot is reused only after the client consumed its
+  // completion, so a client never waits on a later op's record. Created on
+  // the first call (RESOURCE_EXHAUSTED above 4096 slots); returns the
+  // exported handles in slot order.
+  absl::StatusOr<std::vector<device::IpcHandleBytes>> CompletionEvents(uint64_t session_id,
+                                                                      int device, uint32_t slots);
+  // The event to record when op `op_id` of the session finishes on `device`
+  // (FAILED_PRECONDITION when CompletionEvents was not called for it).
+  absl::StatusOr<device::EventHandle> CompletionEventFor(uint64_t session_id, int device,
+                                                         uint64_t op_id) const;
+
   // Frees every buffer, mapping and event of the session. Idempotent.
   void EndSession(uint64_t session_id);
 
@@ -143,6 +158,7 @@ class DeviceBufferRegistry {
     std::map<MappingKey, MappingEntry> mappings;
     std::map<uint64_t, Buffer> buffers;
     std::map<uint64_t, std::pair<int, device::EventHandle>> events;
+    std::map<int, std::vector<device::EventHandle>> completion;  // by device, slot order
     uint64_t mapped_bytes = 0;
     uint64_t next_buffer = 1;
     uint64_t next_event = 1;

@@ -3,6 +3,8 @@
 // what a client sends, and descriptor resolution for device buffers.
 #include "daemon/session/device_buffers.h"
 
+#include <future>
+
 #include "daemon/device/device_pool.h"
 #include "daemon/device/fake_device_api.h"
 #include "gtest/gtest.h"
@@ -207,6 +209,41 @@ TEST_F(DeviceBuffersTest, PoolRangesAreBuffersWithoutImports) {
   EXPECT_EQ(p->used_bytes(0), r2->bytes);  // given back to the pool
   reg_.EndSession(4);
   EXPECT_EQ(p->used_bytes(0), 0u);
+}
+
+TEST_F(DeviceBuffersTest, CompletionEventsOnePerRingSlotReachTheClient) {
+  const int before = dev_.live_events();
+  auto handles = reg_.CompletionEvents(6, 1, 8);
+  ASSERT_TRUE(handles.ok()) << handles.status();
+  ASSERT_EQ(handles->size(), 8u);
+  EXPECT_EQ(dev_.live_events(), before + 8);
+  auto again = reg_.CompletionEvents(6, 1, 8);  // idempotent: the same events
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *handles);
+  EXPECT_FALSE(reg_.CompletionEvents(6, 1, 16).ok());
+  EXPECT_FALSE(reg_.CompletionEvents(6, 1, 5000).ok());
+  EXPECT_FALSE(reg_.CompletionEventFor(6, 0, 1).ok());  // none on device 0
+  // The daemon records op 11's slot (11 % 8 = 3); the client, which opened
+  // handle 3, sees exactly that record.
+  auto ev = reg_.CompletionEventFor(6, 1, 11);
+  ASSERT_TRUE(ev.ok());
+  auto client_view = dev_.ImportEvent(1, (*handles)[3]);
+  auto other_slot = dev_.ImportEvent(1, (*handles)[4]);
+  ASSERT_TRUE(client_view.ok() && other_slot.ok());
+  auto stream = dev_.CreateStream(1, device::StreamPriority::kDefault);
+  std::promise<void> gate;
+  auto f = gate.get_future().share();
+  ASSERT_TRUE(dev_.EnqueueHostFn(*stream, [f] { f.wait(); return absl::OkStatus(); }).ok());
+  ASSERT_TRUE(dev_.RecordEvent(*ev, *stream).ok());
+  EXPECT_FALSE(*dev_.EventDone(*client_view));
+  EXPECT_TRUE(*dev_.EventDone(*other_slot));
+  gate.set_value();
+  dev_.SyncStream(*stream);
+  EXPECT_TRUE(*dev_.EventDone(*client_view));
+  dev_.DestroyEvent(*client_view);
+  dev_.DestroyEvent(*other_slot);
+  reg_.EndSession(6);
+  EXPECT_EQ(dev_.live_events(), before);
 }
 
 class ResolveOperandsTest : public DeviceBuffersTest {

@@ -148,6 +148,19 @@ TEST_F(DeviceRegistrationTest, SessionEndUnmapsEverythingEvenMidRegistration) {
   EXPECT_EQ(registry_.Stats(sid).events, 0u);
 }
 
+TEST_F(DeviceRegistrationTest, CompletionEventsOnePerRingSlotForTheOwnerOnly) {
+  const uint64_t sid = Attach(0);
+  const uint32_t slots = sm_->FindSession(sid)->channel().ring_entries();
+  EXPECT_EQ(reg_->CompletionEvents(Cred(2000), sid, 0).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  auto handles = reg_->CompletionEvents(Cred(1000), sid, 0);
+  ASSERT_TRUE(handles.ok()) << handles.status();
+  EXPECT_EQ(handles->size(), slots);
+  EXPECT_TRUE(registry_.CompletionEventFor(sid, 0, 12345).ok());
+  sm_->EndSession(sid, "done");
+  EXPECT_FALSE(registry_.CompletionEventFor(sid, 0, 1).ok());  // destroyed with the session
+}
+
 TEST_F(DeviceRegistrationTest, ProtoTranslationChecksTheHandle) {
   v1::RegisterDeviceBufferRequest req;
   req.set_handle_kind(v1::DEVICE_HANDLE_LEGACY_IPC);
