@@ -46,6 +46,12 @@ struct EngineMember {
   // sends to / receives from each group rank. Empty: equal blocks of count.
   std::vector<uint64_t> send_counts;
   std::vector<uint64_t> recv_counts;
+  // Device members (stream-ordered engines): the member's producer event,
+  // which the engine's stream waits on before reading; and an event the
+  // engine records when this member's output is ready. Handles of the
+  // engine's device::DeviceApi; 0 = none.
+  uint64_t wait_event = 0;
+  uint64_t done_event = 0;
 };
 
 // What an engine needs to set up per group (a Gloo context, an NCCL

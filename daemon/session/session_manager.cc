@@ -181,7 +181,7 @@ absl::StatusOr<AttachResult> SessionManager::AttachHere(const AttachParams& p,
         "vm.max_map_count is ", limits_.max_mappings, ")"));
   }
   const uint64_t id = next_session_id_++;
-  const uint64_t features = p.features & shm::kFeaturesImplemented;
+  const uint64_t features = p.features & (shm::kFeaturesImplemented | extra_features_.load());
   ASSIGN_OR_RETURN(std::unique_ptr<ShmChannel> channel,
                    ShmChannel::Create(id, config_.ring_entries, features));
   SessionInfo info{p.job_id,  p.rank,     p.world_size, p.local_rank, p.device,
@@ -566,10 +566,25 @@ void SessionManager::EndSession(uint64_t session_id, const std::string& why) {
     cluster_->Withdraw(s->info().job_id, {s->info().rank}, ClusterDeadline());
   }
   for (const std::shared_ptr<Group>& g : groups) g->MemberLeft(s.get(), why);
+  RunSessionEndHooks(session_id);
   retired_completed_.fetch_add(s->ops_completed());
   retired_failed_.fetch_add(s->ops_failed());
   HSDP_LOG(Info) << "session " << session_id << " (job \"" << s->info().job_id << "\" rank "
                  << s->info().rank << ") ended: " << why;
+}
+
+void SessionManager::AddSessionEndHook(std::function<void(uint64_t)> hook) {
+  absl::MutexLock l(&mu_);
+  end_hooks_.push_back(std::move(hook));
+}
+
+void SessionManager::RunSessionEndHooks(uint64_t session_id) {
+  std::vector<std::function<void(uint64_t)>> hooks;
+  {
+    absl::MutexLock l(&mu_);
+    hooks = end_hooks_;
+  }
+  for (const auto& h : hooks) h(session_id);
 }
 
 void SessionManager::EndAll(const std::string& why) {

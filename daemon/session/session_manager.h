@@ -113,6 +113,14 @@ class SessionManager : public SessionDirectory {
   absl::StatusOr<AttachResult> Attach(const AttachParams& params, const PeerCred& caller);
   absl::Status Detach(uint64_t session_id, const PeerCred& caller);
 
+  // --- device memory hooks (docs/gpu.md); call before serving ---
+  // Features offered on top of shm::kFeaturesImplemented (kFeatureDeviceMemory
+  // when the daemon runs a device engine).
+  void EnableFeatures(uint64_t features) { extra_features_.store(features); }
+  // Called with the session id after every session ended (device buffers
+  // unmap there). Not called under the manager's lock.
+  void AddSessionEndHook(std::function<void(uint64_t)> hook) ABSL_LOCKS_EXCLUDED(mu_);
+
   // The data connection's hello: checks the token and claims the session.
   absl::StatusOr<std::shared_ptr<Session>> ClaimSession(uint64_t session_id, const uint8_t* token,
                                                         const PeerCred& peer);
@@ -207,6 +215,7 @@ class SessionManager : public SessionDirectory {
                                           absl::StatusOr<UniqueFd> fd, uint64_t size_bytes,
                                           const std::string& name);
   void ReleaseNode(uint64_t bytes, uint64_t mappings);
+  void RunSessionEndHooks(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   const NodeConfig config_;
   const NodeLimits limits_;
@@ -219,6 +228,8 @@ class SessionManager : public SessionDirectory {
   // NewGroup calls waiting for placement (each holds a gRPC thread).
   static constexpr int kMaxPlacementWaits = 16;
   std::atomic<int> placement_waits_{0};
+  std::atomic<uint64_t> extra_features_{0};
+  std::vector<std::function<void(uint64_t)>> end_hooks_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> retired_completed_{0};
   std::atomic<uint64_t> retired_failed_{0};
   mutable absl::Mutex mu_;

@@ -75,6 +75,13 @@ def capabilities():
     lines.append("FSDP2 comm hooks: " + (
         f"{', '.join(have)} (use hsdp.torch.use_hsdp_comm_buffers for zero-copy buffers)."
         if have else "none in this torch (FSDP2 buffers are staged)."))
-    lines.append("CUDA tensors: not supported by this build (raises a clear error).")
+    from hsdp.torch import cuda as _cuda
+    cuda_ok, cuda_why = _cuda.cuda_available()
+    caps["cuda_sharing"] = cuda_ok
+    caps["cuda_sharing_reason"] = cuda_why
+    lines.append("CUDA tensors: not submitted by the backend yet (raises a clear error); "
+                 "hsdp.torch.cuda exports their IPC handles" +
+                 (" on this machine." if cuda_ok else f" once a GPU is present ({cuda_why}).") +
+                 " See docs/gpu.md.")
     caps["message"] = "\n".join(lines)
     return caps

@@ -18,7 +18,8 @@ def _check(t, what):
     if t.device.type != "cpu":
         raise RuntimeError(
             f"hsdpd backend {what}: tensor is on {t.device}; this build of the hsdpd backend "
-            "handles CPU tensors only (move it to CPU, or use NCCL for device tensors)")
+            "handles CPU tensors only (move it to CPU, or use NCCL for device tensors; the "
+            "daemon's device path and what it still lacks are in docs/gpu.md)")
     if t.layout != torch.strided:
         raise RuntimeError(f"hsdpd backend {what}: sparse tensors are supported by allreduce "
                            "(ReduceOp.SUM) only")

@@ -1,0 +1,128 @@
+// The narrow device interface: every CUDA driver/runtime call the daemon
+// makes goes through DeviceApi (memory, handle export/import, mapping,
+// streams, events, copies and the few element-wise kernels the NCCL engine
+// needs). Two implementations: FakeDeviceApi (fake_device_api.h: a "device"
+// is a host arena, streams are threads) for CI, and CudaDeviceApi
+// (cuda_device_api.h, built when the toolkit is found) for real GPUs.
+//
+// Handles (streams, events) are opaque 64-bit values owned by the
+// implementation; 0 is never a valid handle. Device pointers are addresses
+// in the calling process's device address space, carried as uint64_t so no
+// CUDA type leaks out. IPC handles (legacy memory and event handles) are 64
+// plain bytes, as they travel in the protocol.
+//
+// Thread-safety: every method of every implementation is thread-safe.
+// Asynchronous calls (…Async, RecordEvent, StreamWaitEvent) only enqueue on
+// the stream; errors of the enqueued work surface through EventDone.
+#ifndef HSDP_DAEMON_DEVICE_DEVICE_API_H_
+#define HSDP_DAEMON_DEVICE_DEVICE_API_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "hsdp/common/unique_fd.h"
+#include "hsdp/types.h"
+
+namespace hsdp::device {
+
+using DevicePtr = uint64_t;
+using StreamHandle = uint64_t;
+using EventHandle = uint64_t;
+
+inline constexpr size_t kIpcHandleBytes = 64;
+using IpcHandleBytes = std::array<uint8_t, kIpcHandleBytes>;
+
+// How a client shares an allocation with the daemon.
+enum class HandleKind : uint8_t {
+  kInvalid = 0,
+  kVmmFd = 1,      // cuMem allocation exported as a POSIX fd (SCM_RIGHTS)
+  kLegacyIpc = 2,  // cudaIpcGetMemHandle of the allocation base (+ offset)
+};
+
+enum class StreamPriority : uint8_t { kDefault = 0, kHigh = 1 };
+
+// An allocation as cuMemGetAddressRange reports it.
+struct AddressRange {
+  DevicePtr base = 0;
+  uint64_t bytes = 0;
+};
+
+// An imported (mapped) allocation in this process. `token` identifies the
+// mapping to Unmap (the implementation's bookkeeping).
+struct Mapping {
+  DevicePtr ptr = 0;
+  uint64_t bytes = 0;
+  int device = -1;
+  uint64_t token = 0;
+};
+
+class DeviceApi {
+ public:
+  virtual ~DeviceApi() = default;
+  virtual std::string name() const = 0;
+  // Devices visible to this process (0 when none; never an error).
+  virtual int DeviceCount() const = 0;
+
+  // --- memory ---
+  // An exportable allocation on `device` (VMM with a POSIX-fd handle where
+  // the device supports it). INVALID_ARGUMENT for a bad device or 0 bytes,
+  // RESOURCE_EXHAUSTED when it does not fit.
+  virtual absl::StatusOr<DevicePtr> Allocate(int device, uint64_t bytes) = 0;
+  // NOT_FOUND when `base` is not an allocation of this API.
+  virtual absl::Status Free(DevicePtr base) = 0;
+  // The allocation containing `ptr` (cuMemGetAddressRange).
+  virtual absl::StatusOr<AddressRange> GetAddressRange(DevicePtr ptr) = 0;
+  // Export the allocation at `base` (which must be a base address).
+  virtual absl::StatusOr<IpcHandleBytes> ExportLegacy(DevicePtr base) = 0;
+  virtual absl::StatusOr<UniqueFd> ExportFd(DevicePtr base) = 0;
+  // Map a peer's allocation into this process on `device`. The fd is only
+  // read (the caller keeps ownership). `bytes` is the size the peer claims;
+  // INVALID_ARGUMENT when it exceeds the allocation.
+  virtual absl::StatusOr<Mapping> ImportLegacy(int device, const IpcHandleBytes& handle) = 0;
+  virtual absl::StatusOr<Mapping> ImportFd(int device, int fd, uint64_t bytes) = 0;
+  // Releases a mapping made by Import*. NOT_FOUND for an unknown token.
+  virtual absl::Status Unmap(const Mapping& mapping) = 0;
+
+  // --- streams ---
+  virtual absl::StatusOr<StreamHandle> CreateStream(int device, StreamPriority priority) = 0;
+  // Releases the stream without waiting for its work: pending work still runs,
+  // a wait that can never be satisfied is abandoned. Unknown handles are ignored.
+  virtual void DestroyStream(StreamHandle stream) = 0;
+
+  // --- events ---
+  // `interprocess`: exportable (cudaEventInterprocess | cudaEventDisableTiming).
+  virtual absl::StatusOr<EventHandle> CreateEvent(int device, bool interprocess) = 0;
+  virtual void DestroyEvent(EventHandle event) = 0;
+  virtual absl::StatusOr<IpcHandleBytes> ExportEvent(EventHandle event) = 0;
+  // Opens a peer's interprocess event (release with DestroyEvent).
+  virtual absl::StatusOr<EventHandle> ImportEvent(int device, const IpcHandleBytes& handle) = 0;
+  virtual absl::Status RecordEvent(EventHandle event, StreamHandle stream) = 0;
+  // Work enqueued on `stream` after this call starts only after the work
+  // captured by the event's latest record has finished.
+  virtual absl::Status StreamWaitEvent(StreamHandle stream, EventHandle event) = 0;
+  // True when the work captured by the latest record is done (or the event
+  // was never recorded); an error when that work failed.
+  virtual absl::StatusOr<bool> EventDone(EventHandle event) = 0;
+
+  // --- copies and element-wise kernels (stream-ordered) ---
+  virtual absl::Status MemcpyAsync(DevicePtr dst, DevicePtr src, uint64_t bytes,
+                                   StreamHandle stream) = 0;
+  // dst[i] = (to) ((from) src[i] * scale), float types only (scale 1: a plain
+  // cast). One fused pass; `src` and `dst` may be the same pointer when the
+  // types have the same size.
+  virtual absl::Status ScaleCastAsync(DevicePtr src, DataType from, DevicePtr dst, DataType to,
+                                      uint64_t count, double scale, StreamHandle stream) = 0;
+  // Synchronous copies between host and device memory (tests, tools).
+  virtual absl::Status CopyToDevice(DevicePtr dst, const void* src, uint64_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* dst, DevicePtr src, uint64_t bytes) = 0;
+};
+
+// Names for logs and errors: "vmm_fd", "legacy_ipc", "invalid".
+const char* HandleKindName(HandleKind kind);
+
+}  // namespace hsdp::device
+
+#endif  // HSDP_DAEMON_DEVICE_DEVICE_API_H_

@@ -1,0 +1,500 @@
+#include "daemon/device/fake_device_api.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine/cpu/reduce_kernels.h"
+
+namespace hsdp::device {
+namespace {
+
+constexpr uint64_t kAlign = 256;
+constexpr uint64_t kMemMagic = 0x4D454D454B414646ull;  // "FFAKEMEM"
+constexpr uint64_t kEventMagic = 0x5645454B414646ull;  // "FFAKEEV"
+
+// Layout of a fake memory handle (legacy bytes and the VMM fd's contents).
+struct MemRecordFields {
+  uint64_t magic;
+  uint64_t base;
+  uint64_t bytes;
+  uint64_t generation;
+  int32_t device;
+  int32_t pad;
+};
+static_assert(sizeof(MemRecordFields) <= kIpcHandleBytes);
+
+}  // namespace
+
+// A first-fit allocator over one host buffer.
+struct FakeDeviceApi::Arena {
+  explicit Arena(uint64_t bytes) : size(bytes) {
+    mem = static_cast<char*>(std::aligned_alloc(4096, bytes));
+    free_ranges[0] = bytes;
+  }
+  ~Arena() { std::free(mem); }
+  char* mem;
+  uint64_t size;
+  std::map<uint64_t, uint64_t> free_ranges;  // offset -> length; guarded by the api's mu_
+};
+
+struct FakeDeviceApi::Event {
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t recorded = 0;   // generation of the latest record
+    uint64_t completed = 0;  // generation the stream reached
+    absl::Status error;      // of the work the latest completed record captured
+  };
+  int device;
+  bool interprocess;
+  EventHandle origin;  // the creating handle (imports name it)
+  std::shared_ptr<State> state;
+};
+
+struct FakeDeviceApi::Stream {
+  int device;
+  StreamPriority priority;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<absl::Status()>> queue;
+  uint64_t enqueued = 0;
+  uint64_t done = 0;
+  bool stopping = false;
+  std::atomic<bool> cancel{false};  // set by DestroyStream: pending waits give up
+  absl::Status error;  // since the last event record; guarded by mu
+  std::thread thread;
+
+  void Run() {
+    for (;;) {
+      std::function<absl::Status()> fn;
+      {
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait(l, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;
+        fn = std::move(queue.front());
+        queue.pop_front();
+      }
+      absl::Status s = fn();
+      std::lock_guard<std::mutex> l(mu);
+      if (!s.ok() && error.ok()) error = s;
+      ++done;
+      cv.notify_all();
+    }
+  }
+  void Push(std::function<absl::Status()> fn) {
+    std::lock_guard<std::mutex> l(mu);
+    queue.push_back(std::move(fn));
+    ++enqueued;
+    cv.notify_all();
+  }
+};
+
+FakeDeviceApi::FakeDeviceApi(int devices, uint64_t arena_bytes) {
+  for (int d = 0; d < devices; ++d) arenas_.push_back(std::make_unique<Arena>(arena_bytes));
+}
+
+FakeDeviceApi::~FakeDeviceApi() {
+  std::vector<StreamHandle> streams;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& [h, s] : streams_) streams.push_back(h);
+  }
+  for (StreamHandle h : streams) DestroyStream(h);
+}
+
+absl::StatusOr<DevicePtr> FakeDeviceApi::Allocate(int device, uint64_t bytes) {
+  if (device < 0 || device >= DeviceCount()) {
+    return absl::InvalidArgumentError(absl::StrCat("fake device ", device, " does not exist"));
+  }
+  if (bytes == 0) return absl::InvalidArgumentError("allocation of 0 bytes");
+  const uint64_t need = (bytes + kAlign - 1) / kAlign * kAlign;
+  std::lock_guard<std::mutex> l(mu_);
+  Arena& a = *arenas_[device];
+  for (auto it = a.free_ranges.begin(); it != a.free_ranges.end(); ++it) {
+    if (it->second < need) continue;
+    const uint64_t off = it->first;
+    const uint64_t left = it->second - need;
+    a.free_ranges.erase(it);
+    if (left > 0) a.free_ranges[off + need] = left;
+    const DevicePtr base = reinterpret_cast<uintptr_t>(a.mem) + off;
+    allocations_[base] = Allocation{device, need, next_generation_++};
+    return base;
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("fake device ", device, ": no free range of ", need, " bytes"));
+}
+
+absl::Status FakeDeviceApi::Free(DevicePtr base) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = allocations_.find(base);
+  if (it == allocations_.end()) return absl::NotFoundError("free of an unknown device pointer");
+  Arena& a = *arenas_[it->second.device];
+  uint64_t off = base - reinterpret_cast<uintptr_t>(a.mem);
+  uint64_t len = it->second.bytes;
+  allocations_.erase(it);
+  // Coalesce with the neighbours so the same address comes back first.
+  auto next = a.free_ranges.lower_bound(off);
+  if (next != a.free_ranges.end() && next->first == off + len) {
+    len += next->second;
+    a.free_ranges.erase(next);
+  }
+  auto prev = a.free_ranges.lower_bound(off);
+  if (prev != a.free_ranges.begin()) {
+    --prev;
+    if (prev->first + prev->second == off) {
+      off = prev->first;
+      len += prev->second;
+      a.free_ranges.erase(prev);
+    }
+  }
+  a.free_ranges[off] = len;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AddressRange> FakeDeviceApi::GetAddressRange(DevicePtr ptr) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = allocations_.upper_bound(ptr);
+  if (it != allocations_.begin()) {
+    --it;
+    if (ptr < it->first + it->second.bytes) return AddressRange{it->first, it->second.bytes};
+  }
+  return absl::NotFoundError("pointer is not inside a fake device allocation");
+}
+
+IpcHandleBytes FakeDeviceApi::MemRecord(DevicePtr base, const Allocation& a) const {
+  MemRecordFields f{kMemMagic, base, a.bytes, a.generation, a.device, 0};
+  IpcHandleBytes out{};
+  std::memcpy(out.data(), &f, sizeof(f));
+  return out;
+}
+
+absl::StatusOr<IpcHandleBytes> FakeDeviceApi::ExportLegacy(DevicePtr base) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = allocations_.find(base);
+  if (it == allocations_.end()) {
+    return absl::InvalidArgumentError("export: not the base of a fake device allocation");
+  }
+  return MemRecord(base, it->second);
+}
+
+absl::StatusOr<UniqueFd> FakeDeviceApi::ExportFd(DevicePtr base) {
+  IpcHandleBytes record;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = allocations_.find(base);
+    if (it == allocations_.end()) {
+      return absl::InvalidArgumentError("export: not the base of a fake device allocation");
+    }
+    record = MemRecord(base, it->second);
+  }
+  UniqueFd fd(::memfd_create("hsdp-fake-vmm", MFD_CLOEXEC));
+  if (!fd.valid()) return absl::InternalError("memfd_create failed");
+  if (::pwrite(fd.get(), record.data(), record.size(), 0) != static_cast<ssize_t>(record.size())) {
+    return absl::InternalError("writing the fake VMM handle failed");
+  }
+  return fd;
+}
+
+absl::StatusOr<Mapping> FakeDeviceApi::ImportRecord(int device, const IpcHandleBytes& record,
+                                                    uint64_t claimed_bytes) {
+  MemRecordFields f;
+  std::memcpy(&f, record.data(), sizeof(f));
+  if (f.magic != kMemMagic) return absl::InvalidArgumentError("not a fake device memory handle");
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = allocations_.find(f.base);
+  if (it == allocations_.end() || it->second.generation != f.generation) {
+    return absl::InvalidArgumentError(
+        "the allocation this handle names was freed (stale device memory handle)");
+  }
+  if (f.device != device || it->second.device != device) {
+    return absl::InvalidArgumentError(absl::StrCat("handle names an allocation on device ",
+                                                   it->second.device, ", not ", device));
+  }
+  if (claimed_bytes > it->second.bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("claimed size ", claimed_bytes,
+                                                   " exceeds the allocation (", it->second.bytes,
+                                                   " bytes)"));
+  }
+  Mapping m{f.base, it->second.bytes, device, next_handle_++};
+  mappings_[m.token] = m;
+  ++imports_;
+  return m;
+}
+
+absl::StatusOr<Mapping> FakeDeviceApi::ImportLegacy(int device, const IpcHandleBytes& handle) {
+  return ImportRecord(device, handle, 0);
+}
+
+absl::StatusOr<Mapping> FakeDeviceApi::ImportFd(int device, int fd, uint64_t bytes) {
+  IpcHandleBytes record{};
+  if (::pread(fd, record.data(), record.size(), 0) != static_cast<ssize_t>(record.size())) {
+    return absl::InvalidArgumentError("fd is not a fake VMM handle (short read)");
+  }
+  return ImportRecord(device, record, bytes);
+}
+
+absl::Status FakeDeviceApi::Unmap(const Mapping& mapping) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (mappings_.erase(mapping.token) == 0) return absl::NotFoundError("unmap of an unknown mapping");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StreamHandle> FakeDeviceApi::CreateStream(int device, StreamPriority priority) {
+  if (device < 0 || device >= DeviceCount()) {
+    return absl::InvalidArgumentError(absl::StrCat("fake device ", device, " does not exist"));
+  }
+  auto s = std::make_shared<Stream>();
+  s->device = device;
+  s->priority = priority;
+  s->thread = std::thread([raw = s.get()] { raw->Run(); });
+  std::lock_guard<std::mutex> l(mu_);
+  const StreamHandle h = next_handle_++;
+  streams_[h] = std::move(s);
+  return h;
+}
+
+void FakeDeviceApi::DestroyStream(StreamHandle stream) {
+  std::shared_ptr<Stream> s;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = streams_.find(stream);
+    if (it == streams_.end()) return;
+    s = std::move(it->second);
+    streams_.erase(it);
+  }
+  s->cancel = true;
+  {
+    std::lock_guard<std::mutex> l(s->mu);
+    s->stopping = true;
+    s->cv.notify_all();
+  }
+  s->thread.join();
+}
+
+std::shared_ptr<FakeDeviceApi::Stream> FakeDeviceApi::FindStream(StreamHandle h) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = streams_.find(h);
+  return it == streams_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<FakeDeviceApi::Event> FakeDeviceApi::FindEvent(EventHandle h) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = events_.find(h);
+  return it == events_.end() ? nullptr : it->second;
+}
+
+absl::StatusOr<EventHandle> FakeDeviceApi::CreateEvent(int device, bool interprocess) {
+  if (device < 0 || device >= DeviceCount()) {
+    return absl::InvalidArgumentError(absl::StrCat("fake device ", device, " does not exist"));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  const EventHandle h = next_handle_++;
+  events_[h] = std::make_shared<Event>(
+      Event{device, interprocess, h, std::make_shared<Event::State>()});
+  return h;
+}
+
+void FakeDeviceApi::DestroyEvent(EventHandle event) {
+  std::lock_guard<std::mutex> l(mu_);
+  events_.erase(event);
+}
+
+absl::StatusOr<IpcHandleBytes> FakeDeviceApi::ExportEvent(EventHandle event) {
+  std::shared_ptr<Event> e = FindEvent(event);
+  if (e == nullptr) return absl::NotFoundError("export of an unknown event");
+  if (!e->interprocess) return absl::InvalidArgumentError("event is not interprocess");
+  IpcHandleBytes out{};
+  const uint64_t fields[3] = {kEventMagic, e->origin, static_cast<uint64_t>(e->device)};
+  std::memcpy(out.data(), fields, sizeof(fields));
+  return out;
+}
+
+absl::StatusOr<EventHandle> FakeDeviceApi::ImportEvent(int device, const IpcHandleBytes& handle) {
+  uint64_t fields[3];
+  std::memcpy(fields, handle.data(), sizeof(fields));
+  if (fields[0] != kEventMagic) return absl::InvalidArgumentError("not a fake event handle");
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = events_.find(fields[1]);
+  if (it == events_.end() || !it->second->interprocess) {
+    return absl::InvalidArgumentError("event handle names no live interprocess event");
+  }
+  if (it->second->device != device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("event is on device ", it->second->device, ", not ", device));
+  }
+  const EventHandle h = next_handle_++;
+  events_[h] = std::make_shared<Event>(Event{device, true, fields[1], it->second->state});
+  return h;
+}
+
+absl::Status FakeDeviceApi::RecordEvent(EventHandle event, StreamHandle stream) {
+  std::shared_ptr<Event> e = FindEvent(event);
+  std::shared_ptr<Stream> s = FindStream(stream);
+  if (e == nullptr || s == nullptr) return absl::NotFoundError("record: unknown event or stream");
+  if (e->device != s->device) {
+    return absl::InvalidArgumentError("record: event and stream are on different devices");
+  }
+  uint64_t gen;
+  {
+    std::lock_guard<std::mutex> l(e->state->mu);
+    gen = ++e->state->recorded;
+  }
+  s->Push([st = e->state, gen, raw = s.get()]() {
+    absl::Status err;
+    {
+      std::lock_guard<std::mutex> l(raw->mu);
+      err = std::exchange(raw->error, absl::OkStatus());
+    }
+    std::lock_guard<std::mutex> l(st->mu);
+    st->completed = std::max(st->completed, gen);
+    st->error = err;
+    st->cv.notify_all();
+    return absl::OkStatus();
+  });
+  return absl::OkStatus();
+}
+
+absl::Status FakeDeviceApi::StreamWaitEvent(StreamHandle stream, EventHandle event) {
+  std::shared_ptr<Event> e = FindEvent(event);
+  std::shared_ptr<Stream> s = FindStream(stream);
+  if (e == nullptr || s == nullptr) return absl::NotFoundError("wait: unknown event or stream");
+  uint64_t target;
+  {
+    std::lock_guard<std::mutex> l(e->state->mu);
+    target = e->state->recorded;
+  }
+  s->Push([st = e->state, target, raw = s.get()]() {
+    std::unique_lock<std::mutex> l(st->mu);
+    while (st->completed < target) {
+      if (raw->cancel) return absl::CancelledError("stream destroyed while waiting on an event");
+      st->cv.wait_for(l, std::chrono::milliseconds(5));
+    }
+    return absl::OkStatus();
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> FakeDeviceApi::EventDone(EventHandle event) {
+  std::shared_ptr<Event> e = FindEvent(event);
+  if (e == nullptr) return absl::NotFoundError("query of an unknown event");
+  std::lock_guard<std::mutex> l(e->state->mu);
+  if (e->state->completed < e->state->recorded) return false;
+  if (!e->state->error.ok()) return e->state->error;
+  return true;
+}
+
+bool FakeDeviceApi::InArena(DevicePtr ptr, uint64_t bytes) const {
+  for (const auto& a : arenas_) {
+    const uint64_t lo = reinterpret_cast<uintptr_t>(a->mem);
+    if (ptr >= lo && bytes <= a->size && ptr - lo <= a->size - bytes) return true;
+  }
+  return false;
+}
+
+absl::Status FakeDeviceApi::MemcpyAsync(DevicePtr dst, DevicePtr src, uint64_t bytes,
+                                        StreamHandle stream) {
+  std::shared_ptr<Stream> s = FindStream(stream);
+  if (s == nullptr) return absl::NotFoundError("memcpy: unknown stream");
+  if (!InArena(dst, bytes) || !InArena(src, bytes)) {
+    return absl::InvalidArgumentError("memcpy: range outside every fake device");
+  }
+  s->Push([=]() {
+    std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+    return absl::OkStatus();
+  });
+  return absl::OkStatus();
+}
+
+absl::Status FakeDeviceApi::ScaleCastAsync(DevicePtr src, DataType from, DevicePtr dst,
+                                           DataType to, uint64_t count, double scale,
+                                           StreamHandle stream) {
+  std::shared_ptr<Stream> s = FindStream(stream);
+  if (s == nullptr) return absl::NotFoundError("scale/cast: unknown stream");
+  if (!IsFloatingPoint(from) || !IsFloatingPoint(to)) {
+    return absl::InvalidArgumentError("scale/cast: float types only");
+  }
+  if (!InArena(src, count * DataTypeSize(from)) || !InArena(dst, count * DataTypeSize(to))) {
+    return absl::InvalidArgumentError("scale/cast: range outside every fake device");
+  }
+  s->Push([=]() {
+    // Through float64: one scaling, then one rounding to `to`.
+    std::vector<double> tmp(count);
+    cpu::Cast(from, reinterpret_cast<const void*>(src), DataType::kFloat64, tmp.data(), count);
+    if (scale != 1.0) {
+      for (double& v : tmp) v *= scale;
+    }
+    cpu::Cast(DataType::kFloat64, tmp.data(), to, reinterpret_cast<void*>(dst), count);
+    return absl::OkStatus();
+  });
+  return absl::OkStatus();
+}
+
+absl::Status FakeDeviceApi::CopyToDevice(DevicePtr dst, const void* src, uint64_t bytes) {
+  if (!InArena(dst, bytes)) return absl::InvalidArgumentError("copy: range outside every device");
+  std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status FakeDeviceApi::CopyToHost(void* dst, DevicePtr src, uint64_t bytes) {
+  if (!InArena(src, bytes)) return absl::InvalidArgumentError("copy: range outside every device");
+  std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
+  return absl::OkStatus();
+}
+
+absl::Status FakeDeviceApi::EnqueueHostFn(StreamHandle stream, std::function<absl::Status()> fn) {
+  std::shared_ptr<Stream> s = FindStream(stream);
+  if (s == nullptr) return absl::NotFoundError("unknown stream");
+  s->Push(std::move(fn));
+  return absl::OkStatus();
+}
+
+void FakeDeviceApi::SyncStream(StreamHandle stream) {
+  std::shared_ptr<Stream> s = FindStream(stream);
+  if (s == nullptr) return;
+  std::unique_lock<std::mutex> l(s->mu);
+  const uint64_t target = s->enqueued;
+  s->cv.wait(l, [&] { return s->done >= target || s->stopping; });
+}
+
+absl::StatusOr<StreamPriority> FakeDeviceApi::PriorityOf(StreamHandle stream) const {
+  std::shared_ptr<Stream> s = FindStream(stream);
+  if (s == nullptr) return absl::NotFoundError("unknown stream");
+  return s->priority;
+}
+
+absl::StatusOr<int> FakeDeviceApi::DeviceOf(StreamHandle stream) const {
+  std::shared_ptr<Stream> s = FindStream(stream);
+  if (s == nullptr) return absl::NotFoundError("unknown stream");
+  return s->device;
+}
+
+int FakeDeviceApi::live_mappings() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return static_cast<int>(mappings_.size());
+}
+int FakeDeviceApi::imports() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return imports_;
+}
+int FakeDeviceApi::live_allocations() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return static_cast<int>(allocations_.size());
+}
+int FakeDeviceApi::live_streams() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return static_cast<int>(streams_.size());
+}
+int FakeDeviceApi::live_events() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return static_cast<int>(events_.size());
+}
+
+}  // namespace hsdp::device

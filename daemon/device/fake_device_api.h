@@ -1,0 +1,116 @@
+// FakeDeviceApi: DeviceApi in host memory, for tests and CI machines without
+// a GPU. Each "device" is a host arena with a first-fit allocator (so a freed
+// address is handed out again, as the CUDA caching allocator does); each
+// stream is a thread that runs its queue in order; events carry a record
+// generation; IPC handles are real bytes (legacy handles, event handles) or
+// real memfds (VMM fds) naming the allocation and its generation, so an
+// import can be checked against a freed-and-reused address.
+//
+// The fake is one process: an import maps to the same host bytes. It keeps
+// the bookkeeping a test needs (live mappings, imports per allocation, which
+// priority each stream has) and lets a test run host functions on a stream
+// (EnqueueHostFn) — the fake NCCL runs its collectives that way, and tests
+// use it to hold a "producer" stream back.
+//
+// Thread-safety: all methods are thread-safe. Lock order: mu_ before a
+// stream's lock; no lock is held while a stream runs a function.
+#ifndef HSDP_DAEMON_DEVICE_FAKE_DEVICE_API_H_
+#define HSDP_DAEMON_DEVICE_FAKE_DEVICE_API_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "daemon/device/device_api.h"
+
+namespace hsdp::device {
+
+class FakeDeviceApi : public DeviceApi {
+ public:
+  // `devices` arenas of `arena_bytes` each.
+  explicit FakeDeviceApi(int devices, uint64_t arena_bytes = 64ull << 20);
+  ~FakeDeviceApi() override;
+
+  std::string name() const override { return "fake"; }
+  int DeviceCount() const override { return static_cast<int>(arenas_.size()); }
+
+  absl::StatusOr<DevicePtr> Allocate(int device, uint64_t bytes) override;
+  absl::Status Free(DevicePtr base) override;
+  absl::StatusOr<AddressRange> GetAddressRange(DevicePtr ptr) override;
+  absl::StatusOr<IpcHandleBytes> ExportLegacy(DevicePtr base) override;
+  absl::StatusOr<UniqueFd> ExportFd(DevicePtr base) override;
+  absl::StatusOr<Mapping> ImportLegacy(int device, const IpcHandleBytes& handle) override;
+  absl::StatusOr<Mapping> ImportFd(int device, int fd, uint64_t bytes) override;
+  absl::Status Unmap(const Mapping& mapping) override;
+
+  absl::StatusOr<StreamHandle> CreateStream(int device, StreamPriority priority) override;
+  void DestroyStream(StreamHandle stream) override;
+
+  absl::StatusOr<EventHandle> CreateEvent(int device, bool interprocess) override;
+  void DestroyEvent(EventHandle event) override;
+  absl::StatusOr<IpcHandleBytes> ExportEvent(EventHandle event) override;
+  absl::StatusOr<EventHandle> ImportEvent(int device, const IpcHandleBytes& handle) override;
+  absl::Status RecordEvent(EventHandle event, StreamHandle stream) override;
+  absl::Status StreamWaitEvent(StreamHandle stream, EventHandle event) override;
+  absl::StatusOr<bool> EventDone(EventHandle event) override;
+
+  absl::Status MemcpyAsync(DevicePtr dst, DevicePtr src, uint64_t bytes,
+                           StreamHandle stream) override;
+  absl::Status ScaleCastAsync(DevicePtr src, DataType from, DevicePtr dst, DataType to,
+                              uint64_t count, double scale, StreamHandle stream) override;
+  absl::Status CopyToDevice(DevicePtr dst, const void* src, uint64_t bytes) override;
+  absl::Status CopyToHost(void* dst, DevicePtr src, uint64_t bytes) override;
+
+  // --- test hooks ---
+  // Runs `fn` on the stream's thread in order; a non-OK result becomes the
+  // stream's error, reported by the next event recorded on it.
+  absl::Status EnqueueHostFn(StreamHandle stream, std::function<absl::Status()> fn);
+  // Waits until everything enqueued on `stream` so far has run.
+  void SyncStream(StreamHandle stream);
+  absl::StatusOr<StreamPriority> PriorityOf(StreamHandle stream) const;
+  absl::StatusOr<int> DeviceOf(StreamHandle stream) const;
+  // Mappings made by Import* and not unmapped yet.
+  int live_mappings() const;
+  // Import* calls so far (cache hits do not import).
+  int imports() const;
+  int live_allocations() const;
+  int live_streams() const;
+  int live_events() const;
+  // Whether [ptr, ptr + bytes) lies inside one arena (a pointer a kernel may touch).
+  bool InArena(DevicePtr ptr, uint64_t bytes) const;
+
+ private:
+  struct Arena;
+  struct Allocation {
+    int device;
+    uint64_t bytes;
+    uint64_t generation;  // unique per Allocate: a reused address gets a new one
+  };
+  struct Event;
+  struct Stream;
+
+  std::shared_ptr<Stream> FindStream(StreamHandle h) const;
+  std::shared_ptr<Event> FindEvent(EventHandle h) const;
+  absl::StatusOr<Mapping> ImportRecord(int device, const IpcHandleBytes& record,
+                                       uint64_t claimed_bytes);
+  IpcHandleBytes MemRecord(DevicePtr base, const Allocation& a) const;
+
+  std::vector<std::unique_ptr<Arena>> arenas_;
+  mutable std::mutex mu_;
+  std::map<DevicePtr, Allocation> allocations_;          // by base; guarded by mu_
+  std::map<uint64_t, Mapping> mappings_;                 // by token; guarded by mu_
+  std::map<StreamHandle, std::shared_ptr<Stream>> streams_;  // guarded by mu_
+  std::map<EventHandle, std::shared_ptr<Event>> events_;     // guarded by mu_
+  uint64_t next_generation_ = 1;  // guarded by mu_
+  uint64_t next_handle_ = 1;      // guarded by mu_ (streams, events, mapping tokens)
+  int imports_ = 0;               // guarded by mu_
+};
+
+}  // namespace hsdp::device
+
+#endif  // HSDP_DAEMON_DEVICE_FAKE_DEVICE_API_H_

@@ -1,0 +1,149 @@
+#include "daemon/engine/device_engine_factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "hsdp/common/status_macros.h"
+
+#ifdef HSDP_HAVE_CUDA
+#include "daemon/device/cuda_device_api.h"
+#include "daemon/engine/nccl/nccl_collectives.h"
+#endif
+
+namespace hsdp {
+namespace {
+
+constexpr size_t kMaxRoutes = 1 << 16;
+
+bool AnyDevice(const EngineTask& t) {
+  for (const EngineMember& m : t.members) {
+    if (m.local && (m.send.kind == MemoryKind::kDevice || m.recv.kind == MemoryKind::kDevice)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The NCCL engine together with what it runs on.
+class OwningNcclEngine : public nccl::NcclEngine {
+ public:
+  OwningNcclEngine(std::shared_ptr<device::DeviceApi> dev,
+                   std::unique_ptr<nccl::Collectives> coll, nccl::NcclEngineOptions options)
+      : NcclEngine(dev.get(), coll.get(), options), dev_(std::move(dev)), coll_(std::move(coll)) {}
+  ~OwningNcclEngine() override { Shutdown(); }  // before dev_ / coll_ go
+
+ private:
+  std::shared_ptr<device::DeviceApi> dev_;
+  std::unique_ptr<nccl::Collectives> coll_;
+};
+
+}  // namespace
+
+KindRoutingEngine::KindRoutingEngine(std::unique_ptr<Engine> host, std::unique_ptr<Engine> device)
+    : host_(std::move(host)), device_(std::move(device)) {}
+
+KindRoutingEngine::~KindRoutingEngine() { Shutdown(); }
+
+absl::Status KindRoutingEngine::CreateGroup(const EngineGroupSpec& spec) {
+  RETURN_IF_ERROR(host_->CreateGroup(spec));
+  return device_->CreateGroup(spec);
+}
+
+void KindRoutingEngine::DestroyGroup(const std::string& key) {
+  host_->DestroyGroup(key);
+  device_->DestroyGroup(key);
+}
+
+uint64_t KindRoutingEngine::Launch(EngineTask task, EngineCallbacks cb) {
+  const bool dev = AnyDevice(task);
+  uint64_t outer;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    outer = next_++;
+    routes_[outer] = Route{dev, 0};
+    while (routes_.size() > kMaxRoutes) routes_.erase(routes_.begin());
+    // Dependencies name outer tickets; the inner engine knows its own.
+    std::vector<uint64_t> inner_deps;
+    for (uint64_t d : task.depends_on) {
+      auto it = routes_.find(d);
+      if (it != routes_.end() && it->second.device == dev && it->second.inner != 0) {
+        inner_deps.push_back(it->second.inner);
+      }
+    }
+    task.depends_on = std::move(inner_deps);
+  }
+  EngineCallbacks inner_cb;
+  inner_cb.launched = [outer, launched = std::move(cb.launched)](uint64_t) { launched(outer); };
+  inner_cb.completed = std::move(cb.completed);
+  const uint64_t inner = (dev ? device_ : host_)->Launch(std::move(task), std::move(inner_cb));
+  std::lock_guard<std::mutex> l(mu_);
+  if (auto it = routes_.find(outer); it != routes_.end()) it->second.inner = inner;
+  return outer;
+}
+
+void KindRoutingEngine::Abort(uint64_t ticket, const absl::Status& why) {
+  Route r{false, 0};
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = routes_.find(ticket);
+    if (it == routes_.end() || it->second.inner == 0) return;
+    r = it->second;
+  }
+  (r.device ? device_ : host_)->Abort(r.inner, why);
+}
+
+void KindRoutingEngine::Shutdown() {
+  host_->Shutdown();
+  device_->Shutdown();
+}
+
+std::string KindRoutingEngine::name() const {
+  return absl::StrCat(host_->name(), "+", device_->name());
+}
+
+std::unique_ptr<Engine> MakeRoutingEngine(std::unique_ptr<Engine> host,
+                                          std::shared_ptr<device::DeviceApi> device,
+                                          std::unique_ptr<nccl::Collectives> collectives,
+                                          nccl::NcclEngineOptions options) {
+  auto nccl_engine =
+      std::make_unique<OwningNcclEngine>(std::move(device), std::move(collectives), options);
+  return std::make_unique<KindRoutingEngine>(std::move(host), std::move(nccl_engine));
+}
+
+absl::StatusOr<DeviceStack> MakeDeviceAwareEngine(const std::string& kind,
+                                                  std::unique_ptr<Engine> host,
+                                                  nccl::NcclEngineOptions options) {
+  DeviceStack out;
+  if (kind == "cpu") {
+    out.engine = std::move(host);
+    return out;
+  }
+  if (kind != "nccl" && kind != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat("engine.kind: unknown engine \"", kind,
+                                                   "\" (engines: cpu, nccl, auto)"));
+  }
+#ifdef HSDP_HAVE_CUDA
+  std::shared_ptr<device::CudaDeviceApi> cuda = device::CudaDeviceApi::Create();
+  if (cuda->DeviceCount() == 0) {
+    if (kind == "nccl") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "engine.kind: \"nccl\" needs a GPU: ", cuda->unavailable_reason()));
+    }
+    out.engine = std::move(host);  // auto: host only
+    return out;
+  }
+  out.device = cuda;
+  out.engine = MakeRoutingEngine(std::move(host), cuda,
+                                 std::make_unique<nccl::NcclCollectives>(), options);
+  return out;
+#else
+  if (kind == "nccl") {
+    return absl::FailedPreconditionError(
+        "engine.kind: \"nccl\" is not available in this build (built without CUDA/NCCL; "
+        "HSDP_WITH_CUDA)");
+  }
+  (void)options;
+  out.engine = std::move(host);
+  return out;
+#endif
+}
+
+}  // namespace hsdp

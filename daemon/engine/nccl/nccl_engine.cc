@@ -1,0 +1,402 @@
+#include "daemon/engine/nccl/nccl_engine.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/engine/nccl/nccl_engine_state.h"
+#include "hsdp/common/logging.h"
+#include "hsdp/common/status_macros.h"
+#include "hsdp/shm/doorbell.h"
+
+namespace hsdp::nccl {
+namespace {
+
+constexpr size_t kMaxRememberedTickets = 4096;
+
+}  // namespace
+
+NcclEngine::NcclEngine(device::DeviceApi* dev, Collectives* coll, NcclEngineOptions options)
+    : dev_(dev), coll_(coll), options_(options) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+NcclEngine::~NcclEngine() { Shutdown(); }
+
+absl::Status NcclEngine::ValidateTask(const EngineTask& t, int device_count) {
+  switch (t.collective) {
+    case Collective::kAllReduce:
+    case Collective::kAllGather:
+    case Collective::kReduceScatter:
+    case Collective::kBroadcast:
+    case Collective::kBarrier:
+    case Collective::kAllToAll:
+      break;
+    default:
+      return absl::UnimplementedError(
+          absl::StrCat("the nccl engine does not run collective ", static_cast<int>(t.collective)));
+  }
+  bool all_local = true;
+  for (const EngineMember& m : t.members) all_local = all_local && m.local;
+  if (!all_local) {
+    return absl::UnimplementedError(
+        "the nccl engine runs groups whose members are all on this node (cross-node "
+        "communicators need the coordinator's unique-id exchange)");
+  }
+  if (t.members.empty()) return absl::InvalidArgumentError("task has no members");
+  if (t.collective == Collective::kBroadcast &&
+      (t.root < 0 || t.root >= static_cast<int>(t.members.size()))) {
+    return absl::InvalidArgumentError(absl::StrCat("broadcast root ", t.root, " is out of range"));
+  }
+  if (t.collective == Collective::kBarrier) return absl::OkStatus();
+  if (DataTypeSize(t.spec.dtype) == 0) return absl::InvalidArgumentError("invalid dtype");
+  std::set<int> devices;
+  for (size_t i = 0; i < t.members.size(); ++i) {
+    const EngineMember& m = t.members[i];
+    if (m.send.kind != MemoryKind::kDevice || m.recv.kind != MemoryKind::kDevice) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", m.global_rank, ": the nccl engine runs on device buffers only"));
+    }
+    if (m.send.device != m.recv.device || m.send.device < 0 || m.send.device >= device_count) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", m.global_rank, ": device ",
+                                                     m.send.device, "/", m.recv.device,
+                                                     " is not one device of the ", device_count,
+                                                     " this daemon sees"));
+    }
+    if (!devices.insert(m.send.device).second) {
+      return absl::UnimplementedError(absl::StrCat(
+          "rank ", m.global_rank, " shares device ", m.send.device,
+          " with another member; NCCL needs one GPU per rank in a communicator"));
+    }
+  }
+  if (Reduces(t.collective)) {
+    RETURN_IF_ERROR(PlanReduce(t.spec, static_cast<int>(t.members.size())).status());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NcclEngine::CreateGroup(const EngineGroupSpec& spec) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (stopping_) return absl::UnavailableError("hsdpd is shutting down");
+  control_.push_back(Control{Control::kCreate, spec, spec.key, 0, absl::OkStatus()});
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+void NcclEngine::DestroyGroup(const std::string& key) {
+  std::lock_guard<std::mutex> l(mu_);
+  control_.push_back(Control{Control::kDestroy, {}, key, 0, absl::OkStatus()});
+  cv_.notify_all();
+}
+
+uint64_t NcclEngine::Launch(EngineTask task, EngineCallbacks cb) {
+  uint64_t ticket;
+  absl::Status refused;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ticket = next_ticket_++;
+    if (stopping_) {
+      refused = absl::UnavailableError("hsdpd is shutting down");
+    } else {
+      refused = ValidateTask(task, dev_->DeviceCount());
+    }
+    if (refused.ok()) {
+      queue_.push_back(Queued{ticket, std::move(task), std::move(cb)});
+      cv_.notify_all();
+      return ticket;
+    }
+    failed_[ticket] = refused;
+    ++stats_.tasks_failed;
+  }
+  cb.launched(ticket);
+  cb.completed(refused, 0);
+  return ticket;
+}
+
+void NcclEngine::Abort(uint64_t ticket, const absl::Status& why) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (ticket == 0 || ticket >= next_ticket_) return;
+  control_.push_back(Control{Control::kAbort, {}, "", ticket, why});
+  cv_.notify_all();
+}
+
+void NcclEngine::Shutdown() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    if (!stopping_) stop_deadline_ = absl::Now() + options_.shutdown_grace;
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+NcclEngineStats NcclEngine::stats() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return stats_;
+}
+
+device::StreamHandle NcclEngine::StreamOf(int device, bool high) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = streams_.find({device, high});
+  return it == streams_.end() ? 0 : it->second;
+}
+
+void NcclEngine::Loop() {
+  for (;;) {
+    std::deque<Control> controls;
+    std::deque<Queued> tasks;
+    bool stop;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      if (queue_.empty() && control_.empty()) {
+        if (running_.empty()) {
+          if (stopping_) break;
+          cv_.wait(l, [&] { return stopping_ || !queue_.empty() || !control_.empty(); });
+        } else {
+          cv_.wait_for(l, absl::ToChronoMicroseconds(options_.poll_interval));
+        }
+      }
+      controls.swap(control_);
+      tasks.swap(queue_);
+      stop = stopping_;
+    }
+    (void)stop;
+    // Controls before tasks: a CreateGroup queued before a Launch is seen by it.
+    for (const Control& c : controls) RunControl(c);
+    for (Queued& q : tasks) Issue(std::move(q));
+    Poll();
+  }
+  // Stopped and drained: release everything.
+  for (auto& [key, set] : sets_) ReleaseSet(set, !set->broken.ok());
+  sets_.clear();
+  for (auto& [k, s] : scratch_) (void)dev_->Free(s.ptr);
+  scratch_.clear();
+  for (const Retired& r : retired_) {
+    (void)dev_->Free(r.ptr);
+    dev_->DestroyEvent(r.after);
+  }
+  retired_.clear();
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto& [k, s] : streams_) dev_->DestroyStream(s);
+  streams_.clear();
+  for (device::StreamHandle s : dead_streams_) dev_->DestroyStream(s);
+  dead_streams_.clear();
+}
+
+void NcclEngine::RunControl(const Control& c) {
+  switch (c.kind) {
+    case Control::kCreate: {
+      // Older epochs are retired when the new epoch's communicators exist
+      // (they may be shrunk from a healthy old epoch).
+      groups_[c.spec.key] = c.spec;
+      break;
+    }
+    case Control::kDestroy: {
+      groups_.erase(c.key);
+      for (auto& [key, set] : sets_) {
+        if (set->group_key == c.key || set->group_key == c.key + "/p2p") set->retire = true;
+      }
+      break;
+    }
+    case Control::kAbort: {
+      auto it = running_.find(c.ticket);
+      if (it != running_.end()) {
+        FailSet(it->second->set, c.why);
+        break;
+      }
+      std::optional<Queued> dropped;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        for (auto q = queue_.begin(); q != queue_.end(); ++q) {
+          if (q->ticket == c.ticket) {
+            dropped = std::move(*q);
+            queue_.erase(q);
+            failed_[c.ticket] = c.why;
+            break;
+          }
+        }
+      }
+      if (dropped.has_value()) {
+        dropped->cb.launched(dropped->ticket);
+        dropped->cb.completed(c.why, 0);
+      }
+      break;
+    }
+  }
+  ReleaseRetired();
+}
+
+void NcclEngine::ReleaseRetired() {
+  for (auto it = sets_.begin(); it != sets_.end();) {
+    if (it->second->retire && it->second->running.empty()) {
+      ReleaseSet(it->second, !it->second->broken.ok());
+      it = sets_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void NcclEngine::ReleaseSet(const std::shared_ptr<CommSet>& set, bool abort) {
+  for (CommHandle c : set->comms) {
+    if (c == 0) continue;
+    if (abort) {
+      (void)coll_->Abort(c);
+    } else {
+      (void)coll_->Destroy(c);
+    }
+  }
+  set->comms.clear();
+}
+
+void NcclEngine::Poll() {
+  // Asynchronous communicator errors (a lost peer) first.
+  std::vector<std::pair<std::shared_ptr<CommSet>, absl::Status>> broken;
+  for (auto& [key, set] : sets_) {
+    if (!set->broken.ok() || set->running.empty()) continue;
+    for (CommHandle c : set->comms) {
+      absl::Status err;
+      if (coll_->Query(c, &err) == AsyncState::kFailed) {
+        broken.emplace_back(set, absl::Status(err.code(), absl::StrCat(
+                                                  "communicator error in group ", set->group_key,
+                                                  ": ", err.message())));
+        break;
+      }
+    }
+  }
+  for (auto& [set, why] : broken) FailSet(set, why);
+  absl::Time now = absl::Now();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_ && now > stop_deadline_) now = absl::InfiniteFuture();  // everything is late
+  }
+  std::vector<uint64_t> done, late;
+  std::vector<std::pair<uint64_t, absl::Status>> errored;
+  for (auto& [ticket, run] : running_) {
+    bool all = true;
+    absl::Status err;
+    for (auto& [d, e] : run->done) {
+      absl::StatusOr<bool> ok = dev_->EventDone(e);
+      if (!ok.ok()) {
+        err = ok.status();
+        break;
+      }
+      all = all && *ok;
+    }
+    if (!err.ok()) {
+      errored.emplace_back(ticket, err);
+    } else if (all) {
+      done.push_back(ticket);
+    } else if (now > run->deadline) {
+      late.push_back(ticket);
+    }
+  }
+  for (uint64_t t : done) {
+    auto it = running_.find(t);
+    if (it == running_.end()) continue;
+    std::unique_ptr<Running> run = std::move(it->second);
+    running_.erase(it);
+    Finish(std::move(run), absl::OkStatus());
+  }
+  for (auto& [t, err] : errored) {
+    auto it = running_.find(t);
+    if (it == running_.end()) continue;
+    if (it->second->set != nullptr) {
+      FailSet(it->second->set, err);
+    } else {
+      std::unique_ptr<Running> run = std::move(it->second);
+      running_.erase(it);
+      Finish(std::move(run), err);
+    }
+  }
+  for (uint64_t t : late) {
+    auto it = running_.find(t);
+    if (it == running_.end()) continue;
+    const absl::Status why =
+        now == absl::InfiniteFuture()
+            ? absl::UnavailableError(absl::StrCat(
+                  "hsdpd is shutting down: ", CollName(it->second->task.collective),
+                  " in group ", it->second->task.group_key,
+                  " was still running after the grace period; its communicators were aborted"))
+            : absl::DeadlineExceededError(absl::StrCat(
+                  CollName(it->second->task.collective), " in group ",
+                  it->second->task.group_key, " did not finish within ",
+                  absl::FormatDuration(options_.op_timeout), "; its communicators were aborted"));
+    if (it->second->set != nullptr) {
+      FailSet(it->second->set, why);
+    } else {
+      std::unique_ptr<Running> run = std::move(it->second);
+      running_.erase(it);
+      Finish(std::move(run), why);
+    }
+  }
+  // Scratch retired behind an event.
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    absl::StatusOr<bool> ok = dev_->EventDone(it->after);
+    if (!ok.ok() || *ok) {
+      (void)dev_->Free(it->ptr);
+      dev_->DestroyEvent(it->after);
+      it = retired_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  ReleaseRetired();
+  std::lock_guard<std::mutex> l(mu_);
+  busy_ = !running_.empty();
+}
+
+void NcclEngine::FailSet(const std::shared_ptr<CommSet>& set, const absl::Status& why) {
+  if (set == nullptr) return;
+  if (set->broken.ok()) {
+    set->broken = why;
+    HSDP_LOG(Warning) << "aborting the communicators of " << set->group_key << " epoch "
+                      << set->epoch << ": " << why.message();
+    ReleaseSet(set, /*abort=*/true);
+    // Work stuck on the set's streams (a producer event that never fires, a
+    // kernel of the aborted communicators) must not hold back later tasks:
+    // they get fresh streams; the old ones are released at shutdown.
+    std::lock_guard<std::mutex> l(mu_);
+    ++stats_.comm_aborts;
+    for (int d : set->devices) {
+      for (bool hi : {false, true}) {
+        auto it = streams_.find({d, hi});
+        if (it == streams_.end()) continue;
+        dead_streams_.push_back(it->second);
+        stream_devices_.erase(it->second);
+        streams_.erase(it);
+      }
+    }
+  }
+  const std::set<uint64_t> tickets = set->running;
+  for (uint64_t t : tickets) {
+    auto it = running_.find(t);
+    if (it == running_.end()) continue;
+    std::unique_ptr<Running> run = std::move(it->second);
+    running_.erase(it);
+    Finish(std::move(run), why);
+  }
+}
+
+void NcclEngine::Finish(std::unique_ptr<Running> run, absl::Status status) {
+  if (run->set != nullptr) run->set->running.erase(run->ticket);
+  // An aborted task's events may never complete (fake streams: they will,
+  // once the abort released them); destroying an event is always safe.
+  for (auto& [d, e] : run->done) dev_->DestroyEvent(e);
+  const uint64_t exec_ns = static_cast<uint64_t>(shm::NowNanos() - run->start_ns);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (status.ok()) {
+      ++stats_.tasks_completed;
+    } else {
+      ++stats_.tasks_failed;
+      failed_[run->ticket] = status;
+      while (failed_.size() > kMaxRememberedTickets) failed_.erase(failed_.begin());
+    }
+  }
+  run->cb.completed(std::move(status), exec_ns);
+}
+
+}  // namespace hsdp::nccl

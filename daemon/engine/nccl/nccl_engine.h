@@ -1,0 +1,176 @@
+// The NCCL engine: runs matched collectives on device buffers (memory the
+// trainers share with the daemon, mapped in the daemon's context) with
+// communicators the daemon owns — one NCCL rank per member GPU, the
+// communicators of all local members driven together in one group call.
+//
+// Ordering without CPU synchronisation: for every member the engine's stream
+// waits on the member's producer event (EngineMember::wait_event) before the
+// collective, and records the member's completion event (done_event) after
+// it; a dependent task (the HSDP composite's all-reduce) waits on its
+// dependency's completion events on the device. Streams: one high-priority
+// stream per device for all-gather and reduce-scatter, one default-priority
+// stream per device for everything else, so the replicate all-reduce
+// overlaps the shard collectives (as FSDP2 does).
+//
+// Reduce specs: see reduce_plan.h (PreMulSum / ncclAvg, fused scale+cast
+// kernels, a reduce dtype on the wire through per-stream scratch buffers).
+// All-to-all runs as ncclSend/ncclRecv pairs inside one group call.
+//
+// Failure: communicators are non-blocking. A task that is not done
+// `op_timeout` after launch, an asynchronous communicator error (a lost
+// peer) or Abort() aborts the task's communicators; every task in flight on
+// them completes with the error (never a hang), and later tasks of that
+// group epoch fail at once. A new epoch (CreateGroup) gets new
+// communicators: ShrinkRanks of the old ones when they are healthy, the
+// member set shrank and the library supports it, else a fresh init. The
+// failed set's devices get fresh streams, so work stuck on the old ones (a
+// producer event that never fires) cannot hold back later tasks; a group's
+// next task waits on the device for the previous one whenever the two run on
+// different streams. After Shutdown(), tasks still running past
+// `shutdown_grace` are aborted.
+//
+// Files: nccl_engine.cc (lifecycle, polling, failure), nccl_engine_issue.cc
+// (communicator sets, streams, issuing a task).
+//
+// Threads: one engine thread issues every library call (so group calls are
+// never interleaved) and polls in-flight work every `poll_interval`. Launch,
+// Abort and CreateGroup only queue work for it. Callbacks run on the engine
+// thread (or on the caller's, for tasks refused up front).
+// Thread-safety: all public methods are thread-safe; mu_ guards the queue
+// and the ticket bookkeeping; engine-thread state is touched only there.
+#ifndef HSDP_DAEMON_ENGINE_NCCL_NCCL_ENGINE_H_
+#define HSDP_DAEMON_ENGINE_NCCL_NCCL_ENGINE_H_
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "daemon/device/device_api.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/nccl/collectives_api.h"
+#include "daemon/engine/nccl/reduce_plan.h"
+
+namespace hsdp::nccl {
+
+struct NcclEngineOptions {
+  absl::Duration op_timeout = absl::Seconds(300);  // launch to completion
+  absl::Duration init_timeout = absl::Seconds(120);
+  absl::Duration poll_interval = absl::Microseconds(50);
+  // After Shutdown(), tasks still running get this long before their
+  // communicators are aborted.
+  absl::Duration shutdown_grace = absl::Seconds(10);
+};
+
+// Engine-level counters for status output and tests.
+struct NcclEngineStats {
+  uint64_t tasks_completed = 0;
+  uint64_t tasks_failed = 0;
+  uint64_t comm_inits = 0;
+  uint64_t comm_shrinks = 0;
+  uint64_t comm_aborts = 0;  // communicator sets aborted
+};
+
+class NcclEngine : public Engine {
+ public:
+  // `dev` and `coll` must outlive the engine.
+  NcclEngine(device::DeviceApi* dev, Collectives* coll, NcclEngineOptions options = {});
+  ~NcclEngine() override;
+
+  absl::Status CreateGroup(const EngineGroupSpec& spec) override;
+  void DestroyGroup(const std::string& key) override;
+  uint64_t Launch(EngineTask task, EngineCallbacks callbacks) override;
+  void Abort(uint64_t ticket, const absl::Status& why) override;
+  void Shutdown() override;
+  std::string name() const override { return "nccl"; }
+  int threads() const override { return 1; }
+  bool Supports(MemoryKind kind) const override { return kind == MemoryKind::kDevice; }
+  bool SupportsRemoteMembers() const override { return false; }
+
+  NcclEngineStats stats() const;
+  // The engine's stream for (device, high priority?), 0 before first use
+  // (tests check stream choice against it).
+  device::StreamHandle StreamOf(int device, bool high) const;
+
+  // Checks what a task may name before it is queued (exposed for tests).
+  static absl::Status ValidateTask(const EngineTask& task, int device_count);
+
+ private:
+  struct CommSet;
+  struct Running;
+  struct Queued {
+    uint64_t ticket;
+    EngineTask task;
+    EngineCallbacks cb;
+  };
+  struct Control {  // CreateGroup / DestroyGroup / Abort, run on the engine thread
+    enum Kind { kCreate, kDestroy, kAbort } kind;
+    EngineGroupSpec spec;
+    std::string key;
+    uint64_t ticket = 0;
+    absl::Status why;
+  };
+
+  void Loop();
+  void RunControl(const Control& c);
+  // Issues one task; on error it is completed with the error.
+  void Issue(Queued q);
+  absl::Status IssueOrError(Queued& q, Running& run);
+  absl::StatusOr<std::shared_ptr<CommSet>> CommsFor(const EngineTask& task);
+  // Polls the set's communicators out of kInProgress after a group call.
+  absl::Status WaitIssued(const CommSet& set);
+  absl::StatusOr<device::StreamHandle> Stream(int device, bool high);
+  absl::StatusOr<device::DevicePtr> Scratch(device::StreamHandle stream, int device, int slot,
+                                            uint64_t bytes);
+  void Poll();
+  // Aborts `set`'s communicators and fails every running task on it.
+  void FailSet(const std::shared_ptr<CommSet>& set, const absl::Status& why);
+  void Finish(std::unique_ptr<Running> run, absl::Status status);
+  void ReleaseSet(const std::shared_ptr<CommSet>& set, bool abort);
+  // Releases sets marked `retire` that have nothing in flight.
+  void ReleaseRetired();
+
+  device::DeviceApi* const dev_;
+  Collectives* const coll_;
+  const NcclEngineOptions options_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Queued> queue_;           // guarded by mu_
+  std::deque<Control> control_;        // guarded by mu_
+  uint64_t next_ticket_ = 1;           // guarded by mu_
+  bool stopping_ = false;              // guarded by mu_
+  absl::Time stop_deadline_ = absl::InfiniteFuture();  // guarded by mu_
+  bool busy_ = false;                  // guarded by mu_: running tasks exist
+  std::map<uint64_t, absl::Status> failed_;   // recent failed tickets; guarded by mu_
+  std::map<device::StreamHandle, int> stream_devices_;  // guarded by mu_ (reads in StreamOf)
+  std::map<std::pair<int, bool>, device::StreamHandle> streams_;  // guarded by mu_
+  std::vector<device::StreamHandle> dead_streams_;  // replaced after a failure; guarded by mu_
+  NcclEngineStats stats_;              // guarded by mu_
+
+  // Engine thread only.
+  std::map<std::string, std::shared_ptr<CommSet>> sets_;   // by set key
+  std::map<std::string, EngineGroupSpec> groups_;          // by group key
+  std::map<uint64_t, std::unique_ptr<Running>> running_;   // by ticket
+  struct ScratchBuf {
+    device::DevicePtr ptr = 0;
+    uint64_t bytes = 0;
+  };
+  std::map<std::pair<device::StreamHandle, int>, ScratchBuf> scratch_;
+  struct Retired {
+    device::DevicePtr ptr;
+    device::EventHandle after;
+  };
+  std::vector<Retired> retired_;
+  std::thread thread_;
+};
+
+}  // namespace hsdp::nccl
+
+#endif  // HSDP_DAEMON_ENGINE_NCCL_NCCL_ENGINE_H_

@@ -1,0 +1,63 @@
+// Internal to the NCCL engine (nccl_engine.cc, nccl_engine_issue.cc): the
+// state of a communicator set and of a running task, and small helpers.
+// Touched only on the engine thread.
+#ifndef HSDP_DAEMON_ENGINE_NCCL_NCCL_ENGINE_STATE_H_
+#define HSDP_DAEMON_ENGINE_NCCL_NCCL_ENGINE_STATE_H_
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "daemon/engine/nccl/nccl_engine.h"
+
+namespace hsdp::nccl {
+
+inline bool Reduces(Collective c) {
+  return c == Collective::kAllReduce || c == Collective::kReduceScatter;
+}
+// All-gather and reduce-scatter run on the high-priority streams.
+inline bool HighPriority(Collective c) {
+  return c == Collective::kAllGather || c == Collective::kReduceScatter;
+}
+inline const char* CollName(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce: return "all-reduce";
+    case Collective::kAllGather: return "all-gather";
+    case Collective::kReduceScatter: return "reduce-scatter";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kBarrier: return "barrier";
+    case Collective::kAllToAll: return "all-to-all";
+    default: return "unsupported collective";
+  }
+}
+
+struct NcclEngine::CommSet {
+  std::string key;
+  std::string group_key;
+  uint32_t epoch = 0;
+  std::vector<int> ranks;    // global ranks by member index
+  std::vector<int> devices;  // by member index
+  std::vector<CommHandle> comms;
+  absl::Status broken;       // set once aborted
+  bool retire = false;       // release once nothing runs on it
+  std::set<uint64_t> running;
+  uint64_t last_ticket = 0;  // the set's latest task: the next one runs after it
+};
+
+struct NcclEngine::Running {
+  uint64_t ticket = 0;
+  EngineTask task;
+  EngineCallbacks cb;
+  std::shared_ptr<CommSet> set;
+  std::map<int, device::EventHandle> done;  // device -> the engine's completion event
+  std::map<int, device::StreamHandle> streams;  // device -> the stream it ran on
+  absl::Time deadline;
+  int64_t start_ns = 0;
+};
+
+}  // namespace hsdp::nccl
+
+#endif  // HSDP_DAEMON_ENGINE_NCCL_NCCL_ENGINE_STATE_H_

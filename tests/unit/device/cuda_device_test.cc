@@ -1,0 +1,235 @@
+// The real CUDA device API and NCCL binding (built with HSDP_WITH_CUDA). On a
+// machine without a GPU every test skips with the reason. With one GPU:
+// VMM allocation, streams with priorities, events, the scale/cast kernel,
+// two-process CUDA IPC with both handle kinds and an interprocess event
+// (through DeviceBufferRegistry), and NcclEngine on single-rank
+// communicators (two ranks when there are two GPUs).
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/device/cuda_device_api.h"
+#include "daemon/engine/nccl/nccl_collectives.h"
+#include "daemon/engine/nccl/nccl_engine.h"
+#include "daemon/session/device_buffers.h"
+#include "gtest/gtest.h"
+#include "hsdp/common/unix_socket.h"
+#include "tests/unit/device/cuda_ipc_message.h"
+
+extern char** environ;
+
+namespace hsdp {
+namespace {
+
+using device::CudaDeviceApi;
+
+std::unique_ptr<CudaDeviceApi> ApiOrSkipReason(std::string* reason) {
+  auto api = CudaDeviceApi::Create();
+  if (api->DeviceCount() == 0) *reason = "no GPU on this machine (" + api->unavailable_reason() + ")";
+  return api;
+}
+
+#define SKIP_WITHOUT_GPU(api)                                  \
+  std::string skip_reason_;                                    \
+  auto api = ApiOrSkipReason(&skip_reason_);                   \
+  if (api->DeviceCount() == 0) GTEST_SKIP() << skip_reason_
+
+absl::Status WaitEvent(CudaDeviceApi& api, device::EventHandle e) {
+  for (int i = 0; i < 100000; ++i) {
+    auto done = api.EventDone(e);
+    if (!done.ok()) return done.status();
+    if (*done) return absl::OkStatus();
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return absl::DeadlineExceededError("event did not complete in 10 s");
+}
+
+TEST(CudaDeviceTest, ReportsDevicesOrWhyNot) {
+  auto api = CudaDeviceApi::Create();
+  if (api->DeviceCount() == 0) {
+    EXPECT_FALSE(api->unavailable_reason().empty());
+    EXPECT_FALSE(api->Allocate(0, 16).ok());  // refused, not a crash
+    GTEST_SKIP() << "no GPU on this machine (" << api->unavailable_reason() << ")";
+  }
+  EXPECT_TRUE(api->unavailable_reason().empty());
+}
+
+TEST(CudaDeviceTest, VmmStreamsEventsAndTheScaleCastKernel) {
+  SKIP_WITHOUT_GPU(api);
+  const uint64_t n = 1 << 16;
+  auto src = api->Allocate(0, n * 4);
+  auto mid = api->Allocate(0, n * 2);
+  ASSERT_TRUE(src.ok() && mid.ok()) << src.status() << mid.status();
+  auto range = api->GetAddressRange(*src + 100);
+  ASSERT_TRUE(range.ok()) << range.status();
+  EXPECT_EQ(range->base, *src);
+  std::vector<float> in(n);
+  for (uint64_t i = 0; i < n; ++i) in[i] = float(i % 256);
+  ASSERT_TRUE(api->CopyToDevice(*src, in.data(), n * 4).ok());
+  auto hi = api->CreateStream(0, device::StreamPriority::kHigh);
+  auto lo = api->CreateStream(0, device::StreamPriority::kDefault);
+  ASSERT_TRUE(hi.ok() && lo.ok());
+  auto ev = api->CreateEvent(0, false);
+  ASSERT_TRUE(ev.ok());
+  // hi: f32 -> bf16 * 0.5 ; lo waits on it, then bf16 -> f32 * 4, in place into src.
+  ASSERT_TRUE(api->ScaleCastAsync(*src, DataType::kFloat32, *mid, DataType::kBFloat16, n, 0.5, *hi).ok());
+  ASSERT_TRUE(api->RecordEvent(*ev, *hi).ok());
+  ASSERT_TRUE(api->StreamWaitEvent(*lo, *ev).ok());
+  ASSERT_TRUE(api->ScaleCastAsync(*mid, DataType::kBFloat16, *src, DataType::kFloat32, n, 4.0, *lo).ok());
+  auto done = api->CreateEvent(0, false);
+  ASSERT_TRUE(api->RecordEvent(*done, *lo).ok());
+  ASSERT_TRUE(WaitEvent(*api, *done).ok());
+  std::vector<float> out(n);
+  ASSERT_TRUE(api->CopyToHost(out.data(), *src, n * 4).ok());
+  for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], 2.0f * in[i]) << i;
+  api->DestroyEvent(*ev);
+  api->DestroyEvent(*done);
+  api->DestroyStream(*hi);
+  api->DestroyStream(*lo);
+  EXPECT_TRUE(api->Free(*src).ok());
+  EXPECT_TRUE(api->Free(*mid).ok());
+}
+
+TEST(CudaIpcTest, TwoProcessesShareBothHandleKindsAndAProducerEvent) {
+  // The peer initialises CUDA itself; this process only after it reported.
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  char exe[4096];
+  const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  ASSERT_GT(len, 0);
+  exe[len] = 0;
+  std::string peer = std::string(exe);
+  peer = peer.substr(0, peer.rfind('/')) + "/cuda_ipc_peer";
+  std::string fd_arg = std::to_string(sv[1]);
+  char* argv[] = {peer.data(), fd_arg.data(), nullptr};
+  pid_t pid = 0;
+  ASSERT_EQ(::posix_spawn(&pid, peer.c_str(), nullptr, nullptr, argv, environ), 0) << peer;
+  ::close(sv[1]);
+  UniqueFd sock(sv[0]);
+  IpcMessage msg{};
+  std::vector<UniqueFd> fds;
+  ASSERT_TRUE(RecvWithFds(sock.get(), &msg, sizeof(msg), &fds, 60000).ok());
+  if (msg.tag == 'S') {
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    GTEST_SKIP() << "no GPU on this machine (the peer found none)";
+  }
+  ASSERT_EQ(msg.tag, 'H');
+  ASSERT_EQ(fds.size(), 1u);
+  auto api = CudaDeviceApi::Create();
+  ASSERT_GT(api->DeviceCount(), 0);
+  DeviceBufferRegistry reg(api.get());
+  DeviceBufferRequest vmm;
+  vmm.kind = device::HandleKind::kVmmFd;
+  vmm.device = 0;
+  vmm.fd = std::move(fds[0]);
+  vmm.allocation_bytes = msg.vmm_bytes;
+  vmm.size_bytes = msg.vmm_bytes;
+  auto vmm_id = reg.Register(1, std::move(vmm));
+  ASSERT_TRUE(vmm_id.ok()) << vmm_id.status();
+  DeviceBufferRequest legacy;
+  legacy.kind = device::HandleKind::kLegacyIpc;
+  legacy.device = 0;
+  legacy.handle = msg.legacy;
+  legacy.offset = msg.legacy_offset;
+  legacy.size_bytes = kIpcElems * 4;
+  auto legacy_id = reg.Register(1, std::move(legacy));
+  ASSERT_TRUE(legacy_id.ok()) << legacy_id.status();
+  auto event_id = reg.RegisterEvent(1, 0, msg.event);
+  ASSERT_TRUE(event_id.ok()) << event_id.status();
+  auto a = reg.Resolve(1, *vmm_id, 0, kIpcElems * 4, "send");
+  auto b = reg.Resolve(1, *legacy_id, 0, kIpcElems * 4, "send");
+  auto ev = reg.FindEvent(1, *event_id, 0);
+  ASSERT_TRUE(a.ok() && b.ok() && ev.ok());
+  // The daemon's stream waits for the producer, then doubles both buffers.
+  auto stream = api->CreateStream(0, device::StreamPriority::kHigh);
+  ASSERT_TRUE(stream.ok());
+  ASSERT_TRUE(api->StreamWaitEvent(*stream, *ev).ok());
+  ASSERT_TRUE(api->ScaleCastAsync(a->ptr, DataType::kFloat32, a->ptr, DataType::kFloat32, kIpcElems, 2.0, *stream).ok());
+  ASSERT_TRUE(api->ScaleCastAsync(b->ptr, DataType::kFloat32, b->ptr, DataType::kFloat32, kIpcElems, 2.0, *stream).ok());
+  auto done = api->CreateEvent(0, false);
+  ASSERT_TRUE(api->RecordEvent(*done, *stream).ok());
+  ASSERT_TRUE(WaitEvent(*api, *done).ok());
+  char d = 'D';
+  ASSERT_TRUE(SendWithFds(sock.get(), &d, 1, {}).ok());
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "the peer saw wrong data (exit code)";
+  EXPECT_EQ(reg.Stats(1).mappings, 2u);
+  reg.EndSession(1);
+  EXPECT_EQ(reg.node_mappings(), 0u);
+}
+
+struct Done {
+  std::promise<absl::Status> p;
+  EngineCallbacks Callbacks() {
+    EngineCallbacks cb;
+    cb.launched = [](uint64_t) {};
+    cb.completed = [this](absl::Status s, uint64_t) { p.set_value(s); };
+    return cb;
+  }
+  absl::Status Wait() {
+    auto f = p.get_future();
+    if (f.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+      return absl::DeadlineExceededError("no completion in 60 s");
+    }
+    return f.get();
+  }
+};
+
+TEST(NcclEngineCudaTest, CollectivesOnRealCommunicators) {
+  SKIP_WITHOUT_GPU(api);
+  nccl::NcclCollectives coll;
+  nccl::NcclEngine engine(api.get(), &coll);
+  const int n = std::min(api->DeviceCount(), 2);
+  const uint64_t count = 4096;
+  std::vector<device::DevicePtr> buf(n);
+  std::vector<float> host(count);
+  for (uint64_t i = 0; i < count; ++i) host[i] = float(i % 64);
+  EngineTask t;
+  t.collective = Collective::kAllReduce;
+  t.count = count;
+  t.group_key = "cuda";
+  t.spec.dtype = DataType::kFloat32;
+  t.spec.op = ReduceOp::kAvg;
+  t.spec.pre_divide = 2;     // PreMulSum(1/2) ...
+  t.spec.post_divide = 0.5;  // ... and an in-place scale by 1/(0.5 n)
+  for (int r = 0; r < n; ++r) {
+    auto p = api->Allocate(r, count * 4);
+    ASSERT_TRUE(p.ok());
+    buf[r] = *p;
+    ASSERT_TRUE(api->CopyToDevice(buf[r], host.data(), count * 4).ok());
+    EngineMember m;
+    m.global_rank = r;
+    m.send = m.recv = BufferView{MemoryKind::kDevice, r, reinterpret_cast<void*>(buf[r]), count * 4};
+    t.members.push_back(m);
+  }
+  Done d1;
+  engine.Launch(t, d1.Callbacks());
+  ASSERT_TRUE(d1.Wait().ok());
+  std::vector<float> out(count);
+  ASSERT_TRUE(api->CopyToHost(out.data(), buf[0], count * 4).ok());
+  // sum over n of x/2, divided by 0.5 n: x.
+  for (uint64_t i = 0; i < count; ++i) ASSERT_FLOAT_EQ(out[i], host[i]) << i;
+  // The same, through a bf16 wire (cast kernels around the collective).
+  t.spec.wire_dtype = DataType::kBFloat16;
+  Done d2;
+  engine.Launch(t, d2.Callbacks());
+  ASSERT_TRUE(d2.Wait().ok());
+  ASSERT_TRUE(api->CopyToHost(out.data(), buf[0], count * 4).ok());
+  for (uint64_t i = 0; i < count; ++i) ASSERT_FLOAT_EQ(out[i], host[i]) << i;
+  EXPECT_EQ(engine.stats().comm_inits, 1u);
+  engine.Shutdown();
+  for (auto p : buf) EXPECT_TRUE(api->Free(p).ok());
+}
+
+}  // namespace
+}  // namespace hsdp

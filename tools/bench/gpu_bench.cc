@@ -1,0 +1,169 @@
+// hsdp-gpu-bench: the NCCL engine on real GPUs, against raw NCCL calls made
+// in the same process and the same run (the baseline). For each size it runs
+// all-reduce (default-priority stream) and all-gather / reduce-scatter
+// (high-priority streams) over one rank per visible GPU and prints time per
+// op, bus bandwidth (nccl-tests convention) and engine/raw ratio. The
+// engine path includes what the daemon adds per op: the group call over
+// every local rank, events recorded and polled, the launcher thread.
+//
+//   hsdp-gpu-bench [--sizes-mb 1,16,64,256] [--iters N]
+// Exit code 2 when no GPU is visible (the message says why).
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "daemon/device/cuda_device_api.h"
+#include "daemon/engine/nccl/nccl_collectives.h"
+#include "daemon/engine/nccl/nccl_engine.h"
+
+using namespace hsdp;
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+bool WaitEvents(device::DeviceApi& dev, const std::vector<device::EventHandle>& evs) {
+  for (;;) {
+    bool all = true;
+    for (auto e : evs) {
+      auto d = dev.EventDone(e);
+      if (!d.ok()) return false;
+      all = all && *d;
+    }
+    if (all) return true;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<double> sizes_mb = {1, 16, 64, 256};
+  int iters = 20;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--sizes-mb" && i + 1 < argc) {
+      sizes_mb.clear();
+      for (auto s : absl::StrSplit(argv[++i], ',')) {
+        double v;
+        if (absl::SimpleAtod(s, &v)) sizes_mb.push_back(v);
+      }
+    } else if (a == "--iters" && i + 1 < argc) {
+      iters = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: hsdp-gpu-bench [--sizes-mb 1,16,64] [--iters N]\n");
+      return 1;
+    }
+  }
+  auto dev = device::CudaDeviceApi::Create();
+  if (dev->DeviceCount() == 0) {
+    std::printf("hsdp-gpu-bench: no GPU (%s)\n", dev->unavailable_reason().c_str());
+    return 2;
+  }
+  const int n = dev->DeviceCount();
+  nccl::NcclCollectives coll;
+  std::printf("hsdp-gpu-bench: %d GPU rank(s), %s, %d iterations per point\n", n,
+              coll.name().c_str(), iters);
+  std::printf("%-15s %10s %12s %12s %10s %10s %7s\n", "op", "bytes", "raw_us", "engine_us",
+              "raw_GB/s", "eng_GB/s", "ratio");
+  // Raw baseline: one communicator set, streams, a group call per op.
+  auto id = coll.NewUniqueId();
+  std::vector<int> ranks(n), devs(n);
+  for (int r = 0; r < n; ++r) ranks[r] = devs[r] = r;
+  auto comms = coll.InitRanks(*id, n, ranks, devs);
+  if (!comms.ok()) {
+    std::printf("init failed: %s\n", std::string(comms.status().message()).c_str());
+    return 1;
+  }
+  for (auto c : *comms) {
+    absl::Status err;
+    while (coll.Query(c, &err) == nccl::AsyncState::kInProgress) {
+    }
+  }
+  std::vector<device::StreamHandle> streams(n);
+  std::vector<device::EventHandle> events(n);
+  for (int r = 0; r < n; ++r) {
+    streams[r] = *dev->CreateStream(r, device::StreamPriority::kDefault);
+    events[r] = *dev->CreateEvent(r, false);
+  }
+  nccl::NcclEngine engine(dev.get(), &coll);
+  int failures = 0;
+  for (Collective c : {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {
+    for (double mb : sizes_mb) {
+      const uint64_t bytes = static_cast<uint64_t>(mb * (1 << 20)) / 4 * 4;
+      const uint64_t total = bytes;  // the full buffer (nccl-tests "size")
+      const uint64_t count = c == Collective::kAllReduce ? total / 4 : total / 4 / n;
+      std::vector<device::DevicePtr> send(n), recv(n);
+      for (int r = 0; r < n; ++r) {
+        send[r] = *dev->Allocate(r, total);
+        recv[r] = *dev->Allocate(r, total);
+      }
+      auto raw_once = [&]() {
+        (void)coll.GroupStart();
+        for (int r = 0; r < n; ++r) {
+          if (c == Collective::kAllReduce) {
+            (void)coll.AllReduce(send[r], recv[r], count, DataType::kFloat32, nccl::RedOp{},
+                                 (*comms)[r], streams[r]);
+          } else if (c == Collective::kAllGather) {
+            (void)coll.AllGather(send[r], recv[r], count, DataType::kFloat32, (*comms)[r], streams[r]);
+          } else {
+            (void)coll.ReduceScatter(send[r], recv[r], count, DataType::kFloat32, nccl::RedOp{},
+                                     (*comms)[r], streams[r]);
+          }
+        }
+        (void)coll.GroupEnd();
+        for (int r = 0; r < n; ++r) (void)dev->RecordEvent(events[r], streams[r]);
+        return WaitEvents(*dev, events);
+      };
+      EngineTask t;
+      t.collective = c;
+      t.count = count;
+      t.group_key = "bench";
+      t.spec.dtype = DataType::kFloat32;
+      for (int r = 0; r < n; ++r) {
+        EngineMember m;
+        m.global_rank = r;
+        m.send = BufferView{MemoryKind::kDevice, r, reinterpret_cast<void*>(send[r]), total};
+        m.recv = BufferView{MemoryKind::kDevice, r, reinterpret_cast<void*>(recv[r]), total};
+        t.members.push_back(m);
+      }
+      auto engine_once = [&]() {
+        std::promise<absl::Status> p;
+        EngineCallbacks cb;
+        cb.launched = [](uint64_t) {};
+        cb.completed = [&p](absl::Status s, uint64_t) { p.set_value(s); };
+        engine.Launch(t, cb);
+        return p.get_future().get().ok();
+      };
+      bool ok = raw_once() && engine_once();  // warm-up (and the engine's comm init)
+      double t0 = Now();
+      for (int i = 0; i < iters && ok; ++i) ok = raw_once();
+      const double raw = (Now() - t0) / iters;
+      t0 = Now();
+      for (int i = 0; i < iters && ok; ++i) ok = engine_once();
+      const double eng = (Now() - t0) / iters;
+      if (!ok) ++failures;
+      const double factor = c == Collective::kAllReduce ? 2.0 * (n - 1) / n : double(n - 1) / n;
+      const double bw_raw = n > 1 ? total * factor / raw / 1e9 : total / raw / 1e9;
+      const double bw_eng = n > 1 ? total * factor / eng / 1e9 : total / eng / 1e9;
+      std::printf("%-15s %10llu %12.1f %12.1f %10.2f %10.2f %7.2f%s\n",
+                  c == Collective::kAllReduce ? "all_reduce"
+                  : c == Collective::kAllGather ? "all_gather" : "reduce_scatter",
+                  (unsigned long long)total, raw * 1e6, eng * 1e6, bw_raw, bw_eng, eng / raw,
+                  ok ? "" : "  FAILED");
+      for (int r = 0; r < n; ++r) {
+        (void)dev->Free(send[r]);
+        (void)dev->Free(recv[r]);
+      }
+    }
+  }
+  engine.Shutdown();
+  for (auto c : *comms) (void)coll.Destroy(c);
+  return failures == 0 ? 0 : 1;
+}
