@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "hsdp/common/logging.h"
@@ -25,8 +26,23 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(std::unique_ptr<Engine
       config.cluster_data_address.empty() ? listen_host : config.cluster_data_address;
   // Rendezvous waits are bounded like the tasks themselves.
   const std::chrono::milliseconds wait(std::max<uint32_t>(1000, config.collective_timeout_ms));
+  // "<prefix>/" + Gloo's key: without the separator, key "10" of epoch 1
+  // ("k/1" "10") and key "0" of epoch 11 ("k/11" "0") would be the same.
   transport.store = [coordinator, wait](const std::string& prefix) {
-    return std::unique_ptr<gloo::rendezvous::Store>(new GlooStore(coordinator, prefix, wait));
+    return std::unique_ptr<gloo::rendezvous::Store>(
+        new GlooStore(coordinator, prefix + "/", wait));
+  };
+  // The coordinator's store is bounded: a link's addresses are deleted once
+  // every participant connected, so long-lived daemons do not fill it.
+  transport.release = [coordinator](const std::string& prefix,
+                                     const std::vector<std::string>& keys) {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const std::string& k : keys) full.push_back(prefix + "/" + k);
+    if (absl::Status s = coordinator->Delete(full, absl::Seconds(5)); !s.ok()) {
+      HSDP_LOG(Warning) << "cluster: could not delete the rendezvous keys of " << prefix << ": "
+                        << s;
+    }
   };
   HierarchicalEngineOptions options;
   options.threads = std::max(2, threads);

@@ -49,14 +49,45 @@ absl::Status FromGloo(const std::string& what, int peer_node, const std::string&
                                              ")"));
 }
 
+// Forwards to `inner` and remembers the keys set through it, so the link can
+// release exactly what its rendezvous wrote.
+class RecordingStore : public gloo::rendezvous::Store {
+ public:
+  explicit RecordingStore(std::unique_ptr<gloo::rendezvous::Store> inner)
+      : inner_(std::move(inner)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    inner_->set(key, data);
+    std::lock_guard<std::mutex> l(mu_);
+    keys_.push_back(key);
+  }
+  std::vector<char> get(const std::string& key) override { return inner_->get(key); }
+  void wait(const std::vector<std::string>& keys) override { inner_->wait(keys); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    inner_->wait(keys, timeout);
+  }
+  std::vector<std::string> keys() {
+    std::lock_guard<std::mutex> l(mu_);
+    return keys_;
+  }
+
+ private:
+  const std::unique_ptr<gloo::rendezvous::Store> inner_;
+  std::mutex mu_;
+  std::vector<std::string> keys_;
+};
+
+// Runs `release` once (the rendezvous keys of one link).
+using ReleaseOnce = std::function<void()>;
+
 class GlooLink : public NodeLink {
  public:
   // One context per device; messages of at least `stripe_min_bytes` are
   // striped across them, smaller ones spread by part.
   GlooLink(std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts,
-           std::vector<int> nodes, int self, size_t stripe_min_bytes)
+           std::vector<int> nodes, int self, size_t stripe_min_bytes, ReleaseOnce release)
       : contexts_(std::move(contexts)), nodes_(std::move(nodes)), self_(self),
-        stripe_min_bytes_(std::max<size_t>(1, stripe_min_bytes)) {}
+        stripe_min_bytes_(std::max<size_t>(1, stripe_min_bytes)), release_(std::move(release)) {}
 
   ~GlooLink() override {
     std::lock_guard<std::mutex> l(mu_);
@@ -100,6 +131,13 @@ class GlooLink : public NodeLink {
       for (Posted& p : posted) active_.push_back(&p);
     }
     absl::Status status = Wait(posted, deadline);
+    if (status.ok() && release_) {
+      // Every participant finished connecting (they all exchanged with us):
+      // the rendezvous keys are no longer read.
+      ReleaseOnce release = std::move(release_);
+      release_ = nullptr;
+      release();
+    }
     std::lock_guard<std::mutex> l(mu_);
     active_.clear();
     if (!status.ok() || !broken_.ok()) {
@@ -210,6 +248,7 @@ class GlooLink : public NodeLink {
   const std::vector<int> nodes_;
   const int self_;
   const size_t stripe_min_bytes_;
+  ReleaseOnce release_;  // only touched by Exchange (one at a time)
   std::mutex mu_;
   absl::Status broken_;  // guarded by mu_
   bool closed_ = false;  // guarded by mu_
@@ -234,10 +273,18 @@ class GlooTransport : public TransportFactory {
     absl::StatusOr<std::vector<std::shared_ptr<gloo::transport::Device>>> devices = Devices();
     if (!devices.ok()) return devices.status();
     const std::string prefix = StorePrefix(key, epoch);
-    std::unique_ptr<gloo::rendezvous::Store> store;
+    std::shared_ptr<RecordingStore> store;
+    ReleaseOnce release;
     try {
-      store = options_.store(prefix);
-      if (store == nullptr) return absl::InternalError("no rendezvous store");
+      std::unique_ptr<gloo::rendezvous::Store> inner = options_.store(prefix);
+      if (inner == nullptr) return absl::InternalError("no rendezvous store");
+      store = std::make_shared<RecordingStore>(std::move(inner));
+      if (options_.release) {
+        release = [fn = options_.release, prefix, store] {
+          const std::vector<std::string> keys = store->keys();
+          if (!keys.empty()) fn(prefix, keys);
+        };
+      }
       std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts;
       for (size_t k = 0; k < devices->size(); ++k) {
         auto context =
@@ -251,10 +298,11 @@ class GlooTransport : public TransportFactory {
         }
         contexts.push_back(std::move(context));
       }
-      return std::unique_ptr<NodeLink>(
-          new GlooLink(std::move(contexts), nodes, self, options_.stripe_min_bytes));
+      return std::unique_ptr<NodeLink>(new GlooLink(std::move(contexts), nodes, self,
+                                                    options_.stripe_min_bytes, std::move(release)));
     } catch (const std::exception& e) {
       absl::Status s = FromGloo(e.what(), -1, "connecting");
+      if (release) release();  // the link will not form: its keys are garbage
       if (s.code() == absl::StatusCode::kDeadlineExceeded && store != nullptr) {
         // Name the nodes whose address never appeared (Gloo's key per
         // participant is its index in the link).
@@ -275,6 +323,7 @@ class GlooTransport : public TransportFactory {
       return absl::Status(s.code(), absl::StrCat("connecting the link of ", prefix, " among nodes [",
                                                  absl::StrJoin(nodes, ", "), "]: ", s.message()));
     } catch (...) {
+      if (release) release();
       return absl::UnavailableError(absl::StrCat("connecting the link of ", prefix,
                                                  ": unknown error in Gloo"));
     }

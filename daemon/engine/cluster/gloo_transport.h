@@ -24,8 +24,12 @@
 // cross-node task first exchanges a header, and sizes follow from it), so
 // only a hostile host on the data network can.
 //
-// Store keys: each Connect writes one key per participant under its prefix;
-// Gloo's Store cannot delete, so they stay until the coordinator restarts.
+// Store keys: each Connect writes one key per participant under its prefix.
+// Gloo's Store cannot delete, so the link hands the keys it wrote to
+// `release` once they can no longer be needed: after its first successful
+// Exchange (every participant finished connecting, so every address was
+// read) or when the connect failed. Without `release` they stay until the
+// coordinator restarts.
 // Connecting the same (key, epoch) twice is not supported (the second
 // rendezvous would read the first one's addresses).
 //
@@ -37,6 +41,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "daemon/engine/cluster/node_transport.h"
 
@@ -57,6 +62,10 @@ struct GlooTransportOptions {
   // devices measured no better than 1 on loopback; more may pay on real
   // NICs and more cores.)
   int devices = 1;
+  // Deletes `keys` (as written through the store of `prefix`). Called at most
+  // once per Connect, from a link's Exchange or from Connect; may block
+  // briefly on the network. Null: keys are kept.
+  std::function<void(const std::string& prefix, const std::vector<std::string>& keys)> release;
   size_t stripe_min_bytes = 256 << 10;
 };
 

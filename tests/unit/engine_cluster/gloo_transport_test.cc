@@ -5,6 +5,11 @@
 // peer that goes away end in clear errors.
 #include "daemon/engine/cluster/gloo_transport.h"
 
+#include <algorithm>
+#include <mutex>
+#include <thread>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/cluster/hierarchical_engine.h"
 #include "daemon/engine/cpu/cpu_engine.h"
@@ -173,6 +178,103 @@ TEST(GlooTransport, AbortEndsAWaitingOperation) {
   cl.engine(0)->Abort(t, absl::AbortedError("aborted by the test"));
   ASSERT_TRUE(done.Wait(absl::Seconds(10)));
   EXPECT_EQ(done.status(0).code(), absl::StatusCode::kAborted) << done.status(0);
+}
+
+// What each node handed to `release`: (prefix, keys), in call order.
+struct Released {
+  std::mutex mu;
+  std::vector<std::pair<std::string, std::vector<std::string>>> calls;
+};
+
+void ExpectOwnKeys(const std::vector<std::string>& keys, int node) {
+  ASSERT_FALSE(keys.empty());
+  EXPECT_NE(std::find(keys.begin(), keys.end(), std::to_string(node)), keys.end());
+  for (const std::string& k : keys) {
+    EXPECT_TRUE(k == std::to_string(node) || k == absl::StrCat("rank_", node)) << k;
+  }
+}
+
+std::unique_ptr<TransportFactory> RecordingTransport(
+    std::shared_ptr<gloo::rendezvous::Store> store, std::shared_ptr<Released> released) {
+  GlooTransportOptions t;
+  t.data_address = "127.0.0.1";
+  t.store = [store](const std::string& prefix) {
+    return std::unique_ptr<gloo::rendezvous::Store>(new SharedPrefixStore(prefix, store));
+  };
+  t.release = [released](const std::string& prefix, const std::vector<std::string>& keys) {
+    std::lock_guard<std::mutex> l(released->mu);
+    released->calls.emplace_back(prefix, keys);
+  };
+  return MakeGlooTransport(std::move(t));
+}
+
+TEST(GlooTransport, RendezvousKeysAreReleasedAfterTheFirstExchange) {
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  std::vector<std::shared_ptr<Released>> released = {std::make_shared<Released>(),
+                                                      std::make_shared<Released>()};
+  std::vector<std::unique_ptr<TransportFactory>> factories;
+  for (int n = 0; n < 2; ++n) factories.push_back(RecordingTransport(store, released[n]));
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::vector<std::unique_ptr<NodeLink>> links(2);
+  std::vector<absl::Status> connected(2);
+  std::vector<std::thread> threads;
+  for (int n = 0; n < 2; ++n) {
+    threads.emplace_back([&, n] {
+      absl::StatusOr<std::unique_ptr<NodeLink>> link =
+          factories[n]->Connect("job/0,1#0", 3, {0, 1}, n, deadline);
+      connected[n] = link.status();
+      if (link.ok()) links[n] = std::move(*link);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_TRUE(connected[0].ok()) << connected[0];
+  ASSERT_TRUE(connected[1].ok()) << connected[1];
+  for (int n = 0; n < 2; ++n) EXPECT_TRUE(released[n]->calls.empty()) << "released before use";
+
+  threads.clear();
+  std::vector<int> out = {10, 11}, in = {-1, -1};
+  std::vector<absl::Status> exchanged(2);
+  for (int n = 0; n < 2; ++n) {
+    threads.emplace_back([&, n] {
+      exchanged[n] = links[n]->Exchange({{1 - n, &out[n], sizeof(int), 0}},
+                                        {{1 - n, &in[n], sizeof(int), 0}}, 1, deadline);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int n = 0; n < 2; ++n) {
+    ASSERT_TRUE(exchanged[n].ok()) << exchanged[n];
+    EXPECT_EQ(in[n], out[1 - n]);
+    ASSERT_EQ(released[n]->calls.size(), 1u) << "node " << n;
+    EXPECT_EQ(released[n]->calls[0].first, "job/0,1#0/3");
+    // The keys this node's rendezvous wrote (this Gloo writes "rank_<n>" and
+    // "<n>"): its own, never a peer's.
+    ExpectOwnKeys(released[n]->calls[0].second, n);
+  }
+  // Later exchanges release nothing more.
+  threads.clear();
+  for (int n = 0; n < 2; ++n) {
+    threads.emplace_back([&, n] {
+      exchanged[n] = links[n]->Exchange({{1 - n, &out[n], sizeof(int), 0}},
+                                        {{1 - n, &in[n], sizeof(int), 0}}, 2, deadline);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int n = 0; n < 2; ++n) {
+    ASSERT_TRUE(exchanged[n].ok()) << exchanged[n];
+    EXPECT_EQ(released[n]->calls.size(), 1u);
+  }
+}
+
+TEST(GlooTransport, AFailedConnectReleasesItsKeys) {
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  auto released = std::make_shared<Released>();
+  std::unique_ptr<TransportFactory> factory = RecordingTransport(store, released);
+  // Node 1 never comes.
+  absl::StatusOr<std::unique_ptr<NodeLink>> link =
+      factory->Connect("lonely", 1, {0, 1}, 0, absl::Now() + absl::Milliseconds(300));
+  ASSERT_FALSE(link.ok());
+  ASSERT_EQ(released->calls.size(), 1u);
+  ExpectOwnKeys(released->calls[0].second, 0);
 }
 
 }  // namespace
