@@ -1,6 +1,7 @@
 #include "daemon/engine/cluster/hierarchical_engine.h"
 
 #include <algorithm>
+#include <cctype>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -19,6 +20,34 @@ namespace hsdp {
 namespace {
 
 constexpr size_t kMaxRememberedFailures = 4096;
+
+// Transport errors name the node ("connection to node 2 lost"); the user
+// thinks in ranks: append the ranks of this task hosted by each node named.
+absl::Status NameRanksOfNodes(const absl::Status& status, const EngineTask& task) {
+  const std::string msg(status.message());
+  std::map<int, std::vector<int>> ranks_of;  // remote node -> global ranks
+  for (const EngineMember& m : task.members) {
+    if (!m.local) ranks_of[m.node].push_back(m.global_rank);
+  }
+  std::string extra;
+  for (const auto& [node, ranks] : ranks_of) {
+    const std::string needle = absl::StrCat("node ", node);
+    size_t at = msg.find(needle);
+    while (at != std::string::npos) {
+      const size_t end = at + needle.size();
+      if (end >= msg.size() || !std::isdigit(static_cast<unsigned char>(msg[end]))) break;
+      at = msg.find(needle, end);
+    }
+    if (at == std::string::npos) continue;
+    constexpr size_t kMaxNamed = 8;
+    std::vector<int> shown(ranks.begin(), ranks.begin() + std::min(ranks.size(), kMaxNamed));
+    absl::StrAppend(&extra, extra.empty() ? " (" : "; ", "node ", node, " hosts rank",
+                    ranks.size() == 1 ? " " : "s ", absl::StrJoin(shown, ", "),
+                    ranks.size() > kMaxNamed ? ", ..." : "");
+  }
+  if (extra.empty()) return status;
+  return absl::Status(status.code(), absl::StrCat(msg, extra, ")"));
+}
 // Workers grow on demand up to this many (at least options.threads): a
 // group waiting for a worker while its peers wait for it would stall until
 // the deadline, so every busy group should get one.
@@ -576,7 +605,10 @@ absl::Status HierarchicalEngine::Execute(const std::shared_ptr<XTask>& xt, Sidec
   run.scratch = scratch;
   run.pool = pool;
   absl::Status status = RunCrossNode(xt->task, *layout, run);
-  if (!status.ok()) link->Abort(status);  // peers must not wait for what will not come
+  if (!status.ok()) {
+    status = NameRanksOfNodes(status, xt->task);
+    link->Abort(status);  // peers must not wait for what will not come
+  }
   return status;
 }
 

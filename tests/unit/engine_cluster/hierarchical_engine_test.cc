@@ -545,6 +545,10 @@ TEST(HierarchicalEngine, AKilledNodeFailsEveryParticipantAndOtherGroupsGoOn) {
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(done.status(i).code(), absl::StatusCode::kUnavailable) << done.status(i);
     EXPECT_NE(done.status(i).message().find("node 2"), std::string::npos) << done.status(i);
+    // ... and the ranks it hosted (round robin over 3 nodes: group ranks 2 and 5,
+    // global ranks 102 and 105 in this harness).
+    EXPECT_NE(done.status(i).message().find("node 2 hosts ranks 102, 105"), std::string::npos)
+        << done.status(i);
   }
   EXPECT_FALSE(done.status(2).ok());
   // The group on nodes 0 and 1 keeps working.
