@@ -92,7 +92,7 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::Report(grpc::CallbackServerContext
       const std::string key = GroupEpochKey(e.group_key());
       uint32_t known = 0;
       if (absl::StatusOr<std::string> v = kv_->Get(key); v.ok()) (void)absl::SimpleAtoi(*v, &known);
-      if (e.epoch() >= known && e.epoch() < UINT32_MAX &&
+      if (e.epoch() >= known &&  // Report checked 1 <= epoch < kMaxGroupEpoch
           kv_->Set(key, absl::StrCat(e.epoch() + 1)).ok()) {  // a full store only loses the hint
         // Bounded: the oldest hints go first, so they never fill the store.
         absl::MutexLock l(&epoch_keys_mu_);

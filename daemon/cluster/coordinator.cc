@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/session/cluster_directory.h"
 #include "hsdp/common/logging.h"
 
 namespace hsdp {
@@ -166,6 +167,11 @@ absl::Status Coordinator::Report(const v1::ReportRequest& req) {
       return absl::InvalidArgumentError(absl::StrCat(
           "events: group_key must be 1 to ", kMaxEventField, " bytes and why at most ",
           kMaxEventField, " bytes"));
+    }
+    if (e.epoch() < 1 || e.epoch() >= kMaxGroupEpoch) {
+      return absl::InvalidArgumentError(absl::StrCat("events: epoch ", e.epoch(),
+                                                     " is out of range [1, ", kMaxGroupEpoch,
+                                                     ")"));
     }
   }
   absl::MutexLock l(&mu_);

@@ -195,7 +195,13 @@ absl::StatusOr<uint32_t> KvClusterDirectory::FirstEpoch(const std::string& key,
   }
   if (!v.ok()) return Named(v.status(), "looking up a group's epoch");
   uint32_t epoch = 0;
-  if (!absl::SimpleAtoi(*v, &epoch) || epoch < 1) return 1u;
+  if (!absl::SimpleAtoi(*v, &epoch) || epoch < 1 || epoch > kMaxGroupEpoch) {
+    // Only a peer that wrote the key by hand gets here: refuse rather than
+    // start an epoch the other daemons do not share (or one that wraps).
+    return absl::InternalError(absl::StrCat("the cluster coordinator ", client_->coordinator(),
+                                            " holds an invalid epoch \"", v->substr(0, 32),
+                                            "\" for group ", key.substr(0, 64)));
+  }
   return epoch;
 }
 

@@ -24,6 +24,12 @@
 
 namespace hsdp {
 
+// Group epochs that cross the network (failure reports, the coordinator's
+// epoch hints) are in [1, kMaxGroupEpoch). A group needs one epoch per
+// failure, so the bound is never reached in practice; it keeps a corrupt or
+// hostile value from wrapping a daemon's 32-bit epoch counter.
+inline constexpr uint32_t kMaxGroupEpoch = 1u << 30;
+
 class ClusterDirectory {
  public:
   virtual ~ClusterDirectory() = default;

@@ -173,6 +173,43 @@ inline void CompositeCase(Trainer* T, const Group& shard, const Group& replicate
         [&](uint64_t i) { return Reference(t, o, mesh, shard.rank * n + i); });
 }
 
+// Gradient accumulation over `micro` micro-batches in an HSDP mesh: each
+// micro-batch is only reduce-scattered in `shard` (its inputs start at
+// element m * stride, so every micro-batch differs) and added to a local
+// float32 accumulator; the accumulated shard is all-reduced in `replicate`
+// once at the end. Each rank gets, for its shard position, the sum over the
+// micro-batches of the sum over the whole mesh.
+inline void AccumulationCase(Trainer* T, const Group& shard, const Group& replicate,
+                             const std::vector<int>& mesh, int micro, uint64_t n,
+                             const std::string& label) {
+  const DataType t = DataType::kFloat32;
+  const std::string name = "accumulation " + label;
+  const uint64_t stride = n * shard.size;
+  std::vector<double> acc(n, 0.0);
+  for (int m = 0; m < micro; ++m) {
+    for (uint64_t i = 0; i < stride; ++i) {
+      StoreAs(t, T->At(T->send), i, Input(t, T->rank, m * stride + i));
+    }
+    if (!Await(T, T->client->ReduceScatter(shard, {T->send.id, 0}, {T->recv.id, 0}, n, t),
+               name + " reduce-scatter " + std::to_string(m))) {
+      return;
+    }
+    for (uint64_t i = 0; i < n; ++i) acc[i] += LoadAs(t, T->At(T->recv), i);
+  }
+  for (uint64_t i = 0; i < n; ++i) StoreAs(t, T->At(T->send), i, acc[i]);
+  if (!Await(T, T->client->AllReduce(replicate, {T->send.id, 0}, {T->recv.id, 0}, n, t),
+             name + " all-reduce")) {
+    return;
+  }
+  Check(T, name, t, {}, T->At(T->recv), n, [&](uint64_t i) {
+    double want = 0;
+    for (int m = 0; m < micro; ++m) {
+      want += Reference(t, ReduceOptions{}, mesh, m * stride + shard.rank * n + i);
+    }
+    return want;
+  });
+}
+
 // Rank `src` sends to `dst` (group ranks of `g`) with `tag`; called by both.
 inline void SendRecvCase(Trainer* T, const Group& g, int src, int dst, int tag, uint64_t n) {
   const DataType t = DataType::kFloat32;
