@@ -360,9 +360,8 @@ const InvalidCase kInvalidCases[] = {
      2},
     // Enumerations and strings.
     {"BadLogLevel", "log:\n  level: verbose\n", "log.level", "\"verbose\"", 2},
-    {"NcclEngineNotAvailable", "engine:\n  kind: nccl\n", "engine.kind",
-     "\"nccl\" is not available", 2},
     {"UnknownEngine", "engine:\n  kind: gpu\n", "engine.kind", "\"gpu\"", 2},
+    {"UnknownDeviceBackend", "engine:\n  device: rocm\n", "engine.device", "\"rocm\"", 2},
     {"RelativeSocket", "node:\n  socket: run/hsdpd.sock\n", "node.socket",
      "\"run/hsdpd.sock\" is not absolute", 2},
     {"NameWithControlCharacter", "node:\n  name: \"a\\tb\"\n", "node.name", "\"a\\tb\"", 2},

@@ -231,7 +231,7 @@ class ResolveBuffersTest : public ::testing::Test {
   }
   absl::Status Resolve(const shm::OpDescriptor& d, int rank = 0, int size = 4) {
     arrival_ = Arrival{};
-    return ResolveBuffers(d, rank, size, *session_, &arrival_);
+    return ResolveBuffers(d, rank, size, *session_, nullptr, &arrival_);
   }
   shm::OpDescriptor Desc(Collective c, uint64_t count, uint64_t send_off, uint64_t recv_off,
                          bool same_buffer = false) {
