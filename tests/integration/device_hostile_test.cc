@@ -323,7 +323,9 @@ TEST(DeviceHostileTest, CpuDaemonOffersNoDeviceMemory) {
 TEST(DeviceHostileTest, FakeDeviceNeedsADeviceEngine) {
   TempDir dir;
   DaemonProcess d(dir);
-  EXPECT_FALSE(d.Start("engine:\n  kind: cpu\n  device: fake\n"));
+  // The socket is bound before the engine is built: wait for the exit.
+  ASSERT_TRUE(d.Start("engine:\n  kind: cpu\n  device: fake\n", {}, {}, /*wait_ready=*/false));
+  EXPECT_TRUE(testing::Eventually([&] { return !d.Alive(); }, 10000));
   EXPECT_THAT(d.Log(), HasSubstr("needs engine.kind nccl or auto"));
 }
 

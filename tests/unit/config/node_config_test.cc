@@ -395,7 +395,7 @@ TEST(NodeConfigTest, SocketPathLengthLimit) {
 
 TEST(NodeConfigTest, UnknownKeyMessageListsKnownKeys) {
   EXPECT_THAT(ParseError("engine:\n  flavour: 1\n"),
-              HasSubstr("known keys: kind, threads, inline_max_bytes"));
+              HasSubstr("known keys: kind, device, threads, inline_max_bytes"));
   EXPECT_THAT(ParseError("colour: 1\n"),
               HasSubstr("known sections: node, engine, limits, data_plane, timeouts, log"));
 }

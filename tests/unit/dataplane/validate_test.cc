@@ -256,6 +256,25 @@ TEST_F(ResolveBuffersTest, ResolvesPointersAndKeepsMappingsAlive) {
   EXPECT_EQ(arrival_.recv_buf, b);
 }
 
+// Device buffer ids (bit 62) on a daemon without a device engine, and a
+// producer event on host buffers, are refused by name (the device path
+// itself runs in tests/integration/device_*_test.cc against a real hsdpd).
+TEST_F(ResolveBuffersTest, DeviceIdsNeedADeviceEngineAndEventsNeedDeviceBuffers) {
+  shm::OpDescriptor d = Desc(Collective::kAllReduce, 16, 0, 0);
+  d.send.buffer_id = shm::kDeviceBufferIdBit | 1;
+  absl::Status s = Resolve(d);
+  ExpectInvalid(s, "send.buffer_id");
+  EXPECT_NE(s.message().find("no device engine"), std::string::npos) << s;
+  d = Desc(Collective::kAllReduce, 16, 0, 0);
+  d.flags = shm::kFlagWaitEvent;
+  d.event_id = 1;
+  ExpectInvalid(Resolve(d), "event_id");
+  d = Good(Collective::kBarrier);
+  d.flags = shm::kFlagWaitEvent;
+  d.event_id = 1;
+  ExpectInvalid(Resolve(d), "event_id");
+}
+
 TEST_F(ResolveBuffersTest, UnknownBufferId) {
   shm::OpDescriptor d = Desc(Collective::kAllReduce, 16, 0, 0);
   d.send.buffer_id = 99;

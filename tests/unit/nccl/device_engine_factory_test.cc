@@ -128,4 +128,19 @@ TEST(DeviceEngineFactoryTest, EngineKindSelection) {
 }
 
 }  // namespace
+// engine.device: fake (tests only): the routing engine on the cross-process
+// fake device, only with a device engine kind; unknown backends are refused.
+TEST(DeviceEngineFactoryTest, FakeDeviceBackendIsExplicitAndNeedsADeviceKind) {
+  auto fake = MakeDeviceAwareEngine("nccl", std::make_unique<CpuEngine>(1, 1024), {}, "fake");
+  ASSERT_TRUE(fake.ok()) << fake.status();
+  ASSERT_NE(fake->device, nullptr);
+  EXPECT_EQ(fake->device->name(), "fake");
+  EXPECT_EQ(fake->device->DeviceCount(), kFakeDevices);
+  EXPECT_EQ(fake->engine->name(), "cpu+nccl");
+  auto on_cpu = MakeDeviceAwareEngine("cpu", std::make_unique<CpuEngine>(1, 1024), {}, "fake");
+  EXPECT_EQ(on_cpu.status().code(), absl::StatusCode::kInvalidArgument);
+  auto rocm = MakeDeviceAwareEngine("nccl", std::make_unique<CpuEngine>(1, 1024), {}, "rocm");
+  EXPECT_EQ(rocm.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace hsdp
