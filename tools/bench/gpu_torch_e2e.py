@@ -5,9 +5,11 @@ the torch backend "hsdpd" (legacy IPC handles of the caching allocator,
 producer events, Work.wait() ordering the current stream), checked against
 expected values; then FSDP2 fully_shard for a few steps where torch >= 2.4.
 
-World size: one process per GPU, up to 2 (NCCL runs one rank per GPU; on a
-single GPU the collectives are single-member, which still maps the memory,
-waits on the producer event and records the completion event). Exits 0 when
+Two trainer processes: one process group of world 2 when there are two GPUs
+(NCCL runs one rank per GPU); on a single GPU, two independent world-1 jobs
+on cuda:0 (their collectives are single-member, which still maps each
+trainer's memory into the daemon, waits on its producer event and records its
+completion event). Exits 0 when
 every check passed, 1 otherwise, 2 when no GPU / torch with CUDA is present.
 Never run on a GPU by its author (docs/gpu.md).
 """
@@ -20,13 +22,14 @@ import tempfile
 import time
 
 
-def worker(rank, world, init, results):
+def worker(rank, world, init, results, gpu, job):
+    os.environ["HSDP_JOB_ID"] = job
     import torch
     import torch.distributed as dist
     import hsdp.torch  # noqa: F401 - registers the "hsdpd" backend
-    torch.cuda.set_device(rank)
+    torch.cuda.set_device(gpu)
     dist.init_process_group("hsdpd", init_method=init, rank=rank, world_size=world)
-    dev = torch.device("cuda", rank)
+    dev = torch.device("cuda", gpu)
     failures = []
 
     def check(name, got, want):
@@ -114,15 +117,21 @@ def main():
         print("gpu_torch_e2e: hsdpd did not start:\n" + open(log.name).read())
         return 1
     os.environ["HSDPD_SOCKET"] = sock
-    world = min(2, torch.cuda.device_count())
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    init = "file://" + os.path.join(tmp, "rendezvous")
-    procs = [ctx.Process(target=worker, args=(r, world, init, results)) for r in range(world)]
+    if torch.cuda.device_count() >= 2:
+        world = 2
+        init = "file://" + os.path.join(tmp, "rendezvous")
+        args = [(r, 2, init, results, r, "e2e") for r in range(2)]
+    else:
+        world = 1  # two jobs of one rank each, both on cuda:0
+        args = [(0, 1, "file://" + os.path.join(tmp, f"rendezvous{k}"), results, 0, f"e2e-{k}")
+                for k in range(2)]
+    procs = [ctx.Process(target=worker, args=a) for a in args]
     for p in procs:
         p.start()
     failed = False
-    for _ in range(world):
+    for _ in range(len(procs)):
         try:
             rank, failures = results.get(timeout=300)
         except Exception:

@@ -5,7 +5,8 @@
 #      kinds across two processes, events, streams, the scale/cast kernel,
 #      the NCCL engine on real communicators) and the fake-backed engine tests,
 #      then the end-to-end daemon tests (a real hsdpd, trainer processes, both
-#      handle kinds; device_daemon / device_hostile on engine.device: fake) and
+#      handle kinds: cuda_daemon_integration_test on the GPU, device_daemon /
+#      device_hostile on engine.device: fake) and
 #      the torch backend with CUDA tensors and FSDP2 fully_shard against a real
 #      hsdpd with engine.kind nccl (tools/bench/gpu_torch_e2e.py, torch >= 2.4),
 #   3. the GPU benchmark: hsdp-gpu-bench (the NCCL engine vs raw NCCL in the
@@ -84,7 +85,7 @@ if cmake -S "$ROOT" -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInf
         nccl_engine_test nccl_fakes_test fake_device_api_test device_buffers_test \
         device_engine_factory_test hsdp-gpu-bench hsdpd hsdpctl \
         device_daemon_integration_test device_hostile_integration_test \
-        >"$BUILD_DIR.build.log" 2>&1; then
+        cuda_daemon_integration_test >"$BUILD_DIR.build.log" 2>&1; then
   record "build (HSDP_WITH_CUDA=ON)" "OK" "$BUILD_DIR"
 else
   record "build (HSDP_WITH_CUDA=ON)" "FAIL" "see $BUILD_DIR.configure.log / $BUILD_DIR.build.log"
@@ -96,12 +97,12 @@ fi
 # 2. device tests (real GPU) and the fake-backed engine tests
 for t in cuda_device_test nccl_engine_test nccl_fakes_test fake_device_api_test \
          device_buffers_test device_engine_factory_test device_daemon_integration_test \
-         device_hostile_integration_test; do
+         device_hostile_integration_test cuda_daemon_integration_test; do
   log="$BUILD_DIR/$t.log"
   if timeout 600 "$BUILD_DIR/tests/$t" >"$log" 2>&1; then
     skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z]' "$log" || true)
     passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log")
-    if [ "$t" = cuda_device_test ] && [ "${skipped:-0}" -gt 0 ]; then
+    if [[ "$t" == cuda_* ]] && [ "${skipped:-0}" -gt 0 ]; then
       record "$t" "FAIL" "$skipped test(s) skipped on a GPU machine (see $log)"
     else
       record "$t" "OK" "${passed:-?} passed"
