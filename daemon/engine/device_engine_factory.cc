@@ -150,7 +150,9 @@ absl::StatusOr<DeviceStack> MakeDeviceAwareEngine(const std::string& kind,
       return absl::FailedPreconditionError(absl::StrCat(
           "engine.kind: \"nccl\" needs a GPU: ", cuda->unavailable_reason()));
     }
-    out.engine = std::move(host);  // auto: host only
+    HSDP_LOG(Info) << "engine.kind auto: no GPU visible (" << cuda->unavailable_reason()
+                   << "); host memory only, device memory is not offered";
+    out.engine = std::move(host);
     return out;
   }
   out.device = cuda;
@@ -164,6 +166,7 @@ absl::StatusOr<DeviceStack> MakeDeviceAwareEngine(const std::string& kind,
         "HSDP_WITH_CUDA)");
   }
   (void)options;
+  HSDP_LOG(Info) << "engine.kind auto: built without CUDA/NCCL; host memory only";
   out.engine = std::move(host);
   return out;
 #endif

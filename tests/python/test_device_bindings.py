@@ -108,3 +108,18 @@ def test_cuda_tensors_through_the_torch_backend():
         pytest.skip("no CUDA: torch %s sees no GPU (the device path of the torch backend runs "
                     "only on a GPU machine: tools/scripts/run_gpu_tests.sh)" % torch.__version__)
     pytest.skip("run by tools/scripts/run_gpu_tests.sh against a daemon with engine.kind: nccl")
+
+
+def test_cuda_path_needs_device_memory():
+    # A CUDA tensor on a session without device memory (a CPU-only daemon)
+    # gets a clear error naming the fix, before anything is submitted.
+    from hsdp.torch.cuda_ops import CudaPath
+
+    class Raw:
+        device_memory = False
+
+    class FakeClient:
+        raw = Raw()
+
+    with pytest.raises(RuntimeError, match="engine.kind: nccl"):
+        CudaPath(FakeClient(), None, 10.0)
