@@ -64,7 +64,7 @@ void Expect(DeviceTrainer* T, const std::string& name, const float* got, uint64_
 }
 
 // All-reduce (out of place and in place, sum and max), all-gather,
-// reduce-scatter and broadcast on device buffers of 2 ranks.
+// reduce-scatter, broadcast and all-to-all on device buffers of 2 ranks.
 TEST(DeviceDaemonTest, EveryCollectiveOnDeviceBuffersMatchesTheReference) {
   TempDir dir;
   DaemonProcess d(dir);
@@ -120,6 +120,14 @@ TEST(DeviceDaemonTest, EveryCollectiveOnDeviceBuffersMatchesTheReference) {
     if (Await(&T, T.client->Broadcast(*g, send, recv, kCount, DataType::kFloat32, 1),
               "broadcast")) {
       Expect(&T, "broadcast", T.F(kRecvOffset), kCount, [](uint64_t i) { return In(1, i); });
+    }
+    // all-to-all (equal blocks): block j of rank i lands at rank j's recv + i * kCount
+    fill();
+    if (Await(&T, T.client->AllToAll(*g, send, recv, kCount, DataType::kFloat32),
+              "all_to_all")) {
+      Expect(&T, "all_to_all", T.F(kRecvOffset), kCount * kWorld, [&](uint64_t i) {
+        return In(int(i / kCount), rank * kCount + i % kCount);
+      });
     }
     std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
     return T.failures == 0 ? 0 : 2;
