@@ -92,13 +92,15 @@ TEST(DeviceEngineFactoryTest, DependenciesAndAbortReachTheRightEngine) {
   for (int i = 0; i < 2000 && rig.fake->calls().size() < 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  rig.fake->Stall(false);
   std::vector<device::DevicePtr> bufs2;
   EngineTask dep = DeviceAllReduce(rig, &bufs2, 1.0f, "g2");
   dep.depends_on = {t1};
   Pending p2;
   rig.engine->Launch(dep, p2.Callbacks());
   rig.engine->Abort(t1, absl::AbortedError("member left"));
+  // Only now: released earlier, t1 could finish before the abort reached it
+  // (seen under ctest -j2 load).
+  rig.fake->Stall(false);
   EXPECT_EQ(p1.Wait().status.code(), absl::StatusCode::kAborted);
   // The dependent saw its dependency fail (translated to the inner ticket).
   auto o2 = p2.Wait();
