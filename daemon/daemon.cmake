@@ -41,6 +41,11 @@ target_include_directories(hsdp_daemon_lib PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(hsdp_daemon_lib PUBLIC
   hsdp_config hsdp_cpu_kernels hsdp_common hsdp_proto hsdp_shm
   absl::synchronization absl::time absl::strings gRPC::grpc++)
+# The GPU data path (docs/gpu.md): device buffers in the dataplane, engine
+# selection (cpu / nccl / auto, cuda / fake), the DeviceMemory service.
+# hsdp_device_service links hsdp_daemon_lib back (static libraries may cycle).
+target_link_libraries(hsdp_daemon_lib PUBLIC hsdp_device_buffers hsdp_device_engine
+  hsdp_device_service)
 target_compile_definitions(hsdp_daemon_lib PRIVATE HSDP_VERSION="${PROJECT_VERSION}")
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/engine/cpu/partial_reduce.cc
   PROPERTIES COMPILE_OPTIONS -O3)

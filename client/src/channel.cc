@@ -109,6 +109,7 @@ bool SessionChannel::HarvestLocked(WorkState* w) {
   w->queued_ns = c.queued_ns;
   w->exec_ns = c.exec_ns;
   w->peer = c.peer;
+  w->event_id = c.event_id;
   w->done.store(true, std::memory_order_release);
   return true;
 }

@@ -29,6 +29,7 @@ struct WorkState {
   uint64_t queued_ns = 0;
   uint64_t exec_ns = 0;
   int peer = -1;  // recv: the source group rank
+  uint64_t event_id = 0;  // device completion event (slot + 1), 0 = none
 };
 
 class SessionChannel : public std::enable_shared_from_this<SessionChannel> {

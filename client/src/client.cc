@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "channel.h"
+#include "client_impl.h"
 #include "grpcpp/grpcpp.h"
 #include "hsdp/common/socket_path.h"
 #include "hsdp/common/status_macros.h"
@@ -22,166 +23,10 @@
 #include "hsdp/v1/node.grpc.pb.h"
 
 namespace hsdp {
-namespace {
 
-constexpr absl::Duration kRpcTimeout = absl::Seconds(30);
-
-absl::Status FromGrpc(const grpc::Status& s, const char* what) {
-  if (s.ok()) return absl::OkStatus();
-  auto code = static_cast<absl::StatusCode>(s.error_code());
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    return absl::UnavailableError(absl::StrCat(what, ": hsdpd unavailable: ", s.error_message()));
-  }
-  return absl::Status(code, s.error_message());
-}
-
-void SetDeadline(grpc::ClientContext* ctx) {
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
-}
-
-// Point-to-point and all-to-all fields of a submission.
-struct Peering {
-  int peer = 0;
-  int tag = 0;
-  BufferRef splits;
-};
-
-struct LocalBuffer {
-  UniqueFd fd;
-  void* data = nullptr;
-  size_t size = 0;
-};
-
-}  // namespace
-
-class Client::Impl {
- public:
-  ClientOptions options;
-  std::string socket_path;
-  std::shared_ptr<grpc::Channel> grpc_channel;
-  std::unique_ptr<v1::Node::Stub> stub;
-  uint64_t session_id = 0;
-  uint64_t features = 0;  // negotiated at Attach
-  std::shared_ptr<internal::SessionChannel> channel;
-
-  absl::Mutex mu;
-  std::map<uint64_t, LocalBuffer> buffers ABSL_GUARDED_BY(mu);
-  uint64_t next_fd_tag ABSL_GUARDED_BY(mu) = 1;
-  bool detached ABSL_GUARDED_BY(mu) = false;
-
-  ~Impl() {
-    (void)Detach();
-    absl::MutexLock l(&mu);
-    for (auto& [id, b] : buffers) ::munmap(b.data, b.size);
-  }
-
-  absl::Status Detach() {
-    {
-      absl::MutexLock l(&mu);
-      if (detached) return absl::OkStatus();
-      detached = true;
-    }
-    absl::Status rpc = absl::OkStatus();
-    if (stub != nullptr && session_id != 0) {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-      v1::DetachRequest req;
-      req.set_session_id(session_id);
-      v1::DetachResponse resp;
-      rpc = FromGrpc(stub->Detach(&ctx, req, &resp), "Detach");
-    }
-    if (channel != nullptr) channel->Close(absl::CancelledError("the client detached"));
-    return rpc;
-  }
-
-  // Checks that [ref.offset, ref.offset + bytes) lies in a buffer of this client.
-  absl::Status CheckRange(const char* field, BufferRef ref, uint64_t bytes) {
-    if (bytes == 0) return absl::OkStatus();  // nothing is read or written
-    absl::MutexLock l(&mu);
-    auto it = buffers.find(ref.buffer_id);
-    if (it == buffers.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": unknown buffer id ", ref.buffer_id));
-    }
-    if (ref.offset_bytes > it->second.size || bytes > it->second.size - ref.offset_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": range [", ref.offset_bytes, ", ", ref.offset_bytes + bytes,
-          ") is outside buffer ", ref.buffer_id, " of ", it->second.size, " bytes"));
-    }
-    return absl::OkStatus();
-  }
-
-  // The extents an uneven all-to-all's splits imply (read from our mapping).
-  absl::StatusOr<shm::OpExtents> SplitExtents(BufferRef splits, int n, size_t es) {
-    RETURN_IF_ERROR(CheckRange("splits", splits, 2 * uint64_t(n) * sizeof(uint64_t)));
-    absl::MutexLock l(&mu);
-    const auto* counts = reinterpret_cast<const uint64_t*>(
-        static_cast<const char*>(buffers.at(splits.buffer_id).data) + splits.offset_bytes);
-    uint64_t send = 0, recv = 0;
-    for (int i = 0; i < n; ++i) {
-      if (counts[i] > shm::kMaxCount || counts[n + i] > shm::kMaxCount) {
-        return absl::InvalidArgumentError(absl::StrCat("splits: count for rank ", i, " is above 2^40"));
-      }
-      send += counts[i];
-      recv += counts[n + i];
-    }
-    if (send > shm::kMaxCount || recv > shm::kMaxCount) {
-      return absl::InvalidArgumentError("splits: the counts add up to more than 2^40 elements");
-    }
-    return shm::OpExtents{send * es, recv * es};
-  }
-
-  absl::StatusOr<Work> Submit(Collective kind, const Group& g, const Group* g2, BufferRef send,
-                              BufferRef recv, size_t count, DataType dtype,
-                              const ReduceOptions& reduce, int root, Peering peering = {}) {
-    if (g.size <= 0 || (g2 != nullptr && g2->size <= 0)) {
-      return absl::InvalidArgumentError("group: not created by NewGroup");
-    }
-    shm::OpDescriptor d{};
-    d.collective = static_cast<uint8_t>(kind);
-    d.group_id = g.id;
-    d.epoch = g.epoch;
-    if (g2 != nullptr) {
-      d.group2_id = g2->id;
-      d.epoch2 = g2->epoch;
-    }
-    d.root = root;
-    d.peer = peering.peer;
-    d.tag = peering.tag;
-    d.splits = {peering.splits.buffer_id, peering.splits.offset_bytes};
-    d.premul_factor = d.pre_divide = d.post_divide = 1.0;
-    if (kind != Collective::kBarrier) {
-      d.count = count;
-      d.dtype = static_cast<uint8_t>(dtype);
-      d.send = {send.buffer_id, send.offset_bytes};
-      d.recv = {recv.buffer_id, recv.offset_bytes};
-    }
-    if (shm::IsReducing(kind)) {
-      d.reduce_op = static_cast<uint8_t>(reduce.op);
-      d.reduce_dtype = static_cast<uint8_t>(reduce.reduce_dtype);
-      d.premul_factor = reduce.premul_factor;
-      d.pre_divide = reduce.pre_divide;
-      d.post_divide = reduce.post_divide;
-    }
-    // The daemon's own rules (hsdp/shm/op_rules.h), applied before anything moves.
-    RETURN_IF_ERROR(shm::CheckDescriptorFields(d, features));
-    if (kind == Collective::kSend || kind == Collective::kRecv) {
-      if (d.peer >= g.size || d.peer == g.rank) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "peer: ", d.peer, " is not another rank of a group of size ", g.size));
-      }
-    }
-    if (kind != Collective::kBarrier) {
-      shm::OpExtents ext = shm::ComputeOpExtents(kind, count, DataTypeSize(dtype), g.size);
-      if (peering.splits.buffer_id != 0) {
-        ASSIGN_OR_RETURN(ext, SplitExtents(peering.splits, g.size, DataTypeSize(dtype)));
-      }
-      RETURN_IF_ERROR(CheckRange("send", send, ext.send_bytes));
-      RETURN_IF_ERROR(CheckRange("recv", recv, ext.recv_bytes));
-    }
-    return channel->Submit(d, g2 != nullptr);
-  }
-};
+using internal::FromGrpc;
+using internal::LocalBuffer;
+using internal::SetDeadline;
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
@@ -203,6 +48,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
                                                "HSDPD_SOCKET)"));
   }
   impl->stub = v1::Node::NewStub(impl->grpc_channel);
+  impl->device_stub = v1::DeviceMemory::NewStub(impl->grpc_channel);
 
   v1::AttachRequest req;
   req.set_job_id(options.job_id);
@@ -212,7 +58,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   req.set_device(options.device);
   req.set_pid(::getpid());
   req.set_protocol_version(shm::kLayoutVersion);
-  req.set_features(shm::kFeaturesImplemented);
+  // Device memory is offered too: the daemon agrees only when it runs a
+  // device engine (Client::device_memory()).
+  req.set_features(shm::kFeaturesImplemented |
+                   (options.offer_device_memory ? shm::kFeatureDeviceMemory : 0));
   v1::AttachResponse resp;
   {
     grpc::ClientContext ctx;
@@ -221,7 +70,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   impl->session_id = resp.session_id();
   impl->features = resp.features();
-  if ((impl->features & ~shm::kFeaturesImplemented) != 0 ||
+  if ((impl->features & ~(shm::kFeaturesImplemented | shm::kFeatureDeviceMemory)) != 0 ||
       (impl->features & shm::kFeaturesRequired) != shm::kFeaturesRequired) {
     return absl::FailedPreconditionError(absl::StrCat(
         "hsdpd ", resp.daemon_version(), " negotiated features 0x", absl::Hex(impl->features),
@@ -370,25 +219,30 @@ absl::StatusOr<Group> Client::RejoinGroup(const Group& group) {
 }
 
 absl::StatusOr<Work> Client::AllReduce(const Group& g, BufferRef send, BufferRef recv,
-                                       size_t count, DataType dtype, const ReduceOptions& r) {
-  return impl_->Submit(Collective::kAllReduce, g, nullptr, send, recv, count, dtype, r, 0);
+                                       size_t count, DataType dtype, const ReduceOptions& r,
+                                       const SubmitOptions& o) {
+  return impl_->Submit(Collective::kAllReduce, g, nullptr, send, recv, count, dtype, r, 0, {}, o);
 }
 absl::StatusOr<Work> Client::AllGather(const Group& g, BufferRef send, BufferRef recv,
-                                       size_t count, DataType dtype) {
-  return impl_->Submit(Collective::kAllGather, g, nullptr, send, recv, count, dtype, {}, 0);
+                                       size_t count, DataType dtype, const SubmitOptions& o) {
+  return impl_->Submit(Collective::kAllGather, g, nullptr, send, recv, count, dtype, {}, 0, {},
+                       o);
 }
 absl::StatusOr<Work> Client::ReduceScatter(const Group& g, BufferRef send, BufferRef recv,
                                            size_t count, DataType dtype,
-                                           const ReduceOptions& r) {
-  return impl_->Submit(Collective::kReduceScatter, g, nullptr, send, recv, count, dtype, r, 0);
+                                           const ReduceOptions& r, const SubmitOptions& o) {
+  return impl_->Submit(Collective::kReduceScatter, g, nullptr, send, recv, count, dtype, r, 0,
+                       {}, o);
 }
 absl::StatusOr<Work> Client::Broadcast(const Group& g, BufferRef send, BufferRef recv,
-                                       size_t count, DataType dtype, int root) {
+                                       size_t count, DataType dtype, int root,
+                                       const SubmitOptions& o) {
   if (root < 0 || root >= g.size) {
     return absl::InvalidArgumentError(
         absl::StrCat("root: ", root, " is not a rank of a group of size ", g.size));
   }
-  return impl_->Submit(Collective::kBroadcast, g, nullptr, send, recv, count, dtype, {}, root);
+  return impl_->Submit(Collective::kBroadcast, g, nullptr, send, recv, count, dtype, {}, root, {},
+                       o);
 }
 absl::StatusOr<Work> Client::Barrier(const Group& g) {
   return impl_->Submit(Collective::kBarrier, g, nullptr, {}, {}, 0, DataType::kInvalid, {}, 0);
@@ -396,9 +250,10 @@ absl::StatusOr<Work> Client::Barrier(const Group& g) {
 absl::StatusOr<Work> Client::ReduceScatterAllReduce(const Group& shard, const Group& replicate,
                                                     BufferRef send, BufferRef recv,
                                                     size_t count, DataType dtype,
-                                                    const ReduceOptions& r) {
+                                                    const ReduceOptions& r,
+                                                    const SubmitOptions& o) {
   return impl_->Submit(Collective::kReduceScatterAllReduce, shard, &replicate, send, recv, count,
-                       dtype, r, 0);
+                       dtype, r, 0, {}, o);
 }
 
 absl::StatusOr<Work> Client::Send(const Group& g, BufferRef send, size_t count, DataType dtype,

@@ -28,6 +28,19 @@ uint64_t Work::queued_ns() const {
 int Work::peer() const {
   return state_ && state_->done.load(std::memory_order_acquire) ? state_->peer : -1;
 }
+uint64_t Work::completion_event_id() const {
+  return state_ && state_->done.load(std::memory_order_acquire) && state_->status.ok()
+             ? state_->event_id
+             : 0;
+}
+
+absl::Status Work::WaitOnStream(const StreamWaitFn& stream_wait, absl::Duration timeout) {
+  if (absl::Status s = Wait(timeout); !s.ok()) return s;
+  const uint64_t event = completion_event_id();
+  if (event == 0 || !stream_wait) return absl::OkStatus();
+  return stream_wait(event);
+}
+
 uint64_t Work::exec_ns() const {
   return state_ && state_->done.load(std::memory_order_acquire) ? state_->exec_ns : 0;
 }

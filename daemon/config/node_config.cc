@@ -110,17 +110,25 @@ absl::Status ParseAllowedUids(const Field& f, NodeConfig* config) {
 absl::Status ParseEngineKind(const Field& f, NodeConfig* config) {
   RETURN_IF_ERROR(CheckScalar(f, "an engine kind"));
   const std::string& kind = f.value.Scalar();
-  if (kind == "cpu") {
+  // Whether "nccl" can run (built with CUDA, a GPU visible) is decided when
+  // the daemon starts, with the reason in its error.
+  if (kind == "cpu" || kind == "nccl" || kind == "auto") {
     config->engine_kind = kind;
     return absl::OkStatus();
   }
-  if (kind == "nccl") {
-    return f.Error(
-        "engine \"nccl\" is not available: the NCCL engine is not built into hsdpd yet; the "
-        "only supported kind is \"cpu\"");
+  return f.Error(absl::StrCat("unknown engine kind ", Quote(kind),
+                              "; kinds: \"cpu\", \"nccl\", \"auto\""));
+}
+
+absl::Status ParseEngineDevice(const Field& f, NodeConfig* config) {
+  RETURN_IF_ERROR(CheckScalar(f, "a device backend"));
+  const std::string& device = f.value.Scalar();
+  if (device == "cuda" || device == "fake") {
+    config->engine_device = device;
+    return absl::OkStatus();
   }
-  return f.Error(absl::StrCat("unknown engine kind ", Quote(kind), "; the only supported kind is "
-                              "\"cpu\""));
+  return f.Error(absl::StrCat("unknown device backend ", Quote(device),
+                              "; backends: \"cuda\", \"fake\" (tests only)"));
 }
 
 absl::Status ParseRingEntries(const Field& f, NodeConfig* config) {
@@ -234,8 +242,10 @@ constexpr KeySpec kNodeKeys[] = {
 };
 
 constexpr KeySpec kEngineKeys[] = {
-    {"kind", "collective engine: \"cpu\" (the only one built)", &ParseEngineKind,
-     &RenderString<&NodeConfig::engine_kind>},
+    {"kind", "collective engine: \"cpu\"; \"nccl\" (CPU + NCCL, needs a GPU); \"auto\" (NCCL when a GPU is visible)",
+     &ParseEngineKind, &RenderString<&NodeConfig::engine_kind>},
+    {"device", "device backend of nccl/auto: \"cuda\"; \"fake\" is TEST ONLY (host memory, CPU fake NCCL)",
+     &ParseEngineDevice, &RenderString<&NodeConfig::engine_device>},
     {"threads", "worker threads, 0..1024; 0 = all cores this process may use",
      [](const Field& f, NodeConfig* c) { return SetInteger(f, 0, 1024, &c->engine_threads); },
      &RenderNumber<&NodeConfig::engine_threads>},

@@ -22,7 +22,8 @@ struct NodeConfig {
   std::vector<uid_t> allowed_uids;  // node.allowed_uids; empty = {daemon uid, 0}
 
   // engine:
-  std::string engine_kind = "cpu";  // engine.kind: "cpu" (later "nccl")
+  std::string engine_kind = "cpu";  // engine.kind: "cpu", "nccl" or "auto"
+  std::string engine_device = "cuda";  // engine.device: "cuda", or "fake" (tests only)
   int engine_threads = 0;           // engine.threads: 0 = all cores this process may use
   uint64_t inline_max_bytes = 64 * 1024;  // engine.inline_max_bytes: smaller ops skip the pool
 

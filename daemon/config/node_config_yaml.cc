@@ -53,6 +53,7 @@ std::string NodeConfigToYaml(const NodeConfig& config) {
 std::string NodeConfigSummary(const NodeConfig& config) {
   return absl::StrCat(
       "engine=", config.engine_kind,
+      config.engine_device == "fake" ? " device=fake(TEST ONLY)" : "",
       " threads=", config.engine_threads == 0 ? "auto" : absl::StrCat(config.engine_threads),
       " ring_entries=", config.ring_entries, " spin_us=", config.spin_us,
       " collective_timeout_ms=", config.collective_timeout_ms,

@@ -9,8 +9,9 @@ namespace {
 constexpr int64_t kTickNs = 20'000'000;  // timeouts and housekeeping every 20 ms
 }
 
-Dispatcher::Dispatcher(SessionDirectory* directory, const WakeFd* wake, int64_t spin_ns)
-    : directory_(directory), wake_(wake), spin_ns_(spin_ns) {}
+Dispatcher::Dispatcher(SessionDirectory* directory, const WakeFd* wake, int64_t spin_ns,
+                       const DeviceBufferRegistry* device_buffers)
+    : directory_(directory), device_buffers_(device_buffers), wake_(wake), spin_ns_(spin_ns) {}
 
 Dispatcher::~Dispatcher() { Stop(); }
 
@@ -63,7 +64,9 @@ void Dispatcher::Handle(const std::shared_ptr<Session>& session, const shm::OpDe
           "group2_id: session ", session->id(), " is not a member of group ", d.group2_id));
     }
   }
-  if (a.rejected.ok()) a.rejected = ResolveBuffers(d, rank, group->size(), *session, &a);
+  if (a.rejected.ok()) {
+    a.rejected = ResolveBuffers(d, rank, group->size(), *session, device_buffers_, &a);
+  }
   group->Arrive(rank, std::move(a));
 }
 

@@ -34,9 +34,14 @@ class SessionDirectory {
   virtual void Housekeeping() = 0;
 };
 
+class DeviceBufferRegistry;
+
 class Dispatcher {
  public:
-  Dispatcher(SessionDirectory* directory, const WakeFd* wake, int64_t spin_ns);
+  // `device_buffers`: the device-buffer registry descriptors may name
+  // buffers of (kFeatureDeviceMemory); null when no device engine runs.
+  Dispatcher(SessionDirectory* directory, const WakeFd* wake, int64_t spin_ns,
+             const DeviceBufferRegistry* device_buffers = nullptr);
   ~Dispatcher();
 
   void Start();
@@ -52,6 +57,7 @@ class Dispatcher {
   bool DrainAll();
 
   SessionDirectory* const directory_;
+  const DeviceBufferRegistry* const device_buffers_;
   // Spins, then sleeps until a ring has work, the session set changed, a
   // stop, or `deadline_ns`.
   void Idle(int64_t deadline_ns);

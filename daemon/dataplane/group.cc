@@ -221,6 +221,12 @@ std::string Group::Disagreement(const PendingOp& op) const {
         [](const Arrival& a) { return absl::StrCat(a.desc.count); });
   check("dtype", [](const Arrival& a) { return a.desc.dtype; },
         [](const Arrival& a) { return std::string(DataTypeName(static_cast<DataType>(a.desc.dtype))); });
+  // One engine runs an operation: every member's buffers are host memory, or
+  // every member's are device memory.
+  check("memory", [](const Arrival& a) { return a.kind; },
+        [](const Arrival& a) {
+          return std::string(a.kind == MemoryKind::kDevice ? "device buffers" : "host buffers");
+        });
   const Collective c = static_cast<Collective>(ref.desc.collective);
   if (shm::IsReducing(c)) {
     check("reduce_op", [](const Arrival& a) { return a.desc.reduce_op; },
@@ -324,8 +330,17 @@ EngineTask Group::Lower(const PendingOp& op) const {
     m.local = IsLocal(r);
     if (!m.local) continue;
     const Arrival& a = op.arrivals.at(local_index_[r]);
-    m.send = BufferView{MemoryKind::kHost, -1, const_cast<void*>(a.send), ext.send_bytes};
-    m.recv = BufferView{MemoryKind::kHost, -1, a.recv, ext.recv_bytes};
+    m.send = BufferView{a.kind, a.device, const_cast<void*>(a.send), ext.send_bytes};
+    m.recv = BufferView{a.kind, a.device, a.recv, ext.recv_bytes};
+    if (a.kind == MemoryKind::kDevice) {
+      // Phase 2 of a composite waits on phase 1 (depends_on), not on the
+      // producer again; phase 1 records no completion (phase 2 reports).
+      const bool first_phase =
+          static_cast<Collective>(d.collective) == Collective::kReduceScatterAllReduce &&
+          !ref.phase2;
+      m.wait_event = a.phase2 ? 0 : a.wait_event;
+      m.done_event = first_phase ? 0 : a.done_event;
+    }
     m.send_counts = a.send_counts;
     m.recv_counts = a.recv_counts;
     for (uint64_t dep : a.depends_on) {
@@ -628,6 +643,11 @@ void Group::ForwardPhase2(std::vector<Arrival> arrivals, const absl::Status& sta
     next.send = a.recv;
     next.recv = a.recv;
     next.recv_buf = a.recv_buf;
+    next.kind = a.kind;
+    next.device = a.device;
+    next.recv_keep = a.recv_keep;
+    next.done_event = a.done_event;
+    next.completion_event_id = a.completion_event_id;
     next.first_ns = a.first_ns;
     if (depends_on != 0) next.depends_on.push_back(depends_on);
     if (!status.ok()) {
@@ -657,7 +677,8 @@ void Group::Notify(std::vector<Arrival> arrivals, const absl::Status& status, ui
       ForwardPhase2({std::move(a)}, status, 0);
       continue;
     }
-    a.session->Complete(a.desc.op_id, status, queued_ns, exec_ns);
+    a.session->Complete(a.desc.op_id, status, queued_ns, exec_ns, -1,
+                        status.ok() ? a.completion_event_id : 0);
   }
   if (spec_.observer != nullptr && status.ok()) {
     spec_.observer->OnCompleted(spec_, arrivals, status, queued_ns, exec_ns);

@@ -102,6 +102,19 @@ struct Arrival {
   std::vector<uint64_t> send_counts;
   std::vector<uint64_t> recv_counts;
   absl::Status rejected;  // not OK: this member's submission was invalid
+  // Device buffers (kFeatureDeviceMemory): `send` / `recv` are addresses in
+  // the daemon's device address space on `device`; the keeps hold their
+  // mappings until the operation completes. wait_event: the producer event
+  // the engine's stream waits on; done_event: the completion event it
+  // records (DeviceApi handles, 0 = none), reported to the client as
+  // completion_event_id (ring slot + 1) in the completion record.
+  MemoryKind kind = MemoryKind::kHost;
+  int device = -1;
+  std::shared_ptr<const void> send_keep;
+  std::shared_ptr<const void> recv_keep;
+  uint64_t wait_event = 0;
+  uint64_t done_event = 0;
+  uint64_t completion_event_id = 0;
 };
 
 // How often, and for how long in total, the others waited for a rank that

@@ -68,6 +68,48 @@ absl::Status ReadSplits(const shm::BufRef& ref, int group_size, uint64_t es,
   return absl::OkStatus();
 }
 
+// The device side of ResolveBuffers: ranges, producer event and completion
+// event from the registry (ResolveDeviceOperands holds the rules).
+absl::Status ResolveDevice(const shm::OpDescriptor& d, int group_rank, uint64_t send_bytes,
+                           uint64_t recv_bytes, const Session& session,
+                           const DeviceBufferRegistry* registry, Arrival* a) {
+  const bool negotiated = (session.info().features & shm::kFeatureDeviceMemory) != 0;
+  if (registry == nullptr || !negotiated) {
+    return Invalid(IsDeviceBufferId(d.send.buffer_id) ? "send.buffer_id" : "recv.buffer_id",
+                   registry == nullptr
+                       ? "names a device buffer, but this hsdpd runs no device engine"
+                       : "device buffers need the device-memory feature, which this session "
+                         "did not negotiate");
+  }
+  const auto c = static_cast<Collective>(d.collective);
+  if (c == Collective::kSend || c == Collective::kRecv) {
+    return Invalid("collective", "send and recv on device buffers are not supported yet");
+  }
+  if (d.splits.buffer_id != 0) {
+    return Invalid("splits", "uneven all-to-all on device buffers is not supported yet");
+  }
+  absl::StatusOr<DeviceOperands> ops = ResolveDeviceOperands(
+      *registry, session.id(), d, send_bytes, recv_bytes, group_rank, negotiated);
+  if (!ops.ok()) return ops.status();
+  a->kind = MemoryKind::kDevice;
+  a->device = send_bytes > 0 ? ops->send.device : ops->recv.device;
+  a->send = reinterpret_cast<const void*>(ops->send.ptr);
+  a->recv = reinterpret_cast<void*>(ops->recv.ptr);
+  a->send_keep = std::move(ops->send.keep);
+  a->recv_keep = std::move(ops->recv.keep);
+  a->wait_event = ops->wait_event;
+  // The completion event of the op's ring slot, when the client asked for
+  // completion events on this device (GetCompletionEvents); else none.
+  uint64_t event_id = 0;
+  if (absl::StatusOr<device::EventHandle> done =
+          registry->CompletionEventFor(session.id(), a->device, d.op_id, &event_id);
+      done.ok()) {
+    a->done_event = *done;
+    a->completion_event_id = event_id;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateFields(const shm::OpDescriptor& d, uint64_t features) {
@@ -75,9 +117,15 @@ absl::Status ValidateFields(const shm::OpDescriptor& d, uint64_t features) {
 }
 
 absl::Status ResolveBuffers(const shm::OpDescriptor& d, int group_rank, int group_size,
-                            const Session& session, Arrival* a) {
+                            const Session& session, const DeviceBufferRegistry* device_buffers,
+                            Arrival* a) {
   const auto c = static_cast<Collective>(d.collective);
-  if (c == Collective::kBarrier) return absl::OkStatus();
+  if (c == Collective::kBarrier) {
+    if ((d.flags & shm::kFlagWaitEvent) != 0) {
+      return Invalid("event_id", "a barrier moves no data and takes no producer event");
+    }
+    return absl::OkStatus();
+  }
   if (c == Collective::kBroadcast && (d.root < 0 || d.root >= group_size)) {
     return Invalid("root", absl::StrCat(d.root, " is not a rank of a group of size ", group_size));
   }
@@ -94,6 +142,12 @@ absl::Status ResolveBuffers(const shm::OpDescriptor& d, int group_rank, int grou
     if (absl::Status s = ReadSplits(d.splits, group_size, es, session, a, &ext); !s.ok()) return s;
   }
   const uint64_t send_bytes = ext.send_bytes, recv_bytes = ext.recv_bytes;
+  if (IsDeviceBufferId(d.send.buffer_id) || IsDeviceBufferId(d.recv.buffer_id)) {
+    return ResolveDevice(d, group_rank, send_bytes, recv_bytes, session, device_buffers, a);
+  }
+  if ((d.flags & shm::kFlagWaitEvent) != 0) {
+    return Invalid("event_id", "a producer event needs device buffers (these are host buffers)");
+  }
   char* send = nullptr;
   char* recv = nullptr;
   // A side that moves no bytes names no buffer (count 0, the other side of send/recv).
@@ -108,20 +162,10 @@ absl::Status ResolveBuffers(const shm::OpDescriptor& d, int group_rank, int grou
     a->recv = recv;
     return absl::OkStatus();
   }
-  // Overlap: exact in-place layouts only.
-  if (send < recv + recv_bytes && recv < send + send_bytes) {
-    bool ok = false;
-    if (c == Collective::kAllGather) ok = send == recv + uint64_t(group_rank) * unit;
-    else if (c == Collective::kReduceScatter || c == Collective::kReduceScatterAllReduce)
-      ok = recv == send + uint64_t(group_rank) * unit;
-    else if (c == Collective::kAllToAll) ok = false;  // blocks move between ranks: never in place
-    else ok = send == recv;
-    if (!ok) {
-      return Invalid("recv.offset_bytes",
-                     "send and recv overlap but are not an in-place layout (same range for "
-                     "all-reduce/broadcast; this rank's slice of the larger buffer for "
-                     "all-gather/reduce-scatter)");
-    }
+  const auto s = reinterpret_cast<uintptr_t>(send), r = reinterpret_cast<uintptr_t>(recv);
+  if (s < r + recv_bytes && r < s + send_bytes &&
+      !shm::InPlaceLayout(c, s, r, unit, group_rank)) {
+    return Invalid("recv.offset_bytes", shm::kNotInPlaceMessage);
   }
   a->send = send;
   a->recv = recv;

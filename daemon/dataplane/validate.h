@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/dataplane/group.h"
+#include "daemon/session/device_buffers.h"
 #include "daemon/session/session.h"
 #include "hsdp/shm/layout.h"
 
@@ -16,10 +17,14 @@ namespace hsdp {
 absl::Status ValidateFields(const shm::OpDescriptor& d, uint64_t features);
 
 // Checks buffers and ranges for a member of a group of `group_size` and
-// fills arrival->send/recv and the keep-alive references.
-// INVALID_ARGUMENT naming the field ("send.buffer_id", "recv.offset_bytes", ...).
+// fills arrival->send/recv and the keep-alive references. Buffer ids with
+// kDeviceBufferIdBit are device buffers of `device_buffers` (null when the
+// daemon runs no device engine): they fill the arrival's device fields
+// (kind, device, producer event, completion event). INVALID_ARGUMENT naming
+// the field ("send.buffer_id", "recv.offset_bytes", "event_id", ...).
 absl::Status ResolveBuffers(const shm::OpDescriptor& d, int group_rank, int group_size,
-                            const Session& session, Arrival* arrival);
+                            const Session& session, const DeviceBufferRegistry* device_buffers,
+                            Arrival* arrival);
 
 }  // namespace hsdp
 

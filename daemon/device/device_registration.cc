@@ -65,7 +65,8 @@ void DeviceRegistration::RegisterBuffer(const PeerCred& caller, uint64_t session
         }
         req->fd = *std::move(fd);
         (*shared_done)(Finish(session, std::move(*req)));
-      });
+      },
+      Session::FdKind::kDeviceHandle);
   if (!waiting.ok()) (*shared_done)(waiting);
 }
 

@@ -1,5 +1,6 @@
 #include "daemon/device/fake_device_api.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/device/fake_shm.h"
 #include "daemon/engine/cpu/reduce_kernels.h"
 
 namespace hsdp::device {
@@ -49,9 +51,14 @@ struct FakeDeviceApi::Event {
   struct State {
     std::mutex mu;
     std::condition_variable cv;
-    uint64_t recorded = 0;   // generation of the latest record
-    uint64_t completed = 0;  // generation the stream reached
-    absl::Status error;      // of the work the latest completed record captured
+    // Generation of the latest record and the one the stream reached: in
+    // `own`, or — cross-process mode, interprocess events — in a shared
+    // block another process records and waits on too.
+    fakeshm::EventBlock own{};
+    std::atomic<uint64_t>* recorded = &own.recorded;
+    std::atomic<uint64_t>* completed = &own.completed;
+    std::shared_ptr<fakeshm::SharedEvent> shared;  // keeps the block mapped
+    absl::Status error;  // of the work the latest completed record captured
   };
   int device;
   bool interprocess;
@@ -97,7 +104,8 @@ struct FakeDeviceApi::Stream {
   }
 };
 
-FakeDeviceApi::FakeDeviceApi(int devices, uint64_t arena_bytes) {
+FakeDeviceApi::FakeDeviceApi(int devices, uint64_t arena_bytes, bool cross_process)
+    : cross_process_(cross_process) {
   for (int d = 0; d < devices; ++d) arenas_.push_back(std::make_unique<Arena>(arena_bytes));
 }
 
@@ -229,11 +237,33 @@ absl::StatusOr<Mapping> FakeDeviceApi::ImportRecord(int device, const IpcHandleB
   return m;
 }
 
+absl::StatusOr<Mapping> FakeDeviceApi::ImportForeign(int device, int fd, uint64_t bytes) {
+  if (device < 0 || device >= DeviceCount()) {
+    return absl::InvalidArgumentError(absl::StrCat("fake device ", device, " does not exist"));
+  }
+  absl::StatusOr<fakeshm::MappedFile> m = fakeshm::MapFile(fd, bytes);
+  if (!m.ok()) return m.status();
+  std::lock_guard<std::mutex> l(mu_);
+  Mapping out{reinterpret_cast<uintptr_t>(m->data), m->bytes, device, next_handle_++};
+  mappings_[out.token] = out;
+  foreign_[out.ptr] = m->bytes;
+  ++imports_;
+  return out;
+}
+
 absl::StatusOr<Mapping> FakeDeviceApi::ImportLegacy(int device, const IpcHandleBytes& handle) {
+  if (cross_process_) {
+    absl::StatusOr<std::string> name = fakeshm::HandleName(fakeshm::kLegacyMagic, handle);
+    if (!name.ok()) return name.status();
+    UniqueFd fd(::shm_open(name->c_str(), O_RDWR | O_CLOEXEC, 0));
+    if (!fd.valid()) return absl::InvalidArgumentError("legacy handle names no live allocation");
+    return ImportForeign(device, fd.get(), 0);
+  }
   return ImportRecord(device, handle, 0);
 }
 
 absl::StatusOr<Mapping> FakeDeviceApi::ImportFd(int device, int fd, uint64_t bytes) {
+  if (cross_process_) return ImportForeign(device, fd, bytes);
   IpcHandleBytes record{};
   if (::pread(fd, record.data(), record.size(), 0) != static_cast<ssize_t>(record.size())) {
     return absl::InvalidArgumentError("fd is not a fake VMM handle (short read)");
@@ -243,7 +273,13 @@ absl::StatusOr<Mapping> FakeDeviceApi::ImportFd(int device, int fd, uint64_t byt
 
 absl::Status FakeDeviceApi::Unmap(const Mapping& mapping) {
   std::lock_guard<std::mutex> l(mu_);
-  if (mappings_.erase(mapping.token) == 0) return absl::NotFoundError("unmap of an unknown mapping");
+  auto it = mappings_.find(mapping.token);
+  if (it == mappings_.end()) return absl::NotFoundError("unmap of an unknown mapping");
+  if (auto f = foreign_.find(it->second.ptr); f != foreign_.end()) {
+    ::munmap(reinterpret_cast<void*>(f->first), f->second);
+    foreign_.erase(f);
+  }
+  mappings_.erase(it);
   return absl::OkStatus();
 }
 
@@ -295,10 +331,17 @@ absl::StatusOr<EventHandle> FakeDeviceApi::CreateEvent(int device, bool interpro
   if (device < 0 || device >= DeviceCount()) {
     return absl::InvalidArgumentError(absl::StrCat("fake device ", device, " does not exist"));
   }
+  auto state = std::make_shared<Event::State>();
+  if (cross_process_ && interprocess) {
+    absl::StatusOr<std::unique_ptr<fakeshm::SharedEvent>> shared = fakeshm::SharedEvent::Create();
+    if (!shared.ok()) return shared.status();
+    state->shared = *std::move(shared);
+    state->recorded = &state->shared->block()->recorded;
+    state->completed = &state->shared->block()->completed;
+  }
   std::lock_guard<std::mutex> l(mu_);
   const EventHandle h = next_handle_++;
-  events_[h] = std::make_shared<Event>(
-      Event{device, interprocess, h, std::make_shared<Event::State>()});
+  events_[h] = std::make_shared<Event>(Event{device, interprocess, h, std::move(state)});
   return h;
 }
 
@@ -311,6 +354,7 @@ absl::StatusOr<IpcHandleBytes> FakeDeviceApi::ExportEvent(EventHandle event) {
   std::shared_ptr<Event> e = FindEvent(event);
   if (e == nullptr) return absl::NotFoundError("export of an unknown event");
   if (!e->interprocess) return absl::InvalidArgumentError("event is not interprocess");
+  if (e->state->shared != nullptr) return e->state->shared->handle();
   IpcHandleBytes out{};
   const uint64_t fields[3] = {kEventMagic, e->origin, static_cast<uint64_t>(e->device)};
   std::memcpy(out.data(), fields, sizeof(fields));
@@ -318,6 +362,21 @@ absl::StatusOr<IpcHandleBytes> FakeDeviceApi::ExportEvent(EventHandle event) {
 }
 
 absl::StatusOr<EventHandle> FakeDeviceApi::ImportEvent(int device, const IpcHandleBytes& handle) {
+  if (cross_process_) {
+    if (device < 0 || device >= DeviceCount()) {
+      return absl::InvalidArgumentError(absl::StrCat("fake device ", device, " does not exist"));
+    }
+    absl::StatusOr<std::unique_ptr<fakeshm::SharedEvent>> shared = fakeshm::SharedEvent::Open(handle);
+    if (!shared.ok()) return shared.status();
+    auto state = std::make_shared<Event::State>();
+    state->shared = *std::move(shared);
+    state->recorded = &state->shared->block()->recorded;
+    state->completed = &state->shared->block()->completed;
+    std::lock_guard<std::mutex> l(mu_);
+    const EventHandle h = next_handle_++;
+    events_[h] = std::make_shared<Event>(Event{device, true, h, std::move(state)});
+    return h;
+  }
   uint64_t fields[3];
   std::memcpy(fields, handle.data(), sizeof(fields));
   if (fields[0] != kEventMagic) return absl::InvalidArgumentError("not a fake event handle");
@@ -345,7 +404,7 @@ absl::Status FakeDeviceApi::RecordEvent(EventHandle event, StreamHandle stream) 
   uint64_t gen;
   {
     std::lock_guard<std::mutex> l(e->state->mu);
-    gen = ++e->state->recorded;
+    gen = e->state->recorded->fetch_add(1) + 1;
   }
   s->Push([st = e->state, gen, raw = s.get()]() {
     absl::Status err;
@@ -354,7 +413,9 @@ absl::Status FakeDeviceApi::RecordEvent(EventHandle event, StreamHandle stream) 
       err = std::exchange(raw->error, absl::OkStatus());
     }
     std::lock_guard<std::mutex> l(st->mu);
-    st->completed = std::max(st->completed, gen);
+    uint64_t seen = st->completed->load();
+    while (seen < gen && !st->completed->compare_exchange_weak(seen, gen)) {
+    }
     st->error = err;
     st->cv.notify_all();
     return absl::OkStatus();
@@ -369,11 +430,11 @@ absl::Status FakeDeviceApi::StreamWaitEvent(StreamHandle stream, EventHandle eve
   uint64_t target;
   {
     std::lock_guard<std::mutex> l(e->state->mu);
-    target = e->state->recorded;
+    target = e->state->recorded->load();
   }
   s->Push([st = e->state, target, raw = s.get()]() {
     std::unique_lock<std::mutex> l(st->mu);
-    while (st->completed < target) {
+    while (st->completed->load() < target) {
       if (raw->cancel) return absl::CancelledError("stream destroyed while waiting on an event");
       st->cv.wait_for(l, std::chrono::milliseconds(5));
     }
@@ -386,12 +447,20 @@ absl::StatusOr<bool> FakeDeviceApi::EventDone(EventHandle event) {
   std::shared_ptr<Event> e = FindEvent(event);
   if (e == nullptr) return absl::NotFoundError("query of an unknown event");
   std::lock_guard<std::mutex> l(e->state->mu);
-  if (e->state->completed < e->state->recorded) return false;
+  if (e->state->completed->load() < e->state->recorded->load()) return false;
   if (!e->state->error.ok()) return e->state->error;
   return true;
 }
 
 bool FakeDeviceApi::InArena(DevicePtr ptr, uint64_t bytes) const {
+  if (cross_process_) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = foreign_.upper_bound(ptr);
+    if (it != foreign_.begin()) {
+      --it;
+      if (bytes <= it->second && ptr - it->first <= it->second - bytes) return true;
+    }
+  }
   for (const auto& a : arenas_) {
     const uint64_t lo = reinterpret_cast<uintptr_t>(a->mem);
     if (ptr >= lo && bytes <= a->size && ptr - lo <= a->size - bytes) return true;

@@ -32,8 +32,13 @@ namespace hsdp::device {
 
 class FakeDeviceApi : public DeviceApi {
  public:
-  // `devices` arenas of `arena_bytes` each.
-  explicit FakeDeviceApi(int devices, uint64_t arena_bytes = 64ull << 20);
+  // `devices` arenas of `arena_bytes` each. `cross_process` (engine.device:
+  // fake, TEST ONLY): imports map other processes' fake device memory
+  // (fake_shm.h: memfds and named shm objects) instead of this process's
+  // arenas, and interprocess events live in shared memory, so a real hsdpd
+  // serves trainer processes that own their "device memory".
+  explicit FakeDeviceApi(int devices, uint64_t arena_bytes = 64ull << 20,
+                         bool cross_process = false);
   ~FakeDeviceApi() override;
 
   std::string name() const override { return "fake"; }
@@ -99,11 +104,15 @@ class FakeDeviceApi : public DeviceApi {
   absl::StatusOr<Mapping> ImportRecord(int device, const IpcHandleBytes& record,
                                        uint64_t claimed_bytes);
   IpcHandleBytes MemRecord(DevicePtr base, const Allocation& a) const;
+  absl::StatusOr<Mapping> ImportForeign(int device, int fd, uint64_t bytes);
+
+  const bool cross_process_;
 
   std::vector<std::unique_ptr<Arena>> arenas_;
   mutable std::mutex mu_;
   std::map<DevicePtr, Allocation> allocations_;          // by base; guarded by mu_
   std::map<uint64_t, Mapping> mappings_;                 // by token; guarded by mu_
+  std::map<DevicePtr, uint64_t> foreign_;  // cross-process imports: base -> bytes; guarded by mu_
   std::map<StreamHandle, std::shared_ptr<Stream>> streams_;  // guarded by mu_
   std::map<EventHandle, std::shared_ptr<Event>> events_;     // guarded by mu_
   uint64_t next_generation_ = 1;  // guarded by mu_

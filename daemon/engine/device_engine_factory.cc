@@ -1,6 +1,9 @@
 #include "daemon/engine/device_engine_factory.h"
 
 #include "absl/strings/str_cat.h"
+#include "daemon/device/fake_device_api.h"
+#include "daemon/engine/nccl/fake_collectives.h"
+#include "hsdp/common/logging.h"
 #include "hsdp/common/status_macros.h"
 
 #ifdef HSDP_HAVE_CUDA
@@ -110,15 +113,35 @@ std::unique_ptr<Engine> MakeRoutingEngine(std::unique_ptr<Engine> host,
 
 absl::StatusOr<DeviceStack> MakeDeviceAwareEngine(const std::string& kind,
                                                   std::unique_ptr<Engine> host,
-                                                  nccl::NcclEngineOptions options) {
+                                                  nccl::NcclEngineOptions options,
+                                                  const std::string& device) {
   DeviceStack out;
+  if (kind != "cpu" && kind != "nccl" && kind != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat("engine.kind: unknown engine \"", kind,
+                                                   "\" (engines: cpu, nccl, auto)"));
+  }
+  if (device != "cuda" && device != "fake") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("engine.device: unknown device \"", device, "\" (cuda, or fake for tests)"));
+  }
   if (kind == "cpu") {
+    if (device == "fake") {
+      return absl::InvalidArgumentError(
+          "engine.device: \"fake\" needs engine.kind nccl or auto (cpu runs no device engine)");
+    }
     out.engine = std::move(host);
     return out;
   }
-  if (kind != "nccl" && kind != "auto") {
-    return absl::InvalidArgumentError(absl::StrCat("engine.kind: unknown engine \"", kind,
-                                                   "\" (engines: cpu, nccl, auto)"));
+  if (device == "fake") {
+    HSDP_LOG(Warning) << "engine.device: fake — TEST ONLY: device memory is host memory shared "
+                         "by the trainers, \"NCCL\" is a CPU fake; "
+                      << kFakeDevices << " fake GPUs. Never use this in production.";
+    auto fake = std::make_shared<device::FakeDeviceApi>(kFakeDevices, uint64_t{64} << 20,
+                                                        /*cross_process=*/true);
+    auto collectives = std::make_unique<nccl::FakeCollectives>(fake.get());
+    out.device = fake;
+    out.engine = MakeRoutingEngine(std::move(host), fake, std::move(collectives), options);
+    return out;
   }
 #ifdef HSDP_HAVE_CUDA
   std::shared_ptr<device::CudaDeviceApi> cuda = device::CudaDeviceApi::Create();
@@ -127,7 +150,9 @@ absl::StatusOr<DeviceStack> MakeDeviceAwareEngine(const std::string& kind,
       return absl::FailedPreconditionError(absl::StrCat(
           "engine.kind: \"nccl\" needs a GPU: ", cuda->unavailable_reason()));
     }
-    out.engine = std::move(host);  // auto: host only
+    HSDP_LOG(Info) << "engine.kind auto: no GPU visible (" << cuda->unavailable_reason()
+                   << "); host memory only, device memory is not offered";
+    out.engine = std::move(host);
     return out;
   }
   out.device = cuda;
@@ -141,6 +166,7 @@ absl::StatusOr<DeviceStack> MakeDeviceAwareEngine(const std::string& kind,
         "HSDP_WITH_CUDA)");
   }
   (void)options;
+  HSDP_LOG(Info) << "engine.kind auto: built without CUDA/NCCL; host memory only";
   out.engine = std::move(host);
   return out;
 #endif

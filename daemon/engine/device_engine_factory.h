@@ -8,6 +8,12 @@
 //                        has no CUDA/NCCL or no GPU is visible (named)
 //   engine.kind: auto -> routing engine when a GPU is visible, else host only
 //
+//   engine.device: cuda (default) -> the real CUDA device and NCCL
+//   engine.device: fake -> TEST ONLY: kFakeDevices host-memory "GPUs" in
+//                  cross-process mode (fake_shm.h) and the fake NCCL, so a
+//                  real hsdpd runs the whole device path in CI. Logged as a
+//                  warning at start; never chosen unless named.
+//
 // KindRoutingEngine: tickets are its own (each maps to the inner engine and
 // its ticket), so Abort and depends_on work across the two engines.
 // Thread-safety: all methods are thread-safe.
@@ -63,10 +69,15 @@ struct DeviceStack {
   std::unique_ptr<Engine> engine;
 };
 
-// `kind`: engine.kind from node.yaml. `host`: MakeEngine's engine.
+// Devices of engine.device: fake.
+inline constexpr int kFakeDevices = 8;
+
+// `kind`: engine.kind from node.yaml; `device`: engine.device ("cuda" or
+// "fake"). `host`: the host engine.
 absl::StatusOr<DeviceStack> MakeDeviceAwareEngine(const std::string& kind,
                                                   std::unique_ptr<Engine> host,
-                                                  nccl::NcclEngineOptions options = {});
+                                                  nccl::NcclEngineOptions options = {},
+                                                  const std::string& device = "cuda");
 
 // For tests: the same over given device and collective implementations
 // (which the returned engine then owns).

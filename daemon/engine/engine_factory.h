@@ -1,4 +1,7 @@
-// Builds the engine named by `engine.kind` in node.yaml.
+// Builds the engine named by `engine.kind` / `engine.device` in node.yaml:
+// the CPU engine for host memory, wrapped (kind nccl / auto) into the
+// routing engine that also runs device tasks on the NCCL engine
+// (device_engine_factory.h).
 #ifndef HSDP_DAEMON_ENGINE_ENGINE_FACTORY_H_
 #define HSDP_DAEMON_ENGINE_ENGINE_FACTORY_H_
 
@@ -6,19 +9,23 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "daemon/engine/device_engine_factory.h"
 #include "daemon/engine/engine.h"
 
 namespace hsdp {
 
 struct EngineOptions {
-  std::string kind = "cpu";  // "cpu"; "nccl" and "auto" once the GPU engine exists
-  int threads = 1;           // CPU threads for large tasks
+  std::string kind = "cpu";     // "cpu", "nccl" or "auto"
+  int threads = 1;              // CPU threads for large tasks
   uint64_t inline_max_bytes = 64 * 1024;
+  std::string device = "cuda";  // "cuda", or "fake" (tests only)
 };
 
-// UNIMPLEMENTED (naming the kind and what this build has) for a kind this
-// build cannot run; INVALID_ARGUMENT for an unknown kind.
-absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const EngineOptions& options);
+// The engine and, when it runs device tasks, the device API the daemon's
+// device-buffer registry maps with (DeviceStack::device; null otherwise).
+// INVALID_ARGUMENT for an unknown kind or device; FAILED_PRECONDITION (named)
+// for "nccl" without CUDA/NCCL in the build or without a visible GPU.
+absl::StatusOr<DeviceStack> MakeEngine(const EngineOptions& options);
 
 }  // namespace hsdp
 

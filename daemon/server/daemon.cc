@@ -9,6 +9,9 @@
 #include "daemon/cluster/cluster_node.h"
 #include "daemon/cluster/kv_cluster_directory.h"
 #include "daemon/dataplane/dispatcher.h"
+#include "daemon/device/device_registration.h"
+#include "daemon/device/device_service.h"
+#include "daemon/session/device_buffers.h"
 #include "daemon/engine/engine_factory.h"
 #include "daemon/observability/observability.h"
 #include "daemon/observability/observability_rpc.h"
@@ -98,8 +101,11 @@ absl::Status Daemon::Start() {
     RETURN_IF_ERROR(cluster_->Start());
   }
   const int threads = config_.engine_threads > 0 ? config_.engine_threads : UsableCores();
-  ASSIGN_OR_RETURN(engine_,
-                   MakeEngine(EngineOptions{config_.engine_kind, threads, config_.inline_max_bytes}));
+  ASSIGN_OR_RETURN(DeviceStack stack,
+                   MakeEngine(EngineOptions{config_.engine_kind, threads, config_.inline_max_bytes,
+                                            config_.engine_device}));
+  engine_ = std::move(stack.engine);
+  device_api_ = std::move(stack.device);
   if (cluster_) {
     if (cluster_engine_) {
       ASSIGN_OR_RETURN(engine_, cluster_engine_(std::move(engine_), cluster_->client(), config_,
@@ -121,6 +127,17 @@ absl::Status Daemon::Start() {
                        [this] { return CollectNodeGauges(*sessions_); }));
   sessions_ = std::make_unique<SessionManager>(config_, limits, engine_.get(), control_.get(),
                                                observability_.get(), directory_.get());
+  if (device_api_ != nullptr) {
+    // Device memory is offered only when a device engine runs: a session
+    // negotiates kFeatureDeviceMemory at Attach, then registers device
+    // buffers through the DeviceMemory service.
+    device_registry_ = std::make_unique<DeviceBufferRegistry>(device_api_.get());
+    device_registration_ =
+        std::make_unique<DeviceRegistration>(sessions_.get(), device_registry_.get());
+    sessions_->EnableFeatures(shm::kFeatureDeviceMemory);
+    HSDP_LOG(Info) << "device memory: " << device_api_->DeviceCount() << " device(s) on "
+                   << device_api_->name() << "; engine " << engine_->name();
+  }
   sessions_ready_.store(sessions_.get());
   RETURN_IF_ERROR(observability_->ServeMetrics());
   if (!config_.metrics_listen.empty()) {
@@ -128,7 +145,8 @@ absl::Status Daemon::Start() {
                    << observability_->metrics_address() << "/metrics";
   }
   dispatcher_ = std::make_unique<Dispatcher>(sessions_.get(), wake_.get(),
-                                             int64_t{config_.spin_us} * 1000);
+                                             int64_t{config_.spin_us} * 1000,
+                                             device_registry_.get());
   data_server_ = std::make_unique<DataConnServer>(
       sessions_.get(), wake_.get(), [this](uint32_t uid) { return peers_->Allowed(uid); });
   RETURN_IF_ERROR(data_server_->Start());
@@ -141,6 +159,10 @@ absl::Status Daemon::Start() {
                                                       observability_.get());
   health_service_ = std::make_unique<HealthServiceImpl>(auth_.get());
   admin_cluster_service_ = std::make_unique<AdminClusterServiceImpl>(auth_.get(), cluster_.get());
+  if (device_registration_ != nullptr) {
+    device_service_ = std::make_unique<DeviceMemoryServiceImpl>(
+        device_registration_.get(), auth_.get(), rpc_tracker_.get());
+  }
   grpc::ServerBuilder builder;
   // Connections come from AddInsecureChannelFromFd, where gRPC's handshake
   // timeout does not apply; measured: MAX_CONNECTION_IDLE closes one that
@@ -162,6 +184,7 @@ absl::Status Daemon::Start() {
   builder.RegisterService(admin_service_.get());
   builder.RegisterService(health_service_.get());
   builder.RegisterService(admin_cluster_service_.get());
+  if (device_service_ != nullptr) builder.RegisterService(device_service_.get());
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr) return absl::InternalError("cannot start the gRPC server");
 

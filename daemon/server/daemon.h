@@ -41,6 +41,12 @@ class NodeServiceImpl;
 class AdminServiceImpl;
 class Observability;
 class RpcTracker;
+class DeviceBufferRegistry;
+class DeviceRegistration;
+class DeviceMemoryServiceImpl;
+namespace device {
+class DeviceApi;
+}
 
 // Wraps the node's engine into one that also reaches other nodes, with the
 // coordinator's client for rendezvous (daemon/server/cluster_engine.h).
@@ -75,6 +81,14 @@ class Daemon {
   std::unique_ptr<Observability> observability_;
   std::unique_ptr<WakeFd> wake_;
   std::unique_ptr<Engine> engine_;
+  // The GPU path (docs/gpu.md), when the engine runs device tasks: the
+  // device API the registry maps with (shared with the engine), the
+  // per-session device buffers, their registration and gRPC service.
+  // Destroyed after the sessions ended (the registry unmaps at session end).
+  std::shared_ptr<device::DeviceApi> device_api_;
+  std::unique_ptr<DeviceBufferRegistry> device_registry_;
+  std::unique_ptr<DeviceRegistration> device_registration_;
+  std::unique_ptr<DeviceMemoryServiceImpl> device_service_;
   std::unique_ptr<Executor> control_;
   std::unique_ptr<PeerRegistry> peers_;
   std::unique_ptr<Authenticator> auth_;

@@ -60,6 +60,22 @@ std::string NotAMemfd(int fd) {
   return "";
 }
 
+// Empty when `fd` may be a device-memory handle: a real cuMem POSIX-fd
+// export (an anonymous inode or a driver file) or the fake device's memfd.
+// Never a socket (it could be the connection itself and keep it open
+// forever), a pipe, a directory or a plain file.
+std::string NotADeviceHandle(int fd) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return "an fd that cannot be inspected";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  if (S_ISFIFO(st.st_mode)) return "a pipe";
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISBLK(st.st_mode)) return "a block device";
+  // Regular files: only shmem ones (memfds; the fake device's handles).
+  if (S_ISREG(st.st_mode) && ::fcntl(fd, F_GET_SEALS) < 0) return "a regular file";
+  return "";
+}
+
 }  // namespace
 
 DataConnServer::DataConnServer(SessionManager* sessions, const WakeFd* wake,
@@ -155,6 +171,33 @@ std::optional<std::string> DataConnServer::OnFdMessage(Conn& c) {
         << " fds); ending the session";
     return "malformed message on its data connection";
   }
+  std::shared_ptr<Session> s = sessions_->FindSession(c.session_id);
+  if (msg.kind == shm::kFdKindDeviceHandle) {
+    // Device handles only from sessions that agreed to device memory (the
+    // daemon runs a device engine and the client offered the feature).
+    if (s == nullptr || (s->info().features & shm::kFeatureDeviceMemory) == 0) {
+      HSDP_LOG_EVERY_N_SEC(Warning, kWarnEverySec)
+          << "session " << c.session_id << " (uid " << c.cred.uid << ", pid " << c.cred.pid
+          << ") passed a device-memory handle without negotiating device memory; ending the "
+          << "session";
+      return "it passed a device-memory handle without negotiating device memory";
+    }
+    if (const std::string what = NotADeviceHandle(fds[0].get()); !what.empty()) {
+      HSDP_LOG_EVERY_N_SEC(Warning, kWarnEverySec)
+          << "session " << c.session_id << " (uid " << c.cred.uid << ", pid " << c.cred.pid
+          << ") passed " << what << " as a device-memory handle; closed it and ending the "
+          << "session";
+      return absl::StrCat("it passed ", what, " as a device-memory handle on its data connection");
+    }
+    s->PutFd(msg.fd_tag, std::move(fds[0]), Session::FdKind::kDeviceHandle);
+    return std::nullopt;
+  }
+  if (msg.kind != shm::kFdKindMemfd) {
+    HSDP_LOG_EVERY_N_SEC(Warning, kWarnEverySec)
+        << "session " << c.session_id << " (uid " << c.cred.uid << ", pid " << c.cred.pid
+        << "): fd message of unknown kind " << msg.kind << "; ending the session";
+    return absl::StrCat("it sent an fd message of unknown kind ", msg.kind);
+  }
   if (const std::string kind = NotAMemfd(fds[0].get()); !kind.empty()) {
     HSDP_LOG_EVERY_N_SEC(Warning, kWarnEverySec)
         << "session " << c.session_id << " (uid " << c.cred.uid << ", pid " << c.cred.pid
@@ -162,9 +205,7 @@ std::optional<std::string> DataConnServer::OnFdMessage(Conn& c) {
         << "session";
     return absl::StrCat("it passed ", kind, " instead of a memfd on its data connection");
   }
-  if (std::shared_ptr<Session> s = sessions_->FindSession(c.session_id); s != nullptr) {
-    s->PutFd(msg.fd_tag, std::move(fds[0]));
-  }
+  if (s != nullptr) s->PutFd(msg.fd_tag, std::move(fds[0]), Session::FdKind::kMemfd);
   return std::nullopt;
 }
 

@@ -6,9 +6,12 @@
 // are non-blocking and each connection keeps its own partial message (and
 // the fds that came with it), so a client that sends a byte at a time holds
 // up nobody else. A connection must complete its hello by the deadline the
-// listener set (timeouts.hello_ms from accept). Only memfds are accepted
-// afterwards: any other fd (a socket, which could be the connection itself
-// and keep it open forever, a pipe, a file) is closed at once and ends the
+// listener set (timeouts.hello_ms from accept). Afterwards each message
+// carries one fd of a declared kind (shm::FdMessage::kind): a memfd (host
+// buffers), or — only for a session that negotiated kFeatureDeviceMemory — a
+// device-memory handle, which only RegisterDeviceBuffer can claim. Anything
+// else (a socket, which could be the connection itself and keep it open
+// forever, a pipe, a file, an unknown kind) is closed at once and ends the
 // session, as does a message with more fds than it may carry.
 #ifndef HSDP_DAEMON_SERVER_DATA_CONN_SERVER_H_
 #define HSDP_DAEMON_SERVER_DATA_CONN_SERVER_H_

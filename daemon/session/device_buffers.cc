@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "hsdp/common/logging.h"
+#include "hsdp/shm/op_rules.h"
 
 namespace hsdp {
 namespace {
@@ -13,6 +14,19 @@ absl::Status Invalid(const char* field, const std::string& what) {
 }
 
 }  // namespace
+
+struct DeviceBufferRegistry::MappingHold {
+  MappingHold(device::DeviceApi* d, device::Mapping m, UniqueFd f)
+      : dev(d), mapping(m), fd(std::move(f)) {}
+  ~MappingHold() {
+    if (absl::Status st = dev->Unmap(mapping); !st.ok()) {
+      HSDP_LOG(Warning) << "unmapping a device allocation failed: " << st.message();
+    }
+  }
+  device::DeviceApi* const dev;
+  const device::Mapping mapping;
+  UniqueFd fd;  // VMM: kept open so the inode (part of the key) stays unique
+};
 
 DeviceBufferRegistry::DeviceBufferRegistry(device::DeviceApi* dev, DeviceBufferLimits limits)
     : dev_(dev), limits_(limits) {}
@@ -110,7 +124,7 @@ absl::StatusOr<uint64_t> DeviceBufferRegistry::Register(uint64_t session_id,
     }
     MappingEntry e;
     e.mapping = *m;
-    e.fd = std::move(r.fd);
+    e.hold = std::make_shared<MappingHold>(dev_, *m, std::move(r.fd));
     it = s.mappings.emplace(*key, std::move(e)).first;
     s.mapped_bytes += m->bytes;
     ++node_mappings_;
@@ -125,15 +139,13 @@ absl::StatusOr<uint64_t> DeviceBufferRegistry::Register(uint64_t session_id,
   }
   ++e.refs;
   const uint64_t id = kDeviceBufferIdBit | s.next_buffer++;
-  s.buffers[id] = Buffer{*key, r.device, e.mapping.ptr + r.offset, r.size_bytes, nullptr};
+  s.buffers[id] = Buffer{*key, r.device, e.mapping.ptr + r.offset, r.size_bytes, e.hold};
   return id;
 }
 
 void DeviceBufferRegistry::Unmap(PerSession& s,
                                  std::map<MappingKey, MappingEntry>::iterator it) {
-  if (absl::Status st = dev_->Unmap(it->second.mapping); !st.ok()) {
-    HSDP_LOG(Warning) << "unmapping a device allocation failed: " << st.message();
-  }
+  // The hold unmaps now, or when the last operation using it completes.
   s.mapped_bytes -= std::min(s.mapped_bytes, it->second.mapping.bytes);
   --node_mappings_;
   s.mappings.erase(it);
@@ -149,12 +161,17 @@ absl::StatusOr<uint64_t> DeviceBufferRegistry::RegisterOwned(uint64_t session_id
         "device buffers per session: the limit of ", limits_.max_buffers_per_session, " is reached"));
   }
   const uint64_t id = kDeviceBufferIdBit | s.next_buffer++;
-  s.buffers[id] = Buffer{MappingKey{}, device, ptr, bytes, std::move(release)};
+  std::shared_ptr<const void> keep(nullptr, [release = std::move(release)](const void*) {
+    if (release) release();
+  });
+  s.buffers[id] = Buffer{MappingKey{}, device, ptr, bytes, std::move(keep)};
   return id;
 }
 
 absl::Status DeviceBufferRegistry::Free(uint64_t session_id, uint64_t buffer_id) {
-  std::function<void()> release;
+  // Dropped after the lock: the last holder unmaps or gives a range back.
+  std::shared_ptr<const void> release;
+  std::shared_ptr<MappingHold> hold;
   {
     std::lock_guard<std::mutex> l(mu_);
     auto si = sessions_.find(session_id);
@@ -164,12 +181,14 @@ absl::Status DeviceBufferRegistry::Free(uint64_t session_id, uint64_t buffer_id)
     }
     PerSession& s = si->second;
     auto bi = s.buffers.find(buffer_id);
-    release = std::move(bi->second.release);
+    release = std::move(bi->second.keep);
     auto mi = s.mappings.find(bi->second.key);
     s.buffers.erase(bi);
-    if (mi != s.mappings.end() && --mi->second.refs == 0) Unmap(s, mi);
+    if (mi != s.mappings.end() && --mi->second.refs == 0) {
+      hold = std::move(mi->second.hold);
+      Unmap(s, mi);
+    }
   }
-  if (release) release();
   return absl::OkStatus();
 }
 
@@ -192,7 +211,7 @@ absl::StatusOr<DeviceRange> DeviceBufferRegistry::Resolve(uint64_t session_id, u
                                                    bytes, ") is outside device buffer ",
                                                    buffer_id, " of ", b->bytes, " bytes"));
   }
-  return DeviceRange{b->device, b->ptr + offset, bytes};
+  return DeviceRange{b->device, b->ptr + offset, bytes, b->keep};
 }
 
 absl::StatusOr<uint64_t> DeviceBufferRegistry::RegisterEvent(uint64_t session_id, int device,
@@ -284,13 +303,15 @@ absl::StatusOr<std::vector<device::IpcHandleBytes>> DeviceBufferRegistry::Comple
 }
 
 absl::StatusOr<device::EventHandle> DeviceBufferRegistry::CompletionEventFor(
-    uint64_t session_id, int device, uint64_t op_id) const {
+    uint64_t session_id, int device, uint64_t op_id, uint64_t* event_id) const {
   std::lock_guard<std::mutex> l(mu_);
   auto si = sessions_.find(session_id);
   if (si != sessions_.end()) {
     auto ci = si->second.completion.find(device);
     if (ci != si->second.completion.end() && !ci->second.empty()) {
-      return ci->second[op_id % ci->second.size()];
+      const uint64_t slot = op_id % ci->second.size();
+      if (event_id != nullptr) *event_id = slot + 1;
+      return ci->second[slot];
     }
   }
   return absl::FailedPreconditionError(absl::StrCat(
@@ -298,24 +319,25 @@ absl::StatusOr<device::EventHandle> DeviceBufferRegistry::CompletionEventFor(
 }
 
 void DeviceBufferRegistry::EndSession(uint64_t session_id) {
-  std::vector<std::function<void()>> releases;
+  std::vector<std::shared_ptr<const void>> releases;  // dropped after the lock
   {
     std::lock_guard<std::mutex> l(mu_);
     auto si = sessions_.find(session_id);
     if (si == sessions_.end()) return;
     PerSession& s = si->second;
-    for (auto& [id, b] : s.buffers) {
-      if (b.release) releases.push_back(std::move(b.release));
-    }
+    for (auto& [id, b] : s.buffers) releases.push_back(std::move(b.keep));
     s.buffers.clear();
-    while (!s.mappings.empty()) Unmap(s, s.mappings.begin());
+    while (!s.mappings.empty()) {
+      releases.push_back(std::move(s.mappings.begin()->second.hold));
+      Unmap(s, s.mappings.begin());
+    }
     for (auto& [id, e] : s.events) dev_->DestroyEvent(e.second);
     for (auto& [d, evs] : s.completion) {
       for (device::EventHandle h : evs) dev_->DestroyEvent(h);
     }
     sessions_.erase(si);
   }
-  for (auto& r : releases) r();
+  releases.clear();
 }
 
 DeviceBufferStats DeviceBufferRegistry::Stats(uint64_t session_id) const {
@@ -369,21 +391,10 @@ absl::StatusOr<DeviceOperands> ResolveDeviceOperands(const DeviceBufferRegistry&
     }
     // Overlap: exact in-place layouts only (as for host buffers).
     const uint64_t s = out.send.ptr, r = out.recv.ptr;
-    if (s < r + recv_bytes && r < s + send_bytes) {
-      const auto c = static_cast<Collective>(d.collective);
-      const uint64_t unit = d.count * DataTypeSize(static_cast<DataType>(d.dtype));
-      bool ok;
-      if (c == Collective::kAllGather) {
-        ok = s == r + uint64_t(group_rank) * unit;
-      } else if (c == Collective::kReduceScatter || c == Collective::kReduceScatterAllReduce) {
-        ok = r == s + uint64_t(group_rank) * unit;
-      } else {
-        ok = c != Collective::kAllToAll && s == r;
-      }
-      if (!ok) {
-        return Invalid("recv.offset_bytes",
-                       "send and recv overlap but are not an in-place layout");
-      }
+    const uint64_t unit = d.count * DataTypeSize(static_cast<DataType>(d.dtype));
+    if (s < r + recv_bytes && r < s + send_bytes &&
+        !shm::InPlaceLayout(static_cast<Collective>(d.collective), s, r, unit, group_rank)) {
+      return Invalid("recv.offset_bytes", shm::kNotInPlaceMessage);
     }
   }
   if ((d.flags & shm::kFlagWaitEvent) != 0) {

@@ -51,8 +51,8 @@
 
 namespace hsdp {
 
-inline constexpr uint64_t kDeviceBufferIdBit = 1ull << 62;
-inline bool IsDeviceBufferId(uint64_t id) { return (id & kDeviceBufferIdBit) != 0; }
+using shm::kDeviceBufferIdBit;  // defined with the descriptor layout
+using shm::IsDeviceBufferId;
 
 struct DeviceBufferLimits {
   uint32_t max_buffers_per_session = 4096;
@@ -76,10 +76,14 @@ struct DeviceBufferRequest {
 };
 
 // A resolved range of a device buffer, in the daemon's address space.
+// `keep` holds the buffer's mapping (or daemon-owned range): a buffer freed,
+// or a session ended, while an operation still uses the range is unmapped
+// only when that operation drops its DeviceRange.
 struct DeviceRange {
   int device = -1;
   device::DevicePtr ptr = 0;
   uint64_t bytes = 0;
+  std::shared_ptr<const void> keep;
 };
 
 struct DeviceBufferStats {
@@ -129,9 +133,11 @@ class DeviceBufferRegistry {
   absl::StatusOr<std::vector<device::IpcHandleBytes>> CompletionEvents(uint64_t session_id,
                                                                       int device, uint32_t slots);
   // The event to record when op `op_id` of the session finishes on `device`
-  // (FAILED_PRECONDITION when CompletionEvents was not called for it).
+  // (FAILED_PRECONDITION when CompletionEvents was not called for it);
+  // `event_id` (optional) gets the id the completion record carries (slot + 1).
   absl::StatusOr<device::EventHandle> CompletionEventFor(uint64_t session_id, int device,
-                                                         uint64_t op_id) const;
+                                                         uint64_t op_id,
+                                                         uint64_t* event_id = nullptr) const;
 
   // Frees every buffer, mapping and event of the session. Idempotent.
   void EndSession(uint64_t session_id);
@@ -142,9 +148,12 @@ class DeviceBufferRegistry {
  private:
   // Allocation identity: kind, device, handle bytes or (st_dev, st_ino), generation.
   using MappingKey = std::tuple<int, int, std::string, uint64_t>;
+  // Unmaps (and closes the VMM fd) when the last holder lets go: the
+  // registry's entry, and operations in flight (DeviceRange::keep).
+  struct MappingHold;
   struct MappingEntry {
     device::Mapping mapping;
-    UniqueFd fd;  // VMM: kept open so the inode (part of the key) stays unique
+    std::shared_ptr<MappingHold> hold;
     int refs = 0;
   };
   struct Buffer {
@@ -152,7 +161,9 @@ class DeviceBufferRegistry {
     int device;
     device::DevicePtr ptr;  // start of the buffer in the daemon's space
     uint64_t bytes;
-    std::function<void()> release;  // daemon-owned ranges: gives the range back
+    // The mapping's hold, or for daemon-owned ranges one that gives the range
+    // back when the last holder lets go.
+    std::shared_ptr<const void> keep;
   };
   struct PerSession {
     std::map<MappingKey, MappingEntry> mappings;

@@ -33,25 +33,47 @@ bool Session::MarkDataConnected(int64_t peer_pid) {
   return true;
 }
 
-void Session::PutFd(uint64_t tag, UniqueFd fd) {
+namespace {
+// Delivers `fd` to a waiter that expects `want`; the wrong kind is refused
+// (and the fd closed), naming both.
+void Deliver(Session::FdCallback& done, uint64_t tag, UniqueFd fd, Session::FdKind have,
+             Session::FdKind want) {
+  if (have != want) {
+    auto name = [](Session::FdKind k) {
+      return k == Session::FdKind::kMemfd ? "a host memfd (RegisterBuffer)"
+                                          : "a device-memory handle (RegisterDeviceBuffer)";
+    };
+    done(absl::InvalidArgumentError(absl::StrCat("fd_tag: the fd tagged ", tag, " was passed as ",
+                                                 name(have), ", not as ", name(want))));
+    return;
+  }
+  done(std::move(fd));
+}
+}  // namespace
+
+void Session::PutFd(uint64_t tag, UniqueFd fd, FdKind kind) {
   FdCallback done;
+  FdKind want;
   {
     absl::MutexLock l(&mu_);
     if (ended_) return;
     auto it = fd_waiters_.find(tag);
     if (it == fd_waiters_.end()) {
       if (pending_fds_.size() >= kMaxPendingFds) pending_fds_.erase(pending_fds_.begin());
-      pending_fds_[tag] = std::move(fd);
+      pending_fds_[tag] = {std::move(fd), kind};
       return;
     }
     done = std::move(it->second.done);
+    want = it->second.kind;
     fd_waiters_.erase(it);
   }
-  done(std::move(fd));
+  Deliver(done, tag, std::move(fd), kind, want);
 }
 
-absl::Status Session::AwaitFd(uint64_t tag, absl::Time deadline, FdCallback done) {
+absl::Status Session::AwaitFd(uint64_t tag, absl::Time deadline, FdCallback done,
+                             FdKind kind) {
   UniqueFd fd;
+  FdKind have;
   {
     absl::MutexLock l(&mu_);
     if (ended_) return absl::NotFoundError(absl::StrCat("session_id: session ", id_, " ended"));
@@ -66,13 +88,14 @@ absl::Status Session::AwaitFd(uint64_t tag, absl::Time deadline, FdCallback done
             "session ", id_, " already has ", fd_waiters_.size(),
             " RegisterBuffer calls waiting for their file descriptors"));
       }
-      fd_waiters_[tag] = FdWaiter{deadline, std::move(done)};
+      fd_waiters_[tag] = FdWaiter{deadline, std::move(done), kind};
       return absl::OkStatus();
     }
-    fd = std::move(it->second);
+    fd = std::move(it->second.first);
+    have = it->second.second;
     pending_fds_.erase(it);
   }
-  done(std::move(fd));
+  Deliver(done, tag, std::move(fd), have, kind);
   return absl::OkStatus();
 }
 
@@ -176,10 +199,10 @@ uint64_t Session::ClearBuffers() {
 }
 
 void Session::Complete(uint64_t op_id, const absl::Status& status, uint64_t queued_ns,
-                       uint64_t exec_ns, int32_t peer) {
+                       uint64_t exec_ns, int32_t peer, uint64_t event_id) {
   (status.ok() ? ops_completed_ : ops_failed_).fetch_add(1, std::memory_order_relaxed);
   in_flight_.fetch_sub(1, std::memory_order_relaxed);
-  channel_->Complete(op_id, status, queued_ns, exec_ns, peer);
+  channel_->Complete(op_id, status, queued_ns, exec_ns, peer, event_id);
 }
 
 void Session::Close() {

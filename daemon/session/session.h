@@ -57,15 +57,21 @@ class Session {
 
   // --- fds passed over the data connection, claimed by RegisterBuffer ---
   using FdCallback = std::function<void(absl::StatusOr<UniqueFd>)>;
+  // What an fd was passed as (shm::FdMessage::kind): a host memfd, claimed
+  // only by RegisterBuffer, or a device-memory handle (kFeatureDeviceMemory),
+  // claimed only by RegisterDeviceBuffer. A waiter for the other kind gets
+  // INVALID_ARGUMENT and the fd is closed.
+  enum class FdKind : uint8_t { kMemfd = 0, kDeviceHandle = 1 };
   // Hands the fd to a waiter for `tag`, or parks it (bounded) until one comes.
-  void PutFd(uint64_t tag, UniqueFd fd);
+  void PutFd(uint64_t tag, UniqueFd fd, FdKind kind = FdKind::kMemfd);
   // Calls `done` with the fd tagged `tag` once it is here — at once if it
   // already is — or with NOT_FOUND once `deadline` passes (ExpireFdWaiters)
   // or the session ends. Never blocks. RESOURCE_EXHAUSTED (returned, `done`
   // not called) when the session already has kMaxFdWaiters waiters or a
   // waiter for `tag`. `done` runs on the thread that resolves it and must
   // not block.
-  absl::Status AwaitFd(uint64_t tag, absl::Time deadline, FdCallback done);
+  absl::Status AwaitFd(uint64_t tag, absl::Time deadline, FdCallback done,
+                       FdKind kind = FdKind::kMemfd);
   // Fails waiters whose deadline passed.
   void ExpireFdWaiters(absl::Time now);
   static constexpr size_t kMaxFdWaiters = 16;
@@ -96,7 +102,7 @@ class Session {
   // --- operations ---
   // Writes op `op_id`'s completion to the client and counts it.
   void Complete(uint64_t op_id, const absl::Status& status, uint64_t queued_ns, uint64_t exec_ns,
-                int32_t peer = -1);
+                int32_t peer = -1, uint64_t event_id = 0);
   uint64_t ops_completed() const { return ops_completed_.load(); }
   uint64_t ops_failed() const { return ops_failed_.load(); }
 
@@ -125,10 +131,11 @@ class Session {
   uint64_t buffer_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // registrations in progress
   uint32_t reserved_count_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<uint64_t, UniqueFd> pending_fds_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::pair<UniqueFd, FdKind>> pending_fds_ ABSL_GUARDED_BY(mu_);
   struct FdWaiter {
     absl::Time deadline;
     FdCallback done;
+    FdKind kind = FdKind::kMemfd;
   };
   std::map<uint64_t, FdWaiter> fd_waiters_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;

@@ -109,7 +109,7 @@ ShmChannel::PopResult ShmChannel::Pop(shm::OpDescriptor* out) {
 }
 
 void ShmChannel::Complete(uint64_t op_id, const absl::Status& status, uint64_t queued_ns,
-                          uint64_t exec_ns, int32_t peer) {
+                          uint64_t exec_ns, int32_t peer, uint64_t event_id) {
   shm::Completion& c = completions_[op_id & (entries_ - 1)];
   c.code = static_cast<int32_t>(status.code());
   const absl::string_view msg = status.message();
@@ -119,6 +119,7 @@ void ShmChannel::Complete(uint64_t op_id, const absl::Status& status, uint64_t q
   c.queued_ns = queued_ns;
   c.exec_ns = exec_ns;
   c.peer = peer;
+  c.event_id = event_id;
   c.op_id.store(op_id, std::memory_order_release);
   shm::RingDoorbell(&header_->client_bell);
 }

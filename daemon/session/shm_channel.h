@@ -69,8 +69,9 @@ class ShmChannel {
   // Writes the completion record for `op_id` (message truncated to fit) and
   // rings the client's doorbell.
   // `peer`: for a receive, the group rank the data came from; else -1.
+  // `event_id`: the device completion event recorded for it (slot + 1), or 0.
   void Complete(uint64_t op_id, const absl::Status& status, uint64_t queued_ns, uint64_t exec_ns,
-                int32_t peer = -1);
+                int32_t peer = -1, uint64_t event_id = 0);
 
   // Tells the client the session is over (its waits fail fast).
   void Close();

@@ -236,7 +236,11 @@ void BindClient(py::module_& m) {
       .def_property_readonly("queued_ns", [](PyWork& w) { return w.work().queued_ns(); })
       .def_property_readonly("exec_ns", [](PyWork& w) { return w.work().exec_ns(); })
       .def_property_readonly("peer", [](PyWork& w) { return w.work().peer(); },
-                             "A finished recv: the group rank the data came from; else -1.");
+                             "A finished recv: the group rank the data came from; else -1.")
+      .def_property_readonly(
+          "completion_event_id", [](PyWork& w) { return w.work().completion_event_id(); },
+          "Device path: the daemon's completion event of the finished op (index + 1 into "
+          "Client.completion_events(device)); 0 for none.");
 
   using RO = std::optional<std::string>;
   py::class_<PyClient>(m, "Client", R"doc(
@@ -260,50 +264,59 @@ else the default socket path.)doc")
           "all_reduce",
           [](PyClient& c, const Group& g, py::handle send, py::handle recv, size_t count,
              const std::string& dtype, const std::string& op, double premul, double pre_divide,
-             double post_divide, const RO& reduce_dtype) {
+             double post_divide, const RO& reduce_dtype, uint64_t wait_event) {
             BufferRef s = ToRef(send, "send"), r = ToRef(recv, "recv");
             DataType dt = ParseDtypeOrThrow(dtype, "dtype");
             ReduceOptions ro = MakeReduceOptions(op, premul, pre_divide, post_divide, reduce_dtype);
-            return c.Submit([&](Client& cl) { return cl.AllReduce(g, s, r, count, dt, ro); });
+            const SubmitOptions so{wait_event};
+            return c.Submit([&](Client& cl) { return cl.AllReduce(g, s, r, count, dt, ro, so); });
           },
           py::arg("group"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
           py::kw_only(), py::arg("op") = "sum", py::arg("premul") = 1.0,
           py::arg("pre_divide") = 1.0, py::arg("post_divide") = 1.0,
-          py::arg("reduce_dtype") = py::none())
+          py::arg("reduce_dtype") = py::none(), py::arg("wait_event") = 0,
+          "wait_event: a producer event id (register_device_event) the daemon waits on.")
       .def(
           "all_gather",
           [](PyClient& c, const Group& g, py::handle send, py::handle recv, size_t count,
-             const std::string& dtype) {
+             const std::string& dtype, uint64_t wait_event) {
             BufferRef s = ToRef(send, "send"), r = ToRef(recv, "recv");
             DataType dt = ParseDtypeOrThrow(dtype, "dtype");
-            return c.Submit([&](Client& cl) { return cl.AllGather(g, s, r, count, dt); });
+            const SubmitOptions so{wait_event};
+            return c.Submit([&](Client& cl) { return cl.AllGather(g, s, r, count, dt, so); });
           },
           py::arg("group"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
-          "count = elements each rank contributes.")
+          py::kw_only(), py::arg("wait_event") = 0, "count = elements each rank contributes.")
       .def(
           "reduce_scatter",
           [](PyClient& c, const Group& g, py::handle send, py::handle recv, size_t count,
              const std::string& dtype, const std::string& op, double premul, double pre_divide,
-             double post_divide, const RO& reduce_dtype) {
+             double post_divide, const RO& reduce_dtype, uint64_t wait_event) {
             BufferRef s = ToRef(send, "send"), r = ToRef(recv, "recv");
             DataType dt = ParseDtypeOrThrow(dtype, "dtype");
             ReduceOptions ro = MakeReduceOptions(op, premul, pre_divide, post_divide, reduce_dtype);
-            return c.Submit([&](Client& cl) { return cl.ReduceScatter(g, s, r, count, dt, ro); });
+            const SubmitOptions so{wait_event};
+            return c.Submit(
+                [&](Client& cl) { return cl.ReduceScatter(g, s, r, count, dt, ro, so); });
           },
           py::arg("group"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
           py::kw_only(), py::arg("op") = "sum", py::arg("premul") = 1.0,
           py::arg("pre_divide") = 1.0, py::arg("post_divide") = 1.0,
-          py::arg("reduce_dtype") = py::none(), "count = elements each rank receives.")
+          py::arg("reduce_dtype") = py::none(), py::arg("wait_event") = 0,
+          "count = elements each rank receives.")
       .def(
           "broadcast",
           [](PyClient& c, const Group& g, py::handle send, py::handle recv, size_t count,
-             const std::string& dtype, int root) {
+             const std::string& dtype, int root, uint64_t wait_event) {
             BufferRef s = ToRef(send, "send"), r = ToRef(recv, "recv");
             DataType dt = ParseDtypeOrThrow(dtype, "dtype");
-            return c.Submit([&](Client& cl) { return cl.Broadcast(g, s, r, count, dt, root); });
+            const SubmitOptions so{wait_event};
+            return c.Submit(
+                [&](Client& cl) { return cl.Broadcast(g, s, r, count, dt, root, so); });
           },
           py::arg("group"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
-          py::arg("root"), "root = rank within the group.")
+          py::arg("root"), py::kw_only(), py::arg("wait_event") = 0,
+          "root = rank within the group.")
       .def(
           "barrier",
           [](PyClient& c, const Group& g) {
@@ -314,18 +327,20 @@ else the default socket path.)doc")
           "reduce_scatter_all_reduce",
           [](PyClient& c, const Group& shard, const Group& replicate, py::handle send,
              py::handle recv, size_t count, const std::string& dtype, const std::string& op,
-             double premul, double pre_divide, double post_divide, const RO& reduce_dtype) {
+             double premul, double pre_divide, double post_divide, const RO& reduce_dtype,
+             uint64_t wait_event) {
             BufferRef s = ToRef(send, "send"), r = ToRef(recv, "recv");
             DataType dt = ParseDtypeOrThrow(dtype, "dtype");
             ReduceOptions ro = MakeReduceOptions(op, premul, pre_divide, post_divide, reduce_dtype);
+            const SubmitOptions so{wait_event};
             return c.Submit([&](Client& cl) {
-              return cl.ReduceScatterAllReduce(shard, replicate, s, r, count, dt, ro);
+              return cl.ReduceScatterAllReduce(shard, replicate, s, r, count, dt, ro, so);
             });
           },
           py::arg("shard"), py::arg("replicate"), py::arg("send"), py::arg("recv"),
           py::arg("count"), py::arg("dtype"), py::kw_only(), py::arg("op") = "sum",
           py::arg("premul") = 1.0, py::arg("pre_divide") = 1.0, py::arg("post_divide") = 1.0,
-          py::arg("reduce_dtype") = py::none(),
+          py::arg("reduce_dtype") = py::none(), py::arg("wait_event") = 0,
           "HSDP gradient reduction as one submission: reduce-scatter in `shard` (count = "
           "elements each rank receives), then all-reduce of the shard across `replicate`.")
       .def(
@@ -365,6 +380,93 @@ else the default socket path.)doc")
           py::arg("splits") = py::none(),
           "All-to-all: equal blocks of `count` elements, or uneven blocks whose counts (sent to "
           "each rank, then received from each, as uint64) are at `splits`.")
+      // Device memory (docs/gpu.md): handles are bytes / fds, never CUDA types.
+      .def_property_readonly("device_memory",
+                             [](PyClient& c) { return c.client().device_memory(); },
+                             "Whether the session negotiated device memory.")
+      .def(
+          "register_device_buffer",
+          [](PyClient& c, const std::string& kind, int device, const py::bytes& handle, int fd,
+             uint64_t allocation_bytes, uint64_t offset, uint64_t size, uint64_t generation,
+             const std::string& name) {
+            DeviceBufferSpec spec;
+            if (kind == "legacy_ipc") {
+              spec.kind = DeviceHandleKind::kLegacyIpc;
+            } else if (kind == "vmm_fd") {
+              spec.kind = DeviceHandleKind::kVmmFd;
+            } else {
+              ThrowStatus(absl::InvalidArgumentError(absl::StrCat(
+                  "kind: unknown device handle kind '", kind, "'; expected legacy_ipc or vmm_fd")));
+            }
+            spec.device = device;
+            spec.legacy_handle = handle;
+            spec.fd = fd;
+            spec.allocation_bytes = allocation_bytes;
+            spec.offset_bytes = offset;
+            spec.size_bytes = size;
+            spec.generation = generation;
+            spec.name = name;
+            absl::StatusOr<uint64_t> id;
+            {
+              py::gil_scoped_release release;
+              id = c.client().RegisterDeviceBuffer(spec);
+            }
+            return ValueOrThrow(std::move(id));
+          },
+          py::kw_only(), py::arg("kind"), py::arg("device"), py::arg("handle") = py::bytes(),
+          py::arg("fd") = -1, py::arg("allocation_bytes") = 0, py::arg("offset") = 0,
+          py::arg("size"), py::arg("generation") = 0, py::arg("name") = "",
+          "Registers a range of a device allocation; returns the buffer id (use it as "
+          "(id, byte_offset) in collectives).")
+      .def(
+          "free_device_buffer",
+          [](PyClient& c, uint64_t id) {
+            absl::Status s;
+            {
+              py::gil_scoped_release release;
+              s = c.client().FreeDeviceBuffer(id);
+            }
+            ThrowIfError(s);
+          },
+          py::arg("buffer_id"))
+      .def(
+          "register_device_event",
+          [](PyClient& c, int device, const py::bytes& handle) {
+            absl::StatusOr<uint64_t> id;
+            const std::string h = handle;
+            {
+              py::gil_scoped_release release;
+              id = c.client().RegisterDeviceEvent(device, h);
+            }
+            return ValueOrThrow(std::move(id));
+          },
+          py::arg("device"), py::arg("handle"),
+          "Registers an interprocess event (64 handle bytes) for wait_event=.")
+      .def(
+          "free_device_event",
+          [](PyClient& c, uint64_t id) {
+            absl::Status s;
+            {
+              py::gil_scoped_release release;
+              s = c.client().FreeDeviceEvent(id);
+            }
+            ThrowIfError(s);
+          },
+          py::arg("event_id"))
+      .def(
+          "completion_events",
+          [](PyClient& c, int device) {
+            absl::StatusOr<std::vector<std::string>> ev;
+            {
+              py::gil_scoped_release release;
+              ev = c.client().GetCompletionEvents(device);
+            }
+            py::list out;
+            for (const std::string& h : ValueOrThrow(std::move(ev))) out.append(py::bytes(h));
+            return out;
+          },
+          py::arg("device"),
+          "The daemon's completion event handles on `device` (64 bytes each), by slot.")
       .def("detach", &PyClient::Detach,
            "Ends the session now; outstanding Work fails with Cancelled. Buffers stay mapped "
            "until their Python objects are gone.")

@@ -29,7 +29,8 @@ namespace hsdp::testing {
 
 // The Attach request a current client sends (layout version and features
 // of this build), for tests that speak the raw protocol.
-inline v1::AttachRequest RawAttachRequest(const std::string& job, int rank, int world) {
+inline v1::AttachRequest RawAttachRequest(const std::string& job, int rank, int world,
+                                          uint64_t features = shm::kFeaturesImplemented) {
   v1::AttachRequest req;
   req.set_job_id(job);
   req.set_rank(rank);
@@ -37,7 +38,7 @@ inline v1::AttachRequest RawAttachRequest(const std::string& job, int rank, int 
   req.set_device("cpu");
   req.set_pid(::getpid());
   req.set_protocol_version(shm::kLayoutVersion);
-  req.set_features(shm::kFeaturesImplemented);
+  req.set_features(features);
   return req;
 }
 
@@ -48,12 +49,15 @@ class RawSession {
     for (auto& [p, n] : maps_) ::munmap(p, n);
   }
 
-  absl::Status Open(const std::string& socket, const std::string& job, int rank, int world) {
+  // `features`: what the Attach offers (device-memory tests add
+  // shm::kFeatureDeviceMemory).
+  absl::Status Open(const std::string& socket, const std::string& job, int rank, int world,
+                    uint64_t features = shm::kFeaturesImplemented) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
     stub_ = v1::Node::NewStub(
         grpc::CreateCustomChannel("unix:" + socket, grpc::InsecureChannelCredentials(), args));
-    const v1::AttachRequest req = RawAttachRequest(job, rank, world);
+    const v1::AttachRequest req = RawAttachRequest(job, rank, world, features);
     v1::AttachResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -61,6 +65,7 @@ class RawSession {
     grpc::Status s = stub_->Attach(&ctx, req, &resp);
     if (!s.ok()) return absl::UnknownError("Attach: " + s.error_message());
     session_id_ = resp.session_id();
+    features_ = resp.features();
     auto conn = ConnectUnix(socket);
     if (!conn.ok()) return conn.status();
     conn_ = std::move(*conn);
@@ -171,6 +176,8 @@ class RawSession {
   }
   bool closed() { return header()->state.load() == shm::kChannelClosed; }
   uint64_t session_id() const { return session_id_; }
+  uint64_t features() const { return features_; }
+  int data_fd() const { return conn_.get(); }
   uint32_t entries() const { return entries_; }
   int wake_fd() const { return wake_.get(); }
   uint64_t channel_bytes() const { return channel_bytes_; }
@@ -178,6 +185,7 @@ class RawSession {
  private:
   std::unique_ptr<v1::Node::Stub> stub_;
   uint64_t session_id_ = 0;
+  uint64_t features_ = 0;
   UniqueFd conn_;
   void* channel_ = nullptr;
   uint64_t channel_bytes_ = 0;

@@ -4,6 +4,11 @@
 #   2. runs the device tests (ctest -L gpu: real CUDA IPC with both handle
 #      kinds across two processes, events, streams, the scale/cast kernel,
 #      the NCCL engine on real communicators) and the fake-backed engine tests,
+#      then the end-to-end daemon tests (a real hsdpd, trainer processes, both
+#      handle kinds: cuda_daemon_integration_test on the GPU, device_daemon /
+#      device_hostile on engine.device: fake) and
+#      the torch backend with CUDA tensors and FSDP2 fully_shard against a real
+#      hsdpd with engine.kind nccl (tools/bench/gpu_torch_e2e.py, torch >= 2.4),
 #   3. the GPU benchmark: hsdp-gpu-bench (the NCCL engine vs raw NCCL in the
 #      same process) and in-process NCCL through torch.distributed, same sizes,
 #   4. the compute/communication overlap experiment (tools/bench/gpu_overlap.py),
@@ -52,7 +57,8 @@ if [ "$DRY" -eq 1 ] || ! gpu_present; then
   why="--dry-run"
   gpu_present || why="no GPU (nvidia-smi finds none)"
   record "gpu" "SKIP" "$why"
-  for f in "$ROOT/tools/bench/gpu_torch_baseline.py" "$ROOT/tools/bench/gpu_overlap.py"; do
+  for f in "$ROOT/tools/bench/gpu_torch_baseline.py" "$ROOT/tools/bench/gpu_overlap.py" \
+           "$ROOT/tools/bench/gpu_torch_e2e.py"; do
     if "$PYTHON" -c 'import ast, sys; ast.parse(open(sys.argv[1]).read())' "$f" 2>/dev/null; then record "syntax $(basename "$f")" "OK"; \
     else record "syntax $(basename "$f")" "FAIL"; fi
   done
@@ -74,10 +80,12 @@ command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=cca
 gen=()
 command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
 if cmake -S "$ROOT" -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-     -DHSDP_WITH_CUDA=ON -DHSDP_WITH_PYTHON=OFF "${launcher[@]}" >"$BUILD_DIR.configure.log" 2>&1 \
+     -DHSDP_WITH_CUDA=ON "${launcher[@]}" >"$BUILD_DIR.configure.log" 2>&1 \
    && cmake --build "$BUILD_DIR" -j "$(nproc)" --target cuda_device_test cuda_ipc_peer \
         nccl_engine_test nccl_fakes_test fake_device_api_test device_buffers_test \
-        device_engine_factory_test hsdp-gpu-bench >"$BUILD_DIR.build.log" 2>&1; then
+        device_engine_factory_test hsdp-gpu-bench hsdpd hsdpctl \
+        device_daemon_integration_test device_hostile_integration_test \
+        cuda_daemon_integration_test >"$BUILD_DIR.build.log" 2>&1; then
   record "build (HSDP_WITH_CUDA=ON)" "OK" "$BUILD_DIR"
 else
   record "build (HSDP_WITH_CUDA=ON)" "FAIL" "see $BUILD_DIR.configure.log / $BUILD_DIR.build.log"
@@ -88,12 +96,13 @@ fi
 
 # 2. device tests (real GPU) and the fake-backed engine tests
 for t in cuda_device_test nccl_engine_test nccl_fakes_test fake_device_api_test \
-         device_buffers_test device_engine_factory_test; do
+         device_buffers_test device_engine_factory_test device_daemon_integration_test \
+         device_hostile_integration_test cuda_daemon_integration_test; do
   log="$BUILD_DIR/$t.log"
   if timeout 600 "$BUILD_DIR/tests/$t" >"$log" 2>&1; then
     skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z]' "$log" || true)
     passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log")
-    if [ "$t" = cuda_device_test ] && [ "${skipped:-0}" -gt 0 ]; then
+    if [[ "$t" == cuda_* ]] && [ "${skipped:-0}" -gt 0 ]; then
       record "$t" "FAIL" "$skipped test(s) skipped on a GPU machine (see $log)"
     else
       record "$t" "OK" "${passed:-?} passed"
@@ -103,6 +112,18 @@ for t in cuda_device_test nccl_engine_test nccl_fakes_test fake_device_api_test 
     grep -E 'Failure|FAILED|Expected|Which' "$log" | head -20
   fi
 done
+
+# 2b. the daemon on the real device through the torch backend: CUDA tensors
+# (legacy IPC handles, producer events, Work.wait()) and FSDP2 fully_shard.
+# The Python module of this build is needed: build it if it is configured.
+cmake --build "$BUILD_DIR" -j "$(nproc)" --target hsdp_python >>"$BUILD_DIR.build.log" 2>&1 || true
+e2e_log="$BUILD_DIR/gpu_torch_e2e.txt"
+timeout 900 "$PYTHON" "$ROOT/tools/bench/gpu_torch_e2e.py" --build "$BUILD_DIR" >"$e2e_log" 2>&1
+case $? in
+  0) record "torch backend e2e (cuda)" "OK" "$e2e_log" ;;
+  2) record "torch backend e2e (cuda)" "FAIL" "torch with CUDA not importable ($e2e_log)" ;;
+  *) record "torch backend e2e (cuda)" "FAIL" "see $e2e_log"; tail -20 "$e2e_log" ;;
+esac
 
 # 3. benchmark: the NCCL engine vs raw NCCL (same process), then torch.distributed NCCL
 bench_log="$BUILD_DIR/gpu_bench.txt"

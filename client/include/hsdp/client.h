@@ -37,6 +37,9 @@ struct ClientOptions {
   int world_size = 1;
   int local_rank = 0;
   std::string device = "cpu";
+  // Offer device memory at Attach (the daemon agrees only when it runs a
+  // device engine). false: a host-only session even on a GPU node.
+  bool offer_device_memory = true;
   // How long Connect waits for the daemon to answer.
   absl::Duration connect_timeout = absl::Seconds(10);
 };
@@ -65,6 +68,40 @@ struct Group {
   int size = 0;
   std::vector<int> ranks;
   uint32_t epoch = 1;
+};
+
+// --- device memory (docs/gpu.md) ---
+// Handles are opaque bytes / fds: no CUDA type appears here. The
+// application (or hsdp.torch.cuda) gets them from the CUDA APIs it uses.
+enum class DeviceHandleKind : uint8_t {
+  // A cuMem (VMM) allocation exported as a POSIX fd; the client passes a
+  // copy over its data connection.
+  kVmmFd = 1,
+  // cudaIpcGetMemHandle of the allocation base (64 bytes) + the buffer's
+  // offset in it (PyTorch's caching allocator).
+  kLegacyIpc = 2,
+};
+
+struct DeviceBufferSpec {
+  DeviceHandleKind kind = DeviceHandleKind::kLegacyIpc;
+  int device = 0;                // CUDA ordinal, in the daemon's numbering
+  std::string legacy_handle;     // kLegacyIpc: exactly 64 bytes
+  int fd = -1;                   // kVmmFd: borrowed; a copy is sent
+  uint64_t allocation_bytes = 0; // kVmmFd: size of the exported allocation
+  uint64_t offset_bytes = 0;     // of the buffer inside the allocation
+  uint64_t size_bytes = 0;       // > 0
+  // Bump whenever the allocation's address is handed out again by your
+  // allocator: the daemon never reuses a mapping across generations.
+  uint64_t generation = 0;
+  std::string name;              // for status output
+};
+
+// Per-submission options of the device path.
+struct SubmitOptions {
+  // A producer event (RegisterDeviceEvent) recorded on the producing stream
+  // before the submission: the daemon's stream waits on it before the
+  // collective reads anything. 0: none (the data is ready now).
+  uint64_t wait_event_id = 0;
 };
 
 class Client {
@@ -110,15 +147,18 @@ class Client {
   // Arguments are checked here (INVALID_ARGUMENT); the daemon checks them
   // again and against the other members. The returned Work completes with
   // the operation's status.
+  // `opts`: the device path's producer event (SubmitOptions).
   absl::StatusOr<Work> AllReduce(const Group& g, BufferRef send, BufferRef recv, size_t count,
-                                 DataType dtype, const ReduceOptions& reduce = {});
+                                 DataType dtype, const ReduceOptions& reduce = {},
+                                 const SubmitOptions& opts = {});
   absl::StatusOr<Work> AllGather(const Group& g, BufferRef send, BufferRef recv, size_t count,
-                                 DataType dtype);
+                                 DataType dtype, const SubmitOptions& opts = {});
   absl::StatusOr<Work> ReduceScatter(const Group& g, BufferRef send, BufferRef recv,
                                      size_t count, DataType dtype,
-                                     const ReduceOptions& reduce = {});
+                                     const ReduceOptions& reduce = {},
+                                     const SubmitOptions& opts = {});
   absl::StatusOr<Work> Broadcast(const Group& g, BufferRef send, BufferRef recv, size_t count,
-                                 DataType dtype, int root);
+                                 DataType dtype, int root, const SubmitOptions& opts = {});
   absl::StatusOr<Work> Barrier(const Group& g);
   // HSDP gradient reduction in one submission: reduce-scatter in `shard`
   // (count = elements each rank receives), then all-reduce of that shard
@@ -126,7 +166,8 @@ class Client {
   // divides by shard.size * replicate.size.
   absl::StatusOr<Work> ReduceScatterAllReduce(const Group& shard, const Group& replicate,
                                               BufferRef send, BufferRef recv, size_t count,
-                                              DataType dtype, const ReduceOptions& reduce = {});
+                                              DataType dtype, const ReduceOptions& reduce = {},
+                                              const SubmitOptions& opts = {});
 
   // Point-to-point, matched per (group, source, destination, tag) in posting
   // order. `dst` / `src` are group ranks other than this one; Recv accepts
@@ -146,6 +187,26 @@ class Client {
   // order in send and recv. Rank i's count for j must equal j's for i.
   absl::StatusOr<Work> AllToAllV(const Group& g, BufferRef send, BufferRef recv,
                                  BufferRef splits, DataType dtype);
+
+  // Device memory. Needs a daemon running a device engine (engine.kind nccl
+  // or auto with a GPU): device_memory() says whether the session has it;
+  // without it every call below is FAILED_PRECONDITION. Buffer ids returned
+  // by RegisterDeviceBuffer are used in BufferRef like host buffer ids (both
+  // sides of a collective must be device buffers on one device).
+  bool device_memory() const;
+  absl::StatusOr<uint64_t> RegisterDeviceBuffer(const DeviceBufferSpec& spec);
+  // NOT_FOUND for an unknown id. The daemon unmaps the allocation with its
+  // last buffer (an operation still using it keeps it until it completes).
+  absl::Status FreeDeviceBuffer(uint64_t buffer_id);
+  // An interprocess event (cudaIpcGetEventHandle bytes, 64) for
+  // SubmitOptions::wait_event_id.
+  absl::StatusOr<uint64_t> RegisterDeviceEvent(int device, const std::string& ipc_handle);
+  absl::Status FreeDeviceEvent(uint64_t event_id);
+  // The daemon's completion events on `device`, one interprocess event handle
+  // (64 bytes) per ring slot: Work::completion_event_id() k names element
+  // k - 1. Call once per device before submitting there: ops submitted
+  // before carry no completion event.
+  absl::StatusOr<std::vector<std::string>> GetCompletionEvents(int device);
 
   // Ends the session now (the daemon frees its buffers and groups).
   absl::Status Detach();

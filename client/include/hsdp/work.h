@@ -4,6 +4,7 @@
 #define HSDP_WORK_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -39,6 +40,22 @@ class Work {
   // A finished receive: the group rank the data came from (useful with
   // kAnySource); -1 otherwise.
   int peer() const;
+
+  // Device path: the id of the completion event the daemon recorded when
+  // this operation finished (Client::GetCompletionEvents names it; k is
+  // element k - 1), or 0 (host buffers, no completion events requested, not
+  // finished, failed).
+  uint64_t completion_event_id() const;
+  // Makes the application's stream wait for this operation: waits on the CPU
+  // (up to `timeout`) for its completion record, then — when it carries a
+  // completion event — calls `stream_wait(event_id)`, which must enqueue a
+  // wait on that event on the stream (cudaStreamWaitEvent on the handle the
+  // application opened from GetCompletionEvents). Returns the operation's
+  // status, or the callback's error. Today the daemon writes the record once
+  // the device work is done, so the CPU wait is not avoided yet (docs/gpu.md).
+  using StreamWaitFn = std::function<absl::Status(uint64_t completion_event_id)>;
+  absl::Status WaitOnStream(const StreamWaitFn& stream_wait,
+                            absl::Duration timeout = absl::InfiniteDuration());
 
  private:
   std::shared_ptr<internal::WorkState> state_;

@@ -388,6 +388,15 @@ void NcclEngine::Finish(std::unique_ptr<Running> run, absl::Status status) {
   const uint64_t exec_ns = static_cast<uint64_t>(shm::NowNanos() - run->start_ns);
   {
     std::lock_guard<std::mutex> l(mu_);
+    // A dependency that failed after this task was issued (the device only
+    // waited for its events, which an abort still completes) fails it too.
+    for (uint64_t dep : run->task.depends_on) {
+      if (auto it = failed_.find(dep); status.ok() && it != failed_.end()) {
+        status = absl::Status(it->second.code(),
+                              absl::StrCat("an operation this one depends on failed: ",
+                                           it->second.message()));
+      }
+    }
     if (status.ok()) {
       ++stats_.tasks_completed;
     } else {

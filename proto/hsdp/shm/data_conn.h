@@ -39,10 +39,22 @@ struct DataHelloReply {
 static_assert(sizeof(DataHelloReply) == 256);
 
 inline constexpr uint32_t kFdMessageMagic = 0x31444648;  // "HFD1"
-// client -> daemon: one memfd attached, to be claimed by RegisterBuffer(fd_tag).
+// What an FdMessage carries (FdMessage::kind).
+enum FdKind : uint32_t {
+  // A host memfd, claimed by RegisterBuffer(fd_tag). The only kind before
+  // device memory; the field was a reserved 0 then, so old clients send it.
+  kFdKindMemfd = 0,
+  // A device-memory handle (a cuMem allocation exported as a POSIX fd),
+  // claimed only by RegisterDeviceBuffer(fd_tag). Accepted only from a
+  // session that negotiated kFeatureDeviceMemory; never a socket, pipe,
+  // directory or plain file.
+  kFdKindDeviceHandle = 1,
+};
+// client -> daemon: one fd attached, to be claimed by the registration call
+// that names fd_tag. Any other `kind` ends the session.
 struct FdMessage {
   uint32_t magic;
-  uint32_t reserved;
+  uint32_t kind;  // FdKind
   uint64_t fd_tag;
 };
 static_assert(sizeof(FdMessage) == 16);

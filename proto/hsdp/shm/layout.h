@@ -58,6 +58,11 @@ static_assert(sizeof(Doorbell) == 64);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
+// Buffer ids with this bit name device buffers (RegisterDeviceBuffer), the
+// others host buffers (RegisterBuffer).
+inline constexpr uint64_t kDeviceBufferIdBit = 1ull << 62;
+constexpr bool IsDeviceBufferId(uint64_t id) { return (id & kDeviceBufferIdBit) != 0; }
+
 // Names a byte range in a registered buffer.
 struct BufRef {
   uint64_t buffer_id;

@@ -23,6 +23,27 @@ constexpr bool IsReducing(Collective c) {
          c == Collective::kReduceScatterAllReduce;
 }
 
+// Whether overlapping send [send, +send_bytes) and recv [recv, +recv_bytes)
+// ranges (addresses in one space) form the collective's in-place layout:
+// the same range for all-reduce / broadcast; this rank's slice of the larger
+// buffer for all-gather (send = recv + rank * unit) and reduce-scatter
+// (recv = send + rank * unit); never for all-to-all. `unit` = count * element
+// size. Any other overlap is refused (host and device buffers alike).
+constexpr bool InPlaceLayout(Collective c, uint64_t send, uint64_t recv, uint64_t unit,
+                             int group_rank) {
+  switch (c) {
+    case Collective::kAllGather: return send == recv + uint64_t(group_rank) * unit;
+    case Collective::kReduceScatter:
+    case Collective::kReduceScatterAllReduce: return recv == send + uint64_t(group_rank) * unit;
+    case Collective::kAllToAll: return false;  // blocks move between ranks
+    default: return send == recv;
+  }
+}
+inline constexpr char kNotInPlaceMessage[] =
+    "send and recv overlap but are not an in-place layout (same range for "
+    "all-reduce/broadcast; this rank's slice of the larger buffer for "
+    "all-gather/reduce-scatter)";
+
 // count: 0 (nothing moves; the members still match) to kMaxCount.
 absl::Status CheckCount(uint64_t count);
 

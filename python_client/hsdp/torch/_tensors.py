@@ -17,9 +17,9 @@ def _check(t, what):
         raise TypeError(f"hsdpd backend {what}: expected a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
         raise RuntimeError(
-            f"hsdpd backend {what}: tensor is on {t.device}; this build of the hsdpd backend "
-            "handles CPU tensors only (move it to CPU, or use NCCL for device tensors; the "
-            "daemon's device path and what it still lacks are in docs/gpu.md)")
+            f"hsdpd backend {what}: tensor is on {t.device}; this collective takes CPU tensors "
+            "only (CUDA tensors: all_reduce, all_gather_into_tensor, reduce_scatter_tensor, "
+            "broadcast; docs/gpu.md)")
     if t.layout != torch.strided:
         raise RuntimeError(f"hsdpd backend {what}: sparse tensors are supported by allreduce "
                            "(ReduceOp.SUM) only")

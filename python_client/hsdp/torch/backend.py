@@ -7,8 +7,9 @@ issue the same sequence of operations whatever their memory placement
 Tensors already in hsdpd memory (hsdp.torch.empty / Client.tensor) are used
 in place (zero-copy); others are staged through the session's pool of
 registered buffers. Returned Work objects complete on a helper thread (see
-completion.py). CPU tensors only: CUDA tensors are refused with a clear
-error (this build has no device path).
+completion.py). CUDA tensors of all-reduce, all-gather / reduce-scatter into /
+from a tensor and broadcast go through the daemon's device path
+(cuda_ops.py); other collectives refuse them with a clear error.
 """
 import datetime
 
@@ -104,6 +105,13 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         return self._completer.add(raw, plan, result, f"{what} on {self._desc()}",
                                    (_PROFILE_NAMES.get(what, what), inputs))
 
+    def _cuda(self):
+        """The device path (created on the first CUDA tensor)."""
+        if getattr(self, "_cuda_path", None) is None:
+            from hsdp.torch.cuda_ops import CudaPath
+            self._cuda_path = CudaPath(self._client, self._group, self._timeout_s)
+        return self._cuda_path
+
     def _desc(self):
         return f"group {self._group.id} (global ranks {self._group.ranks})"
 
@@ -147,6 +155,8 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         op = _opt(opts, "reduceOp", dist.ReduceOp.SUM)
         if isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo:
             return self._sparse_allreduce(t, op)
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            return self._cuda().allreduce(t, op)
         _check(t, "allreduce")
         name, premul = reduce_ops.to_hsdp(op, "allreduce")
         dt = _reducible(t, "allreduce")
@@ -239,6 +249,8 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
             self._group, send, recv, count, dt), outs, [x])
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's name
+        if input.is_cuda and output.numel() == input.numel() * self.size():
+            return self._cuda().all_gather_into_tensor(output, input)
         _check(input, "_allgather_base")
         _check(output, "_allgather_base")
         if output.numel() != input.numel() * self.size() or output.dtype != input.dtype:
@@ -339,6 +351,9 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
             self._group, send, recv, out.numel(), dt, op=name, premul=premul), [out], ins)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
+        if input.is_cuda and input.numel() == output.numel() * self.size():
+            return self._cuda().reduce_scatter_tensor(
+                output, input, _opt(opts, "reduceOp", dist.ReduceOp.SUM))
         _check(input, "_reduce_scatter_base")
         _check(output, "_reduce_scatter_base")
         if input.numel() != output.numel() * self.size() or output.dtype != input.dtype:
@@ -403,6 +418,8 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         if len(tensors) != 1 or root_tensor != 0:
             raise RuntimeError("hsdpd backend broadcast: exactly one tensor per process")
         t = tensors[0]
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            return self._cuda().broadcast(t, root)
         _check(t, "broadcast")
         dt, count = _wire(t)
         plan = Plan(self._client)

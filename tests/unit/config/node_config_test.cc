@@ -360,9 +360,8 @@ const InvalidCase kInvalidCases[] = {
      2},
     // Enumerations and strings.
     {"BadLogLevel", "log:\n  level: verbose\n", "log.level", "\"verbose\"", 2},
-    {"NcclEngineNotAvailable", "engine:\n  kind: nccl\n", "engine.kind",
-     "\"nccl\" is not available", 2},
     {"UnknownEngine", "engine:\n  kind: gpu\n", "engine.kind", "\"gpu\"", 2},
+    {"UnknownDeviceBackend", "engine:\n  device: rocm\n", "engine.device", "\"rocm\"", 2},
     {"RelativeSocket", "node:\n  socket: run/hsdpd.sock\n", "node.socket",
      "\"run/hsdpd.sock\" is not absolute", 2},
     {"NameWithControlCharacter", "node:\n  name: \"a\\tb\"\n", "node.name", "\"a\\tb\"", 2},
@@ -396,7 +395,7 @@ TEST(NodeConfigTest, SocketPathLengthLimit) {
 
 TEST(NodeConfigTest, UnknownKeyMessageListsKnownKeys) {
   EXPECT_THAT(ParseError("engine:\n  flavour: 1\n"),
-              HasSubstr("known keys: kind, threads, inline_max_bytes"));
+              HasSubstr("known keys: kind, device, threads, inline_max_bytes"));
   EXPECT_THAT(ParseError("colour: 1\n"),
               HasSubstr("known sections: node, engine, limits, data_plane, timeouts, log"));
 }

@@ -231,7 +231,7 @@ class ResolveBuffersTest : public ::testing::Test {
   }
   absl::Status Resolve(const shm::OpDescriptor& d, int rank = 0, int size = 4) {
     arrival_ = Arrival{};
-    return ResolveBuffers(d, rank, size, *session_, &arrival_);
+    return ResolveBuffers(d, rank, size, *session_, nullptr, &arrival_);
   }
   shm::OpDescriptor Desc(Collective c, uint64_t count, uint64_t send_off, uint64_t recv_off,
                          bool same_buffer = false) {
@@ -254,6 +254,25 @@ TEST_F(ResolveBuffersTest, ResolvesPointersAndKeepsMappingsAlive) {
   EXPECT_EQ(arrival_.recv, b->data() + 128);
   EXPECT_EQ(arrival_.send_buf, a);
   EXPECT_EQ(arrival_.recv_buf, b);
+}
+
+// Device buffer ids (bit 62) on a daemon without a device engine, and a
+// producer event on host buffers, are refused by name (the device path
+// itself runs in tests/integration/device_*_test.cc against a real hsdpd).
+TEST_F(ResolveBuffersTest, DeviceIdsNeedADeviceEngineAndEventsNeedDeviceBuffers) {
+  shm::OpDescriptor d = Desc(Collective::kAllReduce, 16, 0, 0);
+  d.send.buffer_id = shm::kDeviceBufferIdBit | 1;
+  absl::Status s = Resolve(d);
+  ExpectInvalid(s, "send.buffer_id");
+  EXPECT_NE(s.message().find("no device engine"), std::string::npos) << s;
+  d = Desc(Collective::kAllReduce, 16, 0, 0);
+  d.flags = shm::kFlagWaitEvent;
+  d.event_id = 1;
+  ExpectInvalid(Resolve(d), "event_id");
+  d = Good(Collective::kBarrier);
+  d.flags = shm::kFlagWaitEvent;
+  d.event_id = 1;
+  ExpectInvalid(Resolve(d), "event_id");
 }
 
 TEST_F(ResolveBuffersTest, UnknownBufferId) {

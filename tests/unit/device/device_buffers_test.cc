@@ -63,8 +63,12 @@ TEST_F(DeviceBuffersTest, BuffersOfOneAllocationShareOneMappingUntilTheLastIsFre
   ASSERT_TRUE(reg_.Free(1, *a).ok());
   EXPECT_EQ(dev_.live_mappings(), 1);  // b still uses it
   ASSERT_TRUE(reg_.Free(1, *b).ok());
-  EXPECT_EQ(dev_.live_mappings(), 0);  // unmapped on the last free
+  // An operation still holding a resolved range keeps the mapping until it
+  // drops it (never unmapped under a running collective).
   EXPECT_EQ(reg_.node_mappings(), 0u);
+  EXPECT_EQ(dev_.live_mappings(), 1);
+  rb->keep.reset();
+  EXPECT_EQ(dev_.live_mappings(), 0);  // unmapped with the last holder
   EXPECT_EQ(reg_.Free(1, *b).code(), absl::StatusCode::kNotFound);
 }
 
@@ -208,6 +212,8 @@ TEST_F(DeviceBuffersTest, PoolRangesAreBuffersWithoutImports) {
   ASSERT_TRUE(reg_.Free(4, *b1).ok());
   EXPECT_EQ(p->used_bytes(0), r2->bytes);  // given back to the pool
   reg_.EndSession(4);
+  EXPECT_EQ(p->used_bytes(0), r2->bytes);  // `range` (an operation) still uses it
+  range->keep.reset();
   EXPECT_EQ(p->used_bytes(0), 0u);
 }
 

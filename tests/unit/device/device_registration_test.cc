@@ -9,6 +9,7 @@
 #include "daemon/device/device_service.h"
 #include "daemon/device/fake_device_api.h"
 #include "daemon/engine/fake/fake_engine.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hsdp/shm/layout.h"
 
@@ -97,16 +98,22 @@ TEST_F(DeviceRegistrationTest, VmmFdArrivesOverTheDataConnectionBeforeOrAfterThe
   const uint64_t sid = Attach(0);
   auto base = dev_.Allocate(0, 8192);
   // Before: the fd is parked until the call claims it.
-  sm_->FindSession(sid)->PutFd(5, *dev_.ExportFd(*base));
+  sm_->FindSession(sid)->PutFd(5, *dev_.ExportFd(*base), Session::FdKind::kDeviceHandle);
   auto a = RegisterSync(sid, Vmm(8192), 5);
   ASSERT_TRUE(a.ok()) << a.status();
+  // An fd passed as a host memfd is not a device handle (and the reverse:
+  // session_manager's RegisterBuffer refuses device handles).
+  sm_->FindSession(sid)->PutFd(8, *dev_.ExportFd(*base), Session::FdKind::kMemfd);
+  auto wrong = RegisterSync(sid, Vmm(8192), 8);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(wrong.status().message()), ::testing::HasSubstr("host memfd"));
   // After: the call waits (without blocking) for the fd.
   std::promise<absl::StatusOr<uint64_t>> p;
   reg_->RegisterBuffer(Cred(1000), sid, Vmm(4096), 6,
                        [&p](absl::StatusOr<uint64_t> id) { p.set_value(std::move(id)); });
   auto f = p.get_future();
   EXPECT_EQ(f.wait_for(std::chrono::milliseconds(20)), std::future_status::timeout);
-  sm_->FindSession(sid)->PutFd(6, *dev_.ExportFd(*base));
+  sm_->FindSession(sid)->PutFd(6, *dev_.ExportFd(*base), Session::FdKind::kDeviceHandle);
   auto b = f.get();
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(dev_.live_mappings(), 2);  // two exports: two fds, two identities
@@ -139,7 +146,7 @@ TEST_F(DeviceRegistrationTest, SessionEndUnmapsEverythingEvenMidRegistration) {
   auto fd = dev_.ExportFd(*base);
   auto session = sm_->FindSession(sid);
   sm_->EndSession(sid, "client died");
-  session->PutFd(9, *std::move(fd));  // too late: the session ended
+  session->PutFd(9, *std::move(fd), Session::FdKind::kDeviceHandle);  // too late: session ended
   auto f = p.get_future();
   ASSERT_EQ(f.wait_for(std::chrono::seconds(5)), std::future_status::ready);
   EXPECT_FALSE(f.get().ok());

@@ -6,6 +6,7 @@
 #include <future>
 #include <thread>
 
+#include "daemon/device/fake_shm.h"
 #include "gtest/gtest.h"
 
 namespace hsdp::device {
@@ -134,6 +135,56 @@ TEST(FakeDeviceApiTest, DestroyingAStreamReleasesAPendingWait) {
   dev.DestroyStream(*consumer);  // returns: the wait gives up
   EXPECT_EQ(dev.live_streams(), 1);
   gate.set_value();
+}
+
+// Cross-process mode (engine.device: fake): imports map memory another
+// process owns (a memfd, or a named shm object), interprocess events are
+// shared counters, and unmapping releases the mapping.
+TEST(FakeDeviceApiTest, CrossProcessModeMapsForeignMemoryAndSharesEvents) {
+  FakeDeviceApi dev(2, 1 << 20, /*cross_process=*/true);
+  fakeshm::FakeTrainerDevice trainer;
+  auto vmm = trainer.AllocateVmm(8192);
+  auto legacy = trainer.AllocateLegacy(4096, 99);
+  ASSERT_TRUE(vmm.ok() && legacy.ok());
+  auto m1 = dev.ImportFd(1, (*vmm)->fd.get(), 8192);
+  auto m2 = dev.ImportLegacy(0, (*legacy)->handle);
+  ASSERT_TRUE(m1.ok()) << m1.status();
+  ASSERT_TRUE(m2.ok()) << m2.status();
+  EXPECT_FALSE(dev.ImportFd(0, (*vmm)->fd.get(), 8193).ok());  // claims more than exists
+  // Writes through the daemon's mapping are the trainer's bytes.
+  const uint32_t v = 0xC0FFEE;
+  ASSERT_TRUE(dev.CopyToDevice(m1->ptr + 4, &v, 4).ok());
+  EXPECT_EQ(static_cast<uint32_t*>((*vmm)->data)[1], v);
+  EXPECT_TRUE(dev.InArena(m2->ptr, 4096));
+  EXPECT_FALSE(dev.InArena(m2->ptr, 4097));
+  // A producer event recorded by the trainer holds the daemon's stream back.
+  auto producer = trainer.CreateEvent();
+  ASSERT_TRUE(producer.ok());
+  auto ev = dev.ImportEvent(1, (*producer)->shared->handle());
+  ASSERT_TRUE(ev.ok()) << ev.status();
+  auto s = dev.CreateStream(1, StreamPriority::kDefault);
+  (*producer)->Record();
+  ASSERT_TRUE(dev.StreamWaitEvent(*s, *ev).ok());
+  auto done = dev.CreateEvent(1, true);
+  ASSERT_TRUE(dev.RecordEvent(*done, *s).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(*dev.EventDone(*done));
+  (*producer)->Complete();
+  dev.SyncStream(*s);
+  EXPECT_TRUE(*dev.EventDone(*done));
+  // The daemon's interprocess event is visible to the trainer by its handle.
+  auto handle = dev.ExportEvent(*done);
+  ASSERT_TRUE(handle.ok());
+  EXPECT_TRUE(fakeshm::FakeTrainerDevice::WaitEvent(*handle, absl::Seconds(5)).ok());
+  EXPECT_FALSE(fakeshm::HandleName(fakeshm::kLegacyMagic, *handle).ok());  // wrong kind
+  ASSERT_TRUE(dev.Unmap(*m1).ok());
+  ASSERT_TRUE(dev.Unmap(*m2).ok());
+  EXPECT_EQ(dev.live_mappings(), 0);
+  EXPECT_FALSE(dev.InArena(m1->ptr, 4));
+  dev.DestroyEvent(*done);
+  dev.DestroyEvent(*ev);
+  fakeshm::FakeTrainerDevice::Free(std::move(*vmm));
+  fakeshm::FakeTrainerDevice::Free(std::move(*legacy));
 }
 
 }  // namespace

@@ -92,13 +92,15 @@ TEST(DeviceEngineFactoryTest, DependenciesAndAbortReachTheRightEngine) {
   for (int i = 0; i < 2000 && rig.fake->calls().size() < 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  rig.fake->Stall(false);
   std::vector<device::DevicePtr> bufs2;
   EngineTask dep = DeviceAllReduce(rig, &bufs2, 1.0f, "g2");
   dep.depends_on = {t1};
   Pending p2;
   rig.engine->Launch(dep, p2.Callbacks());
   rig.engine->Abort(t1, absl::AbortedError("member left"));
+  // Only now: released earlier, t1 could finish before the abort reached it
+  // (seen under ctest -j2 load).
+  rig.fake->Stall(false);
   EXPECT_EQ(p1.Wait().status.code(), absl::StatusCode::kAborted);
   // The dependent saw its dependency fail (translated to the inner ticket).
   auto o2 = p2.Wait();
@@ -128,4 +130,19 @@ TEST(DeviceEngineFactoryTest, EngineKindSelection) {
 }
 
 }  // namespace
+// engine.device: fake (tests only): the routing engine on the cross-process
+// fake device, only with a device engine kind; unknown backends are refused.
+TEST(DeviceEngineFactoryTest, FakeDeviceBackendIsExplicitAndNeedsADeviceKind) {
+  auto fake = MakeDeviceAwareEngine("nccl", std::make_unique<CpuEngine>(1, 1024), {}, "fake");
+  ASSERT_TRUE(fake.ok()) << fake.status();
+  ASSERT_NE(fake->device, nullptr);
+  EXPECT_EQ(fake->device->name(), "fake");
+  EXPECT_EQ(fake->device->DeviceCount(), kFakeDevices);
+  EXPECT_EQ(fake->engine->name(), "cpu+nccl");
+  auto on_cpu = MakeDeviceAwareEngine("cpu", std::make_unique<CpuEngine>(1, 1024), {}, "fake");
+  EXPECT_EQ(on_cpu.status().code(), absl::StatusCode::kInvalidArgument);
+  auto rocm = MakeDeviceAwareEngine("nccl", std::make_unique<CpuEngine>(1, 1024), {}, "rocm");
+  EXPECT_EQ(rocm.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace hsdp

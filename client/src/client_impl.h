@@ -1,0 +1,212 @@
+// Private to the client library: Client::Impl and the helpers that
+// client.cc (host buffers, groups, collectives) and client_device.cc (device
+// memory) share.
+#ifndef HSDP_CLIENT_SRC_CLIENT_IMPL_H_
+#define HSDP_CLIENT_SRC_CLIENT_IMPL_H_
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "channel.h"
+#include "grpcpp/grpcpp.h"
+#include "hsdp/client.h"
+#include "hsdp/common/status_macros.h"
+#include "hsdp/shm/layout.h"
+#include "hsdp/shm/op_rules.h"
+#include "hsdp/v1/device.grpc.pb.h"
+#include "hsdp/v1/node.grpc.pb.h"
+
+namespace hsdp {
+namespace internal {
+
+inline constexpr absl::Duration kRpcTimeout = absl::Seconds(30);
+
+inline absl::Status FromGrpc(const grpc::Status& s, const char* what) {
+  if (s.ok()) return absl::OkStatus();
+  auto code = static_cast<absl::StatusCode>(s.error_code());
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return absl::UnavailableError(absl::StrCat(what, ": hsdpd unavailable: ", s.error_message()));
+  }
+  return absl::Status(code, s.error_message());
+}
+
+inline void SetDeadline(grpc::ClientContext* ctx) {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
+}
+
+// Point-to-point and all-to-all fields of a submission.
+struct Peering {
+  int peer = 0;
+  int tag = 0;
+  BufferRef splits;
+};
+
+struct LocalBuffer {
+  UniqueFd fd;
+  void* data = nullptr;
+  size_t size = 0;
+};
+
+}  // namespace internal
+
+class Client::Impl {
+ public:
+  ClientOptions options;
+  std::string socket_path;
+  std::shared_ptr<grpc::Channel> grpc_channel;
+  std::unique_ptr<v1::Node::Stub> stub;
+  std::unique_ptr<v1::DeviceMemory::Stub> device_stub;
+  uint64_t session_id = 0;
+  uint64_t features = 0;  // negotiated at Attach
+  std::shared_ptr<internal::SessionChannel> channel;
+
+  absl::Mutex mu;
+  std::map<uint64_t, internal::LocalBuffer> buffers ABSL_GUARDED_BY(mu);
+  // Registered device buffers: id -> size in bytes (ranges are checked here
+  // before a submission, as for host buffers).
+  std::map<uint64_t, uint64_t> device_buffers ABSL_GUARDED_BY(mu);
+  uint64_t next_fd_tag ABSL_GUARDED_BY(mu) = 1;
+  bool detached ABSL_GUARDED_BY(mu) = false;
+
+  ~Impl() {
+    (void)Detach();
+    absl::MutexLock l(&mu);
+    for (auto& [id, b] : buffers) ::munmap(b.data, b.size);
+  }
+
+  absl::Status Detach() {
+    {
+      absl::MutexLock l(&mu);
+      if (detached) return absl::OkStatus();
+      detached = true;
+    }
+    absl::Status rpc = absl::OkStatus();
+    if (stub != nullptr && session_id != 0) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+      v1::DetachRequest req;
+      req.set_session_id(session_id);
+      v1::DetachResponse resp;
+      rpc = internal::FromGrpc(stub->Detach(&ctx, req, &resp), "Detach");
+    }
+    if (channel != nullptr) channel->Close(absl::CancelledError("the client detached"));
+    return rpc;
+  }
+
+  // Checks that [ref.offset, ref.offset + bytes) lies in a buffer of this client.
+  absl::Status CheckRange(const char* field, BufferRef ref, uint64_t bytes) {
+    if (bytes == 0) return absl::OkStatus();  // nothing is read or written
+    absl::MutexLock l(&mu);
+    if (shm::IsDeviceBufferId(ref.buffer_id)) {
+      auto d = device_buffers.find(ref.buffer_id);
+      if (d == device_buffers.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": unknown device buffer id ", ref.buffer_id));
+      }
+      if (ref.offset_bytes > d->second || bytes > d->second - ref.offset_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": range [", ref.offset_bytes, ", ", ref.offset_bytes + bytes,
+            ") is outside device buffer ", ref.buffer_id, " of ", d->second, " bytes"));
+      }
+      return absl::OkStatus();
+    }
+    auto it = buffers.find(ref.buffer_id);
+    if (it == buffers.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": unknown buffer id ", ref.buffer_id));
+    }
+    if (ref.offset_bytes > it->second.size || bytes > it->second.size - ref.offset_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": range [", ref.offset_bytes, ", ", ref.offset_bytes + bytes,
+          ") is outside buffer ", ref.buffer_id, " of ", it->second.size, " bytes"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The extents an uneven all-to-all's splits imply (read from our mapping).
+  absl::StatusOr<shm::OpExtents> SplitExtents(BufferRef splits, int n, size_t es) {
+    RETURN_IF_ERROR(CheckRange("splits", splits, 2 * uint64_t(n) * sizeof(uint64_t)));
+    absl::MutexLock l(&mu);
+    const auto* counts = reinterpret_cast<const uint64_t*>(
+        static_cast<const char*>(buffers.at(splits.buffer_id).data) + splits.offset_bytes);
+    uint64_t send = 0, recv = 0;
+    for (int i = 0; i < n; ++i) {
+      if (counts[i] > shm::kMaxCount || counts[n + i] > shm::kMaxCount) {
+        return absl::InvalidArgumentError(absl::StrCat("splits: count for rank ", i, " is above 2^40"));
+      }
+      send += counts[i];
+      recv += counts[n + i];
+    }
+    if (send > shm::kMaxCount || recv > shm::kMaxCount) {
+      return absl::InvalidArgumentError("splits: the counts add up to more than 2^40 elements");
+    }
+    return shm::OpExtents{send * es, recv * es};
+  }
+
+  absl::StatusOr<Work> Submit(Collective kind, const Group& g, const Group* g2, BufferRef send,
+                              BufferRef recv, size_t count, DataType dtype,
+                              const ReduceOptions& reduce, int root, internal::Peering peering = {},
+                              const SubmitOptions& opts = {}) {
+    if (g.size <= 0 || (g2 != nullptr && g2->size <= 0)) {
+      return absl::InvalidArgumentError("group: not created by NewGroup");
+    }
+    shm::OpDescriptor d{};
+    d.collective = static_cast<uint8_t>(kind);
+    d.group_id = g.id;
+    d.epoch = g.epoch;
+    if (g2 != nullptr) {
+      d.group2_id = g2->id;
+      d.epoch2 = g2->epoch;
+    }
+    d.root = root;
+    d.peer = peering.peer;
+    d.tag = peering.tag;
+    d.splits = {peering.splits.buffer_id, peering.splits.offset_bytes};
+    d.premul_factor = d.pre_divide = d.post_divide = 1.0;
+    if (opts.wait_event_id != 0) {
+      d.flags |= shm::kFlagWaitEvent;
+      d.event_id = opts.wait_event_id;
+    }
+    if (kind != Collective::kBarrier) {
+      d.count = count;
+      d.dtype = static_cast<uint8_t>(dtype);
+      d.send = {send.buffer_id, send.offset_bytes};
+      d.recv = {recv.buffer_id, recv.offset_bytes};
+    }
+    if (shm::IsReducing(kind)) {
+      d.reduce_op = static_cast<uint8_t>(reduce.op);
+      d.reduce_dtype = static_cast<uint8_t>(reduce.reduce_dtype);
+      d.premul_factor = reduce.premul_factor;
+      d.pre_divide = reduce.pre_divide;
+      d.post_divide = reduce.post_divide;
+    }
+    // The daemon's own rules (hsdp/shm/op_rules.h), applied before anything moves.
+    RETURN_IF_ERROR(shm::CheckDescriptorFields(d, features));
+    if (kind == Collective::kSend || kind == Collective::kRecv) {
+      if (d.peer >= g.size || d.peer == g.rank) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "peer: ", d.peer, " is not another rank of a group of size ", g.size));
+      }
+    }
+    if (kind != Collective::kBarrier) {
+      shm::OpExtents ext = shm::ComputeOpExtents(kind, count, DataTypeSize(dtype), g.size);
+      if (peering.splits.buffer_id != 0) {
+        ASSIGN_OR_RETURN(ext, SplitExtents(peering.splits, g.size, DataTypeSize(dtype)));
+      }
+      RETURN_IF_ERROR(CheckRange("send", send, ext.send_bytes));
+      RETURN_IF_ERROR(CheckRange("recv", recv, ext.recv_bytes));
+    }
+    return channel->Submit(d, g2 != nullptr);
+  }
+};
+
+}  // namespace hsdp
+
+#endif  // HSDP_CLIENT_SRC_CLIENT_IMPL_H_

@@ -1,0 +1,402 @@
+// Device-memory collectives end to end through a real hsdpd on the fake
+// device (engine.device: fake): trainer processes own their "device memory"
+// (memfds / named shm objects, both handle kinds), register it through the
+// C++ client, and the daemon runs its NCCL engine (fake NCCL) on it. Checks
+// every collective and the HSDP composite against an independent
+// reference, producer-event ordering (asserted on data), completion events,
+// a freed-and-reused handle never hitting a stale mapping, a killed trainer
+// leaking nothing, and CPU tensors on the same daemon.
+#include <signal.h>
+
+#include <cstring>
+#include <thread>
+
+#include "device_fake_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "hsdp/client.h"
+#include "test_util.h"
+
+namespace hsdp {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Child;
+using testing::DaemonProcess;
+using testing::DeviceTrainer;
+using testing::FakeDeviceConfig;
+using testing::FakeTrainerDevice;
+using testing::TempDir;
+
+constexpr uint64_t kCount = 1000;                // elements per rank
+constexpr uint64_t kRecvOffset = 64 * 1024;      // recv region in the allocation
+constexpr uint64_t kAllocBytes = 256 * 1024;
+
+float In(int rank, uint64_t i) { return float(rank * 1000 + int(i % 997) + 1); }
+
+void RunRanks(int world, const std::function<int(int, FILE*)>& body, int timeout_ms) {
+  std::vector<std::unique_ptr<Child>> kids;
+  for (int r = 0; r < world; ++r) {
+    kids.push_back(std::make_unique<Child>([&body, r](FILE* out) { return body(r, out); }));
+  }
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(kids[r]->Finish(timeout_ms), 0) << "rank " << r << ":\n" << kids[r]->output();
+  }
+}
+
+bool Await(DeviceTrainer* T, absl::StatusOr<Work> w, const std::string& name) {
+  if (!w.ok()) return T->Fail(name + ": submit: " + w.status().ToString()), false;
+  if (absl::Status s = w->Wait(absl::Seconds(30)); !s.ok()) {
+    return T->Fail(name + ": " + s.ToString()), false;
+  }
+  return true;
+}
+
+template <typename Want>
+void Expect(DeviceTrainer* T, const std::string& name, const float* got, uint64_t n, Want want) {
+  for (uint64_t i = 0; i < n; ++i) {
+    if (got[i] != want(i)) {
+      T->Fail(name + ": [" + std::to_string(i) + "] got " + std::to_string(got[i]) + ", want " +
+              std::to_string(want(i)));
+      return;
+    }
+  }
+}
+
+// All-reduce (out of place and in place, sum and max), all-gather,
+// reduce-scatter, broadcast and all-to-all on device buffers of 2 ranks.
+TEST(DeviceDaemonTest, EveryCollectiveOnDeviceBuffersMatchesTheReference) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start(FakeDeviceConfig())) << d.Log();
+  EXPECT_THAT(d.Log(), HasSubstr("TEST ONLY"));
+  constexpr int kWorld = 2;
+  RunRanks(kWorld, [&](int rank, FILE* out) -> int {
+    DeviceTrainer T;
+    T.out = out;
+    if (!T.Start(d.socket(), "coll", rank, kWorld, kAllocBytes)) return 1;
+    auto g = T.client->NewGroup({0, 1});
+    if (!g.ok()) return T.Fail("NewGroup"), 1;
+    const BufferRef send{T.buffer, 0}, recv{T.buffer, kRecvOffset};
+    auto fill = [&] {
+      for (uint64_t i = 0; i < kCount * kWorld; ++i) T.F(0)[i] = In(rank, i);
+    };
+    // all-reduce sum and max, out of place
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+      fill();
+      ReduceOptions o;
+      o.op = op;
+      if (!Await(&T, T.client->AllReduce(*g, send, recv, kCount, DataType::kFloat32, o),
+                 "all_reduce")) {
+        continue;
+      }
+      Expect(&T, "all_reduce", T.F(kRecvOffset), kCount, [&](uint64_t i) {
+        return op == ReduceOp::kSum ? In(0, i) + In(1, i) : std::max(In(0, i), In(1, i));
+      });
+    }
+    // all-reduce in place
+    fill();
+    if (Await(&T, T.client->AllReduce(*g, send, send, kCount, DataType::kFloat32), "in place")) {
+      Expect(&T, "all_reduce in place", T.F(0), kCount,
+             [](uint64_t i) { return In(0, i) + In(1, i); });
+    }
+    // all-gather: rank r's kCount elements land at recv + r * kCount
+    fill();
+    if (Await(&T, T.client->AllGather(*g, send, recv, kCount, DataType::kFloat32), "all_gather")) {
+      Expect(&T, "all_gather", T.F(kRecvOffset), kCount * kWorld, [](uint64_t i) {
+        return In(int(i / kCount), i % kCount);
+      });
+    }
+    // reduce-scatter: rank r gets slice r of the sum
+    fill();
+    if (Await(&T, T.client->ReduceScatter(*g, send, recv, kCount, DataType::kFloat32),
+              "reduce_scatter")) {
+      Expect(&T, "reduce_scatter", T.F(kRecvOffset), kCount, [&](uint64_t i) {
+        return In(0, rank * kCount + i) + In(1, rank * kCount + i);
+      });
+    }
+    // broadcast from rank 1
+    fill();
+    if (Await(&T, T.client->Broadcast(*g, send, recv, kCount, DataType::kFloat32, 1),
+              "broadcast")) {
+      Expect(&T, "broadcast", T.F(kRecvOffset), kCount, [](uint64_t i) { return In(1, i); });
+    }
+    // all-to-all (equal blocks): block j of rank i lands at rank j's recv + i * kCount
+    fill();
+    if (Await(&T, T.client->AllToAll(*g, send, recv, kCount, DataType::kFloat32),
+              "all_to_all")) {
+      Expect(&T, "all_to_all", T.F(kRecvOffset), kCount * kWorld, [&](uint64_t i) {
+        return In(int(i / kCount), rank * kCount + i % kCount);
+      });
+    }
+    std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
+    return T.failures == 0 ? 0 : 2;
+  }, 120000);
+  EXPECT_TRUE(d.Alive()) << d.Log();
+  EXPECT_EQ(d.Stop(), 0);
+}
+
+// The HSDP composite (reduce-scatter in the shard group, all-reduce across
+// the replicate group) on a 2x2 mesh of device buffers.
+TEST(DeviceDaemonTest, HsdpCompositeOn2x2MeshOfDeviceBuffers) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start(FakeDeviceConfig())) << d.Log();
+  RunRanks(4, [&](int rank, FILE* out) -> int {
+    DeviceTrainer T;
+    T.out = out;
+    if (!T.Start(d.socket(), "mesh", rank, 4, kAllocBytes)) return 1;
+    const int replica = rank / 2, shard_rank = rank % 2;
+    auto shard = T.client->NewGroup({replica * 2, replica * 2 + 1});
+    auto replicate = T.client->NewGroup({shard_rank, shard_rank + 2});
+    if (!shard.ok() || !replicate.ok()) return T.Fail("NewGroup"), 1;
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      for (uint64_t i = 0; i < 2 * kCount; ++i) T.F(0)[i] = In(rank, i);
+      ReduceOptions o;
+      o.op = op;
+      if (!Await(&T,
+                 T.client->ReduceScatterAllReduce(*shard, *replicate, {T.buffer, 0},
+                                                  {T.buffer, kRecvOffset}, kCount,
+                                                  DataType::kFloat32, o),
+                 "rs+ar")) {
+        continue;
+      }
+      Expect(&T, op == ReduceOp::kSum ? "rs+ar sum" : "rs+ar avg", T.F(kRecvOffset), kCount,
+             [&](uint64_t i) {
+               const uint64_t k = shard_rank * kCount + i;
+               const float sum = In(0, k) + In(1, k) + In(2, k) + In(3, k);
+               return op == ReduceOp::kSum ? sum : sum / 4;
+             });
+    }
+    std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
+    return T.failures == 0 ? 0 : 2;
+  }, 120000);
+  EXPECT_EQ(d.Stop(), 0);
+}
+
+// A producer event held back: the collective must not read the buffer
+// before the producer is released. The trainer records the event, submits,
+// and only then writes the real data and releases the event: the result
+// shows which data the daemon read. Then the completion event: the daemon
+// recorded it, and WaitOnStream hands its id to the stream-wait callback.
+TEST(DeviceDaemonTest, ProducerEventOrdersTheCollectiveAndCompletionEventsAreRecorded) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start(FakeDeviceConfig())) << d.Log();
+  RunRanks(2, [&](int rank, FILE* out) -> int {
+    DeviceTrainer T;
+    T.out = out;
+    if (!T.Start(d.socket(), "order", rank, 2, kAllocBytes)) return 1;
+    auto g = T.client->NewGroup({0, 1});
+    auto producer = T.dev.CreateEvent();
+    if (!g.ok() || !producer.ok()) return T.Fail("setup"), 1;
+    const auto& h = (*producer)->shared->handle();
+    auto ev = T.client->RegisterDeviceEvent(T.device,
+                                            std::string(reinterpret_cast<const char*>(h.data()),
+                                                        h.size()));
+    if (!ev.ok()) return T.Fail("RegisterDeviceEvent: " + ev.status().ToString()), 1;
+    for (uint64_t i = 0; i < kCount; ++i) T.F(0)[i] = -1.0f;  // stale data
+    (*producer)->Record();  // the producer "kernel" is now pending
+    SubmitOptions so;
+    so.wait_event_id = *ev;
+    auto w = T.client->AllReduce(*g, {T.buffer, 0}, {T.buffer, kRecvOffset}, kCount,
+                                 DataType::kFloat32, {}, so);
+    if (!w.ok()) return T.Fail("submit: " + w.status().ToString()), 1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (w->Test()) T.Fail("the collective finished while its producer was still pending");
+    for (uint64_t i = 0; i < kCount; ++i) T.F(0)[i] = In(rank, i);  // the producer's output
+    (*producer)->Complete();
+    uint64_t seen_event = 0;
+    absl::Status s = w->WaitOnStream(
+        [&](uint64_t event_id) {
+          seen_event = event_id;
+          if (event_id == 0 || event_id > T.completion_events.size()) {
+            return absl::InternalError("event id out of range");
+          }
+          device::IpcHandleBytes ch;
+          std::memcpy(ch.data(), T.completion_events[event_id - 1].data(), ch.size());
+          auto opened = device::fakeshm::SharedEvent::Open(ch);
+          if (!opened.ok()) return opened.status();
+          // The daemon recorded this event, and the record completed.
+          if ((*opened)->block()->recorded.load() == 0) {
+            return absl::InternalError("the daemon never recorded the completion event");
+          }
+          return FakeTrainerDevice::WaitEvent(ch, absl::Seconds(10));
+        },
+        absl::Seconds(30));
+    if (!s.ok()) T.Fail("WaitOnStream: " + s.ToString());
+    if (seen_event != w->completion_event_id() || seen_event == 0) {
+      T.Fail("completion event id " + std::to_string(seen_event));
+    }
+    Expect(&T, "ordered all_reduce", T.F(kRecvOffset), kCount,
+           [](uint64_t i) { return In(0, i) + In(1, i); });
+    // CPU wait still works (no stream callback).
+    if (Await(&T, T.client->AllReduce(*g, {T.buffer, 0}, {T.buffer, kRecvOffset}, kCount,
+                                      DataType::kFloat32),
+              "cpu wait")) {
+      Expect(&T, "cpu wait", T.F(kRecvOffset), kCount,
+             [](uint64_t i) { return In(0, i) + In(1, i); });
+    }
+    std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
+    return T.failures == 0 ? 0 : 2;
+  }, 60000);
+  EXPECT_EQ(d.Stop(), 0);
+}
+
+// The same legacy handle bytes naming new memory (the caching allocator
+// handing an address out again): with a new generation the daemon maps the
+// new memory even while the old allocation is still mapped for another
+// buffer. Data proves which memory the collective read.
+TEST(DeviceDaemonTest, FreedAndReusedHandleNeverHitsAStaleMapping) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start(FakeDeviceConfig())) << d.Log();
+  RunRanks(2, [&](int rank, FILE* out) -> int {
+    DeviceTrainer T;
+    T.out = out;
+    if (!T.Start(d.socket(), "stale", rank, 2, kAllocBytes)) return 1;
+    auto g = T.client->NewGroup({0, 1});
+    if (!g.ok()) return T.Fail("NewGroup"), 1;
+    // Allocation "slot 7", generation 1: two buffers on it.
+    auto a1 = T.dev.AllocateLegacy(kAllocBytes, 7);
+    if (!a1.ok()) return T.Fail("alloc"), 1;
+    auto keep = T.Register(**a1, 0, 4096, 1, false);        // stays registered
+    auto old_buf = T.Register(**a1, 8192, kCount * 4, 1, false);
+    if (!keep.ok() || !old_buf.ok()) return T.Fail("register gen 1"), 1;
+    float* old_data = reinterpret_cast<float*>(static_cast<char*>((*a1)->data) + 8192);
+    for (uint64_t i = 0; i < kCount; ++i) old_data[i] = 5.0f;
+    if (!Await(&T, T.client->AllReduce(*g, {*old_buf, 0}, {T.buffer, kRecvOffset}, kCount,
+                                       DataType::kFloat32),
+               "gen 1")) {
+      return 2;
+    }
+    Expect(&T, "gen 1", T.F(kRecvOffset), kCount, [](uint64_t) { return 10.0f; });
+    // Free the buffer and the allocation; the same name (same handle bytes)
+    // now names new memory with other contents.
+    if (!T.client->FreeDeviceBuffer(*old_buf).ok()) T.Fail("free");
+    for (uint64_t i = 0; i < kCount; ++i) old_data[i] = 5.0f;  // the old memory keeps 5s
+    FakeTrainerDevice::Free(std::move(*a1));
+    auto a2 = T.dev.AllocateLegacy(kAllocBytes, 7);
+    if (!a2.ok()) return T.Fail("realloc"), 1;
+    float* new_data = reinterpret_cast<float*>(static_cast<char*>((*a2)->data) + 8192);
+    for (uint64_t i = 0; i < kCount; ++i) new_data[i] = float(rank + 1);
+    auto new_buf = T.Register(**a2, 8192, kCount * 4, 2, false);
+    if (!new_buf.ok()) return T.Fail("register gen 2: " + new_buf.status().ToString()), 1;
+    if (Await(&T, T.client->AllReduce(*g, {*new_buf, 0}, {T.buffer, kRecvOffset}, kCount,
+                                      DataType::kFloat32),
+              "gen 2")) {
+      // 1 + 2 from the new memory; a stale mapping would give 5 + 5.
+      Expect(&T, "gen 2", T.F(kRecvOffset), kCount, [](uint64_t) { return 3.0f; });
+    }
+    FakeTrainerDevice::Free(std::move(*a2));
+    std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
+    return T.failures == 0 ? 0 : 2;
+  }, 60000);
+  EXPECT_EQ(d.Stop(), 0);
+}
+
+// A trainer killed while the daemon maps its memory, has opened its events
+// and made completion events for it: once the session ends, nothing of it
+// is left in the daemon (no mapping, no fd, no event block), and the daemon
+// serves a new job.
+TEST(DeviceDaemonTest, KilledTrainerLeaksNoMapping) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start(FakeDeviceConfig())) << d.Log();
+  ASSERT_EQ(testing::FakeDeviceObjectsIn(d.pid()), 0);
+  Child victim([&](FILE* out) -> int {
+    DeviceTrainer T;
+    T.out = out;
+    if (!T.Start(d.socket(), "victim", 0, 1, kAllocBytes)) return 1;
+    auto legacy = T.dev.AllocateLegacy(kAllocBytes, 3);
+    auto ev = T.dev.CreateEvent();
+    if (!legacy.ok() || !ev.ok()) return 1;
+    if (!T.Register(**legacy, 0, 4096, 1, false).ok()) return T.Fail("register"), 1;
+    const auto& h = (*ev)->shared->handle();
+    if (!T.client->RegisterDeviceEvent(0, std::string(reinterpret_cast<const char*>(h.data()),
+                                                      h.size()))
+             .ok()) {
+      return T.Fail("event"), 1;
+    }
+    std::fprintf(out, "ready\n");
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+    return 0;
+  });
+  ASSERT_TRUE(victim.WaitFor("ready", 20000)) << victim.output() << d.Log();
+  // Mapped: two allocations, their fd (VMM), the events.
+  EXPECT_GT(testing::FakeDeviceObjectsIn(d.pid()), 2);
+  victim.Kill(SIGKILL);
+  victim.Finish(5000);
+  // What the killed trainer left in /dev/shm is its own (the daemon holds none of it).
+  testing::RunCommand("rm -f /dev/shm/hsdp-fake*-" + std::to_string(victim.pid()) + "-*");
+  EXPECT_TRUE(testing::Eventually(
+      [&] { return testing::FakeDeviceObjectsIn(d.pid()) == 0; }, 10000))
+      << testing::FakeDeviceObjectsIn(d.pid()) << " fake device objects left\n"
+      << testing::ReadFile("/proc/" + std::to_string(d.pid()) + "/maps");
+  EXPECT_TRUE(testing::Eventually([&] { return testing::CountSessions(d.socket()) == 0; }, 10000));
+  // The daemon serves a new trainer.
+  RunRanks(1, [&](int rank, FILE* out) -> int {
+    DeviceTrainer T;
+    T.out = out;
+    if (!T.Start(d.socket(), "after", rank, 1, kAllocBytes)) return 1;
+    auto g = T.client->NewGroup({0});
+    if (!g.ok()) return 1;
+    for (uint64_t i = 0; i < kCount; ++i) T.F(0)[i] = 2.0f;
+    if (!Await(&T, T.client->AllReduce(*g, {T.buffer, 0}, {T.buffer, kRecvOffset}, kCount,
+                                       DataType::kFloat32),
+               "after")) {
+      return 2;
+    }
+    Expect(&T, "after", T.F(kRecvOffset), kCount, [](uint64_t) { return 2.0f; });
+    return T.failures == 0 ? 0 : 2;
+  }, 30000);
+  EXPECT_EQ(d.Stop(), 0);
+}
+
+// Host (CPU) buffers keep working on a daemon that runs the device engine,
+// in the same group as device operations.
+TEST(DeviceDaemonTest, CpuBuffersKeepWorkingOnTheSameDaemon) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start(FakeDeviceConfig())) << d.Log();
+  RunRanks(2, [&](int rank, FILE* out) -> int {
+    DeviceTrainer T;
+    T.out = out;
+    if (!T.Start(d.socket(), "mixed", rank, 2, kAllocBytes)) return 1;
+    auto g = T.client->NewGroup({0, 1});
+    auto host = T.client->AllocateBuffer(kCount * 4 * 2, "host");
+    if (!g.ok() || !host.ok()) return T.Fail("setup"), 1;
+    float* hf = static_cast<float*>(host->data);
+    for (int round = 0; round < 3; ++round) {
+      for (uint64_t i = 0; i < kCount; ++i) hf[i] = In(rank, i) + round;
+      if (Await(&T, T.client->AllReduce(*g, {host->id, 0}, {host->id, kCount * 4}, kCount,
+                                        DataType::kFloat32),
+                "host")) {
+        Expect(&T, "host", hf + kCount, kCount,
+               [&](uint64_t i) { return In(0, i) + In(1, i) + 2 * round; });
+      }
+      for (uint64_t i = 0; i < kCount; ++i) T.F(0)[i] = In(rank, i) * 2 + round;
+      if (Await(&T, T.client->AllReduce(*g, {T.buffer, 0}, {T.buffer, kRecvOffset}, kCount,
+                                        DataType::kFloat32),
+                "device")) {
+        Expect(&T, "device", T.F(kRecvOffset), kCount,
+               [&](uint64_t i) { return (In(0, i) + In(1, i)) * 2 + 2 * round; });
+      }
+    }
+    // Mixing a host and a device buffer in one operation is refused by the daemon.
+    auto mixed = T.client->AllReduce(*g, {host->id, 0}, {T.buffer, kRecvOffset}, kCount,
+                                     DataType::kFloat32);
+    if (mixed.ok()) {
+      absl::Status s = mixed->Wait(absl::Seconds(30));
+      if (s.ok() || s.message().find("host buffer") == std::string::npos) {
+        T.Fail("mixed host/device: " + s.ToString());
+      }
+    }
+    std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
+    return T.failures == 0 ? 0 : 2;
+  }, 60000);
+  EXPECT_EQ(d.Stop(), 0);
+}
+
+}  // namespace
+}  // namespace hsdp
