@@ -115,19 +115,19 @@ class NetnsDaemon {
 
   bool Start(const std::string& ns, const std::string& yaml) {
     WriteFile(dir_.File("node.yaml"), yaml);
-    pid_ = DaemonProcess::Spawn({"/usr/sbin/ip", "netns", "exec", ns, BinDir() + "/hsdpd",
-                                 "--socket", socket(), "--log-level", "info", "--node-config",
-                                 dir_.File("node.yaml")},
-                                {}, dir_.File("hsdpd.log"));
+    pid_ = DaemonProcess::Spawn(
+        {"/usr/sbin/ip", "netns", "exec", ns, BinDir() + "/hsdpd", "--socket", socket(),
+         "--log-level", "info", "--node-config", dir_.File("node.yaml")},
+        {}, dir_.File("hsdpd.log"));
     return pid_ > 0;
   }
   bool WaitReady(int timeout_ms) {
     return Eventually(
-        [&] {
-          if (pid_ <= 0 || WaitExit(pid_, 0) != -1) return true;  // exited: stop waiting
-          return Exists(socket()) && ConnectUnix(socket()).ok();
-        },
-        timeout_ms) &&
+               [&] {
+                 if (pid_ <= 0 || WaitExit(pid_, 0) != -1) return true;  // exited: stop waiting
+                 return Exists(socket()) && ConnectUnix(socket()).ok();
+               },
+               timeout_ms) &&
            pid_ > 0 && Exists(socket()) && ConnectUnix(socket()).ok();
   }
   void Kill() {

@@ -40,6 +40,7 @@ import netns_topology  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SKIP = 77
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class Stop(Exception):
@@ -135,7 +136,9 @@ class Runner:
                         a = h
                         break
                 else:
-                    a = shutil.which(a) or a
+                    # Not the image's own: a Debian package's program, as in
+                    # the image (never whatever /usr/local or $PATH has here).
+                    a = shutil.which(a, path=SYSTEM_PATH) or a
             elif i > 0 and argv[i - 1] == "--node-config" and svc.node_config:
                 a = svc.local_config
             else:
@@ -144,7 +147,7 @@ class Runner:
         return out
 
     def env_of(self, svc):
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        env = {"PATH": SYSTEM_PATH,
                "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
         for k, v in self.model["image"]["env"].items():
             if k != "PATH":
@@ -254,9 +257,9 @@ class Runner:
             except subprocess.TimeoutExpired:
                 try:
                     os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait(5)
+                    p.wait(5)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    pass  # down() below kills whatever is left in the namespaces
         netns_topology.down(self.owner)
 
     def tails(self, lines=25):
@@ -312,6 +315,10 @@ def main(argv=None):
     except (Stop, netns_compose.ComposeError, netns_topology.TopologyError, OSError) as e:
         failed, elapsed = [f"{type(e).__name__}: {e}"], 0.0
     finally:
+        # The cleanup itself is bounded (about 15 s): a second signal must
+        # not interrupt it halfway and leave namespaces behind.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             runner.stop()
         except netns_topology.TopologyError as e:

@@ -150,10 +150,7 @@ def up(owner, nodes, prefix_len):
             topo["nodes"].append({"namespace": ns, "interface": "eth0", "switch_port": port,
                                   "addresses": list(addrs)})
     except BaseException:
-        try:
-            down(owner)
-        finally:
-            pass
+        down(owner)
         raise
     return topo
 
