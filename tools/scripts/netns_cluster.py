@@ -128,7 +128,7 @@ class Runner:
         out = []
         for i, a in enumerate(argv):
             if i == 0 and not a.startswith("/"):
-                # The image's PATH first (its binaries are this build's), then ours.
+                # The image's PATH first (its binaries are this build's).
                 for d in self.model["image"]["env"].get(
                         "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin").split(":"):
                     h = netns_compose.host_path(self.model, svc, f"{d}/{a}", self.run_dir)
