@@ -10,9 +10,18 @@ on a synthetic regression task with DDP (default) or hsdp.flat_param
 (FSDP-style sharded flat parameters), prints the loss and the time spent in
 communication per step on rank 0, and exits cleanly (exit status 0 on
 success, 1 if a rank failed or the loss did not go down).
+
+With $RANK and $WORLD_SIZE set (torchrun-style; also $MASTER_ADDR and
+$MASTER_PORT, optional $LOCAL_RANK) it runs only that rank, in this process,
+with an env:// rendezvous (a TCP store on MASTER_ADDR:MASTER_PORT, served by
+rank 0): one trainer per node, each attached to its own node's hsdpd, as in
+deploy/docker-compose.yml. --timeout bounds the rendezvous and every
+collective there.
 """
 import argparse
+import datetime
 import os
+import queue
 import sys
 import tempfile
 import time
@@ -76,11 +85,11 @@ def run_flat(rank, steps, log):
         log(step, loss, time.perf_counter() - t0, comm)
 
 
-def worker(rank, world, store, steps, mode, results):
+def worker(rank, world, init_method, steps, mode, results, timeout_s=600):
     torch.set_num_threads(1)
     import hsdp.torch  # noqa: F401 - registers "hsdpd"
-    dist.init_process_group("hsdpd", init_method=f"file://{store}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("hsdpd", init_method=init_method, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
     losses = []
     pg = dist.distributed_c10d._get_default_group()
     last = pg.hsdp_stats()
@@ -110,19 +119,49 @@ def worker(rank, world, store, steps, mode, results):
         dist.destroy_process_group()
 
 
+def check_losses(losses):
+    """Exit status: 0 when the (rank-averaged) loss went down."""
+    print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
+    if not losses[-1] < losses[0]:
+        print("demo FAILED: the loss did not decrease", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main_env(args):
+    """One rank of a job whose ranks run on several nodes (torchrun-style env)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    print(f"hsdpd demo: rank {rank} of {world}, {args.mode}, {args.steps} steps, socket "
+          f"{os.environ.get('HSDPD_SOCKET', '(default)')}, store "
+          f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}", flush=True)
+    results = queue.SimpleQueue()
+    t0 = time.perf_counter()
+    worker(rank, world, "env://", args.steps, args.mode, results, args.timeout)
+    _, losses, err = results.get()
+    if err:
+        print(f"demo FAILED: rank {rank}: {err}", file=sys.stderr)
+        return 1
+    print(f"rank {rank} done in {time.perf_counter() - t0:.1f} s", flush=True)
+    return check_losses(losses)
+
+
 def main():
     ap = argparse.ArgumentParser(description="hsdpd two-process training demo")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--mode", choices=("ddp", "flat"), default="ddp")
+    ap.add_argument("--timeout", type=float, default=600,
+                    help="seconds for the rendezvous and each collective (env mode)")
     args = ap.parse_args()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return main_env(args)
     print(f"hsdpd demo: {args.world} ranks, {args.mode}, {args.steps} steps, socket "
           f"{os.environ.get('HSDPD_SOCKET', '(default)')}", flush=True)
     store = os.path.join(tempfile.mkdtemp(prefix="hsdp-demo-"), "store")
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, args.world, store, args.steps, args.mode,
-                                              results)) for r in range(args.world)]
+    procs = [ctx.Process(target=worker, args=(r, args.world, f"file://{store}", args.steps,
+                                              args.mode, results)) for r in range(args.world)]
     t0 = time.perf_counter()
     for p in procs:
         p.start()
@@ -134,11 +173,8 @@ def main():
         print("demo FAILED:\n" + "\n".join(errors), file=sys.stderr)
         return 1
     losses = next(l for r, l, _ in outcome if r == 0)
-    print(f"done in {time.perf_counter() - t0:.1f} s: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
-    if not losses[-1] < losses[0]:
-        print("demo FAILED: the loss did not decrease", file=sys.stderr)
-        return 1
-    return 0
+    print(f"done in {time.perf_counter() - t0:.1f} s", flush=True)
+    return check_losses(losses)
 
 
 if __name__ == "__main__":

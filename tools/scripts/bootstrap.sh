@@ -12,6 +12,7 @@ PACKAGES=(
   prometheus-cpp-dev prometheus
   python3 python3-dev pybind11-dev python3-pybind11
   python3-torch python3-numpy python3-pytest
+  iproute2 docker-compose python3-yaml  # the compose check and the netns cluster tests
 )
 
 missing=()

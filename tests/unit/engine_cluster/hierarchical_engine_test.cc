@@ -211,6 +211,8 @@ TEST_P(CollectivesMatchFlat, AllGatherBroadcastAllToAllBarrier) {
   Case b;
   b.collective = Collective::kBarrier;
   Check(b);
+  b.spec.dtype = DataType::kInvalid;  // as clients send a barrier
+  Check(b);
 }
 
 // A cross-node send/recv is a two-member broadcast rooted at the sender.
