@@ -211,6 +211,9 @@ TEST_P(CollectivesMatchFlat, AllGatherBroadcastAllToAllBarrier) {
   Case b;
   b.collective = Collective::kBarrier;
   Check(b);
+  // As the client submits it: no dtype, no count.
+  b.spec.dtype = DataType::kInvalid;
+  Check(b);
 }
 
 // A cross-node send/recv is a two-member broadcast rooted at the sender.
