@@ -181,12 +181,17 @@ int RunRank(const Options& o, int rank, const std::string& job, const std::strin
     return Fail(rank, "allocate", !sendbuf.ok() ? sendbuf.status() : recvbuf.status());
   }
   if (rank == 0 && !o.json) {
-    std::printf("# hsdp-bench %s, %d node%s x %d ranks, dtype %s, redop %s, %s, iters %d, "
-                "warmup %d, busbw factor %.3f\n",
-                std::string(hsdp::CollectiveName(o.op)).c_str(), o.nodes, o.nodes == 1 ? "" : "s",
-                o.nranks, std::string(hsdp::DataTypeName(o.dtype)).c_str(),
+    // One node: the header of the single-node benchmark, unchanged.
+    const std::string where = o.nodes == 1 ? std::to_string(o.nranks) + " ranks"
+                                           : std::to_string(o.nodes) + " nodes x " +
+                                                 std::to_string(o.nranks) + " ranks";
+    const std::string factor =
+        o.nodes == 1 && !composite ? "" : ", busbw factor " + std::to_string(BusFactor(o));
+    std::printf("# hsdp-bench %s, %s, dtype %s, redop %s, %s, iters %d, warmup %d%s\n",
+                std::string(hsdp::CollectiveName(o.op)).c_str(), where.c_str(),
+                std::string(hsdp::DataTypeName(o.dtype)).c_str(),
                 std::string(hsdp::ReduceOpName(o.redop)).c_str(),
-                o.inplace ? "in-place" : "out-of-place", o.iters, o.warmup, BusFactor(o));
+                o.inplace ? "in-place" : "out-of-place", o.iters, o.warmup, factor.c_str());
     std::printf("%12s %12s %9s %8s %10s %10s %10s %8s %10s\n", "size(B)", "count", "type", "redop",
                 "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "p50(us)");
   }
