@@ -9,8 +9,16 @@ Runs, in this order and in one invocation, on the same machine:
      memory-bandwidth ceiling.
 and prints one table with bus bandwidths and the ratios.
 
+With --nodes K > 1 (multi-node mode, compare_cluster.py): hsdp-bench across K
+daemons forming a cluster on loopback, --nranks ranks per node, against torch
+Gloo with the same world size (K x nranks processes on loopback), for
+all_reduce, all_gather, reduce_scatter and the HSDP composite, in --rounds
+alternating rounds (hsdpd then Gloo, then Gloo then hsdpd, ...): medians,
+ranges and the load average of the same run.
+
 usage: /usr/bin/python3 tools/bench/compare.py [--build-dir build] [--nranks 2]
          [--ops all_reduce,all_gather] [--min-mb 1] [--max-mb 64] [--iters 10] [--json FILE]
+         [--nodes K] [--rounds R] [--warmup W]
 """
 import argparse
 import json
@@ -110,7 +118,16 @@ def main():
     ap.add_argument("--max-mb", type=int, default=64)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--nodes", type=int, default=1,
+                    help="> 1: daemons forming a cluster on loopback (compare_cluster.py)")
+    ap.add_argument("--rounds", type=int, default=3, help="multi-node mode: alternating rounds")
+    ap.add_argument("--warmup", type=int, default=3, help="multi-node mode: warm-up iterations")
     args = ap.parse_args()
+    if args.nodes > 1:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import compare_cluster
+        ops = None if args.ops == ap.get_default("ops") else args.ops.split(",")
+        return compare_cluster.main(args, ops)
     sizes = []
     s = args.min_mb << 20
     while s <= args.max_mb << 20:

@@ -1,4 +1,5 @@
-add_library(hsdp_bench_util STATIC ${CMAKE_CURRENT_LIST_DIR}/bench_util.cc)
+add_library(hsdp_bench_util STATIC ${CMAKE_CURRENT_LIST_DIR}/bench_util.cc
+  ${CMAKE_CURRENT_LIST_DIR}/bench_cluster.cc)
 target_include_directories(hsdp_bench_util PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 target_link_libraries(hsdp_bench_util PUBLIC hsdp_common)
 

@@ -151,6 +151,21 @@ TEST_P(CollectivesMatchFlat, AllReduce) {
   }
 }
 
+// In place over several pipeline steps: the final pass may read the local
+// inputs directly (fused with the local stage) while it overwrites them.
+TEST_P(CollectivesMatchFlat, InPlaceAllReduceOverSeveralChunks) {
+  for (DataType dt : kAllTypes) {
+    for (const ReduceSpec& spec : Specs(dt)) {
+      Case c;
+      c.collective = Collective::kAllReduce;
+      c.spec = spec;
+      c.count = 5003;
+      c.in_place = true;
+      Check(c);
+    }
+  }
+}
+
 // The same all-reduces below the one-round threshold.
 TEST_P(CollectivesMatchFlat, SmallAllReduceInOneRound) {
   HierarchicalEngineOptions o = FakeCluster::Options();
