@@ -168,7 +168,10 @@ absl::Status ValidateCrossNode(const EngineTask& t, const TaskLayout& lay) {
   const size_t es = DataTypeSize(t.spec.dtype);
   const int G = lay.group_size;
   const bool uneven = t.collective == Collective::kAllToAll && UnevenAllToAll(t);
-  if (es == 0) return Invalid("dtype: not a known type");
+  // A barrier carries no data, hence no dtype (kInvalid).
+  if (es == 0 && t.collective != Collective::kBarrier) {
+    return Invalid("dtype: not a known type");
+  }
   if (G > kMaxGroupSize) {
     return Invalid(absl::StrCat("a group of ", G, " ranks (at most ", kMaxGroupSize, ")"));
   }
