@@ -220,3 +220,24 @@ def test_client_collectives_across_nodes(request, cluster_run, nodes, placement)
                 idx = r % 2  # this rank's index in its shard group
                 _check(res[r][f"composite/{name}"], want[idx * CHUNK:(idx + 1) * CHUNK],
                        dtype, f"rank {r} composite {name}")
+
+
+def test_attach_conflicts_across_nodes_are_clear_errors(cluster2):
+    """The world size and each rank's node are agreed cluster-wide at Attach."""
+    import hsdp
+    job = f"attach-{uuid.uuid4().hex[:10]}"
+    s0, s1 = cluster2.sockets
+    with hsdp.Client(socket_path=s0, job_id=job, rank=0, world_size=2) as a:
+        with pytest.raises(hsdp.InvalidArgument, match="has world size 2 on another node"):
+            hsdp.Client(socket_path=s1, job_id=job, rank=1, world_size=3)
+        with pytest.raises(hsdp.AlreadyExists, match="rank 0 of job .* already attached on node 0"):
+            hsdp.Client(socket_path=s1, job_id=job, rank=0, world_size=2)
+        # Neither refusal left anything behind: the right trainer attaches and runs.
+        with hsdp.Client(socket_path=s1, job_id=job, rank=1, world_size=2) as b:
+            x, y = np.full(3, 1.5, np.float32), np.full(3, 2.0, np.float32)
+            wa = a.all_reduce(x, async_op=True)
+            wb = b.all_reduce(y, async_op=True)
+            wa.wait(timeout=60)
+            wb.wait(timeout=60)
+            np.testing.assert_array_equal(x, [3.5] * 3)
+            np.testing.assert_array_equal(y, [3.5] * 3)
