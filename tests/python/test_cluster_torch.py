@@ -151,6 +151,69 @@ def test_flat_parameters_hsdp_across_nodes(cluster2, cluster_run, placement, mod
         assert res[0]["buckets"] == 4
 
 
+# -- the torch collectives ---------------------------------------------------------------------
+
+def collectives_worker(rank, world):
+    """Every torch collective once over the world group; values exact in every dtype used."""
+    import torch.distributed as dist
+    out = {}
+    x = torch.arange(10, dtype=torch.float32) + rank
+    dist.all_reduce(x, op=dist.ReduceOp.AVG)
+    out["avg"] = x.tolist()
+    h = (torch.arange(6, dtype=torch.float32) * (rank + 1)).to(torch.bfloat16)
+    dist.all_reduce(h)
+    out["bf16_sum"] = h.float().tolist()
+    i = torch.tensor([rank + 2, -rank], dtype=torch.int64)
+    dist.all_reduce(i, op=dist.ReduceOp.PRODUCT)
+    out["i64_product"] = i.tolist()
+    coalesced = [torch.full((3,), float(rank)), torch.full((5,), 2.0 * rank)]
+    dist.all_reduce_coalesced(coalesced)
+    out["coalesced"] = [t.tolist() for t in coalesced]
+    big = torch.empty(world * 3, dtype=torch.float64)
+    dist.all_gather_into_tensor(big, torch.full((3,), rank + 0.5, dtype=torch.float64))
+    out["gather_into"] = big.tolist()
+    rs = torch.zeros(2, dtype=torch.int32)
+    dist.reduce_scatter_tensor(rs, torch.arange(2 * world, dtype=torch.int32) * (rank + 1))
+    out["reduce_scatter"] = rs.tolist()
+    red = torch.full((4,), float(rank))
+    dist.reduce(red, dst=3, op=dist.ReduceOp.MAX)
+    out["reduce"] = red.tolist() if rank == 3 else None
+    gl = [torch.zeros(2) for _ in range(world)] if rank == 1 else None
+    dist.gather(torch.full((2,), float(rank)), gather_list=gl, dst=1)
+    out["gather"] = [t.tolist() for t in gl] if rank == 1 else None
+    sc = torch.zeros(3)
+    dist.scatter(sc, [torch.full((3,), 10.0 * r) for r in range(world)] if rank == 2 else None,
+                 src=2)
+    out["scatter"] = sc.tolist()
+    a2a = torch.empty(world, dtype=torch.int64)
+    dist.all_to_all_single(a2a, torch.arange(world, dtype=torch.int64) + 10 * rank)
+    out["all_to_all"] = a2a.tolist()
+    objs = [None] * world
+    dist.all_gather_object(objs, {"rank": rank, "node": _socket()})
+    out["objects"] = objs
+    dist.barrier()
+    return out
+
+
+def test_torch_collectives_across_nodes(cluster2, cluster_run):
+    world = 4
+    res = cluster_run(cluster2, collectives_worker, INTERLEAVED)
+    for r in range(world):
+        got = res[r]
+        assert got["avg"] == [k + 1.5 for k in range(10)]  # mean of k + {0, 1, 2, 3}
+        assert got["bf16_sum"] == [k * 10.0 for k in range(6)]
+        assert got["i64_product"] == [2 * 3 * 4 * 5, 0]
+        assert got["coalesced"] == [[6.0] * 3, [12.0] * 5]
+        assert got["gather_into"] == [q + 0.5 for q in range(world) for _ in range(3)]
+        assert got["reduce_scatter"] == [10 * (2 * r), 10 * (2 * r + 1)]
+        assert got["scatter"] == [10.0 * r] * 3
+        assert got["all_to_all"] == [10 * q + r for q in range(world)]
+        assert [o["rank"] for o in got["objects"]] == list(range(world))
+        assert [o["node"] for o in got["objects"]] == [cluster2.sockets[n] for n in INTERLEAVED]
+    assert res[3]["reduce"] == [3.0] * 4
+    assert res[1]["gather"] == [[float(q)] * 2 for q in range(world)]
+
+
 # -- subgroups and point-to-point ---------------------------------------------------------------
 
 def subgroup_worker(rank, world):
