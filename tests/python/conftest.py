@@ -43,6 +43,12 @@ def _wait_for_socket(path, proc, timeout=20.0):
     return False
 
 
+def _die_with_parent():
+    """In the child before exec: SIGKILL when pytest dies (a killed test run leaves no daemon)."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class Daemon:
     def __init__(self, binary, tmpdir, extra_args=(), wait=True):
         self.dir = tmpdir
@@ -50,7 +56,8 @@ class Daemon:
         self.log = os.path.join(tmpdir, "hsdpd.log")
         self._logf = open(self.log, "w")
         self.proc = subprocess.Popen([binary, "--socket", self.socket, *extra_args],
-                                     stdout=self._logf, stderr=subprocess.STDOUT)
+                                     stdout=self._logf, stderr=subprocess.STDOUT,
+                                     preexec_fn=_die_with_parent)
         if wait:
             self.wait_ready()
 
