@@ -113,7 +113,14 @@ def run(hsdpd, tmp_path):
 def _cluster_fixture(nodes):
     def fixture():
         from cluster_util import Cluster
-        c = Cluster(nodes)
+        try:
+            c = Cluster(nodes)
+        except RuntimeError as e:
+            # The free ports are picked before the daemons bind them: another process on
+            # this machine may take one meanwhile. Only that is retried, once.
+            if "cannot listen on" not in str(e):
+                raise
+            c = Cluster(nodes)
         try:
             yield c
         finally:
