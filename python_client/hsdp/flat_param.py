@@ -9,6 +9,15 @@
         fp.sync()                     # wait; shard gradients appear on fp.parameters()
         opt.step(); fp.zero_grad()
 
+Gradient accumulation over micro-batches, two ways:
+- set_requires_grad_sync(False) on all but the last micro-batch: nothing is
+  communicated, full gradients accumulate (no_sync; memory: full gradients).
+- set_requires_all_reduce(False) on all but the last (HSDP): every micro-batch
+  is reduce-scattered in the shard group and sync() accumulates the shard; the
+  last one (True) adds the accumulated shard and all-reduces the sum across
+  the replicate group ONCE. Call sync() after each micro-batch's
+  reduce_grads(), before the next backward (it clears the full gradients).
+
 Layout: the trainable parameters are packed into buckets of hsdpd memory,
 each parameter view at a 512-byte aligned offset; a bucket is padded so that
 every shard is 512-byte aligned too. Each bucket has a full parameter buffer
@@ -71,7 +80,8 @@ class FlatParameters:
             post = post_divide if post_divide is not None else 1.0
         self.pre_divide, self.post_divide = float(pre), float(post)
         self._sync_grads = True
-        self._pending = []
+        self._all_reduce = True
+        self._pending = []  # (bucket, Work, kind): kind is "done", "partial" or "final"
 
         block = rank // self.shard_size
         shard_ranks = list(range(block * self.shard_size, (block + 1) * self.shard_size))
@@ -168,6 +178,7 @@ class FlatParameters:
         b.shard_param_src = self._client.tensor((b.shard_numel,), self.dtype, "flat-shard")
         b.grad_shard = self._client.tensor((b.shard_numel,), self.dtype, "flat-grad-shard")
         b.params = params
+        b.acc, b.accumulated = None, False  # reduce-scatter-only accumulation (HSDP)
         b.views = []
         for p, o in zip(params, offsets):
             view = b.full[o // es:o // es + p.numel()].view(p.shape)
@@ -195,6 +206,15 @@ class FlatParameters:
             raise ValueError(f"requires_grad_sync: {flag!r} is invalid; allowed: True, False")
         self._sync_grads = flag
 
+    def set_requires_all_reduce(self, flag):
+        """False: reduce_grads() only reduce-scatters (in the shard group); sync() adds the
+        shard to an accumulator and clears the full gradients. True (default): the next
+        reduction also all-reduces, once, the accumulated shard across the replicate group.
+        Like FSDP2's FSDPModule.set_requires_all_reduce."""
+        if not isinstance(flag, bool):
+            raise ValueError(f"requires_all_reduce: {flag!r} is invalid; allowed: True, False")
+        self._all_reduce = flag
+
     def unshard(self):
         """All-gathers every bucket's shard into its full buffer (the module's parameters)."""
         works = [self._client.all_gather(b.full, b.shard_param_src, group=self.shard_group,
@@ -206,6 +226,11 @@ class FlatParameters:
         """Issues the gradient reduction of every bucket (one submission each), async."""
         if not self._sync_grads:
             return
+        if any(kind == "partial" for _, _, kind in self._pending):
+            # The full gradients of that micro-batch are still in the buffers: a backward
+            # since then has added to them, and reducing them again would count them twice.
+            raise RuntimeError("reduce_grads: call sync() after each reduce_grads() with "
+                               "requires_all_reduce False, before the next backward")
         for b in self._buckets:
             for p, gview in zip(b.params, b.views):
                 if p.grad is None:
@@ -213,20 +238,52 @@ class FlatParameters:
                 elif p.grad.data_ptr() != gview.data_ptr():
                     gview.copy_(p.grad)  # someone replaced .grad (e.g. set_to_none)
                     p.grad = gview
-            kw = dict(op="sum", pre_divide=self.pre_divide, post_divide=self.post_divide,
-                      reduce_dtype=self.reduce_dtype, async_op=True)
-            if self.replicas == 1:
+            kw = dict(op="sum", pre_divide=self.pre_divide, reduce_dtype=self.reduce_dtype,
+                      async_op=True)
+            if not self._all_reduce or b.accumulated:
+                # Reduce-scatter only; the post-divide goes with the one all-reduce at the
+                # end (or here, without replicas), so the sum is divided exactly once.
+                post = self.post_divide if self.replicas == 1 else 1.0
                 w = self._client.reduce_scatter(b.grad_shard, b.grad, group=self.shard_group,
-                                                **kw)
+                                                post_divide=post, **kw)
+                kind = "partial" if not self._all_reduce else "final"
+            elif self.replicas == 1:
+                w = self._client.reduce_scatter(b.grad_shard, b.grad, group=self.shard_group,
+                                                post_divide=self.post_divide, **kw)
+                kind = "done"
             else:
                 w = self._client.reduce_scatter_all_reduce(
-                    b.grad_shard, b.grad, self.shard_group, self.replicate_group, **kw)
-            self._pending.append((b, w))
+                    b.grad_shard, b.grad, self.shard_group, self.replicate_group,
+                    post_divide=self.post_divide, **kw)
+                kind = "done"
+            self._pending.append((b, w, kind))
 
     def sync(self):
-        """Waits for every outstanding reduction; shard gradients land on parameters()."""
+        """Waits for every outstanding reduction; shard gradients land on parameters()
+        (after a reduction with requires_all_reduce False: accumulated, not yet there)."""
         pending, self._pending = self._pending, []
-        for b, w in pending:
+        final = []
+        for b, w, kind in pending:
+            w.wait()
+            if kind == "partial":
+                if b.acc is None:
+                    b.acc = torch.zeros_like(b.grad_shard)
+                b.acc.add_(b.grad_shard)
+                b.accumulated = True
+                b.grad.zero_()  # the next micro-batch's backward starts from zero
+                continue
+            if kind == "final":
+                b.grad_shard.add_(b.acc)
+                b.acc.zero_()
+                b.accumulated = False
+                if self.replicas > 1:
+                    final.append((b, self._client.all_reduce(
+                        b.grad_shard, group=self.replicate_group, op="sum",
+                        post_divide=self.post_divide, reduce_dtype=self.reduce_dtype,
+                        async_op=True)))
+                    continue
+            b.shard.grad = b.grad_shard
+        for b, w in final:
             w.wait()
             b.shard.grad = b.grad_shard
 
@@ -236,6 +293,9 @@ class FlatParameters:
             for p, gview in zip(b.params, b.views):
                 p.grad = gview
             b.shard.grad = None
+            if b.acc is not None:
+                b.acc.zero_()
+            b.accumulated = False
 
 
 class _Bucket:

@@ -3,22 +3,36 @@
 Each worker: init_process_group(backend, file:// store), result = fn(rank,
 world_size, *args), destroy. Results (picklable) come back in rank order; a
 worker exception fails the caller with that worker's traceback.
+
+For clusters, `env` gives each rank its own environment (HSDPD_SOCKET picks
+the node's daemon), `backend=None` skips torch.distributed (hsdp.Client
+workers), and `expect` lists the ranks that must report (a rank that kills
+itself on purpose does not).
 """
+import datetime
 import multiprocessing as mp
 import os
+import queue as queue_mod
+import time
 import traceback
 import uuid
 
 
-def _worker(fn, rank, world_size, args, backend, store_path, queue):
+def _worker(fn, rank, world_size, args, backend, store_path, queue, env, pg_timeout):
     try:
+        os.environ.update(env or {})
         import torch
-        import torch.distributed as dist
         torch.set_num_threads(1)
+        if backend is None:
+            queue.put((rank, True, fn(rank, world_size, *args)))
+            return
+        import torch.distributed as dist
         if backend == "hsdpd":
             import hsdp.torch  # noqa: F401 - registers the backend
+        kwargs = {} if pg_timeout is None else {
+            "timeout": datetime.timedelta(seconds=pg_timeout)}
         dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
-                                world_size=world_size)
+                                world_size=world_size, **kwargs)
         try:
             result = fn(rank, world_size, *args)
         finally:
@@ -28,18 +42,28 @@ def _worker(fn, rank, world_size, args, backend, store_path, queue):
         queue.put((rank, False, traceback.format_exc()))
 
 
-def launch(fn, world_size, args, backend, tmpdir, timeout):
+def launch(fn, world_size, args, backend, tmpdir, timeout, env=None, expect=None,
+           pg_timeout=None):
+    """Results of the `expect` ranks (default: all) in rank order (None for the others)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     store = os.path.join(tmpdir, f"store-{uuid.uuid4().hex[:8]}")
-    procs = [ctx.Process(target=_worker, args=(fn, r, world_size, args, backend, store, queue))
+    expect = list(range(world_size)) if expect is None else sorted(expect)
+    procs = [ctx.Process(target=_worker, args=(fn, r, world_size, args, backend, store, queue,
+                                               env[r] if env else None, pg_timeout))
              for r in range(world_size)]
     for p in procs:
         p.start()
     results, errors = {}, []
+    deadline = time.monotonic() + timeout
     try:
-        for _ in range(world_size):
-            rank, ok, value = queue.get(timeout=timeout)
+        for _ in expect:
+            try:
+                rank, ok, value = queue.get(timeout=max(deadline - time.monotonic(), 0.1))
+            except queue_mod.Empty:
+                missing = [r for r in expect if r not in results]
+                errors.append(f"rank(s) {missing} did not finish within {timeout} s")
+                break
             if ok:
                 results[rank] = value
             else:
@@ -53,4 +77,4 @@ def launch(fn, world_size, args, backend, tmpdir, timeout):
                 p.join()
     if errors:
         raise AssertionError("worker failed:\n" + "\n".join(errors))
-    return [results[r] for r in range(world_size)]
+    return [results.get(r) for r in range(world_size)]

@@ -75,6 +75,35 @@ def test_flat_parameters_match_single_process(run, kwargs):
         assert (res[0]["pre"], res[0]["post"]) == (1.0, 2.0)  # world 2: pre 1, post 2
 
 
+def flat_train_reduce_scatter_only(rank, world, steps, micro):
+    """HSDP accumulation: reduce-scatter every micro-batch, all-reduce once per step."""
+    import hsdp.torch
+    model = _model()
+    fp = FlatParameters(model, hsdp.torch.client(), shard_size=1, bucket_size=0)
+    opt = torch.optim.SGD(fp.parameters(), lr=0.1)
+    for step in _batches(steps, micro, world):
+        fp.zero_grad()
+        fp.unshard()
+        for m, (x, y) in enumerate(step):
+            fp.set_requires_all_reduce(m == micro - 1)
+            xs, ys = x[4 * rank:4 * rank + 4], y[4 * rank:4 * rank + 4]
+            torch.nn.functional.mse_loss(model(xs), ys, reduction="sum").div(4).backward()
+            fp.reduce_grads()
+            fp.sync()
+        opt.step()
+    fp.unshard()
+    return [p.detach().numpy().copy() for p in model.parameters()]
+
+
+def test_reduce_scatter_only_accumulation_matches_single_process(run):
+    world, steps, micro = 2, 3, 3
+    res = run(flat_train_reduce_scatter_only, world, steps, micro)
+    want = reference(steps, micro, world, "avg")
+    for r in range(world):
+        for got, ref in zip(res[r], want):
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
 @pytest.fixture
 def solo(hsdpd):
     c = hsdp.Client(socket_path=hsdpd.socket, job_id=f"flat-{os.getpid()}")
@@ -115,3 +144,18 @@ def test_layout_is_512_byte_aligned(solo):
         assert p.data_ptr() % 512 == 0
         assert solo.locate(p) is not None and solo.locate(p.grad) is not None
     assert fp.parameters()[0].numel() * 4 % 512 == 0
+
+
+def test_reduce_scatter_only_needs_sync_before_the_next_reduction(solo):
+    m = _model()
+    fp = FlatParameters(m, solo)
+    with pytest.raises(ValueError, match="requires_all_reduce: 1 is invalid"):
+        fp.set_requires_all_reduce(1)
+    fp.set_requires_all_reduce(False)
+    m(torch.ones(2, 12)).sum().backward()
+    fp.reduce_grads()
+    with pytest.raises(RuntimeError, match="call sync"):
+        fp.reduce_grads()  # would count the same gradients twice
+    fp.sync()
+    assert fp.parameters()[0].grad is None  # accumulated, not final yet
+    assert all(float(p.grad.abs().sum()) == 0 for p in m.parameters())  # cleared
