@@ -108,29 +108,14 @@ ShmChannel::PopResult ShmChannel::Pop(shm::OpDescriptor* out) {
   return PopResult::kOk;
 }
 
-size_t FitMessage(absl::string_view msg, char* out, size_t cap) {
-  if (msg.size() <= cap) {
-    std::memcpy(out, msg.data(), msg.size());
-    return msg.size();
-  }
-  // Too long: keep both ends. A message starts with what failed and ends
-  // with why (a relayed report ends with the lost node's name), so the
-  // middle — the repeated description of the operation — goes.
-  static constexpr absl::string_view kCut = " [...] ";
-  const size_t head = (cap - kCut.size()) * 2 / 5;
-  const size_t tail = cap - kCut.size() - head;
-  std::memcpy(out, msg.data(), head);
-  std::memcpy(out + head, kCut.data(), kCut.size());
-  std::memcpy(out + head + kCut.size(), msg.data() + msg.size() - tail, tail);
-  return cap;
-}
-
 void ShmChannel::Complete(uint64_t op_id, const absl::Status& status, uint64_t queued_ns,
                           uint64_t exec_ns, int32_t peer, uint64_t event_id) {
   shm::Completion& c = completions_[op_id & (entries_ - 1)];
   c.code = static_cast<int32_t>(status.code());
-  c.message_len = static_cast<uint32_t>(
-      FitMessage(status.message(), c.message, sizeof(c.message)));
+  const absl::string_view msg = status.message();
+  const size_t len = std::min(msg.size(), sizeof(c.message));
+  std::memcpy(c.message, msg.data(), len);
+  c.message_len = static_cast<uint32_t>(len);
   c.queued_ns = queued_ns;
   c.exec_ns = exec_ns;
   c.peer = peer;

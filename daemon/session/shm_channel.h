@@ -53,11 +53,6 @@ class WakeFd {
 
 // Thread-safety: Pop/HasWork from one consumer thread only (the
 // dispatcher); Complete and Close from any thread.
-// Writes `msg` into `out` (at most `cap` bytes, no terminator) and returns
-// the length: whole when it fits, else its head and its tail joined by
-// " [...] " so that the cause at the end survives.
-size_t FitMessage(absl::string_view msg, char* out, size_t cap);
-
 class ShmChannel {
  public:
   static absl::StatusOr<std::unique_ptr<ShmChannel>> Create(uint64_t session_id,

@@ -9,7 +9,6 @@
 
 #include <cstring>
 
-#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "hsdp/shm/doorbell.h"
 #include "hsdp/shm/layout.h"
@@ -162,17 +161,9 @@ TEST(ShmChannelTest, CompleteWritesRecordAndRingsClient) {
   EXPECT_EQ(c.exec_ns, 22u);
   EXPECT_NE(client.h()->client_bell.seq.load(), bell_before);
   // Messages longer than the record are truncated, never overflow.
-  // The head and the tail (the cause) are kept.
-  (*ch)->Complete(20,
-                  absl::InternalError("op 7 (all_reduce): " + std::string(1000, 'x') +
-                                      " connection to node 2 lost"),
-                  0, 0);
+  (*ch)->Complete(20, absl::InternalError(std::string(1000, 'x')), 0, 0);
   shm::Completion& c2 = client.CompletionFor(20);
   EXPECT_EQ(c2.message_len, sizeof(c2.message));
-  const std::string m2(c2.message, c2.message_len);
-  EXPECT_EQ(m2.rfind("op 7 (all_reduce): xx", 0), 0u) << m2;
-  EXPECT_NE(m2.find("x [...] x"), std::string::npos) << m2;
-  EXPECT_TRUE(absl::EndsWith(m2, " connection to node 2 lost")) << m2;
   EXPECT_EQ(client.CompletionFor(21).op_id.load(), 0u);
 }
 
