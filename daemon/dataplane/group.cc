@@ -4,7 +4,6 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 
 #include "absl/strings/str_join.h"
 #include "daemon/observability/op_observer.h"
@@ -331,14 +330,12 @@ EngineTask Group::Lower(const PendingOp& op) const {
     m.local = IsLocal(r);
     if (!m.local) continue;
     const Arrival& a = op.arrivals.at(local_index_[r]);
-    // An uneven all-to-all has count 0: its splits (checked in validate.cc) give the extents,
-    // which the cross-node engine checks its buffers against.
-    uint64_t send_bytes = ext.send_bytes, recv_bytes = ext.recv_bytes;
-    if (!a.send_counts.empty()) {
-      const uint64_t es = DataTypeSize(t.spec.dtype);
-      send_bytes = es * std::accumulate(a.send_counts.begin(), a.send_counts.end(), uint64_t{0});
-      recv_bytes = es * std::accumulate(a.recv_counts.begin(), a.recv_counts.end(), uint64_t{0});
-    }
+    // An uneven all-to-all has count 0: its splits give the extents (as
+    // validate.cc checked them), which the cross-node engine checks its
+    // buffers against.
+    const bool splits = !a.send_counts.empty();
+    const uint64_t send_bytes = splits ? a.splits_send_bytes : ext.send_bytes;
+    const uint64_t recv_bytes = splits ? a.splits_recv_bytes : ext.recv_bytes;
     m.send = BufferView{a.kind, a.device, const_cast<void*>(a.send), send_bytes};
     m.recv = BufferView{a.kind, a.device, a.recv, recv_bytes};
     if (a.kind == MemoryKind::kDevice) {

@@ -101,6 +101,9 @@ struct Arrival {
   // (copied out of shared memory); empty for equal blocks.
   std::vector<uint64_t> send_counts;
   std::vector<uint64_t> recv_counts;
+  // ... and the bytes they add up to (checked against the buffers).
+  uint64_t splits_send_bytes = 0;
+  uint64_t splits_recv_bytes = 0;
   absl::Status rejected;  // not OK: this member's submission was invalid
   // Device buffers (kFeatureDeviceMemory): `send` / `recv` are addresses in
   // the daemon's device address space on `device`; the keeps hold their

@@ -65,6 +65,8 @@ absl::Status ReadSplits(const shm::BufRef& ref, int group_size, uint64_t es,
   }
   ext->send_bytes = send_total * es;
   ext->recv_bytes = recv_total * es;
+  a->splits_send_bytes = ext->send_bytes;
+  a->splits_recv_bytes = ext->recv_bytes;
   return absl::OkStatus();
 }
 
