@@ -512,7 +512,8 @@ bool Group::FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to
   return true;
 }
 
-void Group::FailEpoch(const absl::Status& status, uint32_t epoch, bool report) {
+void Group::FailEpoch(const absl::Status& status, uint32_t epoch, bool report,
+                      const absl::Status* cause) {
   std::vector<Arrival> to_fail;
   std::vector<uint64_t> to_abort;
   uint32_t failed_epoch = 0;
@@ -522,7 +523,7 @@ void Group::FailEpoch(const absl::Status& status, uint32_t epoch, bool report) {
     if (FailEpochLocked(status, &to_fail, &to_abort)) failed_epoch = epoch_;
   }
   if (report && failed_epoch != 0 && spans_nodes() && spec_.on_epoch_failed) {
-    spec_.on_epoch_failed(failed_epoch, status);
+    spec_.on_epoch_failed(failed_epoch, cause != nullptr ? *cause : status);
   }
   // Running operations end through the engine (aborted where it can), or at
   // their deadline.
@@ -603,8 +604,9 @@ void Group::OnCompleted(const std::shared_ptr<RunningOp>& run, absl::Status stat
   if (!status.ok() && spans_nodes()) {
     // A failed cross-node operation leaves the daemons out of step (and the
     // engine's link of this epoch broken): the epoch ends everywhere.
+    // Peers hear only the cause (they name the operation themselves).
     FailEpoch(absl::Status(status.code(), absl::StrCat(Describe(run->op), ": ", status.message())),
-              run->op.epoch, /*report=*/true);
+              run->op.epoch, /*report=*/true, &status);
   }
   PendingOp& op = run->op;
   std::vector<Arrival> arrivals;

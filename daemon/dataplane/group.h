@@ -227,9 +227,11 @@ class Group : public std::enable_shared_from_this<Group> {
   bool FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to_fail,
                        std::vector<uint64_t>* to_abort) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails `epoch` if it is the current one (0: whichever is current);
-  // `report`: the failure started here (spec.on_epoch_failed hears of it).
-  void FailEpoch(const absl::Status& status, uint32_t epoch = 0, bool report = false)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // `report`: the failure started here (spec.on_epoch_failed hears of it,
+  // with `cause` when given: the other daemons describe the operation
+  // themselves, and a completion message has room for 208 bytes only).
+  void FailEpoch(const absl::Status& status, uint32_t epoch = 0, bool report = false,
+                 const absl::Status* cause = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   // Enters the next epoch when every member joined it.
   void MaybeAdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordWaitsLocked(const PendingOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

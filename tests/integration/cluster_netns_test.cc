@@ -336,13 +336,9 @@ void ClusterNetnsTest::FailureScenario(bool link_down) {
     const std::string out = children[r]->output();
     // Failed well within the configured timeout, naming the lost node —
     // through this daemon's own view, or as the report of another survivor
-    // that saw it first ("node N reports: ..."), relayed by the coordinator.
-    // A relayed text repeats the operation's description, and the 208 bytes
-    // of a completion's message can cut it before the node's name; a later
-    // submission in that epoch always names the node and its ranks.
-    EXPECT_THAT(out,
-                ContainsRegex("RESULT (UNAVAILABLE|ABORTED)[^\n]*(node 2|node [01] reports: )"))
-        << out;
+    // that saw it first ("node N reports: <cause>"), relayed by the
+    // coordinator.
+    EXPECT_THAT(out, ContainsRegex("RESULT (UNAVAILABLE|ABORTED)[^\n]*node 2")) << out;
     EXPECT_LT(survivors_failed_ms, kCollectiveMs) << out;
     EXPECT_THAT(out, AllOf(HasSubstr("AGAIN ABORTED"), HasSubstr("rank(s) [2]"))) << out;
   }
@@ -350,8 +346,12 @@ void ClusterNetnsTest::FailureScenario(bool link_down) {
     const std::string out = children[2]->output();
     // Cut off, node 2's own operation fails (never hangs) at the collective
     // timeout: it cannot tell a lost peer from a slow one without the
-    // coordinator.
-    EXPECT_THAT(out, ContainsRegex("RESULT DEADLINE_EXCEEDED[^\n]*timeouts.collective_ms")) << out;
+    // coordinator. Two timers end it at that moment, whichever fires first:
+    // the group's deadline, or the engine's (its receive from a silent peer,
+    // which then names that peer).
+    EXPECT_THAT(out, ContainsRegex("RESULT DEADLINE_EXCEEDED[^\n]*(timeouts.collective_ms|no "
+                                   "answer from node [01] before the deadline)"))
+        << out;
     const int64_t ms = ResultMs(out);
     EXPECT_GE(ms, kCollectiveMs - 500) << out;
     EXPECT_LE(ms, kCollectiveMs + 2000) << out;

@@ -211,6 +211,14 @@ TEST_F(CrossNodeTest, RemoteNodeLostMidOpFailsEveryLocalMemberNamingItAndEndsThe
   }
   EXPECT_EQ(nodes_[0]->engine.pending(), 0u);
   EXPECT_TRUE(G(0, 1).stats().broken);
+  // The local members' error describes the operation; the report relayed
+  // to the other daemons carries only the cause (they describe it
+  // themselves: repeated, it would push the cause past the 208 bytes of a
+  // completion message).
+  EXPECT_THAT(std::string(Result(0, 1)->message()), HasSubstr("seq 1"));
+  ASSERT_EQ(reported_[0].size(), 1u);
+  EXPECT_THAT(reported_[0][0].second, HasSubstr("node 1"));
+  EXPECT_THAT(reported_[0][0].second, ::testing::Not(HasSubstr("seq 1"))) << reported_[0][0].second;
   // Later work in the failed epoch names the lost ranks.
   SubmitAllReduce(1, 0, 2, 2, 8);
   ASSERT_TRUE(Result(0, 2).has_value());
