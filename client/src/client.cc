@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   // Device memory is offered too: the daemon agrees only when it runs a
   // device engine (Client::device_memory()).
   req.set_features(shm::kFeaturesImplemented |
-                   (options.offer_device_memory ? shm::kFeatureDeviceMemory : 0));
+                   (options.offer_device_memory ? uint64_t{shm::kFeatureDeviceMemory} : 0));
   v1::AttachResponse resp;
   {
     grpc::ClientContext ctx;
