@@ -173,6 +173,25 @@ inline void CompositeCase(Trainer* T, const Group& shard, const Group& replicate
         [&](uint64_t i) { return Reference(t, o, mesh, shard.rank * n + i); });
 }
 
+// Every collective on `all` (at least 3 ranks), each dtype class and reduce
+// option, a barrier (no dtype, as every client sends it), each checked.
+inline void EveryCollectiveCase(Trainer* T, const Group& all) {
+  for (uint64_t n : {uint64_t{1}, uint64_t{1000}, uint64_t{70000}}) {
+    AllReduceCase(T, all, DataType::kFloat32, {}, n);
+  }
+  AllReduceCase(T, all, DataType::kFloat32,
+                ReduceOptions{ReduceOp::kAvg, 1.0, 2.0, 1.0, DataType::kBFloat16}, 4096);
+  AllReduceCase(T, all, DataType::kInt32, ReduceOptions{ReduceOp::kMax}, 777);
+  AllReduceCase(T, all, DataType::kFloat64, ReduceOptions{ReduceOp::kPremulSum, 0.25}, 300);
+  ReduceScatterCase(T, all, DataType::kFloat32, {}, 1500);
+  ReduceScatterCase(T, all, DataType::kBFloat16, ReduceOptions{ReduceOp::kAvg}, 256);
+  AllGatherCase(T, all, DataType::kFloat32, 2000);
+  AllGatherCase(T, all, DataType::kUInt8, 333);
+  BroadcastCase(T, all, DataType::kFloat32, /*root=*/2, 5000);
+  AllToAllCase(T, all, DataType::kFloat32, 640);
+  Await(T, T->client->Barrier(all), "barrier");
+}
+
 // Gradient accumulation over `micro` micro-batches in an HSDP mesh: each
 // micro-batch is only reduce-scattered in `shard` (its inputs start at
 // element m * stride, so every micro-batch differs) and added to a local
