@@ -36,6 +36,7 @@ add_library(hsdp_daemon_lib STATIC
   ${CMAKE_CURRENT_LIST_DIR}/cluster/coordinator.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/kv_cluster_directory.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/kv_store.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/nccl_id_exchange.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/token_authenticator.cc)
 target_include_directories(hsdp_daemon_lib PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(hsdp_daemon_lib PUBLIC

@@ -19,6 +19,7 @@ struct EngineOptions {
   int threads = 1;              // CPU threads for large tasks
   uint64_t inline_max_bytes = 64 * 1024;
   std::string device = "cuda";  // "cuda", or "fake" (tests only)
+  nccl::NcclEngineOptions nccl;  // for the NCCL engine of kind nccl / auto
 };
 
 // The engine and, when it runs device tasks, the device API the daemon's

@@ -8,6 +8,7 @@
 
 #include "daemon/cluster/cluster_node.h"
 #include "daemon/cluster/kv_cluster_directory.h"
+#include "daemon/cluster/nccl_id_exchange.h"
 #include "daemon/dataplane/dispatcher.h"
 #include "daemon/device/device_registration.h"
 #include "daemon/device/device_service.h"
@@ -101,9 +102,16 @@ absl::Status Daemon::Start() {
     RETURN_IF_ERROR(cluster_->Start());
   }
   const int threads = config_.engine_threads > 0 ? config_.engine_threads : UsableCores();
-  ASSIGN_OR_RETURN(DeviceStack stack,
-                   MakeEngine(EngineOptions{config_.engine_kind, threads, config_.inline_max_bytes,
-                                            config_.engine_device}));
+  EngineOptions engine_options;
+  engine_options.kind = config_.engine_kind;
+  engine_options.threads = threads;
+  engine_options.inline_max_bytes = config_.inline_max_bytes;
+  engine_options.device = config_.engine_device;
+  if (cluster_) {
+    // Device groups that span nodes: NCCL unique ids through the coordinator.
+    engine_options.nccl.exchange_id = MakeNcclIdExchange(cluster_->client());
+  }
+  ASSIGN_OR_RETURN(DeviceStack stack, MakeEngine(engine_options));
   engine_ = std::move(stack.engine);
   device_api_ = std::move(stack.device);
   if (cluster_) {

@@ -8,6 +8,7 @@
 
 #include "cluster_test_util.h"
 #include "daemon/cluster/cluster_client.h"
+#include "daemon/cluster/nccl_id_exchange.h"
 #include "daemon/cluster/token_authenticator.h"
 #include "grpcpp/grpcpp.h"
 #include "hsdp/v1/cluster.grpc.pb.h"
@@ -106,6 +107,48 @@ TEST_F(ClusterKvTest, SetGetWaitAddBarrierAcrossNodes) {
   const absl::Status s = wrong_node.Set("k", "v", t);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(s.message(), HasSubstr(coordinator_));
+}
+
+// The NCCL unique-id exchange of device groups that span nodes, through
+// the real coordinator: the creator's id reaches a daemon that waited for
+// it, the key is gone once both read it, and a value of the wrong size is
+// refused before NCCL could see it.
+TEST_F(ClusterKvTest, NcclIdExchangeThroughTheCoordinator) {
+  ClusterClient node0(coordinator_, kToken);
+  ClusterClient node1(coordinator_, kToken);
+  auto creator = MakeNcclIdExchange(&node0);
+  auto waiter = MakeNcclIdExchange(&node1);
+  nccl::UniqueId mine;
+  for (size_t i = 0; i < mine.bytes.size(); ++i) mine.bytes[i] = static_cast<uint8_t>(i * 7);
+  const std::string key = "6:xjob/0,1#0#1";
+  absl::StatusOr<nccl::UniqueId> got;
+  std::thread wait([&] {
+    got = waiter(key, false, nccl::UniqueId{}, 2, absl::Now() + absl::Seconds(10));
+  });
+  absl::SleepFor(absl::Milliseconds(100));  // the waiter waits first
+  absl::StatusOr<nccl::UniqueId> made = creator(key, true, mine, 2, absl::Now() + absl::Seconds(10));
+  wait.join();
+  ASSERT_TRUE(made.ok()) << made.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(made->bytes, mine.bytes);
+  EXPECT_EQ(got->bytes, mine.bytes);
+  EXPECT_EQ(node0.Get(NcclIdKey(key), absl::Seconds(5)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(node0.Get(NcclIdKey(key) + "/read", absl::Seconds(5)).status().code(),
+            absl::StatusCode::kNotFound);
+  // A long group key stays within the store's key limit.
+  EXPECT_LE(NcclIdKey(std::string(5000, '7') + "#3").size(), 200u);
+
+  ASSERT_TRUE(node0.Set(NcclIdKey("bad#1"), "short", absl::Seconds(5)).ok());
+  absl::StatusOr<nccl::UniqueId> bad =
+      waiter("bad#1", false, nccl::UniqueId{}, 2, absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInternal) << bad.status();
+  EXPECT_THAT(bad.status().message(), HasSubstr("5 bytes")) << bad.status();
+  // Nobody creates: the waiter fails at its deadline, naming the coordinator.
+  absl::StatusOr<nccl::UniqueId> late =
+      waiter("never#1", false, nccl::UniqueId{}, 2, absl::Now() + absl::Milliseconds(300));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  EXPECT_THAT(late.status().message(), HasSubstr(coordinator_)) << late.status();
 }
 
 TEST_F(ClusterKvTest, FloodIsResourceExhaustedAndTheClusterKeepsWorking) {

@@ -307,7 +307,9 @@ uint64_t HierarchicalEngine::Launch(EngineTask task, EngineCallbacks cb) {
   }
   const uint64_t ticket = next_ticket_++;
   pending_.insert(ticket);
-  if (task.AllLocal()) {
+  // Device memory goes to the inner engine even across nodes: its NCCL
+  // communicators span the daemons themselves (no Gloo stage).
+  if (task.AllLocal() || !task.AllHost()) {
     auto lt = std::make_shared<LocalTask>();
     lt->ticket = ticket;
     lt->task = std::move(task);

@@ -1,6 +1,7 @@
 // The engine of a daemon in a cluster: tasks whose members are all on this
-// node go to the local engine unchanged; tasks with remote members run
-// hierarchically — a local stage over the mapped buffers of this node's
+// node, and tasks on device memory (the NCCL engine's communicators span the
+// daemons), go to the local engine unchanged; host tasks with remote members
+// run hierarchically — a local stage over the mapped buffers of this node's
 // members, an exchange between the participating daemons over a NodeLink
 // (one per group and epoch, connected lazily at the group's first
 // cross-node task, cached, replaced in a new epoch), then the local

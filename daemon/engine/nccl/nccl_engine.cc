@@ -24,7 +24,7 @@ NcclEngine::NcclEngine(device::DeviceApi* dev, Collectives* coll, NcclEngineOpti
 
 NcclEngine::~NcclEngine() { Shutdown(); }
 
-absl::Status NcclEngine::ValidateTask(const EngineTask& t, int device_count) {
+absl::Status NcclEngine::ValidateTask(const EngineTask& t, int device_count, bool cross_node) {
   switch (t.collective) {
     case Collective::kAllReduce:
     case Collective::kAllGather:
@@ -37,13 +37,17 @@ absl::Status NcclEngine::ValidateTask(const EngineTask& t, int device_count) {
       return absl::UnimplementedError(
           absl::StrCat("the nccl engine does not run collective ", static_cast<int>(t.collective)));
   }
-  bool all_local = true;
-  for (const EngineMember& m : t.members) all_local = all_local && m.local;
-  if (!all_local) {
-    return absl::UnimplementedError(
-        "the nccl engine runs groups whose members are all on this node (cross-node "
-        "communicators need the coordinator's unique-id exchange)");
+  bool all_local = true, any_local = false;
+  for (const EngineMember& m : t.members) {
+    all_local = all_local && m.local;
+    any_local = any_local || m.local;
   }
+  if (!all_local && !cross_node) {
+    return absl::UnimplementedError(
+        "the nccl engine of this hsdpd runs groups whose members are all on this node (it is "
+        "not part of a cluster)");
+  }
+  if (!any_local) return absl::InvalidArgumentError("task has no member on this node");
   if (t.members.empty()) return absl::InvalidArgumentError("task has no members");
   if (t.collective == Collective::kBroadcast &&
       (t.root < 0 || t.root >= static_cast<int>(t.members.size()))) {
@@ -54,6 +58,7 @@ absl::Status NcclEngine::ValidateTask(const EngineTask& t, int device_count) {
   std::set<int> devices;
   for (size_t i = 0; i < t.members.size(); ++i) {
     const EngineMember& m = t.members[i];
+    if (!m.local) continue;  // its own daemon checks it
     if (m.send.kind != MemoryKind::kDevice || m.recv.kind != MemoryKind::kDevice) {
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", m.global_rank, ": the nccl engine runs on device buffers only"));
@@ -99,7 +104,7 @@ uint64_t NcclEngine::Launch(EngineTask task, EngineCallbacks cb) {
     if (stopping_) {
       refused = absl::UnavailableError("hsdpd is shutting down");
     } else {
-      refused = ValidateTask(task, dev_->DeviceCount());
+      refused = ValidateTask(task, dev_->DeviceCount(), options_.exchange_id != nullptr);
     }
     if (refused.ok()) {
       queue_.push_back(Queued{ticket, std::move(task), std::move(cb)});

@@ -29,6 +29,13 @@
 // different streams. After Shutdown(), tasks still running past
 // `shutdown_grace` are aborted.
 //
+// Across nodes (a group with members on other daemons; options.exchange_id
+// set): each daemon owns the NCCL ranks of its own members — a member's NCCL
+// rank is its index in the group — and issues only their calls; the daemons
+// agree on the communicator's unique id per group epoch through the exchange
+// (the coordinator's store), the daemon hosting the first member creating
+// it. No shrink across nodes: a new epoch initialises anew.
+//
 // Files: nccl_engine.cc (lifecycle, polling, failure), nccl_engine_issue.cc
 // (communicator sets, streams, issuing a task).
 //
@@ -43,6 +50,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -66,6 +74,15 @@ struct NcclEngineOptions {
   // After Shutdown(), tasks still running get this long before their
   // communicators are aborted.
   absl::Duration shutdown_grace = absl::Seconds(10);
+  // Groups with members on other nodes: how the daemons agree on the unique
+  // id of a communicator set (the daemon's goes through the coordinator's
+  // key/value store). Every daemon calls it with the same `key`; the one
+  // hosting the group's first member is the `creator` and publishes `mine`,
+  // the others wait for it until `deadline`; `nodes` daemons take part.
+  // Unset: such groups are refused (UNIMPLEMENTED).
+  std::function<absl::StatusOr<UniqueId>(const std::string& key, bool creator,
+                                         const UniqueId& mine, int nodes, absl::Time deadline)>
+      exchange_id;
 };
 
 // Engine-level counters for status output and tests.
@@ -99,7 +116,7 @@ class NcclEngine : public Engine {
   device::StreamHandle StreamOf(int device, bool high) const;
 
   // Checks what a task may name before it is queued (exposed for tests).
-  static absl::Status ValidateTask(const EngineTask& task, int device_count);
+  static absl::Status ValidateTask(const EngineTask& task, int device_count, bool cross_node);
 
  private:
   struct CommSet;

@@ -50,12 +50,22 @@ absl::StatusOr<device::DevicePtr> NcclEngine::Scratch(device::StreamHandle strea
 }
 
 absl::StatusOr<std::shared_ptr<NcclEngine::CommSet>> NcclEngine::CommsFor(const EngineTask& t) {
-  std::vector<int> ranks, devices;
-  for (const EngineMember& m : t.members) {
+  // This node's members: their NCCL ranks are their member indices in a
+  // communicator of all members (other daemons own the others).
+  std::vector<int> ranks, devices, nccl_ranks, comm_of(t.members.size(), -1);
+  std::set<int> nodes;
+  for (size_t i = 0; i < t.members.size(); ++i) {
+    const EngineMember& m = t.members[i];
+    nodes.insert(m.node);
+    if (!m.local) continue;
+    comm_of[i] = static_cast<int>(ranks.size());
     ranks.push_back(m.global_rank);
     devices.push_back(m.send.device);
+    nccl_ranks.push_back(static_cast<int>(i));
   }
-  const std::string key = absl::StrCat(t.group_key, "#", t.epoch, "#", absl::StrJoin(ranks, ","));
+  const bool all_local = ranks.size() == t.members.size();
+  const std::string key = absl::StrCat(t.group_key, "#", t.epoch, "#", absl::StrJoin(ranks, ","),
+                                       all_local ? "" : absl::StrCat("/", t.members.size()));
   if (auto it = sets_.find(key); it != sets_.end()) {
     const std::shared_ptr<CommSet>& set = it->second;
     if (!set->broken.ok()) {
@@ -78,6 +88,7 @@ absl::StatusOr<std::shared_ptr<NcclEngine::CommSet>> NcclEngine::CommsFor(const 
   set->epoch = t.epoch;
   set->ranks = ranks;
   set->devices = devices;
+  set->comm_of = comm_of;
   // Survivors of a healthy older epoch: shrink it (cheaper than a new init).
   std::shared_ptr<CommSet> old;
   for (auto& [k, s] : sets_) {
@@ -87,7 +98,8 @@ absl::StatusOr<std::shared_ptr<NcclEngine::CommSet>> NcclEngine::CommsFor(const 
     }
   }
   bool shrunk = false;
-  if (old != nullptr && coll_->SupportsShrink() && old->ranks.size() > ranks.size()) {
+  if (all_local && old != nullptr && coll_->SupportsShrink() && old->ranks.size() > ranks.size() &&
+      old->comm_of.size() == old->ranks.size()) {
     std::vector<int> exclude;
     std::vector<int> kept_ranks, kept_devices;
     for (size_t i = 0; i < old->ranks.size(); ++i) {
@@ -110,11 +122,23 @@ absl::StatusOr<std::shared_ptr<NcclEngine::CommSet>> NcclEngine::CommsFor(const 
     }
   }
   if (!shrunk) {
-    ASSIGN_OR_RETURN(UniqueId id, coll_->NewUniqueId());
-    std::vector<int> local_ranks(ranks.size());
-    for (size_t i = 0; i < ranks.size(); ++i) local_ranks[i] = static_cast<int>(i);
-    ASSIGN_OR_RETURN(set->comms,
-                     coll_->InitRanks(id, static_cast<int>(ranks.size()), local_ranks, devices));
+    UniqueId id;
+    const bool creator = t.members[0].local;
+    if (creator) {
+      ASSIGN_OR_RETURN(id, coll_->NewUniqueId());
+    }
+    if (!all_local) {
+      // Every daemon hosting members agrees on the id of this epoch's
+      // communicator; the first member's daemon creates it.
+      if (options_.exchange_id == nullptr) {
+        return absl::UnimplementedError("no unique-id exchange between daemons");
+      }
+      ASSIGN_OR_RETURN(id, options_.exchange_id(absl::StrCat(t.group_key, "#", t.epoch), creator,
+                                                id, static_cast<int>(nodes.size()),
+                                                absl::Now() + options_.init_timeout));
+    }
+    ASSIGN_OR_RETURN(set->comms, coll_->InitRanks(id, static_cast<int>(t.members.size()),
+                                                  nccl_ranks, devices));
   }
   // Non-blocking init: poll until every communicator is ready.
   const absl::Time deadline = absl::Now() + options_.init_timeout;
@@ -204,8 +228,12 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
     if (auto it = running_.find(run.set->last_ticket); it != running_.end()) prev = it->second.get();
   }
   std::vector<device::StreamHandle> streams(n);
+  // Members on other nodes: their daemons issue their calls.
+  auto here = [&](int r) { return t.members[r].local; };
+  auto comm = [&](int r) { return run.set->comms[run.set->comm_of[r]]; };
   for (int r = 0; r < n; ++r) {
     const EngineMember& m = t.members[r];
+    if (!here(r)) continue;
     if (m.send.kind != MemoryKind::kDevice || m.send.device < 0) continue;  // barrier
     const int d = m.send.device;
     ASSIGN_OR_RETURN(streams[r], Stream(d, high));
@@ -235,6 +263,7 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
     // Operands of the collective per member (scratch when the wire dtype differs).
     std::vector<device::DevicePtr> cin(n), cout(n);
     for (int r = 0; r < n; ++r) {
+      if (!here(r)) continue;
       const EngineMember& m = t.members[r];
       const auto send = reinterpret_cast<device::DevicePtr>(m.send.data);
       const auto recv = reinterpret_cast<device::DevicePtr>(m.recv.data);
@@ -252,13 +281,15 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
     std::vector<RedOp> ops(n, RedOp{plan.op, -1});
     if (plan.op == ReduceOp::kPremulSum) {
       for (int r = 0; r < n; ++r) {
-        ASSIGN_OR_RETURN(ops[r], coll_->CreatePreMulSum(plan.premul, plan.wire, run.set->comms[r]));
+        if (!here(r)) continue;
+        ASSIGN_OR_RETURN(ops[r], coll_->CreatePreMulSum(plan.premul, plan.wire, comm(r)));
       }
     }
     absl::Status issued = coll_->GroupStart();
     for (int r = 0; r < n && issued.ok(); ++r) {
+      if (!here(r)) continue;
       const EngineMember& m = t.members[r];
-      const CommHandle c = run.set->comms[r];
+      const CommHandle c = comm(r);
       switch (t.collective) {
         case Collective::kAllReduce:
           issued = coll_->AllReduce(cin[r], cout[r], t.count, plan.wire, ops[r], c, streams[r]);
@@ -292,7 +323,9 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
     absl::Status ended = coll_->GroupEnd();
     if (issued.ok()) issued = ended;
     if (plan.op == ReduceOp::kPremulSum) {
-      for (int r = 0; r < n; ++r) coll_->DestroyRedOp(ops[r], run.set->comms[r]);
+      for (int r = 0; r < n; ++r) {
+        if (here(r)) coll_->DestroyRedOp(ops[r], comm(r));
+      }
     }
     // Non-blocking communicators: no call may follow on a communicator until
     // it left the in-progress state the group call may have left it in.
@@ -303,6 +336,7 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
       return issued;
     }
     for (int r = 0; r < n; ++r) {
+      if (!here(r)) continue;
       const auto recv = reinterpret_cast<device::DevicePtr>(t.members[r].recv.data);
       if (plan.cast) {
         RETURN_IF_ERROR(dev_->ScaleCastAsync(cout[r], plan.wire, recv, dt, t.count, plan.out_scale,
@@ -314,6 +348,7 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
     }
   }
   for (int r = 0; r < n; ++r) {
+    if (!here(r)) continue;
     const EngineMember& m = t.members[r];
     const int d = m.send.kind == MemoryKind::kDevice ? m.send.device : -1;
     if (d < 0) continue;

@@ -38,9 +38,12 @@ struct NcclEngine::CommSet {
   std::string key;
   std::string group_key;
   uint32_t epoch = 0;
-  std::vector<int> ranks;    // global ranks by member index
-  std::vector<int> devices;  // by member index
-  std::vector<CommHandle> comms;
+  std::vector<int> ranks;    // global ranks of this node's members
+  std::vector<int> devices;  // their devices
+  std::vector<CommHandle> comms;  // their communicators
+  // Member index -> index in `comms`; -1 for a member on another node (its
+  // daemon owns that NCCL rank).
+  std::vector<int> comm_of;
   absl::Status broken;       // set once aborted
   bool retire = false;       // release once nothing runs on it
   std::set<uint64_t> running;
