@@ -6,12 +6,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/cluster/cluster_client.h"
+#include "daemon/cluster/kv_cluster_directory.h"
 #include "hsdp/common/logging.h"
 
 namespace hsdp {
 namespace {
-
-constexpr size_t kMaxKey = 200;  // group keys list their ranks; the store bounds keys
 
 absl::Duration Left(absl::Time deadline) {
   return std::max(absl::ZeroDuration(), deadline - absl::Now());
@@ -20,14 +19,9 @@ absl::Duration Left(absl::Time deadline) {
 }  // namespace
 
 std::string NcclIdKey(const std::string& key) {
-  std::string k = absl::StrCat("hsdp/nccl/", key);
-  if (k.size() <= kMaxKey) return k;
-  uint64_t h = 14695981039346656037ull;  // FNV-1a of the whole key
-  for (unsigned char c : k) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return absl::StrCat(k.substr(0, 64), "~", absl::Hex(h, absl::kZeroPad16), k.substr(k.rfind('#')));
+  const size_t epoch = key.rfind('#');  // "<group key>#<epoch>": keep the epoch readable
+  const std::string tail = epoch == std::string::npos ? "" : key.substr(epoch);
+  return ShortenedKey(absl::StrCat("hsdp/nccl/", key.substr(0, key.size() - tail.size())), tail);
 }
 
 decltype(nccl::NcclEngineOptions::exchange_id) MakeNcclIdExchange(ClusterClient* coordinator) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/cluster/kv_cluster_directory.h"
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/prefix_store.h"
@@ -18,19 +19,10 @@
 namespace hsdp {
 namespace {
 
-// Store prefixes longer than this are shortened to a hash (the coordinator
-// bounds key sizes; group keys list their ranks).
-constexpr size_t kMaxPrefix = 200;
-
+// Store prefixes: group keys list their ranks, the coordinator bounds key
+// sizes (long ones are hashed, the epoch kept).
 std::string StorePrefix(const std::string& key, uint32_t epoch) {
-  std::string p = absl::StrCat(key, "/", epoch);
-  if (p.size() <= kMaxPrefix) return p;
-  uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : p) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return absl::StrCat(p.substr(0, 64), "~", absl::Hex(h, absl::kZeroPad16), "/", epoch);
+  return ShortenedKey(key, absl::StrCat("/", epoch));
 }
 
 std::chrono::milliseconds Remaining(absl::Time deadline) {
