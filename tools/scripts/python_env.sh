@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Creates (once) the project's Python environment: a virtual environment of
+# Debian's python3 (3.11 on bookworm) at $HSDP_VENV (default build/venv) with
+# the pinned packages of python_client/requirements-torch.txt. Idempotent: a
+# stamp holding the requirements' hash skips everything when nothing changed.
+#
+# PyPI's torch wheel is a CUDA build of about 3 GB with its NVIDIA libraries:
+# the wheels are downloaded once per machine into $HSDP_WHEEL_CACHE (default
+# ~/.cache/hsdpd/wheels) and every later environment installs from there
+# without touching the network. Prints the environment's python on stdout.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BUILD_DIR="${HSDP_BUILD_DIR:-$ROOT/build}"
+VENV="${HSDP_VENV:-$BUILD_DIR/venv}"
+REQ="$ROOT/python_client/requirements-torch.txt"
+CACHE="${HSDP_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hsdpd/wheels}"
+BASE_PY=/usr/bin/python3
+
+hash=$(sha256sum "$REQ" | cut -c1-16)
+if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.hsdp-stamp" 2>/dev/null)" = "$hash" ]; then
+  echo "$VENV/bin/python"
+  exit 0
+fi
+
+log() { echo "python_env: $*" >&2; }
+if ! "$BASE_PY" -c 'import ensurepip' >/dev/null 2>&1; then
+  log "installing python3-venv"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+fi
+
+mkdir -p "$CACHE"
+# Serialize concurrent set-ups (several build folders, parallel CI steps) on
+# the machine-wide cache.
+exec 9>"$CACHE/.lock"
+flock 9
+# Download only what the cache lacks: pip download skips wheels already there.
+if ! "$BASE_PY" -m pip download -q --only-binary=:all: -d "$CACHE" -r "$REQ" --no-index \
+     --find-links "$CACHE" >/dev/null 2>&1; then
+  log "downloading the pinned wheels into $CACHE (once per machine; torch is ~3 GB)"
+  "$BASE_PY" -m pip download -q --only-binary=:all: -d "$CACHE" -r "$REQ" >&2
+fi
+
+rm -rf "$VENV"
+log "creating $VENV"
+"$BASE_PY" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --no-index --find-links "$CACHE" -r "$REQ" >&2
+"$VENV/bin/python" - <<'PY' >&2
+import torch, numpy
+print(f"python_env: torch {torch.__version__}, numpy {numpy.__version__}")
+PY
+echo "$hash" >"$VENV/.hsdp-stamp"
+echo "$VENV/bin/python"
