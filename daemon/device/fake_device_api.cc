@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/device/fake_shm.h"
 #include "daemon/engine/cpu/reduce_kernels.h"
+#include "hsdp/common/status_macros.h"
 
 namespace hsdp::device {
 namespace {
@@ -110,12 +111,25 @@ FakeDeviceApi::FakeDeviceApi(int devices, uint64_t arena_bytes, bool cross_proce
 }
 
 FakeDeviceApi::~FakeDeviceApi() {
-  std::vector<StreamHandle> streams;
+  std::vector<std::shared_ptr<Stream>> streams;
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (const auto& [h, s] : streams_) streams.push_back(h);
+    for (auto& [h, s] : streams_) streams.push_back(std::move(s));
+    streams_.clear();
+    for (auto& s : destroyed_) streams.push_back(std::move(s));
+    destroyed_.clear();
   }
-  for (StreamHandle h : streams) DestroyStream(h);
+  // The context goes away: waits that never fired are abandoned (the work
+  // behind them is dropped with the process, as a driver would).
+  for (auto& s : streams) {
+    s->cancel = true;
+    {
+      std::lock_guard<std::mutex> l(s->mu);
+      s->stopping = true;
+      s->cv.notify_all();
+    }
+    s->thread.join();
+  }
 }
 
 absl::StatusOr<DevicePtr> FakeDeviceApi::Allocate(int device, uint64_t bytes) {
@@ -306,13 +320,15 @@ void FakeDeviceApi::DestroyStream(StreamHandle stream) {
     s = std::move(it->second);
     streams_.erase(it);
   }
-  s->cancel = true;
+  // As cudaStreamDestroy: returns at once; queued work still runs, when the
+  // events it waits on fire (possibly long after), then the thread ends.
   {
     std::lock_guard<std::mutex> l(s->mu);
     s->stopping = true;
     s->cv.notify_all();
   }
-  s->thread.join();
+  std::lock_guard<std::mutex> l(mu_);
+  destroyed_.push_back(std::move(s));
 }
 
 std::shared_ptr<FakeDeviceApi::Stream> FakeDeviceApi::FindStream(StreamHandle h) const {
@@ -446,6 +462,13 @@ absl::Status FakeDeviceApi::StreamWaitEvent(StreamHandle stream, EventHandle eve
 absl::StatusOr<bool> FakeDeviceApi::EventDone(EventHandle event) {
   std::shared_ptr<Event> e = FindEvent(event);
   if (e == nullptr) return absl::NotFoundError("query of an unknown event");
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (faults_ > 0) {
+      return absl::InternalError(
+          absl::StrCat("fake device: illegal address (sticky): ", first_fault_));
+    }
+  }
   std::lock_guard<std::mutex> l(e->state->mu);
   if (e->state->completed->load() < e->state->recorded->load()) return false;
   if (!e->state->error.ok()) return e->state->error;
@@ -468,6 +491,62 @@ bool FakeDeviceApi::InArena(DevicePtr ptr, uint64_t bytes) const {
   return false;
 }
 
+bool FakeDeviceApi::Accessible(DevicePtr ptr, uint64_t bytes) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto inside = [&](DevicePtr base, uint64_t len) {
+    return ptr >= base && bytes <= len && ptr - base <= len - bytes;
+  };
+  if (auto it = allocations_.upper_bound(ptr); it != allocations_.begin()) {
+    --it;
+    if (inside(it->first, it->second.bytes)) return true;
+  }
+  if (auto it = foreign_.upper_bound(ptr); it != foreign_.begin()) {
+    --it;
+    if (inside(it->first, it->second)) return true;
+  }
+  for (const auto& [token, m] : mappings_) {
+    if (inside(m.ptr, m.bytes)) return true;
+  }
+  return false;
+}
+
+absl::Status FakeDeviceApi::CheckAccess(DevicePtr ptr, uint64_t bytes, const std::string& what) {
+  if (bytes == 0 || Accessible(ptr, bytes)) return absl::OkStatus();
+  const std::string msg = absl::StrCat(what, " touched [", ptr, ", +", bytes,
+                                       "), which is neither allocated nor mapped any more");
+  ReportFault(msg);
+  return absl::InternalError(absl::StrCat("illegal address: ", msg));
+}
+
+void FakeDeviceApi::ReportFault(const std::string& what) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (faults_++ == 0) first_fault_ = what;
+}
+
+int FakeDeviceApi::faults() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return faults_;
+}
+
+std::string FakeDeviceApi::first_fault() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return first_fault_;
+}
+
+int FakeDeviceApi::draining_streams() const {
+  std::vector<std::shared_ptr<Stream>> streams;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    streams = destroyed_;
+  }
+  int n = 0;
+  for (const auto& s : streams) {
+    std::lock_guard<std::mutex> l(s->mu);
+    n += s->done < s->enqueued ? 1 : 0;
+  }
+  return n;
+}
+
 absl::Status FakeDeviceApi::MemcpyAsync(DevicePtr dst, DevicePtr src, uint64_t bytes,
                                         StreamHandle stream) {
   std::shared_ptr<Stream> s = FindStream(stream);
@@ -475,7 +554,9 @@ absl::Status FakeDeviceApi::MemcpyAsync(DevicePtr dst, DevicePtr src, uint64_t b
   if (!InArena(dst, bytes) || !InArena(src, bytes)) {
     return absl::InvalidArgumentError("memcpy: range outside every fake device");
   }
-  s->Push([=]() {
+  s->Push([=, this]() {
+    RETURN_IF_ERROR(CheckAccess(src, bytes, "memcpy (source)"));
+    RETURN_IF_ERROR(CheckAccess(dst, bytes, "memcpy (destination)"));
     std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
     return absl::OkStatus();
   });
@@ -493,7 +574,9 @@ absl::Status FakeDeviceApi::ScaleCastAsync(DevicePtr src, DataType from, DeviceP
   if (!InArena(src, count * DataTypeSize(from)) || !InArena(dst, count * DataTypeSize(to))) {
     return absl::InvalidArgumentError("scale/cast: range outside every fake device");
   }
-  s->Push([=]() {
+  s->Push([=, this]() {
+    RETURN_IF_ERROR(CheckAccess(src, count * DataTypeSize(from), "scale/cast kernel (source)"));
+    RETURN_IF_ERROR(CheckAccess(dst, count * DataTypeSize(to), "scale/cast kernel (destination)"));
     // Through float64: one scaling, then one rounding to `to`.
     std::vector<double> tmp(count);
     cpu::Cast(from, reinterpret_cast<const void*>(src), DataType::kFloat64, tmp.data(), count);

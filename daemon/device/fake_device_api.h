@@ -12,6 +12,15 @@
 // (EnqueueHostFn) — the fake NCCL runs its collectives that way, and tests
 // use it to hold a "producer" stream back.
 //
+// Like the driver, and unlike a kinder fake: DestroyStream returns at once
+// but the stream's queued work still runs — late, once the events it waits
+// on fire (cudaStreamDestroy: "resources are released once the device has
+// completed all work"). Kernels (copies, scale/cast, reduce, and the fake
+// NCCL's work through CheckAccess) check their operands when they run, not
+// when they are enqueued: memory freed or unmapped meanwhile is an illegal
+// address, which is sticky for the whole context (as cudaErrorIllegalAddress
+// is): every later EventDone reports it, and faults() counts it.
+//
 // Thread-safety: all methods are thread-safe. Lock order: mu_ before a
 // stream's lock; no lock is held while a stream runs a function.
 #ifndef HSDP_DAEMON_DEVICE_FAKE_DEVICE_API_H_
@@ -23,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -88,6 +98,20 @@ class FakeDeviceApi : public DeviceApi {
   int live_events() const;
   // Whether [ptr, ptr + bytes) lies inside one arena (a pointer a kernel may touch).
   bool InArena(DevicePtr ptr, uint64_t bytes) const;
+  // Whether a kernel may touch [ptr, ptr + bytes) now: inside a live
+  // allocation of this API or a live mapping.
+  bool Accessible(DevicePtr ptr, uint64_t bytes) const;
+  // For kernels running on a stream (the fake NCCL's work): OK when the range
+  // is accessible, else records a sticky illegal-address fault naming `what`.
+  absl::Status CheckAccess(DevicePtr ptr, uint64_t bytes, const std::string& what);
+  // Records a sticky device fault (an illegal address, a kernel of a freed
+  // communicator): every later EventDone fails with it.
+  void ReportFault(const std::string& what);
+  // Faults so far, and the first one's message ("" when none).
+  int faults() const;
+  std::string first_fault() const;
+  // Streams destroyed while work was still queued on them (they finish it late).
+  int draining_streams() const;
 
  private:
   struct Arena;
@@ -115,6 +139,10 @@ class FakeDeviceApi : public DeviceApi {
   std::map<DevicePtr, uint64_t> foreign_;  // cross-process imports: base -> bytes; guarded by mu_
   std::map<StreamHandle, std::shared_ptr<Stream>> streams_;  // guarded by mu_
   std::map<EventHandle, std::shared_ptr<Event>> events_;     // guarded by mu_
+  // Destroyed streams still running their queue; joined by the destructor.
+  std::vector<std::shared_ptr<Stream>> destroyed_;            // guarded by mu_
+  int faults_ = 0;                // guarded by mu_
+  std::string first_fault_;       // guarded by mu_
   uint64_t next_generation_ = 1;  // guarded by mu_
   uint64_t next_handle_ = 1;      // guarded by mu_ (streams, events, mapping tokens)
   int imports_ = 0;               // guarded by mu_

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <future>
+#include <chrono>
 #include <thread>
 
 #include "daemon/device/fake_shm.h"
@@ -122,19 +123,54 @@ TEST(FakeDeviceApiTest, ScaleCastFusesScaleAndConversion) {
   EXPECT_FALSE(dev.MemcpyAsync(*src, 16, 8, *s).ok());  // outside every device
 }
 
-TEST(FakeDeviceApiTest, DestroyingAStreamReleasesAPendingWait) {
+// As cudaStreamDestroy: the call returns at once, but the work queued on the
+// stream still runs — late, when the event it waits on fires.
+TEST(FakeDeviceApiTest, ADestroyedStreamRunsItsQueuedWorkLate) {
   FakeDeviceApi dev(1);
   auto producer = dev.CreateStream(0, StreamPriority::kDefault);
   auto consumer = dev.CreateStream(0, StreamPriority::kDefault);
   auto ev = dev.CreateEvent(0, false);
   std::promise<void> gate;
   auto f = gate.get_future().share();
+  std::atomic<bool> ran{false};
   ASSERT_TRUE(dev.EnqueueHostFn(*producer, [f] { f.wait(); return absl::OkStatus(); }).ok());
   ASSERT_TRUE(dev.RecordEvent(*ev, *producer).ok());
   ASSERT_TRUE(dev.StreamWaitEvent(*consumer, *ev).ok());
-  dev.DestroyStream(*consumer);  // returns: the wait gives up
+  ASSERT_TRUE(dev.EnqueueHostFn(*consumer, [&] { ran = true; return absl::OkStatus(); }).ok());
+  dev.DestroyStream(*consumer);  // returns although the wait has not fired
   EXPECT_EQ(dev.live_streams(), 1);
+  EXPECT_EQ(dev.draining_streams(), 1);
+  EXPECT_FALSE(ran.load());
   gate.set_value();
+  dev.SyncStream(*producer);
+  for (int i = 0; i < 2000 && dev.draining_streams() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(ran.load());
+  EXPECT_EQ(dev.draining_streams(), 0);
+}
+
+// A kernel checks its operands when it runs: memory freed while it was queued
+// is an illegal address, sticky for every later query (as on a GPU).
+TEST(FakeDeviceApiTest, AKernelOnFreedMemoryIsAStickyIllegalAddress) {
+  FakeDeviceApi dev(1);
+  auto s = dev.CreateStream(0, StreamPriority::kDefault);
+  auto a = dev.Allocate(0, 64);
+  auto b = dev.Allocate(0, 64);
+  ASSERT_TRUE(s.ok() && a.ok() && b.ok());
+  std::promise<void> gate;
+  auto f = gate.get_future().share();
+  ASSERT_TRUE(dev.EnqueueHostFn(*s, [f] { f.wait(); return absl::OkStatus(); }).ok());
+  ASSERT_TRUE(dev.MemcpyAsync(*b, *a, 64, *s).ok());  // enqueued while both are live
+  ASSERT_TRUE(dev.Free(*a).ok());
+  gate.set_value();
+  dev.SyncStream(*s);
+  EXPECT_EQ(dev.faults(), 1);
+  EXPECT_NE(dev.first_fault().find("memcpy"), std::string::npos) << dev.first_fault();
+  auto ev = dev.CreateEvent(0, false);
+  ASSERT_TRUE(dev.RecordEvent(*ev, *s).ok());
+  dev.SyncStream(*s);
+  EXPECT_EQ(dev.EventDone(*ev).status().code(), absl::StatusCode::kInternal);
 }
 
 // Cross-process mode (engine.device: fake): imports map memory another
