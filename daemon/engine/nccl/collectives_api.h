@@ -11,8 +11,8 @@
 // (the fake refuses otherwise, because real NCCL would deadlock); group
 // calls nest. Communicators are non-blocking: after InitRanks, GroupEnd or a
 // failure, AsyncState says whether the communicator is ready, still in
-// progress, or failed; Abort ends everything it has in flight (the work
-// completes with an error, never hangs).
+// progress, or failed; Release(abort) ends everything they have in flight
+// (the work completes with an error, never hangs).
 //
 // Thread-safety: calls on different communicators may come from different
 // threads; one group (GroupStart..GroupEnd) belongs to the thread that
@@ -97,11 +97,16 @@ class Collectives {
 
   // ncclCommGetAsyncError: kReady, kInProgress, or kFailed with `error` set.
   virtual AsyncState Query(CommHandle comm, absl::Status* error) = 0;
-  // ncclCommAbort: ends the communicator and everything it has in flight.
-  // The handle is invalid afterwards.
-  virtual absl::Status Abort(CommHandle comm) = 0;
-  // ncclCommDestroy (after its work finished). The handle is invalid afterwards.
-  virtual absl::Status Destroy(CommHandle comm) = 0;
+  // Ends `comms`, all in one group call: ncclCommAbort (ends everything they
+  // have in flight; the work completes with an error), or ncclCommFinalize,
+  // a bounded wait until they are quiescent, and ncclCommDestroy (one that
+  // does not get there in time is aborted). One call for all of them because
+  // NCCL needs it when one thread drives several ranks of a clique: finalize
+  // waits until the communicator is globally quiescent, and recent NCCL
+  // synchronises a clique's local ranks in abort too, so ending them one at a
+  // time from one thread hangs (NVIDIA/nccl#1013, #863). The handles are
+  // invalid afterwards, even on error.
+  virtual absl::Status Release(const std::vector<CommHandle>& comms, bool abort) = 0;
 };
 
 }  // namespace hsdp::nccl

@@ -56,6 +56,9 @@ struct FakeCollectives::Comm {
   std::string clique_key;
   int rank = 0;
   int device = 0;
+  std::thread::id owner;             // the thread that created it
+  bool freed = false;                // released: its resources are gone; guarded by clique->mu
+  int queued = 0;                    // items enqueued, not started; guarded by clique->mu
   uint64_t coll_seq = 0;             // guarded by the api's mu_
   std::map<int, uint64_t> send_seq;  // by peer; guarded by the api's mu_
   std::map<int, uint64_t> recv_seq;  // by peer; guarded by the api's mu_
@@ -171,6 +174,7 @@ absl::StatusOr<std::vector<CommHandle>> FakeCollectives::InitRanks(
     c->clique_key = key;
     c->rank = ranks[i];
     c->device = devices[i];
+    c->owner = std::this_thread::get_id();
     c->init_polls = init_polls_;
     clique->ranks.insert(ranks[i]);
     clique->devices.insert(devices[i]);
@@ -209,7 +213,7 @@ absl::StatusOr<std::vector<CommHandle>> FakeCollectives::ShrinkRanks(
 
 absl::Status FakeCollectives::GroupStart() {
   std::lock_guard<std::mutex> l(mu_);
-  if (group_depth_++ == 0) pending_ = new std::vector<Item>();
+  ++groups_[std::this_thread::get_id()].depth;
   return absl::OkStatus();
 }
 
@@ -217,11 +221,11 @@ absl::Status FakeCollectives::GroupEnd() {
   std::vector<Item> items;
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (group_depth_ == 0) return absl::FailedPreconditionError("GroupEnd without GroupStart");
-    if (--group_depth_ > 0) return absl::OkStatus();
-    items = std::move(*pending_);
-    delete pending_;
-    pending_ = nullptr;
+    auto g = groups_.find(std::this_thread::get_id());
+    if (g == groups_.end()) return absl::FailedPreconditionError("GroupEnd without GroupStart");
+    if (--g->second.depth > 0) return absl::OkStatus();
+    items = std::move(g->second.pending);
+    groups_.erase(g);
     std::vector<Call> batch;
     for (const Item& it : items) batch.push_back(it.call);
     batches_.push_back(std::move(batch));
@@ -276,8 +280,8 @@ absl::Status FakeCollectives::Issue(Item item) {
     item.call.premul = p->second;
   }
   calls_.push_back(item.call);
-  if (pending_ != nullptr) {
-    pending_->push_back(std::move(item));
+  if (auto g = groups_.find(std::this_thread::get_id()); g != groups_.end()) {
+    g->second.pending.push_back(std::move(item));
     return absl::OkStatus();
   }
   if (item.comm->clique->local > 1) {
@@ -294,16 +298,56 @@ absl::Status FakeCollectives::Issue(Item item) {
 
 absl::Status FakeCollectives::Enqueue(std::vector<Item> items) {
   const StreamHandle stream = items[0].call.stream;
+  for (const Item& it : items) {
+    std::lock_guard<std::mutex> l(it.comm->clique->mu);
+    ++it.comm->queued;
+  }
   auto shared = std::make_shared<std::vector<Item>>(std::move(items));
-  return dev_->EnqueueHostFn(stream, [shared]() -> absl::Status {
-    for (const Item& it : *shared) {
+  device::FakeDeviceApi* dev = dev_;
+  return dev_->EnqueueHostFn(stream, [shared, dev]() -> absl::Status {
+    for (size_t k = 0; k < shared->size(); ++k) {
+      const Item& it = (*shared)[k];
       Clique& q = *it.comm->clique;
       std::unique_lock<std::mutex> l(q.mu);
+      --it.comm->queued;
+      q.cv.notify_all();
+      if (it.comm->freed) {
+        // Queued before the release, started after it: NCCL's kernel would
+        // read the freed communicator's memory.
+        for (size_t j = k + 1; j < shared->size(); ++j) --(*shared)[j].comm->queued;
+        q.cv.notify_all();
+        l.unlock();
+        const std::string what =
+            absl::StrCat("fake nccl: ", it.call.kind, " of rank ", it.comm->rank,
+                         " started after its communicator was released");
+        dev->ReportFault(what);
+        return absl::InternalError(what);
+      }
+      auto skip_rest = [&] {
+        for (size_t j = k + 1; j < shared->size(); ++j) --(*shared)[j].comm->queued;
+        q.cv.notify_all();
+      };
+      absl::Status access = [&]() -> absl::Status {
+        const uint64_t bytes = it.call.count * DataTypeSize(it.call.dtype);
+        const uint64_t n = static_cast<uint64_t>(q.nranks);
+        const bool rs = it.call.kind == "reduce_scatter", ag = it.call.kind == "all_gather";
+        if (it.send != 0) RETURN_IF_ERROR(dev->CheckAccess(it.send, rs ? bytes * n : bytes, "fake nccl (send buffer)"));
+        if (it.recv != 0) RETURN_IF_ERROR(dev->CheckAccess(it.recv, ag ? bytes * n : bytes, "fake nccl (receive buffer)"));
+        return absl::OkStatus();
+      }();
+      if (!access.ok()) {
+        skip_rest();
+        return access;
+      }
       if (it.stalled) {  // a lost peer: only an abort ends it
         while (!q.aborted) q.cv.wait_for(l, kPoll);
+        skip_rest();
         return absl::AbortedError("fake nccl: communicator aborted");
       }
-      if (q.aborted) return absl::AbortedError("fake nccl: communicator aborted");
+      if (q.aborted) {
+        skip_rest();
+        return absl::AbortedError("fake nccl: communicator aborted");
+      }
       if (it.call.kind == "send") {
         std::vector<char> data(it.call.count * DataTypeSize(it.call.dtype));
         if (!data.empty()) std::memcpy(data.data(), Ptr(it.send), data.size());
@@ -314,9 +358,13 @@ absl::Status FakeCollectives::Enqueue(std::vector<Item> items) {
       if (it.call.kind == "recv") {
         const auto key = std::make_tuple(it.call.peer, it.comm->rank, it.seq);
         while (!q.aborted && q.mail.find(key) == q.mail.end()) q.cv.wait_for(l, kPoll);
-        if (q.aborted) return absl::AbortedError("fake nccl: communicator aborted");
+        if (q.aborted) {
+          skip_rest();
+          return absl::AbortedError("fake nccl: communicator aborted");
+        }
         std::vector<char>& data = q.mail[key];
         if (data.size() != it.call.count * DataTypeSize(it.call.dtype)) {
+          skip_rest();
           return absl::InternalError("fake nccl: send and recv sizes differ");
         }
         if (!data.empty()) std::memcpy(Ptr(it.recv), data.data(), data.size());
@@ -332,10 +380,16 @@ absl::Status FakeCollectives::Enqueue(std::vector<Item> items) {
         q.cv.notify_all();
       }
       while (!round.done && !q.aborted) q.cv.wait_for(l, kPoll);
-      if (!round.done) return absl::AbortedError("fake nccl: communicator aborted");
+      if (!round.done) {
+        skip_rest();
+        return absl::AbortedError("fake nccl: communicator aborted");
+      }
       absl::Status s = round.status;
       if (++round.left == q.nranks) q.rounds.erase(it.seq);
-      if (!s.ok()) return s;
+      if (!s.ok()) {
+        skip_rest();
+        return s;
+      }
     }
     return absl::OkStatus();
   });
@@ -432,23 +486,67 @@ AsyncState FakeCollectives::Query(CommHandle comm, absl::Status* error) {
   return AsyncState::kReady;
 }
 
-absl::Status FakeCollectives::Abort(CommHandle comm) {
-  ASSIGN_OR_RETURN(auto c, FindComm(comm));
+absl::Status FakeCollectives::Release(const std::vector<CommHandle>& handles, bool abort) {
+  std::vector<std::shared_ptr<Comm>> comms;
+  std::chrono::milliseconds bound;
   {
-    std::lock_guard<std::mutex> cl(c->clique->mu);
-    c->clique->aborted = true;
-    c->clique->cv.notify_all();
+    std::lock_guard<std::mutex> l(mu_);
+    bound = release_bound_;
+    std::set<CommHandle> named(handles.begin(), handles.end());
+    for (CommHandle h : handles) {
+      auto it = comms_.find(h);
+      if (it == comms_.end()) {
+        return absl::NotFoundError(absl::StrCat("release of an unknown communicator ", h));
+      }
+      comms.push_back(it->second);
+    }
+    // Every live communicator of these cliques that this thread created must
+    // be in this call (NCCL: one group call, or it hangs).
+    const std::thread::id self = std::this_thread::get_id();
+    for (const auto& [h, c] : comms_) {
+      if (named.count(h) != 0 || c->owner != self) continue;
+      for (const auto& r : comms) {
+        if (r->clique == c->clique) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              abort ? "ncclCommAbort" : "ncclCommFinalize", " of rank ", r->rank,
+              " while this thread also drives rank ", c->rank,
+              " of the communicator, outside one group call (real NCCL would hang)"));
+        }
+      }
+    }
+    for (CommHandle h : handles) comms_.erase(h);
+    if (abort) aborted_ += static_cast<int>(handles.size());
   }
-  std::lock_guard<std::mutex> l(mu_);
-  comms_.erase(comm);
-  ++aborted_;
-  return absl::OkStatus();
+  // Abort stops what runs; finalize lets it finish. Either way the free that
+  // follows waits (NCCL: a device synchronisation) for the work already
+  // queued to start — bounded here, a hang with real NCCL.
+  absl::Status status;
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  if (abort) {
+    for (const auto& c : comms) {
+      std::lock_guard<std::mutex> l(c->clique->mu);
+      c->clique->aborted = true;
+      c->clique->cv.notify_all();
+    }
+  }
+  for (const auto& c : comms) {
+    Clique& q = *c->clique;
+    std::unique_lock<std::mutex> l(q.mu);
+    while (c->queued > 0 && std::chrono::steady_clock::now() < deadline) q.cv.wait_for(l, kPoll);
+    if (c->queued > 0 && status.ok()) {
+      status = absl::DeadlineExceededError(absl::StrCat(
+          abort ? "ncclCommAbort" : "ncclCommDestroy", " of rank ", c->rank, ": ", c->queued,
+          " operations are queued behind work that does not finish; the free's device "
+          "synchronisation would wait for them (real NCCL hangs here)"));
+    }
+    c->freed = true;
+  }
+  return status;
 }
 
-absl::Status FakeCollectives::Destroy(CommHandle comm) {
+void FakeCollectives::set_release_bound(std::chrono::milliseconds bound) {
   std::lock_guard<std::mutex> l(mu_);
-  if (comms_.erase(comm) == 0) return absl::NotFoundError("destroy of an unknown communicator");
-  return absl::OkStatus();
+  release_bound_ = bound;
 }
 
 std::vector<FakeCollectives::Call> FakeCollectives::calls() const {

@@ -10,6 +10,15 @@
 // clique with more than one rank issued outside a group call is refused
 // (one thread driving several ranks must use a group); two ranks on one
 // device are refused at init; every call on an aborted communicator fails.
+// Group state is per thread, as in NCCL. Release must end, in one call, every
+// live communicator of a clique that the calling thread created (NCCL's
+// finalize waits for global quiescence and its abort synchronises a clique's
+// local ranks: one at a time from one thread hangs) — refused otherwise.
+// Release waits, as NCCL's free does through its device synchronisation, for
+// the work already queued for the communicators to start; work queued behind
+// an event that never fires makes it give up after a bound (real NCCL would
+// hang there) and, if that work starts after the release, it is a kernel of
+// a freed communicator: the fake device records a sticky fault.
 //
 // Test hooks: the calls and group batches made so far (which stream, which
 // rank), Stall() (collectives issued while stalled never finish until their
@@ -22,10 +31,12 @@
 #ifndef HSDP_DAEMON_ENGINE_NCCL_FAKE_COLLECTIVES_H_
 #define HSDP_DAEMON_ENGINE_NCCL_FAKE_COLLECTIVES_H_
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "daemon/device/fake_device_api.h"
@@ -77,8 +88,7 @@ class FakeCollectives : public Collectives {
   absl::StatusOr<RedOp> CreatePreMulSum(double scalar, DataType dtype, CommHandle comm) override;
   void DestroyRedOp(RedOp op, CommHandle comm) override;
   AsyncState Query(CommHandle comm, absl::Status* error) override;
-  absl::Status Abort(CommHandle comm) override;
-  absl::Status Destroy(CommHandle comm) override;
+  absl::Status Release(const std::vector<CommHandle>& comms, bool abort) override;
 
   // --- test hooks ---
   std::vector<Call> calls() const;
@@ -90,6 +100,8 @@ class FakeCollectives : public Collectives {
   void FailAsync(CommHandle comm, absl::Status error);
   // Query reports kInProgress this many times after each init (default 1).
   void set_init_polls(int n);
+  // How long Release waits for queued work before giving up (default 2 s).
+  void set_release_bound(std::chrono::milliseconds bound);
   int live_comms() const;
   int aborted_comms() const;
   int inits() const;
@@ -112,8 +124,12 @@ class FakeCollectives : public Collectives {
   std::map<int64_t, double> premul_;                    // guarded by mu_
   std::vector<Call> calls_;                             // guarded by mu_
   std::vector<std::vector<Call>> batches_;              // guarded by mu_
-  std::vector<Item>* pending_ = nullptr;                // open group; guarded by mu_
-  int group_depth_ = 0;                                 // guarded by mu_
+  struct Group {
+    int depth = 0;
+    std::vector<Item> pending;
+  };
+  std::map<std::thread::id, Group> groups_;             // open groups; guarded by mu_
+  std::chrono::milliseconds release_bound_{2000};       // guarded by mu_
   bool stall_ = false;                                  // guarded by mu_
   int init_polls_ = 1;                                  // guarded by mu_
   uint64_t next_handle_ = 1;                            // guarded by mu_

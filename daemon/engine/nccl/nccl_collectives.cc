@@ -312,38 +312,62 @@ AsyncState NcclCollectives::Query(CommHandle comm, absl::Status* error) {
   return AsyncState::kFailed;
 }
 
-absl::Status NcclCollectives::Abort(CommHandle comm) {
-  RETURN_IF_ERROR(Prepare(comm));
+absl::Status NcclCollectives::Release(const std::vector<CommHandle>& comms, bool abort) {
+  if (comms.empty()) return absl::OkStatus();
+  std::vector<int> devs;
+  for (CommHandle c : comms) {
+    ASSIGN_OR_RETURN(int d, DeviceOf(c));
+    devs.push_back(d);
+  }
   {
     std::lock_guard<std::mutex> l(mu_);
-    devices_.erase(comm);
+    for (CommHandle c : comms) devices_.erase(c);
   }
-  NCCL_RETURN_IF_ERROR(ncclCommAbort(C(comm)), nullptr);
-  return absl::OkStatus();
-}
-
-absl::Status NcclCollectives::Destroy(CommHandle comm) {
-  RETURN_IF_ERROR(Prepare(comm));
-  // Non-blocking: finalize, wait (bounded) until it is done, then destroy;
-  // a communicator that does not finish in time is aborted instead.
-  ncclResult_t r = ncclCommFinalize(C(comm));
+  // One group call for all of them (see the interface): several ranks of a
+  // clique driven by this thread finalize or abort together.
+  auto grouped = [&](auto&& call, const char* what) {
+    absl::Status first;
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return NcclError(r, nullptr, "ncclGroupStart", __FILE__, __LINE__);
+    for (size_t i = 0; i < comms.size(); ++i) {
+      (void)cudaSetDevice(devs[i]);
+      r = call(C(comms[i]));
+      if (r != ncclSuccess && r != ncclInProgress && first.ok()) {
+        first = NcclError(r, C(comms[i]), what, __FILE__, __LINE__);
+      }
+    }
+    r = ncclGroupEnd();
+    if (r != ncclSuccess && r != ncclInProgress && first.ok()) {
+      first = NcclError(r, nullptr, "ncclGroupEnd", __FILE__, __LINE__);
+    }
+    return first;
+  };
+  if (abort) return grouped([](ncclComm_t c) { return ncclCommAbort(c); }, "ncclCommAbort");
+  // Non-blocking: finalize all, wait (bounded) until every one is quiescent,
+  // then destroy them; if any does not get there in time, abort them all.
+  absl::Status s = grouped([](ncclComm_t c) { return ncclCommFinalize(c); }, "ncclCommFinalize");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  ncclResult_t state = ncclInProgress;
-  while (r == ncclSuccess || r == ncclInProgress) {
-    if (ncclCommGetAsyncError(C(comm), &state) != ncclSuccess || state != ncclInProgress) break;
-    if (std::chrono::steady_clock::now() > deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  bool quiet = s.ok();
+  for (size_t i = 0; i < comms.size() && quiet; ++i) {
+    (void)cudaSetDevice(devs[i]);
+    for (;;) {
+      ncclResult_t state = ncclInProgress;
+      if (ncclCommGetAsyncError(C(comms[i]), &state) != ncclSuccess || state != ncclInProgress) {
+        quiet = state == ncclSuccess;
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        quiet = false;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    devices_.erase(comm);
+  if (!quiet) {
+    absl::Status a = grouped([](ncclComm_t c) { return ncclCommAbort(c); }, "ncclCommAbort");
+    return s.ok() ? a : s;
   }
-  if (state == ncclSuccess) {
-    NCCL_RETURN_IF_ERROR(ncclCommDestroy(C(comm)), nullptr);
-  } else {
-    NCCL_RETURN_IF_ERROR(ncclCommAbort(C(comm)), nullptr);
-  }
-  return absl::OkStatus();
+  return grouped([](ncclComm_t c) { return ncclCommDestroy(c); }, "ncclCommDestroy");
 }
 
 }  // namespace hsdp::nccl

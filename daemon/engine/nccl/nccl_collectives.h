@@ -48,8 +48,7 @@ class NcclCollectives : public Collectives {
   absl::StatusOr<RedOp> CreatePreMulSum(double scalar, DataType dtype, CommHandle comm) override;
   void DestroyRedOp(RedOp op, CommHandle comm) override;
   AsyncState Query(CommHandle comm, absl::Status* error) override;
-  absl::Status Abort(CommHandle comm) override;
-  absl::Status Destroy(CommHandle comm) override;
+  absl::Status Release(const std::vector<CommHandle>& comms, bool abort) override;
 
  private:
   absl::StatusOr<int> DeviceOf(CommHandle comm) const;

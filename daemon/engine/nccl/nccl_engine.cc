@@ -247,11 +247,7 @@ void NcclEngine::ReleaseRetired() {
 void NcclEngine::ReleaseSet(const std::shared_ptr<CommSet>& set, bool abort) {
   for (CommHandle c : set->comms) {
     if (c == 0) continue;
-    if (abort) {
-      (void)coll_->Abort(c);
-    } else {
-      (void)coll_->Destroy(c);
-    }
+    (void)coll_->Release({c}, abort);
   }
   set->comms.clear();
 }
