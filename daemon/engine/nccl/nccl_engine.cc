@@ -245,11 +245,18 @@ void NcclEngine::ReleaseRetired() {
 }
 
 void NcclEngine::ReleaseSet(const std::shared_ptr<CommSet>& set, bool abort) {
+  // All of the set's communicators in one call (one group call: several
+  // local ranks ended one at a time from this thread would hang NCCL).
+  std::vector<CommHandle> comms;
   for (CommHandle c : set->comms) {
-    if (c == 0) continue;
-    (void)coll_->Release({c}, abort);
+    if (c != 0) comms.push_back(c);
   }
   set->comms.clear();
+  if (comms.empty()) return;
+  if (absl::Status s = coll_->Release(comms, abort); !s.ok()) {
+    HSDP_LOG(Warning) << (abort ? "aborting" : "destroying") << " the communicators of "
+                      << set->group_key << " epoch " << set->epoch << ": " << s.message();
+  }
 }
 
 void NcclEngine::Poll() {
