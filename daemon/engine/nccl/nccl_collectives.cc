@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <algorithm>
@@ -69,6 +70,26 @@ absl::StatusOr<ncclRedOp_t> NcclOp(RedOp op) {
   }
 }
 
+// ncclCommShrink exists from NCCL 2.27 on. It is looked up in the libnccl
+// this process loaded, never linked: a direct call would make the daemon fail
+// to load with an older NCCL (an undefined symbol), where everything but
+// shrink works.
+using ShrinkFn = ncclResult_t (*)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int);
+
+ShrinkFn LookUpShrink() {
+  void* sym = nullptr;
+  Dl_info info{};
+  // The library that holds ncclGetVersion is the libnccl in use.
+  if (dladdr(reinterpret_cast<void*>(&ncclGetVersion), &info) != 0 && info.dli_fname != nullptr) {
+    if (void* lib = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD); lib != nullptr) {
+      sym = dlsym(lib, "ncclCommShrink");
+      dlclose(lib);  // RTLD_NOLOAD took a reference; the library stays loaded
+    }
+  }
+  if (sym == nullptr) sym = dlsym(RTLD_DEFAULT, "ncclCommShrink");
+  return reinterpret_cast<ShrinkFn>(sym);
+}
+
 ncclConfig_t NonBlockingConfig() {
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
@@ -76,6 +97,8 @@ ncclConfig_t NonBlockingConfig() {
 }
 
 }  // namespace
+
+NcclCollectives::NcclCollectives() : shrink_(reinterpret_cast<void*>(LookUpShrink())) {}
 
 NcclCollectives::~NcclCollectives() = default;
 
@@ -88,7 +111,7 @@ std::string NcclCollectives::name() const {
 bool NcclCollectives::SupportsShrink() const {
   int v = 0;
   ncclGetVersion(&v);
-  return v >= 22700;
+  return shrink_ != nullptr && v >= 22700;
 }
 
 absl::StatusOr<int> NcclCollectives::DeviceOf(CommHandle comm) const {
@@ -163,7 +186,11 @@ absl::StatusOr<std::vector<CommHandle>> NcclCollectives::InitRanks(
 
 absl::StatusOr<std::vector<CommHandle>> NcclCollectives::ShrinkRanks(
     const std::vector<CommHandle>& comms, const std::vector<int>& exclude) {
-  if (!SupportsShrink()) return absl::UnimplementedError("ncclCommShrink needs NCCL >= 2.27");
+  if (!SupportsShrink()) {
+    return absl::UnimplementedError(
+        absl::StrCat("ncclCommShrink needs NCCL >= 2.27 (loaded: ", name(), ")"));
+  }
+  const auto shrink = reinterpret_cast<ShrinkFn>(shrink_);
   std::vector<int> ex(exclude);
   std::vector<ncclComm_t> out(comms.size(), nullptr);
   std::vector<int> devs(comms.size(), -1);
@@ -181,8 +208,8 @@ absl::StatusOr<std::vector<CommHandle>> NcclCollectives::ShrinkRanks(
     int rank = -1;
     ncclCommUserRank(C(comms[i]), &rank);
     if (std::find(ex.begin(), ex.end(), rank) != ex.end()) continue;  // excluded: no call
-    ncclResult_t r = ncclCommShrink(C(comms[i]), ex.data(), static_cast<int>(ex.size()), &out[i],
-                                    &cfg, NCCL_SHRINK_DEFAULT);
+    ncclResult_t r = shrink(C(comms[i]), ex.data(), static_cast<int>(ex.size()), &out[i], &cfg,
+                            NCCL_SHRINK_DEFAULT);
     if (r != ncclSuccess && r != ncclInProgress) {
       first = NcclError(r, C(comms[i]), "ncclCommShrink", __FILE__, __LINE__);
     }

@@ -2,7 +2,9 @@
 // HSDP_WITH_CUDA). Communicators are created non-blocking
 // (ncclConfig_t.blocking = 0): calls may return ncclInProgress, which is
 // success here — the engine polls Query() for readiness and errors.
-// ShrinkRanks uses ncclCommShrink (NCCL >= 2.27).
+// ShrinkRanks uses ncclCommShrink (NCCL >= 2.27), looked up at run time in
+// the loaded libnccl (dlsym), so the daemon loads with an older NCCL and
+// SupportsShrink() says false there.
 //
 // Handles: a CommHandle is the ncclComm_t value; the device of each is
 // remembered so every call sets it first.
@@ -20,7 +22,7 @@ namespace hsdp::nccl {
 
 class NcclCollectives : public Collectives {
  public:
-  NcclCollectives() = default;
+  NcclCollectives();
   ~NcclCollectives() override;
 
   std::string name() const override;
@@ -54,6 +56,7 @@ class NcclCollectives : public Collectives {
   absl::StatusOr<int> DeviceOf(CommHandle comm) const;
   absl::Status Prepare(CommHandle comm) const;  // sets the communicator's device
 
+  void* const shrink_;  // ncclCommShrink in the loaded libnccl, or null
   mutable std::mutex mu_;
   std::map<CommHandle, int> devices_;  // guarded by mu_
 };
