@@ -142,10 +142,11 @@ NcclEngineStats NcclEngine::stats() const {
   return stats_;
 }
 
-device::StreamHandle NcclEngine::StreamOf(int device, bool high) const {
+device::StreamHandle NcclEngine::StreamOf(const std::string& group_key, int device,
+                                          bool high) const {
   std::lock_guard<std::mutex> l(mu_);
-  auto it = streams_.find({device, high});
-  return it == streams_.end() ? 0 : it->second;
+  auto it = stream_index_.find({group_key, device, high});
+  return it == stream_index_.end() ? 0 : it->second;
 }
 
 void NcclEngine::Loop() {
@@ -173,21 +174,49 @@ void NcclEngine::Loop() {
     for (Queued& q : tasks) Issue(std::move(q));
     Poll();
   }
-  // Stopped and drained: release everything.
+  // Stopped and drained: release everything (device memory only once the
+  // work that may touch it has passed, with a bound).
   for (auto& [key, set] : sets_) ReleaseSet(set, !set->broken.ok());
   sets_.clear();
-  for (auto& [k, s] : scratch_) (void)dev_->Free(s.ptr);
-  scratch_.clear();
-  for (const Retired& r : retired_) {
-    (void)dev_->Free(r.ptr);
-    dev_->DestroyEvent(r.after);
+  FreeRetired(/*final=*/true);
+}
+
+void NcclEngine::RetireBehind(device::EventHandle marker, std::vector<device::DevicePtr> ptrs,
+                              std::vector<device::StreamHandle> streams) {
+  retired_.push_back(Retired{marker, std::move(ptrs), std::move(streams)});
+}
+
+void NcclEngine::FreeRetired(bool final) {
+  const absl::Time deadline = absl::Now() + (final ? options_.shutdown_grace : absl::ZeroDuration());
+  for (;;) {
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      bool done = it->after == 0;
+      if (!done) {
+        absl::StatusOr<bool> ok = dev_->EventDone(it->after);
+        done = !ok.ok() || *ok;  // failed work is over too
+      }
+      if (!done) {
+        ++it;
+        continue;
+      }
+      for (device::DevicePtr p : it->ptrs) (void)dev_->Free(p);
+      for (device::StreamHandle s : it->streams) dev_->DestroyStream(s);
+      if (it->after != 0) dev_->DestroyEvent(it->after);
+      it = retired_.erase(it);
+    }
+    if (!final || retired_.empty()) return;
+    if (absl::Now() > deadline) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  // Work that never finished may still touch these buffers: leave them
+  // allocated (a leak, never a use after free); streams are released without
+  // waiting (their queued work still runs).
+  for (Retired& r : retired_) {
+    HSDP_LOG(Warning) << "device work behind a released communicator set did not finish; "
+                      << r.ptrs.size() << " scratch buffers are left allocated";
+    for (device::StreamHandle s : r.streams) dev_->DestroyStream(s);
   }
   retired_.clear();
-  std::lock_guard<std::mutex> l(mu_);
-  for (auto& [k, s] : streams_) dev_->DestroyStream(s);
-  streams_.clear();
-  for (device::StreamHandle s : dead_streams_) dev_->DestroyStream(s);
-  dead_streams_.clear();
 }
 
 void NcclEngine::RunControl(const Control& c) {
@@ -252,11 +281,41 @@ void NcclEngine::ReleaseSet(const std::shared_ptr<CommSet>& set, bool abort) {
     if (c != 0) comms.push_back(c);
   }
   set->comms.clear();
-  if (comms.empty()) return;
-  if (absl::Status s = coll_->Release(comms, abort); !s.ok()) {
-    HSDP_LOG(Warning) << (abort ? "aborting" : "destroying") << " the communicators of "
-                      << set->group_key << " epoch " << set->epoch << ": " << s.message();
+  if (!comms.empty()) {
+    if (absl::Status s = coll_->Release(comms, abort); !s.ok()) {
+      HSDP_LOG(Warning) << (abort ? "aborting" : "destroying") << " the communicators of "
+                        << set->group_key << " epoch " << set->epoch << ": " << s.message();
+    }
   }
+  // Each stream and its scratch buffers go once the stream passed a marker
+  // recorded behind its last work (which may still run: an aborted kernel
+  // ending, a cast-out after it).
+  for (auto& [dh, stream] : set->streams) {
+    std::vector<device::DevicePtr> ptrs;
+    for (auto& [k, b] : set->scratch) {
+      if (k.first == stream && b.ptr != 0) ptrs.push_back(b.ptr);
+    }
+    absl::StatusOr<device::EventHandle> marker = dev_->CreateEvent(dh.first, false);
+    if (marker.ok() && dev_->RecordEvent(*marker, stream).ok()) {
+      RetireBehind(*marker, std::move(ptrs), {stream});
+    } else {
+      // No marker: the buffers may still be in use; leave them allocated.
+      if (marker.ok()) dev_->DestroyEvent(*marker);
+      HSDP_LOG(Warning) << "no marker event for a released stream; " << ptrs.size()
+                        << " scratch buffers are left allocated";
+      RetireBehind(0, {}, {stream});
+    }
+  }
+  set->scratch.clear();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto it = stream_index_.begin(); it != stream_index_.end();) {
+      bool ours = false;
+      for (auto& [dh, stream] : set->streams) ours = ours || it->second == stream;
+      it = ours ? stream_index_.erase(it) : std::next(it);
+    }
+  }
+  set->streams.clear();
 }
 
 void NcclEngine::Poll() {
@@ -340,17 +399,7 @@ void NcclEngine::Poll() {
       Finish(std::move(run), why);
     }
   }
-  // Scratch retired behind an event.
-  for (auto it = retired_.begin(); it != retired_.end();) {
-    absl::StatusOr<bool> ok = dev_->EventDone(it->after);
-    if (!ok.ok() || *ok) {
-      (void)dev_->Free(it->ptr);
-      dev_->DestroyEvent(it->after);
-      it = retired_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  FreeRetired(/*final=*/false);
   ReleaseRetired();
   std::lock_guard<std::mutex> l(mu_);
   busy_ = !running_.empty();
@@ -363,20 +412,8 @@ void NcclEngine::FailSet(const std::shared_ptr<CommSet>& set, const absl::Status
     HSDP_LOG(Warning) << "aborting the communicators of " << set->group_key << " epoch "
                       << set->epoch << ": " << why.message();
     ReleaseSet(set, /*abort=*/true);
-    // Work stuck on the set's streams (a producer event that never fires, a
-    // kernel of the aborted communicators) must not hold back later tasks:
-    // they get fresh streams; the old ones are released at shutdown.
     std::lock_guard<std::mutex> l(mu_);
     ++stats_.comm_aborts;
-    for (int d : set->devices) {
-      for (bool hi : {false, true}) {
-        auto it = streams_.find({d, hi});
-        if (it == streams_.end()) continue;
-        dead_streams_.push_back(it->second);
-        stream_devices_.erase(it->second);
-        streams_.erase(it);
-      }
-    }
   }
   const std::set<uint64_t> tickets = set->running;
   for (uint64_t t : tickets) {

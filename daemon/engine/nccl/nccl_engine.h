@@ -7,10 +7,13 @@
 // waits on the member's producer event (EngineMember::wait_event) before the
 // collective, and records the member's completion event (done_event) after
 // it; a dependent task (the HSDP composite's all-reduce) waits on its
-// dependency's completion events on the device. Streams: one high-priority
-// stream per device for all-gather and reduce-scatter, one default-priority
-// stream per device for everything else, so the replicate all-reduce
-// overlaps the shard collectives (as FSDP2 does).
+// dependency's completion events on the device. Streams: each communicator
+// set (group and epoch) has its own — one high-priority stream per device for
+// all-gather and reduce-scatter, one default-priority stream per device for
+// everything else, so the replicate all-reduce overlaps the shard
+// collectives (as FSDP2 does). Never one stream for several sets: NCCL
+// kernels block until their peers arrive, so two daemons issuing two groups
+// in opposite orders onto one shared stream each would deadlock.
 //
 // Reduce specs: see reduce_plan.h (PreMulSum / ncclAvg, fused scale+cast
 // kernels, a reduce dtype on the wire through per-stream scratch buffers).
@@ -22,9 +25,9 @@
 // them completes with the error (never a hang), and later tasks of that
 // group epoch fail at once. A new epoch (CreateGroup) gets new
 // communicators: ShrinkRanks of the old ones when they are healthy, the
-// member set shrank and the library supports it, else a fresh init. The
-// failed set's devices get fresh streams, so work stuck on the old ones (a
-// producer event that never fires) cannot hold back later tasks; a group's
+// member set shrank and the library supports it, else a fresh init, with
+// streams of its own; a released set's streams and scratch buffers are freed
+// once a marker event recorded behind its last work completed. A group's
 // next task waits on the device for the previous one whenever the two run on
 // different streams. After Shutdown(), tasks still running past
 // `shutdown_grace` are aborted.
@@ -57,6 +60,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -111,9 +115,9 @@ class NcclEngine : public Engine {
   bool SupportsRemoteMembers() const override { return false; }
 
   NcclEngineStats stats() const;
-  // The engine's stream for (device, high priority?), 0 before first use
-  // (tests check stream choice against it).
-  device::StreamHandle StreamOf(int device, bool high) const;
+  // The stream of the newest communicator set of `group_key` for (device,
+  // high priority?), 0 before first use (tests check stream choice with it).
+  device::StreamHandle StreamOf(const std::string& group_key, int device, bool high) const;
 
   // Checks what a task may name before it is queued (exposed for tests).
   static absl::Status ValidateTask(const EngineTask& task, int device_count, bool cross_node);
@@ -142,9 +146,16 @@ class NcclEngine : public Engine {
   absl::StatusOr<std::shared_ptr<CommSet>> CommsFor(const EngineTask& task);
   // Polls the set's communicators out of kInProgress after a group call.
   absl::Status WaitIssued(const CommSet& set);
-  absl::StatusOr<device::StreamHandle> Stream(int device, bool high);
-  absl::StatusOr<device::DevicePtr> Scratch(device::StreamHandle stream, int device, int slot,
-                                            uint64_t bytes);
+  absl::StatusOr<device::StreamHandle> Stream(CommSet& set, int device, bool high);
+  absl::StatusOr<device::DevicePtr> Scratch(CommSet& set, device::StreamHandle stream, int device,
+                                            int slot, uint64_t bytes);
+  // Frees device memory and destroys streams once `marker` (recorded behind
+  // the last work that may touch them) completed.
+  void RetireBehind(device::EventHandle marker, std::vector<device::DevicePtr> ptrs,
+                    std::vector<device::StreamHandle> streams);
+  // Releases what RetireBehind queued whose marker is done (all of it, with a
+  // bound, when `final`).
+  void FreeRetired(bool final);
   void Poll();
   // Aborts `set`'s communicators and fails every running task on it.
   void FailSet(const std::shared_ptr<CommSet>& set, const absl::Status& why);
@@ -166,23 +177,18 @@ class NcclEngine : public Engine {
   absl::Time stop_deadline_ = absl::InfiniteFuture();  // guarded by mu_
   bool busy_ = false;                  // guarded by mu_: running tasks exist
   std::map<uint64_t, absl::Status> failed_;   // recent failed tickets; guarded by mu_
-  std::map<device::StreamHandle, int> stream_devices_;  // guarded by mu_ (reads in StreamOf)
-  std::map<std::pair<int, bool>, device::StreamHandle> streams_;  // guarded by mu_
-  std::vector<device::StreamHandle> dead_streams_;  // replaced after a failure; guarded by mu_
+  // (group key, device, high) -> the newest set's stream; guarded by mu_ (StreamOf).
+  std::map<std::tuple<std::string, int, bool>, device::StreamHandle> stream_index_;
   NcclEngineStats stats_;              // guarded by mu_
 
   // Engine thread only.
   std::map<std::string, std::shared_ptr<CommSet>> sets_;   // by set key
   std::map<std::string, EngineGroupSpec> groups_;          // by group key
   std::map<uint64_t, std::unique_ptr<Running>> running_;   // by ticket
-  struct ScratchBuf {
-    device::DevicePtr ptr = 0;
-    uint64_t bytes = 0;
-  };
-  std::map<std::pair<device::StreamHandle, int>, ScratchBuf> scratch_;
   struct Retired {
-    device::DevicePtr ptr;
-    device::EventHandle after;
+    device::EventHandle after;  // 0: nothing to wait for
+    std::vector<device::DevicePtr> ptrs;
+    std::vector<device::StreamHandle> streams;
   };
   std::vector<Retired> retired_;
   std::thread thread_;

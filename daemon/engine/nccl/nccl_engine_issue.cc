@@ -15,33 +15,33 @@
 
 namespace hsdp::nccl {
 
-absl::StatusOr<device::StreamHandle> NcclEngine::Stream(int device, bool high) {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = streams_.find({device, high});
-    if (it != streams_.end()) return it->second;
-  }
+absl::StatusOr<device::StreamHandle> NcclEngine::Stream(CommSet& set, int device, bool high) {
+  auto it = set.streams.find({device, high});
+  if (it != set.streams.end()) return it->second;
   ASSIGN_OR_RETURN(device::StreamHandle s,
                    dev_->CreateStream(device, high ? device::StreamPriority::kHigh
                                                    : device::StreamPriority::kDefault));
+  set.streams[{device, high}] = s;
   std::lock_guard<std::mutex> l(mu_);
-  streams_[{device, high}] = s;
-  stream_devices_[s] = device;
+  stream_index_[{set.group_key, device, high}] = s;
   return s;
 }
 
-absl::StatusOr<device::DevicePtr> NcclEngine::Scratch(device::StreamHandle stream, int device,
-                                                      int slot, uint64_t bytes) {
+absl::StatusOr<device::DevicePtr> NcclEngine::Scratch(CommSet& set, device::StreamHandle stream,
+                                                      int device, int slot, uint64_t bytes) {
   // Stream-ordered reuse: every task on `stream` uses its slots in stream
   // order, so one buffer per (stream, slot) is enough. A buffer that is too
   // small is retired behind an event and freed once the stream passed it.
-  ScratchBuf& s = scratch_[{stream, slot}];
+  CommSet::ScratchBuf& s = set.scratch[{stream, slot}];
   if (s.bytes >= bytes) return s.ptr;
   if (s.ptr != 0) {
     ASSIGN_OR_RETURN(device::EventHandle e, dev_->CreateEvent(device, false));
-    RETURN_IF_ERROR(dev_->RecordEvent(e, stream));
-    retired_.push_back(Retired{s.ptr, e});
-    s = ScratchBuf{};
+    if (absl::Status r = dev_->RecordEvent(e, stream); !r.ok()) {
+      dev_->DestroyEvent(e);
+      return r;
+    }
+    RetireBehind(e, {s.ptr}, {});
+    s = CommSet::ScratchBuf{};
   }
   const uint64_t want = std::max<uint64_t>(bytes, 1 << 20);
   ASSIGN_OR_RETURN(s.ptr, dev_->Allocate(device, want));
@@ -235,8 +235,9 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
     const EngineMember& m = t.members[r];
     if (!here(r)) continue;
     if (m.send.kind != MemoryKind::kDevice || m.send.device < 0) continue;  // barrier
+    if (run.set == nullptr) continue;  // a barrier before any communicator: nothing to order
     const int d = m.send.device;
-    ASSIGN_OR_RETURN(streams[r], Stream(d, high));
+    ASSIGN_OR_RETURN(streams[r], Stream(*run.set, d, high));
     run.streams[d] = streams[r];
     if (prev != nullptr) {
       auto ps = prev->streams.find(d);
@@ -270,10 +271,10 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
       cin[r] = send;
       cout[r] = recv;
       if (!plan.cast) continue;
-      ASSIGN_OR_RETURN(cin[r], Scratch(streams[r], m.send.device, 0, in_count * ws));
+      ASSIGN_OR_RETURN(cin[r], Scratch(*run.set, streams[r], m.send.device, 0, in_count * ws));
       cout[r] = cin[r];
       if (rs) {
-        ASSIGN_OR_RETURN(cout[r], Scratch(streams[r], m.send.device, 1, t.count * ws));
+        ASSIGN_OR_RETURN(cout[r], Scratch(*run.set, streams[r], m.send.device, 1, t.count * ws));
       }
       RETURN_IF_ERROR(dev_->ScaleCastAsync(send, dt, cin[r], plan.wire, in_count, plan.in_scale,
                                            streams[r]));
@@ -353,7 +354,8 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
     const int d = m.send.kind == MemoryKind::kDevice ? m.send.device : -1;
     if (d < 0) continue;
     if (streams[r] == 0) {
-      ASSIGN_OR_RETURN(streams[r], Stream(d, high));
+      if (run.set == nullptr) continue;  // a barrier before any communicator: nothing to order
+      ASSIGN_OR_RETURN(streams[r], Stream(*run.set, d, high));
     }
     if (run.done.find(d) == run.done.end()) {
       ASSIGN_OR_RETURN(device::EventHandle e, dev_->CreateEvent(d, false));

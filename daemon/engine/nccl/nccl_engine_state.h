@@ -48,6 +48,16 @@ struct NcclEngine::CommSet {
   bool retire = false;       // release once nothing runs on it
   std::set<uint64_t> running;
   uint64_t last_ticket = 0;  // the set's latest task: the next one runs after it
+  // The set's own streams, (device, high priority?) -> stream: never shared
+  // with another set, so two daemons issuing two groups in opposite orders
+  // cannot deadlock (issue 20, finding 7).
+  std::map<std::pair<int, bool>, device::StreamHandle> streams;
+  // Scratch buffers by (stream, slot): stream-ordered reuse.
+  struct ScratchBuf {
+    device::DevicePtr ptr = 0;
+    uint64_t bytes = 0;
+  };
+  std::map<std::pair<device::StreamHandle, int>, ScratchBuf> scratch;
 };
 
 struct NcclEngine::Running {

@@ -63,11 +63,11 @@ struct CrossTask {
 };
 
 CrossTask Make(FakeNode& node, Collective c, int n, uint64_t count, const std::vector<int>& here,
-               int this_node) {
+               int this_node, const std::string& group = "6:xjob/0,1,2,3#0") {
   CrossTask ct;
   ct.task.collective = c;
   ct.task.count = count;
-  ct.task.group_key = "6:xjob/0,1,2,3#0";
+  ct.task.group_key = group;
   ct.task.epoch = 1;
   ct.task.spec.dtype = DataType::kFloat32;
   const uint64_t in = c == Collective::kAllToAll ? count * n : count;
@@ -132,6 +132,40 @@ TEST(NcclCrossNodeTest, TwoDaemonsAgreeOnTheIdAndRunOneCommunicator) {
   EXPECT_EQ(there.stats().comm_inits, 1u);
   // Each engine issued only its own members' calls.
   for (const auto& call : node.coll.calls()) EXPECT_TRUE(call.rank >= 0 && call.rank < 4);
+  there.Shutdown();
+}
+
+// Issue 20, finding 7: two daemons issue two groups' collectives in opposite
+// orders (both groups span both daemons). NCCL kernels block until their
+// peers arrive, so on one stream per device shared by every group, daemon A's
+// X waits for B's X, queued behind B's Y, which waits for A's Y, queued
+// behind A's X: a deadlock (here: both time out). One stream per
+// communicator set lets each group's work proceed on its own.
+TEST(NcclCrossNodeTest, GroupsIssuedInOppositeOrdersByTwoDaemonsDoNotDeadlock) {
+  IdBoard board;
+  NcclEngineOptions o = WithExchange(&board);
+  o.op_timeout = absl::Seconds(3);
+  FakeNode node(2, o);
+  NcclEngine there(&node.dev, &node.coll, o);
+  CrossTask ax = Make(node, Collective::kAllReduce, 2, 16, {0}, 0, "X");
+  CrossTask ay = Make(node, Collective::kAllReduce, 2, 16, {0}, 0, "Y");
+  CrossTask bx = Make(node, Collective::kAllReduce, 2, 16, {1}, 1, "X");
+  CrossTask by = Make(node, Collective::kAllReduce, 2, 16, {1}, 1, "Y");
+  Pending pax, pay, pbx, pby;
+  node.engine.Launch(ax.task, pax.Callbacks());  // daemon A: X, then Y
+  node.engine.Launch(ay.task, pay.Callbacks());
+  there.Launch(by.task, pby.Callbacks());  // daemon B: Y, then X
+  there.Launch(bx.task, pbx.Callbacks());
+  for (Pending* p : {&pax, &pay, &pbx, &pby}) {
+    const auto out = p->Wait();
+    EXPECT_TRUE(out.status.ok()) << out.status;
+  }
+  for (device::DevicePtr out : {ax.recv[0], ay.recv[0], bx.recv[1], by.recv[1]}) {
+    const auto v = node.Read<float>(out, 16);
+    for (uint64_t i = 0; i < 16; ++i) ASSERT_EQ(v[i], float(100 + 2 * i)) << i;
+  }
+  // Each set has its own stream.
+  EXPECT_NE(node.engine.StreamOf("X", 0, false), node.engine.StreamOf("Y", 0, false));
   there.Shutdown();
 }
 

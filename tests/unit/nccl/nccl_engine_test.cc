@@ -91,7 +91,7 @@ TEST(NcclEngineTest, ShardCollectivesUseHighPriorityStreamsAllReduceTheDefault) 
     ASSERT_TRUE(prio.ok());
     EXPECT_EQ(*prio, shard ? device::StreamPriority::kHigh : device::StreamPriority::kDefault)
         << c.kind;
-    EXPECT_EQ(c.stream, node.engine.StreamOf(c.rank, shard));
+    EXPECT_EQ(c.stream, node.engine.StreamOf("g", c.rank, shard));
     EXPECT_EQ(*node.dev.DeviceOf(c.stream), c.rank);  // rank r lives on device r here
   }
 }
@@ -528,14 +528,14 @@ TEST(NcclEngineTest, AProducerThatNeverFinishesDoesNotBlockTheDeviceAfterTheTime
   Pending p1;
   node.engine.Launch(stuck.task, p1.Callbacks());
   EXPECT_EQ(p1.Wait().status.code(), absl::StatusCode::kDeadlineExceeded);
-  const device::StreamHandle old_stream = node.engine.StreamOf(1, false);
+  const device::StreamHandle old_stream = node.engine.StreamOf("g", 1, false);
   // The group is re-formed; its next op must run, on fresh streams.
   FloatTask next = MakeTask(node, Collective::kAllReduce, 2, 4, [](int, uint64_t) { return 2.0f; }, "g", 2);
   Pending p2;
   node.engine.Launch(next.task, p2.Callbacks());
   ASSERT_TRUE(p2.Wait().status.ok());
   EXPECT_EQ(node.Read<float>(next.recv[1], 4), std::vector<float>(4, 4.0f));
-  EXPECT_NE(node.engine.StreamOf(1, false), old_stream);
+  EXPECT_NE(node.engine.StreamOf("g", 1, false), old_stream);
   node.engine.Shutdown();  // the abandoned stream is released without waiting
   never.set_value();
 }
