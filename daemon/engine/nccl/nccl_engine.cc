@@ -107,7 +107,8 @@ uint64_t NcclEngine::Launch(EngineTask task, EngineCallbacks cb) {
       refused = ValidateTask(task, dev_->DeviceCount(), options_.exchange_id != nullptr);
     }
     if (refused.ok()) {
-      queue_.push_back(Queued{ticket, std::move(task), std::move(cb)});
+      queue_.push_back(
+          Queued{ticket, std::move(task), std::move(cb), absl::Now() + options_.op_timeout});
       cv_.notify_all();
       return ticket;
     }
@@ -157,7 +158,7 @@ void NcclEngine::Loop() {
     {
       std::unique_lock<std::mutex> l(mu_);
       if (queue_.empty() && control_.empty()) {
-        if (running_.empty()) {
+        if (running_.empty() && gated_.empty() && draining_.empty()) {
           if (stopping_) break;
           cv_.wait(l, [&] { return stopping_ || !queue_.empty() || !control_.empty(); });
         } else {
@@ -169,10 +170,14 @@ void NcclEngine::Loop() {
       stop = stopping_;
     }
     (void)stop;
-    // Controls before tasks: a CreateGroup queued before a Launch is seen by it.
+    // New tasks enter the gate first, so an Abort that came with them finds
+    // them; controls run before anything is issued, so a CreateGroup queued
+    // before a Launch is seen by it.
+    for (Queued& q : tasks) Gate(std::move(q));
     for (const Control& c : controls) RunControl(c);
-    for (Queued& q : tasks) Issue(std::move(q));
+    ReleaseGated();
     Poll();
+    PollDraining();
   }
   // Stopped and drained: release everything (device memory only once the
   // work that may touch it has passed, with a bound).
@@ -240,6 +245,7 @@ void NcclEngine::RunControl(const Control& c) {
         FailSet(it->second->set, c.why);
         break;
       }
+      if (AbortGated(c.ticket, c.why)) break;
       std::optional<Queued> dropped;
       {
         std::lock_guard<std::mutex> l(mu_);
@@ -375,7 +381,7 @@ void NcclEngine::Poll() {
     } else {
       std::unique_ptr<Running> run = std::move(it->second);
       running_.erase(it);
-      Finish(std::move(run), err);
+      Drain(std::move(run), err);
     }
   }
   for (uint64_t t : late) {
@@ -396,7 +402,7 @@ void NcclEngine::Poll() {
     } else {
       std::unique_ptr<Running> run = std::move(it->second);
       running_.erase(it);
-      Finish(std::move(run), why);
+      Drain(std::move(run), why);
     }
   }
   FreeRetired(/*final=*/false);
@@ -421,7 +427,7 @@ void NcclEngine::FailSet(const std::shared_ptr<CommSet>& set, const absl::Status
     if (it == running_.end()) continue;
     std::unique_ptr<Running> run = std::move(it->second);
     running_.erase(it);
-    Finish(std::move(run), why);
+    Drain(std::move(run), why);
   }
 }
 

@@ -3,11 +3,12 @@
 // communicators the daemon owns — one NCCL rank per member GPU, the
 // communicators of all local members driven together in one group call.
 //
-// Ordering without CPU synchronisation: for every member the engine's stream
-// waits on the member's producer event (EngineMember::wait_event) before the
-// collective, and records the member's completion event (done_event) after
-// it; a dependent task (the HSDP composite's all-reduce) waits on its
-// dependency's completion events on the device. Streams: each communicator
+// Ordering: a task is issued once its members' producer events
+// (EngineMember::wait_event) completed — the engine thread polls them, it
+// never blocks on one — and the engine records each member's completion
+// event (done_event) after the collective; a dependent task (the HSDP
+// composite's all-reduce) waits on its dependency's completion events on the
+// device. Streams: each communicator
 // set (group and epoch) has its own — one high-priority stream per device for
 // all-gather and reduce-scatter, one default-priority stream per device for
 // everything else, so the replicate all-reduce overlaps the shard
@@ -39,8 +40,16 @@
 // (the coordinator's store), the daemon hosting the first member creating
 // it. No shrink across nodes: a new epoch initialises anew.
 //
+// Producer events and failure (issue 20, finding 4): a task is issued only
+// once its members' producer events completed (polled on the engine thread;
+// the device is never asked to wait on a trainer's event), so an abort never
+// leaves work queued behind an event that may never fire, to run after the
+// communicator was freed and the memory unmapped. A failed task completes
+// only once the device passed its work (or after shutdown_grace).
+//
 // Files: nccl_engine.cc (lifecycle, polling, failure), nccl_engine_issue.cc
-// (communicator sets, streams, issuing a task).
+// (communicator sets, streams, issuing a task), nccl_engine_gate.cc (the
+// producer gate, draining failed work).
 //
 // Threads: one engine thread issues every library call (so group calls are
 // never interleaved) and polls in-flight work every `poll_interval`. Launch,
@@ -129,6 +138,7 @@ class NcclEngine : public Engine {
     uint64_t ticket;
     EngineTask task;
     EngineCallbacks cb;
+    absl::Time deadline;  // launch + op_timeout
   };
   struct Control {  // CreateGroup / DestroyGroup / Abort, run on the engine thread
     enum Kind { kCreate, kDestroy, kAbort } kind;
@@ -157,6 +167,19 @@ class NcclEngine : public Engine {
   // bound, when `final`).
   void FreeRetired(bool final);
   void Poll();
+  // The producer gate (nccl_engine_gate.cc): a task is issued only once the
+  // producer events of its members completed and no task it depends on is
+  // still gated, in launch order per group; nothing is ever enqueued behind
+  // an event that may never fire. Gate() queues, ReleaseGated() issues what
+  // is ready and fails what waited past its deadline, AbortGated() drops one.
+  void Gate(Queued q);
+  void ReleaseGated();
+  bool AbortGated(uint64_t ticket, const absl::Status& why);
+  // A failed task completes (its callbacks release the mappings and buffers
+  // it used) only once the device passed its work — its completion events,
+  // recorded behind all of it, are done — or after shutdown_grace.
+  void Drain(std::unique_ptr<Running> run, absl::Status status);
+  void PollDraining();
   // Aborts `set`'s communicators and fails every running task on it.
   void FailSet(const std::shared_ptr<CommSet>& set, const absl::Status& why);
   void Finish(std::unique_ptr<Running> run, absl::Status status);
@@ -185,6 +208,14 @@ class NcclEngine : public Engine {
   std::map<std::string, std::shared_ptr<CommSet>> sets_;   // by set key
   std::map<std::string, EngineGroupSpec> groups_;          // by group key
   std::map<uint64_t, std::unique_ptr<Running>> running_;   // by ticket
+  std::map<std::string, std::deque<Queued>> gated_;        // by group key, launch order
+  std::set<uint64_t> gated_tickets_;
+  struct Draining {
+    std::unique_ptr<Running> run;
+    absl::Status status;
+    absl::Time deadline;
+  };
+  std::vector<Draining> draining_;
   struct Retired {
     device::EventHandle after;  // 0: nothing to wait for
     std::vector<device::DevicePtr> ptrs;

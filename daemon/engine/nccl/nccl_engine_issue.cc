@@ -174,7 +174,7 @@ void NcclEngine::Issue(Queued q) {
   auto run = std::make_unique<Running>();
   run->ticket = q.ticket;
   run->start_ns = shm::NowNanos();
-  run->deadline = absl::Now() + options_.op_timeout;
+  run->deadline = q.deadline;
   absl::Status s = IssueOrError(q, *run);
   run->task = std::move(q.task);
   run->cb = std::move(q.cb);
@@ -246,8 +246,9 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
         dep_events[d].push_back(pe->second);
       }
     }
-    // Never launch before the producer is done.
-    if (m.wait_event != 0) RETURN_IF_ERROR(dev_->StreamWaitEvent(streams[r], m.wait_event));
+    // The producer event completed before the task left the gate
+    // (nccl_engine_gate.cc); no stream waits on it: a wait would capture the
+    // trainer's next record of the event if it came meanwhile.
     for (device::EventHandle e : dep_events[d]) RETURN_IF_ERROR(dev_->StreamWaitEvent(streams[r], e));
   }
   const DataType dt = t.spec.dtype;

@@ -16,37 +16,8 @@ namespace {
 using testing::FakeNode;
 using testing::Member;
 using testing::Pending;
-
-// An n-member task on devices 0..n-1 with float buffers.
-struct FloatTask {
-  EngineTask task;
-  std::vector<device::DevicePtr> send, recv;
-};
-
-FloatTask MakeTask(FakeNode& node, Collective c, int n, uint64_t count,
-                   const std::function<float(int r, uint64_t i)>& value,
-                   const std::string& group = "g", uint32_t epoch = 1) {
-  FloatTask ft;
-  ft.task.collective = c;
-  ft.task.count = count;
-  ft.task.group_key = group;
-  ft.task.epoch = epoch;
-  ft.task.spec.dtype = DataType::kFloat32;
-  const auto ext = [&](bool send) -> uint64_t {
-    if (c == Collective::kAllGather) return send ? count : count * n;
-    if (c == Collective::kReduceScatter) return send ? count * n : count;
-    if (c == Collective::kAllToAll) return count * n;
-    return count;
-  };
-  for (int r = 0; r < n; ++r) {
-    std::vector<float> in(ext(true));
-    for (uint64_t i = 0; i < in.size(); ++i) in[i] = value(r, i);
-    ft.send.push_back(node.Buffer(r, in));
-    ft.recv.push_back(node.Buffer(r, std::vector<float>(ext(false), -1.0f)));
-    ft.task.members.push_back(Member(r, r, ft.send[r], ft.recv[r], ext(true) * 4, ext(false) * 4));
-  }
-  return ft;
-}
+using testing::FloatTask;
+using testing::MakeTask;
 
 TEST(NcclEngineTest, AllReduceSumDrivesEveryLocalRankInOneGroupCall) {
   FakeNode node(3);
