@@ -3,10 +3,12 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/device/scale_cast.h"
+#include "daemon/engine/nccl/intra_device_reduce.h"
 #include "hsdp/common/logging.h"
 #include "hsdp/common/status_macros.h"
 
@@ -435,6 +437,33 @@ absl::Status CudaDeviceApi::ScaleCastAsync(DevicePtr src, DataType from, DeviceP
       LaunchScaleCast(FromHandle<const void*>(src), static_cast<int>(from), FromHandle<void*>(dst),
                       static_cast<int>(to), count, scale, FromHandle<void*>(stream)));
   if (rc != cudaSuccess) return CudaError(rc, "scale/cast kernel launch", __FILE__, __LINE__);
+  return absl::OkStatus();
+}
+
+absl::Status CudaDeviceApi::ReduceAsync(const std::vector<DevicePtr>& srcs, DataType from,
+                                        DevicePtr dst, DataType to, uint64_t count, ReduceOp op,
+                                        double scale, bool accumulate, StreamHandle stream) {
+  if (srcs.empty()) return absl::InvalidArgumentError("reduce: no inputs");
+  if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax &&
+      op != ReduceOp::kProduct) {
+    return absl::InvalidArgumentError("reduce: op must be sum, min, max or product");
+  }
+  if ((from != to || scale != 1.0) && (!IsFloatingPoint(from) || !IsFloatingPoint(to))) {
+    return absl::InvalidArgumentError("reduce: a cast or a scale needs float types");
+  }
+  ASSIGN_OR_RETURN(int device, StreamDevice(stream));
+  RETURN_IF_ERROR(SetDevice(device));
+  if (count == 0) return absl::OkStatus();
+  // kMaxReduceInputs per launch; later launches fold the rest into dst.
+  for (size_t k = 0; k < srcs.size(); k += kMaxReduceInputs) {
+    const int n = static_cast<int>(std::min<size_t>(kMaxReduceInputs, srcs.size() - k));
+    const void* ins[kMaxReduceInputs];
+    for (int j = 0; j < n; ++j) ins[j] = FromHandle<const void*>(srcs[k + j]);
+    const auto rc = static_cast<cudaError_t>(LaunchIntraDeviceReduce(
+        ins, n, static_cast<int>(from), FromHandle<void*>(dst), static_cast<int>(to), count,
+        static_cast<int>(op), scale, accumulate || k > 0, FromHandle<void*>(stream)));
+    if (rc != cudaSuccess) return CudaError(rc, "reduce kernel launch", __FILE__, __LINE__);
+  }
   return absl::OkStatus();
 }
 

@@ -58,6 +58,9 @@ class CudaDeviceApi : public DeviceApi {
                            StreamHandle stream) override;
   absl::Status ScaleCastAsync(DevicePtr src, DataType from, DevicePtr dst, DataType to,
                               uint64_t count, double scale, StreamHandle stream) override;
+  absl::Status ReduceAsync(const std::vector<DevicePtr>& srcs, DataType from, DevicePtr dst,
+                           DataType to, uint64_t count, ReduceOp op, double scale,
+                           bool accumulate, StreamHandle stream) override;
   absl::Status CopyToDevice(DevicePtr dst, const void* src, uint64_t bytes) override;
   absl::Status CopyToHost(void* dst, DevicePtr src, uint64_t bytes) override;
 

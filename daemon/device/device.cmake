@@ -16,7 +16,8 @@ target_link_libraries(hsdp_device_buffers PUBLIC hsdp_device hsdp_shm)
 # The real CUDA device API, its kernel and the NCCL binding.
 if(HSDP_CUDA_ENABLED)
   # The kernel alone, with no C++20 dependencies (nvcc builds it as CUDA 17).
-  add_library(hsdp_device_kernels STATIC ${CMAKE_CURRENT_LIST_DIR}/scale_cast.cu)
+  add_library(hsdp_device_kernels STATIC ${CMAKE_CURRENT_LIST_DIR}/scale_cast.cu
+    ${CMAKE_CURRENT_LIST_DIR}/../engine/nccl/intra_device_reduce.cu)
   target_include_directories(hsdp_device_kernels PRIVATE ${PROJECT_SOURCE_DIR}
     ${PROJECT_SOURCE_DIR}/client/include)
   set_target_properties(hsdp_device_kernels PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)

@@ -20,6 +20,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -115,6 +116,16 @@ class DeviceApi {
   // types have the same size.
   virtual absl::Status ScaleCastAsync(DevicePtr src, DataType from, DevicePtr dst, DataType to,
                                       uint64_t count, double scale, StreamHandle stream) = 0;
+  // The intra-device reduction (several members of a collective on one GPU,
+  // issue 20): dst[i] = (to) op(acc, op_k ((from) srcs[k][i] * scale)), where
+  // acc is dst[i] itself when `accumulate`, else nothing. op: kSum, kMin,
+  // kMax or kProduct. Float types compute in float (double with float64);
+  // integer types need from == to and scale 1 and wrap as the CPU kernels do.
+  // `dst` may be one of `srcs` (exactly, never partially). One pass over the
+  // inputs (implementations may split many inputs into a few launches).
+  virtual absl::Status ReduceAsync(const std::vector<DevicePtr>& srcs, DataType from,
+                                   DevicePtr dst, DataType to, uint64_t count, ReduceOp op,
+                                   double scale, bool accumulate, StreamHandle stream) = 0;
   // Synchronous copies between host and device memory (tests, tools).
   virtual absl::Status CopyToDevice(DevicePtr dst, const void* src, uint64_t bytes) = 0;
   virtual absl::Status CopyToHost(void* dst, DevicePtr src, uint64_t bytes) = 0;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -584,6 +585,73 @@ absl::Status FakeDeviceApi::ScaleCastAsync(DevicePtr src, DataType from, DeviceP
       for (double& v : tmp) v *= scale;
     }
     cpu::Cast(DataType::kFloat64, tmp.data(), to, reinterpret_cast<void*>(dst), count);
+    return absl::OkStatus();
+  });
+  return absl::OkStatus();
+}
+
+absl::Status FakeDeviceApi::ReduceAsync(const std::vector<DevicePtr>& srcs, DataType from,
+                                        DevicePtr dst, DataType to, uint64_t count, ReduceOp op,
+                                        double scale, bool accumulate, StreamHandle stream) {
+  std::shared_ptr<Stream> s = FindStream(stream);
+  if (s == nullptr) return absl::NotFoundError("reduce: unknown stream");
+  if (srcs.empty()) return absl::InvalidArgumentError("reduce: no inputs");
+  if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax &&
+      op != ReduceOp::kProduct) {
+    return absl::InvalidArgumentError("reduce: op must be sum, min, max or product");
+  }
+  const bool same = from == to && scale == 1.0;
+  if (!same && (!IsFloatingPoint(from) || !IsFloatingPoint(to))) {
+    return absl::InvalidArgumentError("reduce: a cast or a scale needs float types");
+  }
+  const size_t in_bytes = count * DataTypeSize(from), out_bytes = count * DataTypeSize(to);
+  for (DevicePtr p : srcs) {
+    if (!InArena(p, in_bytes)) return absl::InvalidArgumentError("reduce: input outside every fake device");
+  }
+  if (!InArena(dst, out_bytes)) return absl::InvalidArgumentError("reduce: output outside every fake device");
+  s->Push([=, this]() -> absl::Status {
+    for (DevicePtr p : srcs) RETURN_IF_ERROR(CheckAccess(p, in_bytes, "reduce kernel (input)"));
+    RETURN_IF_ERROR(CheckAccess(dst, out_bytes, "reduce kernel (output)"));
+    if (count == 0) return absl::OkStatus();
+    if (same) {  // the CPU kernels, in the type itself (integers wrap as there)
+      std::vector<const void*> ins;
+      if (accumulate) ins.push_back(reinterpret_cast<const void*>(dst));
+      for (DevicePtr p : srcs) ins.push_back(reinterpret_cast<const void*>(p));
+      ReduceSpec spec;
+      spec.dtype = from;
+      spec.op = op;
+      void* out = reinterpret_cast<void*>(dst);
+      cpu::Reduce(spec, ins.data(), static_cast<int>(ins.size()), &out, 1, count);
+      return absl::OkStatus();
+    }
+    // Through float64: scale each input, combine, one rounding to `to`.
+    std::vector<double> acc(count), in(count);
+    bool first = true;
+    auto combine = [&](const std::vector<double>& x) {
+      for (uint64_t i = 0; i < count; ++i) {
+        double& a = acc[i];
+        if (first) { a = x[i]; continue; }
+        switch (op) {
+          case ReduceOp::kSum: a += x[i]; break;
+          case ReduceOp::kProduct: a *= x[i]; break;
+          case ReduceOp::kMin: a = (std::isnan(a) || std::isnan(x[i])) ? NAN : std::min(a, x[i]); break;
+          default: a = (std::isnan(a) || std::isnan(x[i])) ? NAN : std::max(a, x[i]); break;
+        }
+      }
+      first = false;
+    };
+    if (accumulate) {
+      cpu::Cast(to, reinterpret_cast<const void*>(dst), DataType::kFloat64, in.data(), count);
+      combine(in);
+    }
+    for (DevicePtr p : srcs) {
+      cpu::Cast(from, reinterpret_cast<const void*>(p), DataType::kFloat64, in.data(), count);
+      if (scale != 1.0) {
+        for (double& v : in) v *= scale;
+      }
+      combine(in);
+    }
+    cpu::Cast(DataType::kFloat64, acc.data(), to, reinterpret_cast<void*>(dst), count);
     return absl::OkStatus();
   });
   return absl::OkStatus();
