@@ -4,6 +4,7 @@ add_library(hsdp_nccl_engine STATIC
   ${CMAKE_CURRENT_LIST_DIR}/fake_collectives.cc
   ${CMAKE_CURRENT_LIST_DIR}/nccl_engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/nccl_engine_gate.cc
+  ${CMAKE_CURRENT_LIST_DIR}/nccl_engine_shared.cc
   ${CMAKE_CURRENT_LIST_DIR}/nccl_engine_issue.cc
   ${CMAKE_CURRENT_LIST_DIR}/reduce_plan.cc)
 target_include_directories(hsdp_nccl_engine PUBLIC ${PROJECT_SOURCE_DIR})

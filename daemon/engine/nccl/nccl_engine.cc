@@ -69,10 +69,14 @@ absl::Status NcclEngine::ValidateTask(const EngineTask& t, int device_count, boo
                                                      " is not one device of the ", device_count,
                                                      " this daemon sees"));
     }
-    if (!devices.insert(m.send.device).second) {
+    // Members sharing a GPU run on hsdpd's own intra-device kernels plus one
+    // NCCL rank per device; that needs to know every member's device, so
+    // only when all members are on this node.
+    if (!devices.insert(m.send.device).second && !all_local) {
       return absl::UnimplementedError(absl::StrCat(
           "rank ", m.global_rank, " shares device ", m.send.device,
-          " with another member; NCCL needs one GPU per rank in a communicator"));
+          " with another member of a group that spans nodes; several members per GPU are "
+          "supported only when every member of the group is on this node"));
     }
   }
   if (Reduces(t.collective)) {

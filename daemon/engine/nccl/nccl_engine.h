@@ -105,6 +105,7 @@ struct NcclEngineStats {
   uint64_t comm_inits = 0;
   uint64_t comm_shrinks = 0;
   uint64_t comm_aborts = 0;  // communicator sets aborted
+  uint64_t shared_device_tasks = 0;  // tasks whose members share a GPU (own kernels + NCCL)
 };
 
 class NcclEngine : public Engine {
@@ -153,6 +154,14 @@ class NcclEngine : public Engine {
   // Issues one task; on error it is completed with the error.
   void Issue(Queued q);
   absl::Status IssueOrError(Queued& q, Running& run);
+  // The data movement of a task whose members share devices (the set is
+  // `shared`): nccl_engine_shared.cc.
+  absl::Status IssueShared(const EngineTask& t, Running& run,
+                           const std::vector<device::StreamHandle>& streams);
+  // One group call of `calls` (each issues one rank's NCCL calls), then the
+  // wait until the communicators left the in-progress state; on failure the
+  // set is failed (aborted).
+  absl::Status GroupCall(Running& run, const std::function<absl::Status()>& calls);
   absl::StatusOr<std::shared_ptr<CommSet>> CommsFor(const EngineTask& task);
   // Polls the set's communicators out of kInProgress after a group call.
   absl::Status WaitIssued(const CommSet& set);

@@ -53,17 +53,40 @@ absl::StatusOr<std::shared_ptr<NcclEngine::CommSet>> NcclEngine::CommsFor(const 
   // This node's members: their NCCL ranks are their member indices in a
   // communicator of all members (other daemons own the others).
   std::vector<int> ranks, devices, nccl_ranks, comm_of(t.members.size(), -1);
+  std::vector<int> comm_devices;  // the device of each communicator
   std::set<int> nodes;
   for (size_t i = 0; i < t.members.size(); ++i) {
     const EngineMember& m = t.members[i];
     nodes.insert(m.node);
     if (!m.local) continue;
-    comm_of[i] = static_cast<int>(ranks.size());
     ranks.push_back(m.global_rank);
     devices.push_back(m.send.device);
-    nccl_ranks.push_back(static_cast<int>(i));
   }
   const bool all_local = ranks.size() == t.members.size();
+  if (all_local) {
+    // One NCCL rank per device, in order of first appearance; members that
+    // share a device share its communicator (and its intra-device plan).
+    for (size_t i = 0; i < t.members.size(); ++i) {
+      const int d = t.members[i].send.device;
+      auto pos = std::find(comm_devices.begin(), comm_devices.end(), d);
+      if (pos == comm_devices.end()) {
+        nccl_ranks.push_back(static_cast<int>(comm_devices.size()));
+        comm_devices.push_back(d);
+        pos = comm_devices.end() - 1;
+      }
+      comm_of[i] = static_cast<int>(pos - comm_devices.begin());
+    }
+  } else {
+    for (size_t i = 0; i < t.members.size(); ++i) {
+      if (!t.members[i].local) continue;
+      comm_of[i] = static_cast<int>(comm_devices.size());
+      comm_devices.push_back(t.members[i].send.device);
+      nccl_ranks.push_back(static_cast<int>(i));
+    }
+  }
+  const bool shared = comm_devices.size() < ranks.size();
+  const int nccl_size = all_local ? static_cast<int>(comm_devices.size())
+                                  : static_cast<int>(t.members.size());
   const std::string key = absl::StrCat(t.group_key, "#", t.epoch, "#", absl::StrJoin(ranks, ","),
                                        all_local ? "" : absl::StrCat("/", t.members.size()));
   if (auto it = sets_.find(key); it != sets_.end()) {
@@ -89,6 +112,7 @@ absl::StatusOr<std::shared_ptr<NcclEngine::CommSet>> NcclEngine::CommsFor(const 
   set->ranks = ranks;
   set->devices = devices;
   set->comm_of = comm_of;
+  set->shared = shared;
   // Survivors of a healthy older epoch: shrink it (cheaper than a new init).
   std::shared_ptr<CommSet> old;
   for (auto& [k, s] : sets_) {
@@ -98,8 +122,8 @@ absl::StatusOr<std::shared_ptr<NcclEngine::CommSet>> NcclEngine::CommsFor(const 
     }
   }
   bool shrunk = false;
-  if (all_local && old != nullptr && coll_->SupportsShrink() && old->ranks.size() > ranks.size() &&
-      old->comm_of.size() == old->ranks.size()) {
+  if (all_local && !shared && old != nullptr && !old->shared && coll_->SupportsShrink() &&
+      old->ranks.size() > ranks.size() && old->comm_of.size() == old->ranks.size()) {
     std::vector<int> exclude;
     std::vector<int> kept_ranks, kept_devices;
     for (size_t i = 0; i < old->ranks.size(); ++i) {
@@ -121,7 +145,9 @@ absl::StatusOr<std::shared_ptr<NcclEngine::CommSet>> NcclEngine::CommsFor(const 
       }
     }
   }
-  if (!shrunk) {
+  if (shared && comm_devices.size() == 1) {
+    // Every member on one GPU: hsdpd's kernels do it all, no communicator.
+  } else if (!shrunk) {
     UniqueId id;
     const bool creator = t.members[0].local;
     if (creator) {
@@ -137,8 +163,7 @@ absl::StatusOr<std::shared_ptr<NcclEngine::CommSet>> NcclEngine::CommsFor(const 
                                                 id, static_cast<int>(nodes.size()),
                                                 absl::Now() + options_.init_timeout));
     }
-    ASSIGN_OR_RETURN(set->comms, coll_->InitRanks(id, static_cast<int>(t.members.size()),
-                                                  nccl_ranks, devices));
+    ASSIGN_OR_RETURN(set->comms, coll_->InitRanks(id, nccl_size, nccl_ranks, comm_devices));
   }
   // Non-blocking init: poll until every communicator is ready.
   const absl::Time deadline = absl::Now() + options_.init_timeout;
@@ -159,7 +184,7 @@ absl::StatusOr<std::shared_ptr<NcclEngine::CommSet>> NcclEngine::CommsFor(const 
     }
     absl::SleepFor(options_.poll_interval);
   }
-  {
+  if (!set->comms.empty()) {
     std::lock_guard<std::mutex> l(mu_);
     ++(shrunk ? stats_.comm_shrinks : stats_.comm_inits);
   }
@@ -238,7 +263,7 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
     if (run.set == nullptr) continue;  // a barrier before any communicator: nothing to order
     const int d = m.send.device;
     ASSIGN_OR_RETURN(streams[r], Stream(*run.set, d, high));
-    run.streams[d] = streams[r];
+    if (!run.streams.emplace(d, streams[r]).second) continue;  // device already ordered
     if (prev != nullptr) {
       auto ps = prev->streams.find(d);
       auto pe = prev->done.find(d);
@@ -253,7 +278,12 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
   }
   const DataType dt = t.spec.dtype;
   const size_t es = DataTypeSize(dt);
-  if (t.collective != Collective::kBarrier && (t.count > 0 || t.collective == Collective::kAllToAll)) {
+  if (run.set != nullptr && run.set->shared) {
+    // Several members on one GPU: hsdpd's own kernels within each device,
+    // NCCL with one rank per device between them (nccl_engine_shared.cc).
+    RETURN_IF_ERROR(IssueShared(t, run, streams));
+  } else if (t.collective != Collective::kBarrier &&
+             (t.count > 0 || t.collective == Collective::kAllToAll)) {
     DeviceReducePlan plan;
     plan.wire = dt;
     if (Reduces(t.collective)) {

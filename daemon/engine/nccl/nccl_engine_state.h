@@ -41,9 +41,13 @@ struct NcclEngine::CommSet {
   std::vector<int> ranks;    // global ranks of this node's members
   std::vector<int> devices;  // their devices
   std::vector<CommHandle> comms;  // their communicators
-  // Member index -> index in `comms`; -1 for a member on another node (its
-  // daemon owns that NCCL rank).
+  // Member index -> index in `comms` (its device's communicator); -1 for a
+  // member on another node (its daemon owns that NCCL rank).
   std::vector<int> comm_of;
+  // Several members share a device: one NCCL rank per device, hsdpd's own
+  // kernels within each (nccl_engine_shared.cc); no communicator at all when
+  // every member is on one device.
+  bool shared = false;
   absl::Status broken;       // set once aborted
   bool retire = false;       // release once nothing runs on it
   std::set<uint64_t> running;

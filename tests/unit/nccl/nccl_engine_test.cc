@@ -408,9 +408,6 @@ TEST(NcclEngineTest, RefusesWhatItCannotRun) {
   EngineTask host = base.task;
   host.members[0].recv.kind = MemoryKind::kHost;
   EXPECT_EQ(refused(host).code(), absl::StatusCode::kInvalidArgument);
-  EngineTask shared = base.task;
-  shared.members[1].send.device = shared.members[1].recv.device = 0;
-  EXPECT_EQ(refused(shared).code(), absl::StatusCode::kUnimplemented);
   EngineTask missing = base.task;
   missing.members[1].send.device = missing.members[1].recv.device = 7;
   EXPECT_EQ(refused(missing).code(), absl::StatusCode::kInvalidArgument);
