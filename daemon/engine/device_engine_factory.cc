@@ -74,7 +74,17 @@ uint64_t KindRoutingEngine::Launch(EngineTask task, EngineCallbacks cb) {
     task.depends_on = std::move(inner_deps);
   }
   EngineCallbacks inner_cb;
-  inner_cb.launched = [outer, launched = std::move(cb.launched)](uint64_t) { launched(outer); };
+  // The inner ticket is recorded here too: `launched` may run (on the inner
+  // engine's thread) before Launch below returns, and a task launched from
+  // inside it (the composite's second phase) must find this one's inner
+  // ticket, or its dependency would be dropped.
+  inner_cb.launched = [this, outer, launched = std::move(cb.launched)](uint64_t inner_ticket) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (auto it = routes_.find(outer); it != routes_.end()) it->second.inner = inner_ticket;
+    }
+    launched(outer);
+  };
   inner_cb.completed = std::move(cb.completed);
   const uint64_t inner = (dev ? device_ : host_)->Launch(std::move(task), std::move(inner_cb));
   std::lock_guard<std::mutex> l(mu_);
