@@ -362,9 +362,18 @@ void NcclEngine::Poll() {
       }
       all = all && *ok;
     }
+    // A dependent is reported after what it depends on (its work ran after
+    // it on the device, but the events are polled one by one).
+    bool deps_reported = true;
+    for (uint64_t dep : run->task.depends_on) {
+      if (running_.count(dep) != 0 &&
+          std::find(done.begin(), done.end(), dep) == done.end()) {
+        deps_reported = false;
+      }
+    }
     if (!err.ok()) {
       errored.emplace_back(ticket, err);
-    } else if (all) {
+    } else if (all && deps_reported) {
       done.push_back(ticket);
     } else if (now > run->deadline) {
       late.push_back(ticket);
