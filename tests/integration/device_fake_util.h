@@ -89,18 +89,19 @@ struct DeviceTrainer {
     return client->RegisterDeviceBuffer(spec);
   }
 
-  // Connects as `rank` of `world` on fake device `rank`, allocates `bytes`
-  // and registers them; asks for the completion events.
+  // Connects as `rank` of `world` on fake device `rank` (or `on_device`:
+  // several trainers may share one), allocates `bytes` and registers them;
+  // asks for the completion events.
   bool Start(const std::string& socket, const std::string& job, int r, int world,
-             uint64_t bytes) {
+             uint64_t bytes, int on_device = -1) {
     rank = r;
-    device = r;
+    device = on_device >= 0 ? on_device : r;
     ClientOptions o;
     o.socket_path = socket;
     o.job_id = job;
     o.rank = r;
     o.world_size = world;
-    o.device = "cuda:" + std::to_string(r);
+    o.device = "cuda:" + std::to_string(device);
     auto c = Client::Connect(o);
     if (!c.ok()) return Fail("connect: " + c.status().ToString()), false;
     client = std::move(*c);
