@@ -5,7 +5,9 @@
 // stream, records an interprocess producer event and submits without a CPU
 // sync; the daemon must wait for it. Work::WaitOnStream makes the trainer's
 // stream wait on the daemon's completion event before it reads the result.
-// (Each trainer is its own single-rank job: NCCL runs one rank per GPU.)
+// The two trainers are ranks 0 and 1 of one job and all-reduce together:
+// both on GPU 0, so the daemon reduces them with its intra-device plan (one
+// GPU, no NCCL communicator) — what a one-GPU machine exercises.
 // Skips with the reason where no GPU is visible (built only with CUDA).
 #include <cuda_runtime_api.h>
 
@@ -51,7 +53,11 @@ int Trainer(const std::string& socket, int k, FILE* out) {
   };
   ClientOptions o;
   o.socket_path = socket;
-  o.job_id = "gpu-" + std::to_string(k);
+  // One job, ranks 0 and 1 both on GPU 0: the NCCL engine's intra-device
+  // plan (NCCL refuses two ranks of a communicator on one GPU).
+  o.job_id = "gpu";
+  o.rank = k;
+  o.world_size = 2;
   o.device = "cuda:0";
   auto c = Client::Connect(o);
   if (!c.ok()) return fail(c.status().ToString());
@@ -98,7 +104,7 @@ int Trainer(const std::string& socket, int k, FILE* out) {
   auto ev_id = (*c)->RegisterDeviceEvent(
       0, std::string(reinterpret_cast<const char*>(ph->data()), ph->size()));
   if (!ev_id.ok()) return fail("register event: " + ev_id.status().ToString());
-  auto g = (*c)->NewGroup({0});
+  auto g = (*c)->NewGroup({0, 1});
   if (!g.ok()) return fail("NewGroup");
   std::vector<float> stale(2 * kN, -1.0f), in(kN);
   for (uint64_t i = 0; i < kN; ++i) in[i] = float((k + 1) * (i % 1000));
@@ -136,9 +142,10 @@ int Trainer(const std::string& socket, int k, FILE* out) {
   std::vector<float> got(kN);
   if (!api->CopyToHost(got.data(), *staging, kN * 4).ok()) return fail("copy to host");
   for (uint64_t i = 0; i < kN; ++i) {
-    if (got[i] != in[i]) {
+    const float want = float(3 * (i % 1000));  // (1 + 2) * (i % 1000): both trainers' inputs
+    if (got[i] != want) {
       return fail("[" + std::to_string(i) + "] got " + std::to_string(got[i]) + ", want " +
-                  std::to_string(in[i]));
+                  std::to_string(want));
     }
   }
   if (!(*c)->FreeDeviceBuffer(*buf).ok()) return fail("free");
