@@ -206,8 +206,19 @@ void NcclEngine::Issue(Queued q) {
   if (!s.ok()) {
     for (auto& [d, e] : run->done) dev_->DestroyEvent(e);
     run->done.clear();
+    // Work this task did enqueue before the error (a cast-in, a reduce
+    // kernel) may still run: it completes once its streams passed a marker.
+    for (auto& [d, stream] : run->streams) {
+      absl::StatusOr<device::EventHandle> marker = dev_->CreateEvent(d, false);
+      if (!marker.ok()) continue;
+      if (dev_->RecordEvent(*marker, stream).ok()) {
+        run->done[d] = *marker;
+      } else {
+        dev_->DestroyEvent(*marker);
+      }
+    }
     run->cb.launched(run->ticket);
-    Finish(std::move(run), s);
+    Drain(std::move(run), s);
     return;
   }
   if (run->set != nullptr) {
