@@ -3,6 +3,7 @@
 #include "daemon/device/fake_device_api.h"
 
 #include <atomic>
+#include <cstdint>
 #include <future>
 #include <chrono>
 #include <thread>
@@ -171,6 +172,40 @@ TEST(FakeDeviceApiTest, AKernelOnFreedMemoryIsAStickyIllegalAddress) {
   ASSERT_TRUE(dev.RecordEvent(*ev, *s).ok());
   dev.SyncStream(*s);
   EXPECT_EQ(dev.EventDone(*ev).status().code(), absl::StatusCode::kInternal);
+}
+
+// The intra-device reduction: scaled inputs combined, an optional running
+// value in dst, one rounding to the output type; integers in their own type.
+TEST(FakeDeviceApiTest, ReduceScalesCombinesAccumulatesAndCasts) {
+  FakeDeviceApi dev(1);
+  auto s = dev.CreateStream(0, StreamPriority::kDefault);
+  auto a = dev.Allocate(0, 16), b = dev.Allocate(0, 16), out = dev.Allocate(0, 16);
+  ASSERT_TRUE(s.ok() && a.ok() && b.ok() && out.ok());
+  const float av[4] = {1, 2, 3, 4}, bv[4] = {10, 20, 30, 40};
+  ASSERT_TRUE(dev.CopyToDevice(*a, av, 16).ok());
+  ASSERT_TRUE(dev.CopyToDevice(*b, bv, 16).ok());
+  ASSERT_TRUE(dev.ReduceAsync({*a, *b}, DataType::kFloat32, *out, DataType::kFloat32, 4,
+                              ReduceOp::kSum, 0.5, false, *s).ok());
+  ASSERT_TRUE(dev.ReduceAsync({*a}, DataType::kFloat32, *out, DataType::kFloat32, 4,
+                              ReduceOp::kMax, 4.0, /*accumulate=*/true, *s).ok());
+  dev.SyncStream(*s);
+  float got[4];
+  ASSERT_TRUE(dev.CopyToHost(got, *out, 16).ok());
+  // max((a + b) / 2, 4a): 5.5 vs 4, 11 vs 8, 16.5 vs 12, 22 vs 16
+  EXPECT_EQ(std::vector<float>(got, got + 4), (std::vector<float>{5.5f, 11, 16.5f, 22}));
+  const int32_t iv[4] = {INT32_MAX, 1, -5, 7};
+  ASSERT_TRUE(dev.CopyToDevice(*a, iv, 16).ok());
+  ASSERT_TRUE(dev.ReduceAsync({*a, *a}, DataType::kInt32, *out, DataType::kInt32, 4,
+                              ReduceOp::kSum, 1.0, false, *s).ok());
+  dev.SyncStream(*s);
+  int32_t isum[4];
+  ASSERT_TRUE(dev.CopyToHost(isum, *out, 16).ok());
+  EXPECT_EQ(isum[0], -2);  // wraps, as the CPU kernels
+  EXPECT_EQ(isum[2], -10);
+  // A scale or a cast on integers is refused.
+  EXPECT_FALSE(dev.ReduceAsync({*a}, DataType::kInt32, *out, DataType::kInt32, 4, ReduceOp::kSum,
+                               0.5, false, *s).ok());
+  EXPECT_EQ(dev.faults(), 0);
 }
 
 // Cross-process mode (engine.device: fake): imports map memory another
