@@ -1,8 +1,8 @@
 // The NCCL engine on a real GPU (CudaDeviceApi + NcclCollectives; skips
 // without one — label `gpu`, run by the GPU stage): several members of a
 // collective on one GPU through hsdpd's intra-device kernels (every
-// collective and reduce option of shared_device_cases.h, on 2 and 4 members
-// of device 0), and one member per GPU on NCCL directly (a one-rank
+// collective and reduce option of shared_device_cases.h, on 2, 4 and 10
+// members of device 0), and one member per GPU on NCCL directly (a one-rank
 // communicator on a one-GPU machine; every GPU when there are more). Never
 // run here: this machine has no GPU.
 #include <memory>
@@ -46,7 +46,9 @@ TEST(NcclSharedDeviceGpuTest, SeveralMembersOnOneGpuRunEveryCollective) {
   auto node = NodeOrSkip(&reason);
   if (node == nullptr) GTEST_SKIP() << reason;
   int k = 0;
-  for (const std::vector<int>& devs : {std::vector<int>{0, 0}, std::vector<int>{0, 0, 0, 0}}) {
+  // Ten members: more than one launch of the reduce kernel (8 inputs each).
+  for (const std::vector<int>& devs :
+       {std::vector<int>{0, 0}, std::vector<int>{0, 0, 0, 0}, std::vector<int>(10, 0)}) {
     for (const Case& c : EveryCase()) RunCase(*node, devs, c, "g" + std::to_string(k++));
   }
   EXPECT_EQ(node->engine.stats().shared_device_tasks, uint64_t(k));

@@ -54,7 +54,8 @@ TEST_P(SharedDeviceTest, EveryCollective) {
 INSTANTIATE_TEST_SUITE_P(Layouts, SharedDeviceTest,
                          ::testing::Values(std::vector<int>{0, 0}, std::vector<int>{0, 0, 0, 0},
                                            std::vector<int>{0, 1, 0, 1},
-                                           std::vector<int>{1, 1, 0, 0, 1}),
+                                           std::vector<int>{1, 1, 0, 0, 1},
+                                           std::vector<int>(10, 0)),
                          [](const auto& info) {
                            std::string name = "devices";
                            for (int d : info.param) name += "_" + std::to_string(d);
