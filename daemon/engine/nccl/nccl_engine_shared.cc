@@ -11,8 +11,10 @@
 //                   D > 1: NCCL all-reduce of acc_d (sum for sum/avg/premul, else the op)
 //                   recv_r = (dtype) (acc_d * out_scale) for r in M_d  [scale/cast or copy]
 //   reduce-scatter  as all-reduce over the whole n*count input, then member r takes
-//                   block r of acc_d (NCCL all-reduce, not reduce-scatter, between
-//                   devices: a device's members need not hold contiguous blocks)
+//                   block r of acc_d; between devices an NCCL reduce-scatter of k
+//                   blocks per device when every device holds k members with
+//                   contiguous indices (r on device r / k), else an all-reduce (a
+//                   device's members need not hold contiguous blocks)
 //   all-gather      G_d[r] = send_r for r in M_d; D > 1: one NCCL broadcast per
 //                   member block from its device (one group call); recv_r = G_d
 //   broadcast       D > 1: NCCL broadcast from the root's device into one member per
@@ -107,11 +109,29 @@ absl::Status NcclEngine::IssueShared(const EngineTask& t, Running& run,
         RETURN_IF_ERROR(dev_->ReduceAsync(ins, dt, acc[c], wire, elems, op, in_scale,
                                           /*accumulate=*/false, dstream[c]));
       }
+      // Reduce-scatter whose devices hold contiguous, equal runs of members
+      // (member r on device r / k): NCCL reduce-scatter of k blocks per
+      // device, half an all-reduce's traffic; device c's result lands in its
+      // own run of acc, so member r still takes block r.
+      bool runs = rs && nccl;
+      const size_t k = members[0].size();
+      for (int c = 0; c < nd && runs; ++c) {
+        runs = members[c].size() == k;
+        for (size_t i = 0; i < members[c].size() && runs; ++i) {
+          runs = members[c][i] == static_cast<int>(c * k + i);
+        }
+      }
       if (nccl) {
         RETURN_IF_ERROR(GroupCall(run, [&]() -> absl::Status {
           for (int c = 0; c < nd; ++c) {
-            RETURN_IF_ERROR(coll_->AllReduce(acc[c], acc[c], elems, wire, RedOp{op, -1},
-                                             set.comms[c], dstream[c]));
+            if (runs) {
+              const device::DevicePtr mine = acc[c] + uint64_t(c) * k * t.count * ws;
+              RETURN_IF_ERROR(coll_->ReduceScatter(acc[c], mine, k * t.count, wire,
+                                                   RedOp{op, -1}, set.comms[c], dstream[c]));
+            } else {
+              RETURN_IF_ERROR(coll_->AllReduce(acc[c], acc[c], elems, wire, RedOp{op, -1},
+                                               set.comms[c], dstream[c]));
+            }
           }
           return absl::OkStatus();
         }));

@@ -54,6 +54,7 @@ TEST_P(SharedDeviceTest, EveryCollective) {
 INSTANTIATE_TEST_SUITE_P(Layouts, SharedDeviceTest,
                          ::testing::Values(std::vector<int>{0, 0}, std::vector<int>{0, 0, 0, 0},
                                            std::vector<int>{0, 1, 0, 1},
+                                           std::vector<int>{0, 0, 1, 1},
                                            std::vector<int>{1, 1, 0, 0, 1},
                                            std::vector<int>(10, 0)),
                          [](const auto& info) {
@@ -72,6 +73,25 @@ TEST(SharedDevicePlanTest, OneMemberPerGpuUsesNcclDirectly) {
   EXPECT_EQ(node.engine.stats().shared_device_tasks, 0u);
   ASSERT_EQ(node.coll.batches().size(), 1u);
   EXPECT_EQ(node.coll.batches()[0].size(), 3u);  // one all-reduce call per rank
+}
+
+// Between devices, a reduce-scatter is an NCCL reduce-scatter when every
+// device holds an equal, contiguous run of members, else an all-reduce.
+TEST(SharedDevicePlanTest, ReduceScatterBetweenDevicesFollowsTheLayout) {
+  for (const auto& [devs, kind] :
+       {std::pair<std::vector<int>, std::string>{{0, 0, 1, 1}, "reduce_scatter"},
+        std::pair<std::vector<int>, std::string>{{0, 1, 0, 1}, "all_reduce"},
+        std::pair<std::vector<int>, std::string>{{0, 0, 0, 1}, "all_reduce"}}) {
+    FakeNode node(2);
+    Case c;
+    c.coll = Collective::kReduceScatter;
+    c.spec.dtype = DataType::kFloat32;
+    c.spec.op = ReduceOp::kAvg;
+    RunCase(node, devs, c, "g");
+    const auto calls = node.coll.calls();
+    ASSERT_EQ(calls.size(), 2u);  // one call per device
+    for (const auto& call : calls) EXPECT_EQ(call.kind, kind);
+  }
 }
 
 // The fake NCCL refuses two ranks of one communicator on one device, as NCCL
