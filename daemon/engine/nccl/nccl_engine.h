@@ -7,8 +7,9 @@
 // (EngineMember::wait_event) completed — the engine thread polls them, it
 // never blocks on one — and the engine records each member's completion
 // event (done_event) after the collective; a dependent task (the HSDP
-// composite's all-reduce) waits on its dependency's completion events on the
-// device. Streams: each communicator
+// composite's all-reduce) is issued once its dependencies finished (no
+// stream waits on another communicator set's work: aborting a set would
+// then wait for that work). Streams: each communicator
 // set (group and epoch) has its own — one high-priority stream per device for
 // all-gather and reduce-scatter, one default-priority stream per device for
 // everything else, so the replicate all-reduce overlaps the shard

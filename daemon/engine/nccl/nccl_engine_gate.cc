@@ -11,6 +11,11 @@
 // and issues a task only once they completed; until then nothing of it is on
 // any stream, and an abort simply drops it.
 //
+// Dependencies are gated the same way: a task is issued once the tasks it
+// depends on finished, so no stream waits on another communicator set's work
+// (aborting this set would make NCCL's free wait for that work, which may be
+// stuck until this thread aborts it: a deadlock).
+//
 // Why draining: after an abort, the work a task did enqueue (an aborted NCCL
 // kernel ending, a cast-out kernel after it) may still run for a moment; the
 // task's callbacks release the mappings it uses, so they run only once its
@@ -51,7 +56,14 @@ void NcclEngine::ReleaseGated() {
         }
         ready = ready && *done;
       }
-      for (uint64_t dep : q.task.depends_on) ready = ready && gated_tickets_.count(dep) == 0;
+      // A dependency must have finished (or failed: the task then fails at
+      // once): a stream never waits on another set's work either, because
+      // NCCL's abort of this task's communicators would wait (its device
+      // synchronisation) for that work, which may be stuck until this very
+      // thread aborts it.
+      for (uint64_t dep : q.task.depends_on) {
+        ready = ready && gated_tickets_.count(dep) == 0 && running_.count(dep) == 0;
+      }
       if (failed.ok() && !ready) {
         if (late_stop) {
           failed = absl::UnavailableError(absl::StrCat(

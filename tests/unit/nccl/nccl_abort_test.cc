@@ -76,6 +76,46 @@ TEST(NcclAbortTest, AnAbortedTaskLeavesNothingQueuedBehindAProducerEvent) {
   EXPECT_TRUE(node.coll.calls().empty()) << "nothing is issued before the producer is done";
 }
 
+// A dependent (the composite's second phase) is aborted while what it depends
+// on is stuck (a lost peer in another group). Nothing of it may be queued
+// behind the stuck work: NCCL's abort of its communicators would wait for
+// that work (its free's device synchronisation) — with the engine thread,
+// which alone could abort the stuck set, blocked in it — and the queued
+// kernels would start once the stuck work ends, on freed communicators.
+TEST(NcclAbortTest, ADependentAbortedWhileItsDependencyIsStuckLeavesNothingQueued) {
+  FakeNode node(2);
+  node.coll.set_release_bound(std::chrono::milliseconds(200));
+  FloatTask first = MakeTask(node, Collective::kAllReduce, 2, 8, [](int, uint64_t) { return 1.0f; }, "shard");
+  node.coll.Stall(true);
+  testing::Pending p1, p2;
+  const uint64_t t1 = node.engine.Launch(first.task, p1.Callbacks());
+  for (int i = 0; i < 2000 && node.coll.calls().size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(node.coll.calls().size(), 2u);
+  node.coll.Stall(false);
+  EngineTask second;
+  second.collective = Collective::kAllReduce;
+  second.count = 8;
+  second.group_key = "replicate";
+  second.spec.dtype = DataType::kFloat32;
+  second.depends_on = {t1};
+  for (int r = 0; r < 2; ++r) {
+    second.members.push_back(testing::Member(r, r, first.recv[r], first.recv[r], 32, 32));
+  }
+  const uint64_t t2 = node.engine.Launch(second, p2.Callbacks());
+  for (int i = 0; i < 200 && node.coll.calls().size() < 4; ++i) {  // an eager engine issues it
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  node.engine.Abort(t2, absl::AbortedError("a trainer left"));
+  EXPECT_EQ(p2.Wait().status.code(), absl::StatusCode::kAborted);
+  node.engine.Abort(t1, absl::AbortedError("the lost peer"));
+  EXPECT_EQ(p1.Wait().status.code(), absl::StatusCode::kAborted);
+  node.engine.Shutdown();
+  EXPECT_EQ(node.dev.faults(), 0) << node.dev.first_fault();
+  EXPECT_EQ(node.coll.calls().size(), 2u) << "the dependent was never issued";
+}
+
 // A producer event that completes lets the task through; its data is read.
 TEST(NcclAbortTest, ATaskLeavesTheGateWhenItsProducerCompletes) {
   FakeNode node(2);

@@ -198,7 +198,7 @@ TEST(NcclEngineTest, ReduceDtypeRunsTheCollectiveInTheWireTypeWithFusedScaling) 
   }
 }
 
-TEST(NcclEngineTest, CompositePhaseTwoWaitsOnPhaseOneOnTheDevice) {
+TEST(NcclEngineTest, CompositePhaseTwoRunsAfterPhaseOne) {
   FakeNode node(2);
   // Phase 1: reduce-scatter in the shard group (held back by a producer event).
   FloatTask rs = MakeTask(node, Collective::kReduceScatter, 2, 2,
