@@ -34,7 +34,8 @@ class CudaDeviceApi : public DeviceApi {
   // Why DeviceCount() is 0 ("" when devices were found).
   const std::string& unavailable_reason() const { return unavailable_; }
 
-  absl::StatusOr<DevicePtr> Allocate(int device, uint64_t bytes) override;
+  absl::StatusOr<DevicePtr> Allocate(int device, uint64_t bytes,
+                                     AllocSharing sharing = AllocSharing::kPrivate) override;
   absl::Status Free(DevicePtr base) override;
   absl::StatusOr<AddressRange> GetAddressRange(DevicePtr ptr) override;
   absl::StatusOr<IpcHandleBytes> ExportLegacy(DevicePtr base) override;

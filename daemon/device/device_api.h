@@ -42,6 +42,12 @@ enum class HandleKind : uint8_t {
   kLegacyIpc = 2,  // cudaIpcGetMemHandle of the allocation base (+ offset)
 };
 
+// Whether an allocation can be exported (cuMem requestedHandleTypes).
+enum class AllocSharing : uint8_t {
+  kPrivate = 0,  // never exported (engine scratch)
+  kPosixFd = 1,  // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (the device pool)
+};
+
 enum class StreamPriority : uint8_t { kDefault = 0, kHigh = 1 };
 
 // An allocation as cuMemGetAddressRange reports it.
@@ -67,10 +73,14 @@ class DeviceApi {
   virtual int DeviceCount() const = 0;
 
   // --- memory ---
-  // An exportable allocation on `device` (VMM with a POSIX-fd handle where
-  // the device supports it). INVALID_ARGUMENT for a bad device or 0 bytes,
-  // RESOURCE_EXHAUSTED when it does not fit.
-  virtual absl::StatusOr<DevicePtr> Allocate(int device, uint64_t bytes) = 0;
+  // An allocation on `device` (VMM). Only kPosixFd asks for a shareable
+  // handle type (ExportFd works on it and on nothing else); device memory
+  // nobody exports (scratch) must not ask for one: a device or container
+  // without POSIX-fd handle support would refuse the allocation for nothing.
+  // INVALID_ARGUMENT for a bad device or 0 bytes, RESOURCE_EXHAUSTED when it
+  // does not fit, FAILED_PRECONDITION when kPosixFd is not supported.
+  virtual absl::StatusOr<DevicePtr> Allocate(int device, uint64_t bytes,
+                                             AllocSharing sharing = AllocSharing::kPrivate) = 0;
   // NOT_FOUND when `base` is not an allocation of this API.
   virtual absl::Status Free(DevicePtr base) = 0;
   // The allocation containing `ptr` (cuMemGetAddressRange).

@@ -118,13 +118,20 @@ FakeDeviceApi::~FakeDeviceApi() {
   for (StreamHandle h : streams) DestroyStream(h);
 }
 
-absl::StatusOr<DevicePtr> FakeDeviceApi::Allocate(int device, uint64_t bytes) {
+absl::StatusOr<DevicePtr> FakeDeviceApi::Allocate(int device, uint64_t bytes,
+                                                   AllocSharing sharing) {
   if (device < 0 || device >= DeviceCount()) {
     return absl::InvalidArgumentError(absl::StrCat("fake device ", device, " does not exist"));
   }
   if (bytes == 0) return absl::InvalidArgumentError("allocation of 0 bytes");
   const uint64_t need = (bytes + kAlign - 1) / kAlign * kAlign;
   std::lock_guard<std::mutex> l(mu_);
+  if (sharing == AllocSharing::kPosixFd && !posix_fd_supported_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fake device ", device,
+        " has no POSIX-fd handle support (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_"
+        "SUPPORTED is 0)"));
+  }
   Arena& a = *arenas_[device];
   for (auto it = a.free_ranges.begin(); it != a.free_ranges.end(); ++it) {
     if (it->second < need) continue;
@@ -133,7 +140,8 @@ absl::StatusOr<DevicePtr> FakeDeviceApi::Allocate(int device, uint64_t bytes) {
     a.free_ranges.erase(it);
     if (left > 0) a.free_ranges[off + need] = left;
     const DevicePtr base = reinterpret_cast<uintptr_t>(a.mem) + off;
-    allocations_[base] = Allocation{device, need, next_generation_++};
+    allocations_[base] =
+        Allocation{device, need, next_generation_++, sharing == AllocSharing::kPosixFd};
     return base;
   }
   return absl::ResourceExhaustedError(
@@ -194,20 +202,36 @@ absl::StatusOr<IpcHandleBytes> FakeDeviceApi::ExportLegacy(DevicePtr base) {
 }
 
 absl::StatusOr<UniqueFd> FakeDeviceApi::ExportFd(DevicePtr base) {
+  // Like the driver: every exported fd is a new open file of ONE file (the
+  // driver's control device), so (st_dev, st_ino) is the same for all of
+  // them; what tells allocations apart is the open file itself. Here the
+  // open file's position names the allocation's record in that file.
   IpcHandleBytes record;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = allocations_.find(base);
-    if (it == allocations_.end()) {
-      return absl::InvalidArgumentError("export: not the base of a fake device allocation");
-    }
-    record = MemRecord(base, it->second);
+  off_t at;
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = allocations_.find(base);
+  if (it == allocations_.end()) {
+    return absl::InvalidArgumentError("export: not the base of a fake device allocation");
   }
-  UniqueFd fd(::memfd_create("hsdp-fake-vmm", MFD_CLOEXEC));
-  if (!fd.valid()) return absl::InternalError("memfd_create failed");
-  if (::pwrite(fd.get(), record.data(), record.size(), 0) != static_cast<ssize_t>(record.size())) {
+  if (!it->second.exportable) {
+    return absl::InvalidArgumentError(
+        "export: the allocation was not created with a shareable handle type "
+        "(cuMemExportToShareableHandle refuses it)");
+  }
+  record = MemRecord(base, it->second);
+  if (!control_.valid()) {
+    control_.Reset(::memfd_create("hsdp-fake-nvidiactl", MFD_CLOEXEC));
+    if (!control_.valid()) return absl::InternalError("memfd_create failed");
+  }
+  at = static_cast<off_t>(next_record_++ * kIpcHandleBytes);
+  if (::pwrite(control_.get(), record.data(), record.size(), at) !=
+      static_cast<ssize_t>(record.size())) {
     return absl::InternalError("writing the fake VMM handle failed");
   }
+  const std::string path = absl::StrCat("/proc/self/fd/", control_.get());
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd.valid()) return absl::InternalError("re-opening the fake control file failed");
+  if (::lseek(fd.get(), at, SEEK_SET) != at) return absl::InternalError("lseek failed");
   return fd;
 }
 
@@ -265,7 +289,9 @@ absl::StatusOr<Mapping> FakeDeviceApi::ImportLegacy(int device, const IpcHandleB
 absl::StatusOr<Mapping> FakeDeviceApi::ImportFd(int device, int fd, uint64_t bytes) {
   if (cross_process_) return ImportForeign(device, fd, bytes);
   IpcHandleBytes record{};
-  if (::pread(fd, record.data(), record.size(), 0) != static_cast<ssize_t>(record.size())) {
+  const off_t at = ::lseek(fd, 0, SEEK_CUR);  // the open file names the allocation
+  if (at < 0 || ::pread(fd, record.data(), record.size(), at) !=
+                    static_cast<ssize_t>(record.size())) {
     return absl::InvalidArgumentError("fd is not a fake VMM handle (short read)");
   }
   return ImportRecord(device, record, bytes);
@@ -543,6 +569,11 @@ absl::StatusOr<int> FakeDeviceApi::DeviceOf(StreamHandle stream) const {
   std::shared_ptr<Stream> s = FindStream(stream);
   if (s == nullptr) return absl::NotFoundError("unknown stream");
   return s->device;
+}
+
+void FakeDeviceApi::set_posix_fd_supported(bool supported) {
+  std::lock_guard<std::mutex> l(mu_);
+  posix_fd_supported_ = supported;
 }
 
 int FakeDeviceApi::live_mappings() const {

@@ -44,7 +44,8 @@ class FakeDeviceApi : public DeviceApi {
   std::string name() const override { return "fake"; }
   int DeviceCount() const override { return static_cast<int>(arenas_.size()); }
 
-  absl::StatusOr<DevicePtr> Allocate(int device, uint64_t bytes) override;
+  absl::StatusOr<DevicePtr> Allocate(int device, uint64_t bytes,
+                                     AllocSharing sharing = AllocSharing::kPrivate) override;
   absl::Status Free(DevicePtr base) override;
   absl::StatusOr<AddressRange> GetAddressRange(DevicePtr ptr) override;
   absl::StatusOr<IpcHandleBytes> ExportLegacy(DevicePtr base) override;
@@ -72,6 +73,9 @@ class FakeDeviceApi : public DeviceApi {
   absl::Status CopyToHost(void* dst, DevicePtr src, uint64_t bytes) override;
 
   // --- test hooks ---
+  // Like a device (or container) without POSIX-fd handle support:
+  // Allocate(kPosixFd) fails, private allocations still work.
+  void set_posix_fd_supported(bool supported);
   // Runs `fn` on the stream's thread in order; a non-OK result becomes the
   // stream's error, reported by the next event recorded on it.
   absl::Status EnqueueHostFn(StreamHandle stream, std::function<absl::Status()> fn);
@@ -95,6 +99,7 @@ class FakeDeviceApi : public DeviceApi {
     int device;
     uint64_t bytes;
     uint64_t generation;  // unique per Allocate: a reused address gets a new one
+    bool exportable;      // AllocSharing::kPosixFd
   };
   struct Event;
   struct Stream;
@@ -107,6 +112,7 @@ class FakeDeviceApi : public DeviceApi {
   absl::StatusOr<Mapping> ImportForeign(int device, int fd, uint64_t bytes);
 
   const bool cross_process_;
+  bool posix_fd_supported_ = true;  // guarded by mu_
 
   std::vector<std::unique_ptr<Arena>> arenas_;
   mutable std::mutex mu_;
@@ -116,6 +122,10 @@ class FakeDeviceApi : public DeviceApi {
   std::map<StreamHandle, std::shared_ptr<Stream>> streams_;  // guarded by mu_
   std::map<EventHandle, std::shared_ptr<Event>> events_;     // guarded by mu_
   uint64_t next_generation_ = 1;  // guarded by mu_
+  // Exported VMM fds are open files of this one file (the driver's control
+  // device): they share its inode; record k sits at offset 64 k.
+  UniqueFd control_;              // guarded by mu_
+  uint64_t next_record_ = 0;      // guarded by mu_
   uint64_t next_handle_ = 1;      // guarded by mu_ (streams, events, mapping tokens)
   int imports_ = 0;               // guarded by mu_
 };

@@ -37,7 +37,7 @@ TEST(FakeDeviceApiTest, FreedAddressIsReusedWithANewGeneration) {
 
 TEST(FakeDeviceApiTest, AddressRangeAndFdExport) {
   FakeDeviceApi dev(2, 1 << 20);
-  auto a = dev.Allocate(1, 1000);
+  auto a = dev.Allocate(1, 1000, device::AllocSharing::kPosixFd);
   ASSERT_TRUE(a.ok());
   auto r = dev.GetAddressRange(*a + 100);
   ASSERT_TRUE(r.ok());
@@ -54,6 +54,24 @@ TEST(FakeDeviceApiTest, AddressRangeAndFdExport) {
   EXPECT_EQ(dev.imports(), 1);
   EXPECT_FALSE(dev.Allocate(0, 2 << 20).ok());  // does not fit the arena
   EXPECT_FALSE(dev.Allocate(2, 16).ok());       // no such device
+}
+
+// Finding 9 (scratch half) of issue 20: memory nobody exports asks for no
+// shareable handle type, so it still works where POSIX-fd handles are not
+// supported (the fake models such a device); only exportable allocations
+// need the support, and only they can be exported as an fd.
+TEST(FakeDeviceApiTest, PrivateAllocationsNeedNoShareableHandleType) {
+  FakeDeviceApi dev(1, 1 << 20);
+  dev.set_posix_fd_supported(false);
+  auto scratch = dev.Allocate(0, 4096);  // what the NCCL engine's scratch asks for
+  ASSERT_TRUE(scratch.ok()) << scratch.status();
+  auto shared = dev.Allocate(0, 4096, device::AllocSharing::kPosixFd);
+  EXPECT_EQ(shared.status().code(), absl::StatusCode::kFailedPrecondition);
+  dev.set_posix_fd_supported(true);
+  EXPECT_EQ(dev.ExportFd(*scratch).status().code(), absl::StatusCode::kInvalidArgument);
+  auto exportable = dev.Allocate(0, 4096, device::AllocSharing::kPosixFd);
+  ASSERT_TRUE(exportable.ok());
+  EXPECT_TRUE(dev.ExportFd(*exportable).ok());
 }
 
 TEST(FakeDeviceApiTest, StreamWaitsOnlyForTheRecordItSaw) {
