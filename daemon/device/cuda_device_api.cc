@@ -138,6 +138,21 @@ absl::Status CudaDeviceApi::SetDevice(int device) const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<DeviceUuid> CudaDeviceApi::UuidOf(int device) const {
+  if (device < 0 || device >= device_count_) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA device ", device, " does not exist (",
+                                                   device_count_, " visible)"));
+  }
+  CUdevice cu_dev = 0;
+  CUuuid uuid;
+  CU_RETURN_IF_ERROR(drv_->device_get(&cu_dev, device));
+  CU_RETURN_IF_ERROR(drv_->device_uuid(&uuid, cu_dev));
+  static_assert(sizeof(uuid.bytes) == kDeviceUuidBytes);
+  DeviceUuid out;
+  std::memcpy(out.data(), uuid.bytes, out.size());
+  return out;
+}
+
 absl::StatusOr<int> CudaDeviceApi::StreamDevice(StreamHandle s) const {
   std::lock_guard<std::mutex> l(mu_);
   auto it = streams_.find(s);
@@ -287,9 +302,10 @@ absl::StatusOr<Mapping> CudaDeviceApi::ImportLegacy(int device, const IpcHandleB
     (void)cudaIpcCloseMemHandle(p);
     return absl::InternalError("cuMemGetAddressRange on an IPC-opened allocation failed");
   }
-  Mapping m{ToHandle(p), static_cast<uint64_t>(size) - (ToHandle(p) - base), device, ToHandle(p)};
   std::lock_guard<std::mutex> l(mu_);
-  mappings_[m.token] = Vmm{device, m.bytes, 0, true};
+  Mapping m{ToHandle(p), static_cast<uint64_t>(size) - (ToHandle(p) - base), device,
+            next_token_++};
+  mappings_[m.token] = Vmm{device, m.bytes, 0, true, m.ptr};
   return m;
 }
 
@@ -311,9 +327,9 @@ absl::StatusOr<Mapping> CudaDeviceApi::ImportFd(int device, int fd, uint64_t byt
         "mapping the exported allocation failed (is it smaller than the ", bytes,
         " bytes claimed?): ", ptr.status().message()));
   }
-  Mapping m{*ptr, bytes, device, *ptr};
   std::lock_guard<std::mutex> l(mu_);
-  mappings_[m.token] = Vmm{device, size, static_cast<uint64_t>(h), false};
+  Mapping m{*ptr, bytes, device, next_token_++};
+  mappings_[m.token] = Vmm{device, size, static_cast<uint64_t>(h), false, *ptr};
   return m;
 }
 
@@ -328,11 +344,12 @@ absl::Status CudaDeviceApi::Unmap(const Mapping& mapping) {
   }
   RETURN_IF_ERROR(SetDevice(v.device));
   if (v.legacy) {
-    CUDA_RETURN_IF_ERROR(cudaIpcCloseMemHandle(FromHandle<void*>(mapping.token)));
+    // One close per open: the driver unmaps when the last reference goes.
+    CUDA_RETURN_IF_ERROR(cudaIpcCloseMemHandle(FromHandle<void*>(v.ptr)));
     return absl::OkStatus();
   }
-  CU_RETURN_IF_ERROR(drv_->unmap(static_cast<CUdeviceptr>(mapping.token), v.bytes));
-  CU_RETURN_IF_ERROR(drv_->address_free(static_cast<CUdeviceptr>(mapping.token), v.bytes));
+  CU_RETURN_IF_ERROR(drv_->unmap(static_cast<CUdeviceptr>(v.ptr), v.bytes));
+  CU_RETURN_IF_ERROR(drv_->address_free(static_cast<CUdeviceptr>(v.ptr), v.bytes));
   CU_RETURN_IF_ERROR(drv_->mem_release(static_cast<CUmemGenericAllocationHandle>(v.handle)));
   return absl::OkStatus();
 }

@@ -34,6 +34,10 @@ using EventHandle = uint64_t;
 
 inline constexpr size_t kIpcHandleBytes = 64;
 using IpcHandleBytes = std::array<uint8_t, kIpcHandleBytes>;
+// A GPU's UUID (cuDeviceGetUuid): names one GPU in every process, whatever
+// CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER make its ordinal there.
+inline constexpr size_t kDeviceUuidBytes = 16;
+using DeviceUuid = std::array<uint8_t, kDeviceUuidBytes>;
 
 // How a client shares an allocation with the daemon.
 enum class HandleKind : uint8_t {
@@ -71,6 +75,9 @@ class DeviceApi {
   virtual std::string name() const = 0;
   // Devices visible to this process (0 when none; never an error).
   virtual int DeviceCount() const = 0;
+  // The UUID of ordinal `device` in this process (INVALID_ARGUMENT when out
+  // of range).
+  virtual absl::StatusOr<DeviceUuid> UuidOf(int device) const = 0;
 
   // --- memory ---
   // An allocation on `device` (VMM). Only kPosixFd asks for a shareable
@@ -132,6 +139,15 @@ class DeviceApi {
 
 // Names for logs and errors: "vmm_fd", "legacy_ipc", "invalid".
 const char* HandleKindName(HandleKind kind);
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi -L prints it.
+std::string UuidName(const DeviceUuid& uuid);
+
+// The daemon's ordinal for what a client sent: `uuid` (16 bytes) when not
+// empty — the ordinal of the GPU with that UUID, INVALID_ARGUMENT naming it
+// when this process sees no such GPU —, else `device` as it is (a client
+// that predates UUIDs; checked by the caller like any ordinal).
+absl::StatusOr<int> ResolveDevice(const DeviceApi& api, int device, const std::string& uuid);
 
 }  // namespace hsdp::device
 

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -281,7 +282,29 @@ absl::StatusOr<Mapping> FakeDeviceApi::ImportLegacy(int device, const IpcHandleB
     if (!name.ok()) return name.status();
     UniqueFd fd(::shm_open(name->c_str(), O_RDWR | O_CLOEXEC, 0));
     if (!fd.valid()) return absl::InvalidArgumentError("legacy handle names no live allocation");
-    return ImportForeign(device, fd.get(), 0);
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) return absl::InvalidArgumentError("fstat failed");
+    const std::string key = absl::StrCat(*name, "#", st.st_dev, ":", st.st_ino);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (auto it = legacy_open_.find(key); it != legacy_open_.end()) {
+        if (device < 0 || device >= DeviceCount()) {
+          return absl::InvalidArgumentError(absl::StrCat("fake device ", device, " does not exist"));
+        }
+        ++it->second.refs;  // the same pointer, one more reference
+        Mapping out{it->second.ptr, it->second.bytes, device, next_handle_++};
+        mappings_[out.token] = out;
+        legacy_tokens_[out.token] = key;
+        ++imports_;
+        return out;
+      }
+    }
+    absl::StatusOr<Mapping> m = ImportForeign(device, fd.get(), 0);
+    if (!m.ok()) return m;
+    std::lock_guard<std::mutex> l(mu_);
+    legacy_open_[key] = LegacyOpen{m->ptr, m->bytes, 1};
+    legacy_tokens_[m->token] = key;
+    return m;
   }
   return ImportRecord(device, handle, 0);
 }
@@ -301,6 +324,15 @@ absl::Status FakeDeviceApi::Unmap(const Mapping& mapping) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = mappings_.find(mapping.token);
   if (it == mappings_.end()) return absl::NotFoundError("unmap of an unknown mapping");
+  if (auto t = legacy_tokens_.find(mapping.token); t != legacy_tokens_.end()) {
+    auto open = legacy_open_.find(t->second);
+    legacy_tokens_.erase(t);
+    if (open != legacy_open_.end() && --open->second.refs > 0) {
+      mappings_.erase(it);  // other opens of the handle still use the memory
+      return absl::OkStatus();
+    }
+    if (open != legacy_open_.end()) legacy_open_.erase(open);
+  }
   if (auto f = foreign_.find(it->second.ptr); f != foreign_.end()) {
     ::munmap(reinterpret_cast<void*>(f->first), f->second);
     foreign_.erase(f);
@@ -569,6 +601,29 @@ absl::StatusOr<int> FakeDeviceApi::DeviceOf(StreamHandle stream) const {
   std::shared_ptr<Stream> s = FindStream(stream);
   if (s == nullptr) return absl::NotFoundError("unknown stream");
   return s->device;
+}
+
+absl::StatusOr<DeviceUuid> FakeDeviceApi::UuidOf(int device) const {
+  if (device < 0 || device >= DeviceCount()) {
+    return absl::InvalidArgumentError(absl::StrCat("fake device ", device, " does not exist"));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  if (auto it = uuids_.find(device); it != uuids_.end()) return it->second;
+  return FakeUuid(device);
+}
+
+DeviceUuid FakeUuid(int device) {
+  DeviceUuid u{};
+  std::memcpy(u.data(), "hsdp-fake-gpu", 13);
+  u[13] = static_cast<uint8_t>(device >> 16);
+  u[14] = static_cast<uint8_t>(device >> 8);
+  u[15] = static_cast<uint8_t>(device);
+  return u;
+}
+
+void FakeDeviceApi::set_uuid(int device, const DeviceUuid& uuid) {
+  std::lock_guard<std::mutex> l(mu_);
+  uuids_[device] = uuid;
 }
 
 void FakeDeviceApi::set_posix_fd_supported(bool supported) {

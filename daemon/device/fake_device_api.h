@@ -30,6 +30,9 @@
 
 namespace hsdp::device {
 
+// The UUID FakeDeviceApi gives ordinal `device` unless set_uuid changed it.
+DeviceUuid FakeUuid(int device);
+
 class FakeDeviceApi : public DeviceApi {
  public:
   // `devices` arenas of `arena_bytes` each. `cross_process` (engine.device:
@@ -43,6 +46,8 @@ class FakeDeviceApi : public DeviceApi {
 
   std::string name() const override { return "fake"; }
   int DeviceCount() const override { return static_cast<int>(arenas_.size()); }
+  // Default UUIDs: "hsdp-fake-gpu" + 3 bytes of the ordinal; set_uuid changes one.
+  absl::StatusOr<DeviceUuid> UuidOf(int device) const override;
 
   absl::StatusOr<DevicePtr> Allocate(int device, uint64_t bytes,
                                      AllocSharing sharing = AllocSharing::kPrivate) override;
@@ -76,6 +81,9 @@ class FakeDeviceApi : public DeviceApi {
   // Like a device (or container) without POSIX-fd handle support:
   // Allocate(kPosixFd) fails, private allocations still work.
   void set_posix_fd_supported(bool supported);
+  // Gives device `device` another UUID (a test that numbers GPUs differently
+  // in the trainer and the daemon).
+  void set_uuid(int device, const DeviceUuid& uuid);
   // Runs `fn` on the stream's thread in order; a non-OK result becomes the
   // stream's error, reported by the next event recorded on it.
   absl::Status EnqueueHostFn(StreamHandle stream, std::function<absl::Status()> fn);
@@ -113,12 +121,24 @@ class FakeDeviceApi : public DeviceApi {
 
   const bool cross_process_;
   bool posix_fd_supported_ = true;  // guarded by mu_
+  std::map<int, DeviceUuid> uuids_;  // set_uuid overrides; guarded by mu_
 
   std::vector<std::unique_ptr<Arena>> arenas_;
   mutable std::mutex mu_;
   std::map<DevicePtr, Allocation> allocations_;          // by base; guarded by mu_
   std::map<uint64_t, Mapping> mappings_;                 // by token; guarded by mu_
   std::map<DevicePtr, uint64_t> foreign_;  // cross-process imports: base -> bytes; guarded by mu_
+  // Cross-process legacy opens, like cuIpcOpenMemHandle: opening a handle
+  // that is open already returns the same pointer and counts a reference;
+  // the memory is unmapped with the last Unmap. Keyed by the shm object
+  // (name and inode: a name reused for new memory is another allocation).
+  struct LegacyOpen {
+    DevicePtr ptr;
+    uint64_t bytes;
+    int refs;
+  };
+  std::map<std::string, LegacyOpen> legacy_open_;  // guarded by mu_
+  std::map<uint64_t, std::string> legacy_tokens_;  // mapping token -> key; guarded by mu_
   std::map<StreamHandle, std::shared_ptr<Stream>> streams_;  // guarded by mu_
   std::map<EventHandle, std::shared_ptr<Event>> events_;     // guarded by mu_
   uint64_t next_generation_ = 1;  // guarded by mu_
