@@ -8,6 +8,7 @@
 // leaking nothing, and CPU tensors on the same daemon.
 #include <signal.h>
 
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -247,6 +248,111 @@ TEST(DeviceDaemonTest, ProducerEventOrdersTheCollectiveAndCompletionEventsAreRec
 // handing an address out again): with a new generation the daemon maps the
 // new memory even while the old allocation is still mapped for another
 // buffer. Data proves which memory the collective read.
+// Finding 8 of issue 20: completion events are one per ring slot, so the op
+// `ring_entries` later records the same event. WaitOnStream must enqueue the
+// stream wait before that op can be submitted, else the wait captures the
+// later op's record. The fake records the slot's event again (recorded
+// count); while the stream-wait callback of op k runs, another thread
+// submits op k + ring_entries: it must not get through before the callback
+// returned, so the record count the callback sees is op k's.
+TEST(DeviceDaemonTest, CompletionSlotIsNotReusedBeforeTheStreamWaitIsEnqueued) {
+  constexpr int kRing = 16;
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start(FakeDeviceConfig() + "data_plane:\n  ring_entries: 16\n")) << d.Log();
+  RunRanks(2, [&](int rank, FILE* out) -> int {
+    DeviceTrainer T;
+    T.out = out;
+    if (!T.Start(d.socket(), "slots", rank, 2, kAllocBytes)) return 1;
+    auto g = T.client->NewGroup({0, 1});
+    if (!g.ok()) return T.Fail("group"), 1;
+    auto submit = [&] {
+      return T.client->AllReduce(*g, {T.buffer, 0}, {T.buffer, kRecvOffset}, kCount,
+                                 DataType::kFloat32);
+    };
+    auto first = submit();
+    if (!first.ok()) return T.Fail("submit"), 1;
+    // Fill the other slots, so the next submission reuses `first`'s.
+    for (int i = 1; i < kRing; ++i) {
+      if (!Await(&T, submit(), "fill " + std::to_string(i))) return 1;
+    }
+    std::atomic<bool> reused{false};
+    std::thread later;
+    absl::Status s = first->WaitOnStream(
+        [&](uint64_t event_id) -> absl::Status {
+          if (event_id == 0 || event_id > T.completion_events.size()) {
+            return absl::InternalError("event id out of range");
+          }
+          device::IpcHandleBytes ch;
+          std::memcpy(ch.data(), T.completion_events[event_id - 1].data(), ch.size());
+          auto opened = device::fakeshm::SharedEvent::Open(ch);
+          if (!opened.ok()) return opened.status();
+          const uint64_t records = (*opened)->block()->recorded.load();
+          later = std::thread([&] {
+            auto w = submit();  // op first + kRing: the same completion event
+            reused = true;
+            if (w.ok()) (void)w->Wait(absl::Seconds(30));
+          });
+          // Give the other thread every chance to get through (bounded).
+          for (int i = 0; i < 100 && !reused; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          }
+          if (reused || (*opened)->block()->recorded.load() != records) {
+            return absl::InternalError(
+                "the op reusing this completion event was submitted before the stream wait "
+                "was enqueued: the wait would capture a later op's record");
+          }
+          return absl::OkStatus();  // here: cudaStreamWaitEvent on this op's record
+        },
+        absl::Seconds(30));
+    if (!s.ok()) T.Fail("WaitOnStream: " + s.ToString());
+    if (later.joinable()) later.join();
+    if (!reused) T.Fail("the later submission never went through");
+    std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
+    return T.failures == 0 ? 0 : 1;
+  }, 90000);
+  EXPECT_EQ(d.Stop(), 0);
+}
+
+// Finding 6 of issue 20: each trainer numbers the GPUs the other way round
+// (as CUDA_VISIBLE_DEVICES=1,0 would) but sends the GPU's UUID: the daemon
+// uses its own ordinal for that UUID, so the data lands on the right
+// device; an unknown UUID is refused by name.
+TEST(DeviceDaemonTest, TrainersNameTheirGpuByUuidWhateverTheirNumbering) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start(FakeDeviceConfig())) << d.Log();
+  RunRanks(2, [&](int rank, FILE* out) -> int {
+    DeviceTrainer T;
+    T.out = out;
+    T.by_uuid = true;
+    T.claimed_device = 1 - rank;  // the other GPU's ordinal in the daemon's numbering
+    if (!T.Start(d.socket(), "uuid", rank, 2, kAllocBytes)) return 1;
+    auto g = T.client->NewGroup({0, 1});
+    if (!g.ok()) return T.Fail("group"), 1;
+    for (uint64_t i = 0; i < kCount; ++i) T.F(0)[i] = In(rank, i);
+    if (Await(&T, T.client->AllReduce(*g, {T.buffer, 0}, {T.buffer, kRecvOffset}, kCount,
+                                      DataType::kFloat32),
+              "all_reduce by uuid")) {
+      Expect(&T, "all_reduce by uuid", T.F(kRecvOffset), kCount,
+             [](uint64_t i) { return In(0, i) + In(1, i); });
+    }
+    DeviceBufferSpec spec;
+    spec.kind = DeviceHandleKind::kLegacyIpc;
+    spec.device = rank;
+    spec.device_uuid = std::string(16, '\x5a');
+    spec.legacy_handle.assign(reinterpret_cast<const char*>(T.alloc->handle.data()), 64);
+    spec.size_bytes = 64;
+    auto bad = T.client->RegisterDeviceBuffer(spec);
+    if (bad.ok() || bad.status().message().find("GPU-5a5a5a5a-5a5a") == std::string::npos) {
+      T.Fail("an unknown UUID was not refused by name: " + bad.status().ToString());
+    }
+    std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
+    return T.failures == 0 ? 0 : 1;
+  }, 60000);
+  EXPECT_EQ(d.Stop(), 0);
+}
+
 TEST(DeviceDaemonTest, FreedAndReusedHandleNeverHitsAStaleMapping) {
   TempDir dir;
   DaemonProcess d(dir);
