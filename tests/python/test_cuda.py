@@ -132,7 +132,7 @@ def test_share_spec_of_a_cuda_tensor_names_its_allocation_and_offset():
 
 def test_share_handle_of_torch_2_4_and_later_is_66_bytes():
     payload = bytes(range(64))
-    for version in (2, 3):  # torch 2.4..2.12 writes 2, 2.13+ writes 3 (same 'c' payload)
+    for version in (2, 3):  # torch's source trees write 2, torch 2.15.0's binary 3 ('c' alike)
         assert cuda.legacy_handle_from_share(bytes([version]) + b"c" + payload) == payload
     assert cuda.legacy_handle_from_share(payload) == payload  # torch before versioning
     with pytest.raises(RuntimeError, match="expandable"):

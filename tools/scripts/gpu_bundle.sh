@@ -44,10 +44,26 @@ if [ "$BUILD_IT" -eq 1 ]; then
   start=$(date +%s)
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHSDP_WITH_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${launcher[@]}" >"$BUILD.configure.log"
-  # Every ctest entry labelled gpu is a target of the same name.
-  mapfile -t gpu_targets < <(ctest --test-dir "$BUILD" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p')
+  # The test binaries labelled gpu (hsdp_add_test(NAME ... LABELS "...gpu...")):
+  # gtest cases are discovered only once built, so the targets come from the
+  # CMake files; what is collected afterwards comes from ctest -L gpu.
+  mapfile -t gpu_targets < <(python3 - "$ROOT/tests" <<'PY'
+import os, re, sys
+for d, _, files in os.walk(sys.argv[1]):
+    if "CMakeLists.txt" in files:
+        text = open(os.path.join(d, "CMakeLists.txt")).read()
+        for m in re.finditer(r"hsdp_add_test\(\s*([\w.-]+)([^)]*)\)", text):
+            labels = re.search(r'LABELS\s+"?([^")]*)', m.group(2))
+            if labels and "gpu" in labels.group(1):
+                print(m.group(1))
+PY
+)
   if [ "${#gpu_targets[@]}" -eq 0 ]; then
-    echo "gpu_bundle.sh: no ctest entry labelled gpu: is CUDA found? ($BUILD.configure.log)" >&2
+    echo "gpu_bundle.sh: no test labelled gpu in tests/**/CMakeLists.txt" >&2
+    exit 1
+  fi
+  if ! grep -q "HSDP_CUDA_ENABLED.*ON\|CUDA/NCCL engine: ON" "$BUILD.configure.log"; then
+    echo "gpu_bundle.sh: CUDA not enabled in $BUILD ($BUILD.configure.log)" >&2
     exit 1
   fi
   cmake --build "$BUILD" -j "$(nproc)" --target hsdpd hsdpctl hsdp-gpu-bench hsdp-gpu-probe \

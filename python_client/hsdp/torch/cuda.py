@@ -68,7 +68,8 @@ def legacy_handle_from_share(handle):
     """The 64 cudaIpcMemHandle bytes in the handle torch's ``_share_cuda_`` gives.
 
     torch >= 2.4 (c10 CUDACachingAllocator ``shareIpcHandle``): a version byte
-    (2 up to torch 2.12, 3 from 2.13: torch 2.15's getIpcDevPtr accepts <= 3),
+    (2 in torch's source trees; 3 in torch 2.15.0's binary, whose getIpcDevPtr
+    accepts <= 3),
     a type byte (``'c'``: a cudaMalloc block, followed by its 64-byte
     handle; ``'e'``: an expandable segment, another payload), then the
     payload. Older torch: the 64 bytes alone. Raises RuntimeError otherwise.
