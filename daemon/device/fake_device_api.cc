@@ -262,11 +262,13 @@ absl::StatusOr<Mapping> FakeDeviceApi::ImportRecord(int device, const IpcHandleB
   return m;
 }
 
-absl::StatusOr<Mapping> FakeDeviceApi::ImportForeign(int device, int fd, uint64_t bytes) {
+absl::StatusOr<Mapping> FakeDeviceApi::ImportForeign(int device, int fd, uint64_t bytes,
+                                                     bool vmm) {
   if (device < 0 || device >= DeviceCount()) {
     return absl::InvalidArgumentError(absl::StrCat("fake device ", device, " does not exist"));
   }
-  absl::StatusOr<fakeshm::MappedFile> m = fakeshm::MapFile(fd, bytes);
+  absl::StatusOr<fakeshm::MappedFile> m =
+      vmm ? fakeshm::MapVmmHandle(fd, bytes) : fakeshm::MapFile(fd, bytes);
   if (!m.ok()) return m.status();
   std::lock_guard<std::mutex> l(mu_);
   Mapping out{reinterpret_cast<uintptr_t>(m->data), m->bytes, device, next_handle_++};
@@ -299,7 +301,7 @@ absl::StatusOr<Mapping> FakeDeviceApi::ImportLegacy(int device, const IpcHandleB
         return out;
       }
     }
-    absl::StatusOr<Mapping> m = ImportForeign(device, fd.get(), 0);
+    absl::StatusOr<Mapping> m = ImportForeign(device, fd.get(), 0, /*vmm=*/false);
     if (!m.ok()) return m;
     std::lock_guard<std::mutex> l(mu_);
     legacy_open_[key] = LegacyOpen{m->ptr, m->bytes, 1};
@@ -310,7 +312,7 @@ absl::StatusOr<Mapping> FakeDeviceApi::ImportLegacy(int device, const IpcHandleB
 }
 
 absl::StatusOr<Mapping> FakeDeviceApi::ImportFd(int device, int fd, uint64_t bytes) {
-  if (cross_process_) return ImportForeign(device, fd, bytes);
+  if (cross_process_) return ImportForeign(device, fd, bytes, /*vmm=*/true);
   IpcHandleBytes record{};
   const off_t at = ::lseek(fd, 0, SEEK_CUR);  // the open file names the allocation
   if (at < 0 || ::pread(fd, record.data(), record.size(), at) !=

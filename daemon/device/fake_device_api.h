@@ -117,7 +117,8 @@ class FakeDeviceApi : public DeviceApi {
   absl::StatusOr<Mapping> ImportRecord(int device, const IpcHandleBytes& record,
                                        uint64_t claimed_bytes);
   IpcHandleBytes MemRecord(DevicePtr base, const Allocation& a) const;
-  absl::StatusOr<Mapping> ImportForeign(int device, int fd, uint64_t bytes);
+  // `vmm`: the fd's position names the allocation (fakeshm::MapVmmHandle).
+  absl::StatusOr<Mapping> ImportForeign(int device, int fd, uint64_t bytes, bool vmm);
 
   const bool cross_process_;
   bool posix_fd_supported_ = true;  // guarded by mu_

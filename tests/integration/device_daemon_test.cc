@@ -7,6 +7,7 @@
 // a freed-and-reused handle never hitting a stale mapping, a killed trainer
 // leaking nothing, and CPU tensors on the same daemon.
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <cstring>
@@ -311,6 +312,61 @@ TEST(DeviceDaemonTest, CompletionSlotIsNotReusedBeforeTheStreamWaitIsEnqueued) {
     std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
     return T.failures == 0 ? 0 : 1;
   }, 90000);
+  EXPECT_EQ(d.Stop(), 0);
+}
+
+// Finding 1 of issue 20 through a real hsdpd: a trainer's VMM fds are open
+// files of one file (same inode, as the driver's are). A second allocation
+// registered without an allocation id must get its own mapping: the
+// collective reads the second allocation's data, not the first's.
+TEST(DeviceDaemonTest, TwoVmmAllocationsSharingAnInodeStayApart) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start(FakeDeviceConfig())) << d.Log();
+  RunRanks(2, [&](int rank, FILE* out) -> int {
+    DeviceTrainer T;
+    T.out = out;
+    if (!T.Start(d.socket(), "inode", rank, 2, kAllocBytes)) return 1;
+    auto second = T.dev.AllocateVmm(kAllocBytes);
+    if (!second.ok()) return T.Fail("allocate"), 1;
+    if (rank == 0) {  // rank 0's first allocation is a VMM one too: same inode
+      struct stat a, b;
+      if (::fstat(T.alloc->fd.get(), &a) != 0 || ::fstat((*second)->fd.get(), &b) != 0 ||
+          a.st_ino != b.st_ino) {
+        T.Fail("the fake's VMM fds do not share an inode");
+      }
+    }
+    auto id2 = T.Register(**second, 0, (*second)->bytes, 1, /*vmm=*/true);
+    auto g = T.client->NewGroup({0, 1});
+    if (!id2.ok() || !g.ok()) return T.Fail("setup: " + id2.status().ToString()), 1;
+    float* f2 = static_cast<float*>((*second)->data);
+    for (uint64_t i = 0; i < kCount; ++i) {
+      T.F(0)[i] = In(rank, i);
+      f2[i] = In(rank, i) + 100.0f;
+    }
+    if (Await(&T, T.client->AllReduce(*g, {*id2, 0}, {*id2, kRecvOffset}, kCount,
+                                      DataType::kFloat32),
+              "all_reduce on the second allocation")) {
+      for (uint64_t i = 0; i < kCount; ++i) {
+        const float want = In(0, i) + In(1, i) + 200.0f;
+        if (f2[kRecvOffset / 4 + i] != want) {
+          T.Fail("second allocation [" + std::to_string(i) + "] got " +
+                 std::to_string(f2[kRecvOffset / 4 + i]) + ", want " + std::to_string(want));
+          break;
+        }
+      }
+    }
+    if (Await(&T, T.client->AllReduce(*g, {T.buffer, 0}, {T.buffer, kRecvOffset}, kCount,
+                                      DataType::kFloat32),
+              "all_reduce on the first allocation")) {
+      Expect(&T, "first allocation", T.F(kRecvOffset), kCount,
+             [](uint64_t i) { return In(0, i) + In(1, i); });
+    }
+    (void)T.client->FreeDeviceBuffer(*id2);
+    FakeTrainerDevice::Free(*std::move(second));
+    std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
+    return T.failures == 0 ? 0 : 1;
+  }, 60000);
   EXPECT_EQ(d.Stop(), 0);
 }
 
