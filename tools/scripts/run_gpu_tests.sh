@@ -249,7 +249,7 @@ torch)
       else
         record "torch backend e2e (cuda)" "FAIL" "see $LOG"
       fi
-      if PYTHONPATH="$WORK/python" run_logged "test_cuda.py" 120 "$PYTHON" -m pytest -q -p no:cacheprovider "$ROOT/tests/python/test_cuda.py"; then
+      if HSDP_BUILD_DIR="$WORK" PYTHONPATH="$WORK/python" run_logged "test_cuda.py" 120 "$PYTHON" -m pytest -q -p no:cacheprovider "$ROOT/tests/python/test_cuda.py"; then
         record "test_cuda.py" "OK" "$(grep -E '[0-9]+ passed' "$LOG" | tail -1)"
       else
         record "test_cuda.py" "FAIL" "see $LOG"
