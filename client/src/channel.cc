@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -68,6 +69,10 @@ absl::StatusOr<std::shared_ptr<SessionChannel>> SessionChannel::Map(
   ch->ring_ = reinterpret_cast<shm::OpDescriptor*>(static_cast<char*>(ch->channel_map_) + layout.ring_offset);
   ch->completions_ = reinterpret_cast<shm::Completion*>(static_cast<char*>(ch->channel_map_) + layout.completion_offset);
   ch->entries_ = n;
+  {
+    absl::MutexLock l(&ch->mu_);
+    ch->slot_pins_.assign(n, 0);
+  }
   return ch;
 }
 
@@ -132,12 +137,18 @@ absl::StatusOr<Work> SessionChannel::Submit(shm::OpDescriptor desc, bool composi
           [&] { return c.op_id.load(std::memory_order_acquire) == prev; }, spin_ns_,
           shm::NowNanos() + kLivenessSliceNs);
     }
+    // Not while a WaitOnStream of `prev` still has to enqueue its stream
+    // wait: this op's completion event is prev's (issue 20, finding 8).
+    const uint64_t slot = op_id & (entries_ - 1);
     absl::MutexLock l(&mu_);
+    mu_.Await(absl::Condition(
+        +[](uint32_t* pins) { return *pins == 0; }, &slot_pins_[slot]));
     auto it = pending_.find(prev);
     if (it != pending_.end()) {
       if (auto w = it->second.lock(); w != nullptr && !w->done.load()) HarvestLocked(w.get());
       pending_.erase(prev);
     }
+    pushed_through_ = std::max(pushed_through_, op_id);
   }
   desc.op_id = op_id;
   // Point-to-point matches in posting order and takes no sequence number.
@@ -152,6 +163,7 @@ absl::StatusOr<Work> SessionChannel::Submit(shm::OpDescriptor desc, bool composi
   {
     absl::MutexLock l(&mu_);
     pending_[op_id] = state;
+    pushed_through_ = std::max(pushed_through_, op_id);
   }
   const uint64_t head = header_->head.load(std::memory_order_relaxed);
   ring_[head & (entries_ - 1)] = desc;
@@ -192,6 +204,26 @@ absl::Status SessionChannel::Wait(WorkState* w, absl::Duration timeout) {
           absl::StrCat("op ", w->op_id, " still pending after ", absl::FormatDuration(timeout)));
     }
   }
+}
+
+absl::Status SessionChannel::WaitOnStream(WorkState* w, const Work::StreamWaitFn& stream_wait,
+                                          absl::Duration timeout) {
+  const uint64_t slot = w->op_id & (entries_ - 1);
+  bool pinned = false;
+  {
+    absl::MutexLock l(&mu_);
+    if (pushed_through_ < w->op_id + entries_) {  // the slot's next op is not pushed
+      ++slot_pins_[slot];
+      pinned = true;
+    }
+  }
+  absl::Status s = w->done.load(std::memory_order_acquire) ? w->status : Wait(w, timeout);
+  if (s.ok() && pinned && stream_wait && w->event_id != 0) s = stream_wait(w->event_id);
+  if (pinned) {
+    absl::MutexLock l(&mu_);
+    --slot_pins_[slot];
+  }
+  return s;
 }
 
 void SessionChannel::Close(const absl::Status& why) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -54,6 +55,14 @@ class SessionChannel : public std::enable_shared_from_this<SessionChannel> {
   // Work support.
   bool Poll(WorkState* w);
   absl::Status Wait(WorkState* w, absl::Duration timeout);
+  // Work::WaitOnStream: the completion slot of `w` is pinned (the op that
+  // would reuse its completion event is not pushed) from before the CPU
+  // wait until `stream_wait` has enqueued the stream wait, so the wait can
+  // only capture this op's record. When a later op already reuses the slot,
+  // the event is no longer this op's: no stream wait is enqueued (this op's
+  // completion record is written after its device work finished).
+  absl::Status WaitOnStream(WorkState* w, const Work::StreamWaitFn& stream_wait,
+                            absl::Duration timeout);
 
   // Marks the channel dead: pending and future ops fail with `why`.
   void Close(const absl::Status& why);
@@ -90,6 +99,10 @@ class SessionChannel : public std::enable_shared_from_this<SessionChannel> {
   absl::Mutex mu_;
   // Ops pushed and not yet harvested, by op id.
   std::unordered_map<uint64_t, std::weak_ptr<WorkState>> pending_ ABSL_GUARDED_BY(mu_);
+  // Per completion slot: WaitOnStream calls that have not enqueued their
+  // stream wait yet; Submit does not push an op reusing a pinned slot.
+  std::vector<uint32_t> slot_pins_ ABSL_GUARDED_BY(mu_);
+  uint64_t pushed_through_ ABSL_GUARDED_BY(mu_) = 0;  // highest op id pushed
   absl::Status closed_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -21,6 +21,12 @@ absl::Status NeedsDeviceMemory(uint64_t features) {
       "auto with a GPU), or ClientOptions::offer_device_memory is false");
 }
 
+absl::Status CheckUuid(const std::string& uuid) {
+  if (uuid.empty() || uuid.size() == 16) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("device_uuid: ", uuid.size(), " bytes; a GPU UUID has 16"));
+}
+
 }  // namespace
 
 bool Client::device_memory() const {
@@ -38,6 +44,9 @@ absl::StatusOr<uint64_t> Client::RegisterDeviceBuffer(const DeviceBufferSpec& sp
   req.set_size_bytes(spec.size_bytes);
   req.set_generation(spec.generation);
   req.set_name(spec.name);
+  RETURN_IF_ERROR(CheckUuid(spec.device_uuid));
+  req.set_device_uuid(spec.device_uuid);
+  req.set_allocation_id(spec.allocation_id);
   switch (spec.kind) {
     case DeviceHandleKind::kLegacyIpc:
       if (spec.legacy_handle.size() != kIpcHandleBytes) {
@@ -100,9 +109,11 @@ absl::Status Client::FreeDeviceBuffer(uint64_t buffer_id) {
   return FromGrpc(im.device_stub->FreeDeviceBuffer(&ctx, req, &resp), "FreeDeviceBuffer");
 }
 
-absl::StatusOr<uint64_t> Client::RegisterDeviceEvent(int device, const std::string& ipc_handle) {
+absl::StatusOr<uint64_t> Client::RegisterDeviceEvent(int device, const std::string& ipc_handle,
+                                                     const std::string& device_uuid) {
   Impl& im = *impl_;
   RETURN_IF_ERROR(NeedsDeviceMemory(im.features));
+  RETURN_IF_ERROR(CheckUuid(device_uuid));
   if (ipc_handle.size() != kIpcHandleBytes) {
     return absl::InvalidArgumentError(absl::StrCat("ipc_handle: ", ipc_handle.size(),
                                                    " bytes; an event handle has 64"));
@@ -113,6 +124,7 @@ absl::StatusOr<uint64_t> Client::RegisterDeviceEvent(int device, const std::stri
   req.set_session_id(im.session_id);
   req.set_device(device);
   req.set_ipc_handle(ipc_handle);
+  req.set_device_uuid(device_uuid);
   v1::RegisterDeviceEventResponse resp;
   RETURN_IF_ERROR(
       FromGrpc(im.device_stub->RegisterDeviceEvent(&ctx, req, &resp), "RegisterDeviceEvent"));
@@ -131,14 +143,17 @@ absl::Status Client::FreeDeviceEvent(uint64_t event_id) {
   return FromGrpc(im.device_stub->FreeDeviceEvent(&ctx, req, &resp), "FreeDeviceEvent");
 }
 
-absl::StatusOr<std::vector<std::string>> Client::GetCompletionEvents(int device) {
+absl::StatusOr<std::vector<std::string>> Client::GetCompletionEvents(
+    int device, const std::string& device_uuid) {
   Impl& im = *impl_;
   RETURN_IF_ERROR(NeedsDeviceMemory(im.features));
+  RETURN_IF_ERROR(CheckUuid(device_uuid));
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   v1::GetCompletionEventsRequest req;
   req.set_session_id(im.session_id);
   req.set_device(device);
+  req.set_device_uuid(device_uuid);
   v1::GetCompletionEventsResponse resp;
   RETURN_IF_ERROR(
       FromGrpc(im.device_stub->GetCompletionEvents(&ctx, req, &resp), "GetCompletionEvents"));

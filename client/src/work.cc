@@ -35,10 +35,8 @@ uint64_t Work::completion_event_id() const {
 }
 
 absl::Status Work::WaitOnStream(const StreamWaitFn& stream_wait, absl::Duration timeout) {
-  if (absl::Status s = Wait(timeout); !s.ok()) return s;
-  const uint64_t event = completion_event_id();
-  if (event == 0 || !stream_wait) return absl::OkStatus();
-  return stream_wait(event);
+  if (state_ == nullptr) return absl::FailedPreconditionError("WaitOnStream() on an empty Work");
+  return state_->channel->WaitOnStream(state_.get(), stream_wait, timeout);
 }
 
 uint64_t Work::exec_ns() const {

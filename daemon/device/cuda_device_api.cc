@@ -68,6 +68,9 @@ struct CudaDeviceApi::Driver {
   decltype(&::cuMemRetainAllocationHandle) retain_handle = nullptr;
   decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
   decltype(&::cuMemGetAddressRange) address_range = nullptr;
+  decltype(&::cuDeviceGet) device_get = nullptr;
+  decltype(&::cuDeviceGetAttribute) device_attribute = nullptr;
+  decltype(&::cuDeviceGetUuid) device_uuid = nullptr;
 
   absl::Status Load() {
     auto get = [](const char* name, void** fn) -> absl::Status {
@@ -91,6 +94,9 @@ struct CudaDeviceApi::Driver {
     RETURN_IF_ERROR(get("cuMemRetainAllocationHandle", reinterpret_cast<void**>(&retain_handle)));
     RETURN_IF_ERROR(get("cuMemGetAllocationGranularity", reinterpret_cast<void**>(&granularity)));
     RETURN_IF_ERROR(get("cuMemGetAddressRange", reinterpret_cast<void**>(&address_range)));
+    RETURN_IF_ERROR(get("cuDeviceGet", reinterpret_cast<void**>(&device_get)));
+    RETURN_IF_ERROR(get("cuDeviceGetAttribute", reinterpret_cast<void**>(&device_attribute)));
+    RETURN_IF_ERROR(get("cuDeviceGetUuid", reinterpret_cast<void**>(&device_uuid)));
     return absl::OkStatus();
   }
 };
@@ -134,6 +140,21 @@ absl::Status CudaDeviceApi::SetDevice(int device) const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<DeviceUuid> CudaDeviceApi::UuidOf(int device) const {
+  if (device < 0 || device >= device_count_) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA device ", device, " does not exist (",
+                                                   device_count_, " visible)"));
+  }
+  CUdevice cu_dev = 0;
+  CUuuid uuid;
+  CU_RETURN_IF_ERROR(drv_->device_get(&cu_dev, device));
+  CU_RETURN_IF_ERROR(drv_->device_uuid(&uuid, cu_dev));
+  static_assert(sizeof(uuid.bytes) == kDeviceUuidBytes);
+  DeviceUuid out;
+  std::memcpy(out.data(), uuid.bytes, out.size());
+  return out;
+}
+
 absl::StatusOr<int> CudaDeviceApi::StreamDevice(StreamHandle s) const {
   std::lock_guard<std::mutex> l(mu_);
   auto it = streams_.find(s);
@@ -150,13 +171,18 @@ absl::StatusOr<int> CudaDeviceApi::EventDevice(EventHandle e) const {
 
 namespace {
 
-CUmemAllocationProp VmmProp(int device) {
+// `shareable`: ask for a POSIX-fd handle type (only for memory that is
+// exported; cuMemCreate refuses the request where the device or the
+// container has no such support, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_
+// DESCRIPTOR_SUPPORTED).
+CUmemAllocationProp VmmProp(int device, bool shareable) {
   CUmemAllocationProp prop;
   std::memset(&prop, 0, sizeof(prop));
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  prop.requestedHandleTypes =
+      shareable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
   return prop;
 }
 
@@ -183,10 +209,23 @@ absl::StatusOr<DevicePtr> CudaDeviceApi::MapVmm(int device, uint64_t handle, uin
   return static_cast<DevicePtr>(ptr);
 }
 
-absl::StatusOr<DevicePtr> CudaDeviceApi::Allocate(int device, uint64_t bytes) {
+absl::StatusOr<DevicePtr> CudaDeviceApi::Allocate(int device, uint64_t bytes,
+                                                   AllocSharing sharing) {
   RETURN_IF_ERROR(SetDevice(device));
   if (bytes == 0) return absl::InvalidArgumentError("allocation of 0 bytes");
-  CUmemAllocationProp prop = VmmProp(device);
+  const bool shareable = sharing == AllocSharing::kPosixFd;
+  if (shareable) {
+    CUdevice cu_dev = 0;
+    int supported = 0;
+    CU_RETURN_IF_ERROR(drv_->device_get(&cu_dev, device));
+    CU_RETURN_IF_ERROR(drv_->device_attribute(
+        &supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, cu_dev));
+    if (supported == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "CUDA device ", device, " has no POSIX-fd handle support for cuMem allocations"));
+    }
+  }
+  CUmemAllocationProp prop = VmmProp(device, shareable);
   size_t gran = 0;
   CU_RETURN_IF_ERROR(drv_->granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   const uint64_t size = (bytes + gran - 1) / gran * gran;
@@ -265,9 +304,10 @@ absl::StatusOr<Mapping> CudaDeviceApi::ImportLegacy(int device, const IpcHandleB
     (void)cudaIpcCloseMemHandle(p);
     return absl::InternalError("cuMemGetAddressRange on an IPC-opened allocation failed");
   }
-  Mapping m{ToHandle(p), static_cast<uint64_t>(size) - (ToHandle(p) - base), device, ToHandle(p)};
   std::lock_guard<std::mutex> l(mu_);
-  mappings_[m.token] = Vmm{device, m.bytes, 0, true};
+  Mapping m{ToHandle(p), static_cast<uint64_t>(size) - (ToHandle(p) - base), device,
+            next_token_++};
+  mappings_[m.token] = Vmm{device, m.bytes, 0, true, m.ptr};
   return m;
 }
 
@@ -277,7 +317,7 @@ absl::StatusOr<Mapping> CudaDeviceApi::ImportFd(int device, int fd, uint64_t byt
   CUmemGenericAllocationHandle h;
   CU_RETURN_IF_ERROR(drv_->import_handle(&h, FromHandle<void*>(static_cast<uint64_t>(fd)),
                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
-  CUmemAllocationProp prop = VmmProp(device);
+  CUmemAllocationProp prop = VmmProp(device, /*shareable=*/true);
   size_t gran = 0;
   (void)drv_->granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
   if (gran == 0) gran = 2 << 20;
@@ -289,9 +329,9 @@ absl::StatusOr<Mapping> CudaDeviceApi::ImportFd(int device, int fd, uint64_t byt
         "mapping the exported allocation failed (is it smaller than the ", bytes,
         " bytes claimed?): ", ptr.status().message()));
   }
-  Mapping m{*ptr, bytes, device, *ptr};
   std::lock_guard<std::mutex> l(mu_);
-  mappings_[m.token] = Vmm{device, size, static_cast<uint64_t>(h), false};
+  Mapping m{*ptr, bytes, device, next_token_++};
+  mappings_[m.token] = Vmm{device, size, static_cast<uint64_t>(h), false, *ptr};
   return m;
 }
 
@@ -306,11 +346,12 @@ absl::Status CudaDeviceApi::Unmap(const Mapping& mapping) {
   }
   RETURN_IF_ERROR(SetDevice(v.device));
   if (v.legacy) {
-    CUDA_RETURN_IF_ERROR(cudaIpcCloseMemHandle(FromHandle<void*>(mapping.token)));
+    // One close per open: the driver unmaps when the last reference goes.
+    CUDA_RETURN_IF_ERROR(cudaIpcCloseMemHandle(FromHandle<void*>(v.ptr)));
     return absl::OkStatus();
   }
-  CU_RETURN_IF_ERROR(drv_->unmap(static_cast<CUdeviceptr>(mapping.token), v.bytes));
-  CU_RETURN_IF_ERROR(drv_->address_free(static_cast<CUdeviceptr>(mapping.token), v.bytes));
+  CU_RETURN_IF_ERROR(drv_->unmap(static_cast<CUdeviceptr>(v.ptr), v.bytes));
+  CU_RETURN_IF_ERROR(drv_->address_free(static_cast<CUdeviceptr>(v.ptr), v.bytes));
   CU_RETURN_IF_ERROR(drv_->mem_release(static_cast<CUmemGenericAllocationHandle>(v.handle)));
   return absl::OkStatus();
 }

@@ -31,10 +31,12 @@ class CudaDeviceApi : public DeviceApi {
 
   std::string name() const override { return "cuda"; }
   int DeviceCount() const override { return device_count_; }
+  absl::StatusOr<DeviceUuid> UuidOf(int device) const override;  // cuDeviceGetUuid
   // Why DeviceCount() is 0 ("" when devices were found).
   const std::string& unavailable_reason() const { return unavailable_; }
 
-  absl::StatusOr<DevicePtr> Allocate(int device, uint64_t bytes) override;
+  absl::StatusOr<DevicePtr> Allocate(int device, uint64_t bytes,
+                                     AllocSharing sharing = AllocSharing::kPrivate) override;
   absl::Status Free(DevicePtr base) override;
   absl::StatusOr<AddressRange> GetAddressRange(DevicePtr ptr) override;
   absl::StatusOr<IpcHandleBytes> ExportLegacy(DevicePtr base) override;
@@ -79,6 +81,7 @@ class CudaDeviceApi : public DeviceApi {
     uint64_t bytes;   // mapped size (granularity-aligned)
     uint64_t handle;  // CUmemGenericAllocationHandle
     bool legacy;      // an IPC-opened mapping (cudaIpcCloseMemHandle)
+    DevicePtr ptr = 0;  // the mapped address
   };
 
   int device_count_ = 0;
@@ -86,7 +89,12 @@ class CudaDeviceApi : public DeviceApi {
   std::unique_ptr<Driver> drv_;
   mutable std::mutex mu_;
   std::map<DevicePtr, Vmm> allocations_;     // ours; guarded by mu_
-  std::map<uint64_t, Vmm> mappings_;         // by token (= mapped address); guarded by mu_
+  // By token, one per Import* call. Not by address: opening a legacy handle
+  // that is already open returns the same pointer and counts a reference in
+  // the driver (cuIpcOpenMemHandle), so each open needs its own entry and
+  // its own close.
+  std::map<uint64_t, Vmm> mappings_;         // guarded by mu_
+  uint64_t next_token_ = 1;                  // guarded by mu_
   std::map<StreamHandle, int> streams_;      // guarded by mu_
   std::map<EventHandle, int> events_;        // guarded by mu_
 };

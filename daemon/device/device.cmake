@@ -5,6 +5,7 @@ add_library(hsdp_device STATIC
   ${CMAKE_CURRENT_LIST_DIR}/device_pool.cc
   ${CMAKE_CURRENT_LIST_DIR}/fake_device_api.cc
   ${CMAKE_CURRENT_LIST_DIR}/fake_device_kernels.cc
+  ${CMAKE_CURRENT_LIST_DIR}/fake_device_memory.cc
   ${CMAKE_CURRENT_LIST_DIR}/fake_shm.cc)
 target_include_directories(hsdp_device PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(hsdp_device PUBLIC hsdp_common hsdp_cpu_kernels absl::status absl::statusor

@@ -35,12 +35,22 @@ using EventHandle = uint64_t;
 
 inline constexpr size_t kIpcHandleBytes = 64;
 using IpcHandleBytes = std::array<uint8_t, kIpcHandleBytes>;
+// A GPU's UUID (cuDeviceGetUuid): names one GPU in every process, whatever
+// CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER make its ordinal there.
+inline constexpr size_t kDeviceUuidBytes = 16;
+using DeviceUuid = std::array<uint8_t, kDeviceUuidBytes>;
 
 // How a client shares an allocation with the daemon.
 enum class HandleKind : uint8_t {
   kInvalid = 0,
   kVmmFd = 1,      // cuMem allocation exported as a POSIX fd (SCM_RIGHTS)
   kLegacyIpc = 2,  // cudaIpcGetMemHandle of the allocation base (+ offset)
+};
+
+// Whether an allocation can be exported (cuMem requestedHandleTypes).
+enum class AllocSharing : uint8_t {
+  kPrivate = 0,  // never exported (engine scratch)
+  kPosixFd = 1,  // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (the device pool)
 };
 
 enum class StreamPriority : uint8_t { kDefault = 0, kHigh = 1 };
@@ -66,12 +76,19 @@ class DeviceApi {
   virtual std::string name() const = 0;
   // Devices visible to this process (0 when none; never an error).
   virtual int DeviceCount() const = 0;
+  // The UUID of ordinal `device` in this process (INVALID_ARGUMENT when out
+  // of range).
+  virtual absl::StatusOr<DeviceUuid> UuidOf(int device) const = 0;
 
   // --- memory ---
-  // An exportable allocation on `device` (VMM with a POSIX-fd handle where
-  // the device supports it). INVALID_ARGUMENT for a bad device or 0 bytes,
-  // RESOURCE_EXHAUSTED when it does not fit.
-  virtual absl::StatusOr<DevicePtr> Allocate(int device, uint64_t bytes) = 0;
+  // An allocation on `device` (VMM). Only kPosixFd asks for a shareable
+  // handle type (ExportFd works on it and on nothing else); device memory
+  // nobody exports (scratch) must not ask for one: a device or container
+  // without POSIX-fd handle support would refuse the allocation for nothing.
+  // INVALID_ARGUMENT for a bad device or 0 bytes, RESOURCE_EXHAUSTED when it
+  // does not fit, FAILED_PRECONDITION when kPosixFd is not supported.
+  virtual absl::StatusOr<DevicePtr> Allocate(int device, uint64_t bytes,
+                                             AllocSharing sharing = AllocSharing::kPrivate) = 0;
   // NOT_FOUND when `base` is not an allocation of this API.
   virtual absl::Status Free(DevicePtr base) = 0;
   // The allocation containing `ptr` (cuMemGetAddressRange).
@@ -133,6 +150,15 @@ class DeviceApi {
 
 // Names for logs and errors: "vmm_fd", "legacy_ipc", "invalid".
 const char* HandleKindName(HandleKind kind);
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi -L prints it.
+std::string UuidName(const DeviceUuid& uuid);
+
+// The daemon's ordinal for what a client sent: `uuid` (16 bytes) when not
+// empty — the ordinal of the GPU with that UUID, INVALID_ARGUMENT naming it
+// when this process sees no such GPU —, else `device` as it is (a client
+// that predates UUIDs; checked by the caller like any ordinal).
+absl::StatusOr<int> ResolveDevice(const DeviceApi& api, int device, const std::string& uuid);
 
 }  // namespace hsdp::device
 

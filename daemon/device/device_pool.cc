@@ -17,7 +17,7 @@ absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(DeviceApi* dev,
   std::unique_ptr<DevicePool> pool(new DevicePool(dev, max_session_fraction));
   const uint64_t size = bytes_per_device / kAlign * kAlign;
   for (int d : devices) {
-    absl::StatusOr<DevicePtr> base = dev->Allocate(d, size);
+    absl::StatusOr<DevicePtr> base = dev->Allocate(d, size, AllocSharing::kPosixFd);  // exported to clients
     if (!base.ok()) {
       return absl::Status(base.status().code(),
                           absl::StrCat("device pool on device ", d, ": ", base.status().message()));

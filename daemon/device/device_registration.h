@@ -48,6 +48,12 @@ class DeviceRegistration {
 
   void OnSessionEnded(uint64_t session_id) { registry_->EndSession(session_id); }
 
+  // The daemon's ordinal for a client's (device, device_uuid): the UUID wins
+  // when sent (device::ResolveDevice).
+  absl::StatusOr<int> ResolveDevice(int device, const std::string& uuid) const {
+    return device::ResolveDevice(registry_->device_api(), device, uuid);
+  }
+
  private:
   // The session, if `caller` may use it for device memory.
   absl::StatusOr<std::shared_ptr<Session>> Check(const PeerCred& caller,

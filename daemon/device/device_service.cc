@@ -32,6 +32,7 @@ absl::StatusOr<DeviceBufferRequest> DeviceMemoryServiceImpl::FromProto(
   r.offset = req.offset_bytes();
   r.size_bytes = req.size_bytes();
   r.generation = req.generation();
+  r.allocation_id = req.allocation_id();
   r.name = req.name();
   return r;
 }
@@ -43,6 +44,14 @@ grpc::ServerUnaryReactor* DeviceMemoryServiceImpl::RegisterDeviceBuffer(
   absl::StatusOr<PeerCred> cred = auth_->Authenticate(*ctx);
   absl::StatusOr<DeviceBufferRequest> r =
       cred.ok() ? FromProto(*req) : absl::StatusOr<DeviceBufferRequest>(cred.status());
+  if (r.ok()) {
+    absl::StatusOr<int> d = registration_->ResolveDevice(r->device, req->device_uuid());
+    if (d.ok()) {
+      r->device = *d;
+    } else {
+      r = d.status();
+    }
+  }
   if (!r.ok()) {
     reactor->Finish(ToGrpc(r.status()));
     return reactor;
@@ -71,8 +80,10 @@ grpc::Status DeviceMemoryServiceImpl::RegisterDeviceEvent(grpc::ServerContext* c
   RpcTracker::Scope in_flight(tracker_);
   absl::StatusOr<PeerCred> cred = auth_->Authenticate(*ctx);
   if (!cred.ok()) return ToGrpc(cred.status());
+  absl::StatusOr<int> device = registration_->ResolveDevice(req->device(), req->device_uuid());
+  if (!device.ok()) return ToGrpc(device.status());
   absl::StatusOr<uint64_t> id =
-      registration_->RegisterEvent(*cred, req->session_id(), req->device(), req->ipc_handle());
+      registration_->RegisterEvent(*cred, req->session_id(), *device, req->ipc_handle());
   if (id.ok()) resp->set_event_id(*id);
   return ToGrpc(id.status());
 }
@@ -92,7 +103,9 @@ grpc::Status DeviceMemoryServiceImpl::GetCompletionEvents(
   RpcTracker::Scope in_flight(tracker_);
   absl::StatusOr<PeerCred> cred = auth_->Authenticate(*ctx);
   if (!cred.ok()) return ToGrpc(cred.status());
-  auto handles = registration_->CompletionEvents(*cred, req->session_id(), req->device());
+  absl::StatusOr<int> device = registration_->ResolveDevice(req->device(), req->device_uuid());
+  if (!device.ok()) return ToGrpc(device.status());
+  auto handles = registration_->CompletionEvents(*cred, req->session_id(), *device);
   if (!handles.ok()) return ToGrpc(handles.status());
   for (const device::IpcHandleBytes& h : *handles) {
     resp->add_ipc_handles(reinterpret_cast<const char*>(h.data()), h.size());

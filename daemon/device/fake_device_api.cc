@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/device/fake_device_arena.h"
 #include "daemon/device/fake_shm.h"
 #include "daemon/engine/cpu/reduce_kernels.h"
 #include "hsdp/common/status_macros.h"
@@ -20,34 +22,9 @@
 namespace hsdp::device {
 namespace {
 
-constexpr uint64_t kAlign = 256;
-constexpr uint64_t kMemMagic = 0x4D454D454B414646ull;  // "FFAKEMEM"
 constexpr uint64_t kEventMagic = 0x5645454B414646ull;  // "FFAKEEV"
 
-// Layout of a fake memory handle (legacy bytes and the VMM fd's contents).
-struct MemRecordFields {
-  uint64_t magic;
-  uint64_t base;
-  uint64_t bytes;
-  uint64_t generation;
-  int32_t device;
-  int32_t pad;
-};
-static_assert(sizeof(MemRecordFields) <= kIpcHandleBytes);
-
 }  // namespace
-
-// A first-fit allocator over one host buffer.
-struct FakeDeviceApi::Arena {
-  explicit Arena(uint64_t bytes) : size(bytes) {
-    mem = static_cast<char*>(std::aligned_alloc(4096, bytes));
-    free_ranges[0] = bytes;
-  }
-  ~Arena() { std::free(mem); }
-  char* mem;
-  uint64_t size;
-  std::map<uint64_t, uint64_t> free_ranges;  // offset -> length; guarded by the api's mu_
-};
 
 struct FakeDeviceApi::Event {
   struct State {
@@ -131,171 +108,6 @@ FakeDeviceApi::~FakeDeviceApi() {
     }
     s->thread.join();
   }
-}
-
-absl::StatusOr<DevicePtr> FakeDeviceApi::Allocate(int device, uint64_t bytes) {
-  if (device < 0 || device >= DeviceCount()) {
-    return absl::InvalidArgumentError(absl::StrCat("fake device ", device, " does not exist"));
-  }
-  if (bytes == 0) return absl::InvalidArgumentError("allocation of 0 bytes");
-  const uint64_t need = (bytes + kAlign - 1) / kAlign * kAlign;
-  std::lock_guard<std::mutex> l(mu_);
-  Arena& a = *arenas_[device];
-  for (auto it = a.free_ranges.begin(); it != a.free_ranges.end(); ++it) {
-    if (it->second < need) continue;
-    const uint64_t off = it->first;
-    const uint64_t left = it->second - need;
-    a.free_ranges.erase(it);
-    if (left > 0) a.free_ranges[off + need] = left;
-    const DevicePtr base = reinterpret_cast<uintptr_t>(a.mem) + off;
-    allocations_[base] = Allocation{device, need, next_generation_++};
-    return base;
-  }
-  return absl::ResourceExhaustedError(
-      absl::StrCat("fake device ", device, ": no free range of ", need, " bytes"));
-}
-
-absl::Status FakeDeviceApi::Free(DevicePtr base) {
-  std::lock_guard<std::mutex> l(mu_);
-  auto it = allocations_.find(base);
-  if (it == allocations_.end()) return absl::NotFoundError("free of an unknown device pointer");
-  Arena& a = *arenas_[it->second.device];
-  uint64_t off = base - reinterpret_cast<uintptr_t>(a.mem);
-  uint64_t len = it->second.bytes;
-  allocations_.erase(it);
-  // Coalesce with the neighbours so the same address comes back first.
-  auto next = a.free_ranges.lower_bound(off);
-  if (next != a.free_ranges.end() && next->first == off + len) {
-    len += next->second;
-    a.free_ranges.erase(next);
-  }
-  auto prev = a.free_ranges.lower_bound(off);
-  if (prev != a.free_ranges.begin()) {
-    --prev;
-    if (prev->first + prev->second == off) {
-      off = prev->first;
-      len += prev->second;
-      a.free_ranges.erase(prev);
-    }
-  }
-  a.free_ranges[off] = len;
-  return absl::OkStatus();
-}
-
-absl::StatusOr<AddressRange> FakeDeviceApi::GetAddressRange(DevicePtr ptr) {
-  std::lock_guard<std::mutex> l(mu_);
-  auto it = allocations_.upper_bound(ptr);
-  if (it != allocations_.begin()) {
-    --it;
-    if (ptr < it->first + it->second.bytes) return AddressRange{it->first, it->second.bytes};
-  }
-  return absl::NotFoundError("pointer is not inside a fake device allocation");
-}
-
-IpcHandleBytes FakeDeviceApi::MemRecord(DevicePtr base, const Allocation& a) const {
-  MemRecordFields f{kMemMagic, base, a.bytes, a.generation, a.device, 0};
-  IpcHandleBytes out{};
-  std::memcpy(out.data(), &f, sizeof(f));
-  return out;
-}
-
-absl::StatusOr<IpcHandleBytes> FakeDeviceApi::ExportLegacy(DevicePtr base) {
-  std::lock_guard<std::mutex> l(mu_);
-  auto it = allocations_.find(base);
-  if (it == allocations_.end()) {
-    return absl::InvalidArgumentError("export: not the base of a fake device allocation");
-  }
-  return MemRecord(base, it->second);
-}
-
-absl::StatusOr<UniqueFd> FakeDeviceApi::ExportFd(DevicePtr base) {
-  IpcHandleBytes record;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = allocations_.find(base);
-    if (it == allocations_.end()) {
-      return absl::InvalidArgumentError("export: not the base of a fake device allocation");
-    }
-    record = MemRecord(base, it->second);
-  }
-  UniqueFd fd(::memfd_create("hsdp-fake-vmm", MFD_CLOEXEC));
-  if (!fd.valid()) return absl::InternalError("memfd_create failed");
-  if (::pwrite(fd.get(), record.data(), record.size(), 0) != static_cast<ssize_t>(record.size())) {
-    return absl::InternalError("writing the fake VMM handle failed");
-  }
-  return fd;
-}
-
-absl::StatusOr<Mapping> FakeDeviceApi::ImportRecord(int device, const IpcHandleBytes& record,
-                                                    uint64_t claimed_bytes) {
-  MemRecordFields f;
-  std::memcpy(&f, record.data(), sizeof(f));
-  if (f.magic != kMemMagic) return absl::InvalidArgumentError("not a fake device memory handle");
-  std::lock_guard<std::mutex> l(mu_);
-  auto it = allocations_.find(f.base);
-  if (it == allocations_.end() || it->second.generation != f.generation) {
-    return absl::InvalidArgumentError(
-        "the allocation this handle names was freed (stale device memory handle)");
-  }
-  if (f.device != device || it->second.device != device) {
-    return absl::InvalidArgumentError(absl::StrCat("handle names an allocation on device ",
-                                                   it->second.device, ", not ", device));
-  }
-  if (claimed_bytes > it->second.bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("claimed size ", claimed_bytes,
-                                                   " exceeds the allocation (", it->second.bytes,
-                                                   " bytes)"));
-  }
-  Mapping m{f.base, it->second.bytes, device, next_handle_++};
-  mappings_[m.token] = m;
-  ++imports_;
-  return m;
-}
-
-absl::StatusOr<Mapping> FakeDeviceApi::ImportForeign(int device, int fd, uint64_t bytes) {
-  if (device < 0 || device >= DeviceCount()) {
-    return absl::InvalidArgumentError(absl::StrCat("fake device ", device, " does not exist"));
-  }
-  absl::StatusOr<fakeshm::MappedFile> m = fakeshm::MapFile(fd, bytes);
-  if (!m.ok()) return m.status();
-  std::lock_guard<std::mutex> l(mu_);
-  Mapping out{reinterpret_cast<uintptr_t>(m->data), m->bytes, device, next_handle_++};
-  mappings_[out.token] = out;
-  foreign_[out.ptr] = m->bytes;
-  ++imports_;
-  return out;
-}
-
-absl::StatusOr<Mapping> FakeDeviceApi::ImportLegacy(int device, const IpcHandleBytes& handle) {
-  if (cross_process_) {
-    absl::StatusOr<std::string> name = fakeshm::HandleName(fakeshm::kLegacyMagic, handle);
-    if (!name.ok()) return name.status();
-    UniqueFd fd(::shm_open(name->c_str(), O_RDWR | O_CLOEXEC, 0));
-    if (!fd.valid()) return absl::InvalidArgumentError("legacy handle names no live allocation");
-    return ImportForeign(device, fd.get(), 0);
-  }
-  return ImportRecord(device, handle, 0);
-}
-
-absl::StatusOr<Mapping> FakeDeviceApi::ImportFd(int device, int fd, uint64_t bytes) {
-  if (cross_process_) return ImportForeign(device, fd, bytes);
-  IpcHandleBytes record{};
-  if (::pread(fd, record.data(), record.size(), 0) != static_cast<ssize_t>(record.size())) {
-    return absl::InvalidArgumentError("fd is not a fake VMM handle (short read)");
-  }
-  return ImportRecord(device, record, bytes);
-}
-
-absl::Status FakeDeviceApi::Unmap(const Mapping& mapping) {
-  std::lock_guard<std::mutex> l(mu_);
-  auto it = mappings_.find(mapping.token);
-  if (it == mappings_.end()) return absl::NotFoundError("unmap of an unknown mapping");
-  if (auto f = foreign_.find(it->second.ptr); f != foreign_.end()) {
-    ::munmap(reinterpret_cast<void*>(f->first), f->second);
-    foreign_.erase(f);
-  }
-  mappings_.erase(it);
-  return absl::OkStatus();
 }
 
 absl::StatusOr<StreamHandle> FakeDeviceApi::CreateStream(int device, StreamPriority priority) {

@@ -40,6 +40,9 @@
 
 namespace hsdp::device {
 
+// The UUID FakeDeviceApi gives ordinal `device` unless set_uuid changed it.
+DeviceUuid FakeUuid(int device);
+
 class FakeDeviceApi : public DeviceApi {
  public:
   // `devices` arenas of `arena_bytes` each. `cross_process` (engine.device:
@@ -53,8 +56,11 @@ class FakeDeviceApi : public DeviceApi {
 
   std::string name() const override { return "fake"; }
   int DeviceCount() const override { return static_cast<int>(arenas_.size()); }
+  // Default UUIDs: "hsdp-fake-gpu" + 3 bytes of the ordinal; set_uuid changes one.
+  absl::StatusOr<DeviceUuid> UuidOf(int device) const override;
 
-  absl::StatusOr<DevicePtr> Allocate(int device, uint64_t bytes) override;
+  absl::StatusOr<DevicePtr> Allocate(int device, uint64_t bytes,
+                                     AllocSharing sharing = AllocSharing::kPrivate) override;
   absl::Status Free(DevicePtr base) override;
   absl::StatusOr<AddressRange> GetAddressRange(DevicePtr ptr) override;
   absl::StatusOr<IpcHandleBytes> ExportLegacy(DevicePtr base) override;
@@ -85,6 +91,12 @@ class FakeDeviceApi : public DeviceApi {
   absl::Status CopyToHost(void* dst, DevicePtr src, uint64_t bytes) override;
 
   // --- test hooks ---
+  // Like a device (or container) without POSIX-fd handle support:
+  // Allocate(kPosixFd) fails, private allocations still work.
+  void set_posix_fd_supported(bool supported);
+  // Gives device `device` another UUID (a test that numbers GPUs differently
+  // in the trainer and the daemon).
+  void set_uuid(int device, const DeviceUuid& uuid);
   // Runs `fn` on the stream's thread in order; a non-OK result becomes the
   // stream's error, reported by the next event recorded on it.
   absl::Status EnqueueHostFn(StreamHandle stream, std::function<absl::Status()> fn);
@@ -122,6 +134,7 @@ class FakeDeviceApi : public DeviceApi {
     int device;
     uint64_t bytes;
     uint64_t generation;  // unique per Allocate: a reused address gets a new one
+    bool exportable;      // AllocSharing::kPosixFd
   };
   struct Event;
   struct Stream;
@@ -131,15 +144,29 @@ class FakeDeviceApi : public DeviceApi {
   absl::StatusOr<Mapping> ImportRecord(int device, const IpcHandleBytes& record,
                                        uint64_t claimed_bytes);
   IpcHandleBytes MemRecord(DevicePtr base, const Allocation& a) const;
-  absl::StatusOr<Mapping> ImportForeign(int device, int fd, uint64_t bytes);
+  // `vmm`: the fd's position names the allocation (fakeshm::MapVmmHandle).
+  absl::StatusOr<Mapping> ImportForeign(int device, int fd, uint64_t bytes, bool vmm);
 
   const bool cross_process_;
+  bool posix_fd_supported_ = true;  // guarded by mu_
+  std::map<int, DeviceUuid> uuids_;  // set_uuid overrides; guarded by mu_
 
   std::vector<std::unique_ptr<Arena>> arenas_;
   mutable std::mutex mu_;
   std::map<DevicePtr, Allocation> allocations_;          // by base; guarded by mu_
   std::map<uint64_t, Mapping> mappings_;                 // by token; guarded by mu_
   std::map<DevicePtr, uint64_t> foreign_;  // cross-process imports: base -> bytes; guarded by mu_
+  // Cross-process legacy opens, like cuIpcOpenMemHandle: opening a handle
+  // that is open already returns the same pointer and counts a reference;
+  // the memory is unmapped with the last Unmap. Keyed by the shm object
+  // (name and inode: a name reused for new memory is another allocation).
+  struct LegacyOpen {
+    DevicePtr ptr;
+    uint64_t bytes;
+    int refs;
+  };
+  std::map<std::string, LegacyOpen> legacy_open_;  // guarded by mu_
+  std::map<uint64_t, std::string> legacy_tokens_;  // mapping token -> key; guarded by mu_
   std::map<StreamHandle, std::shared_ptr<Stream>> streams_;  // guarded by mu_
   std::map<EventHandle, std::shared_ptr<Event>> events_;     // guarded by mu_
   // Destroyed streams still running their queue; joined by the destructor.
@@ -147,6 +174,10 @@ class FakeDeviceApi : public DeviceApi {
   int faults_ = 0;                // guarded by mu_
   std::string first_fault_;       // guarded by mu_
   uint64_t next_generation_ = 1;  // guarded by mu_
+  // Exported VMM fds are open files of this one file (the driver's control
+  // device): they share its inode; record k sits at offset 64 k.
+  UniqueFd control_;              // guarded by mu_
+  uint64_t next_record_ = 0;      // guarded by mu_
   uint64_t next_handle_ = 1;      // guarded by mu_ (streams, events, mapping tokens)
   int imports_ = 0;               // guarded by mu_
 };

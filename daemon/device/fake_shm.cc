@@ -66,6 +66,29 @@ absl::StatusOr<MappedFile> MapFile(int fd, uint64_t min_bytes) {
   return MappedFile{p, bytes};
 }
 
+absl::StatusOr<MappedFile> MapVmmHandle(int fd, uint64_t bytes) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return absl::InvalidArgumentError("fake device fd: fstat failed");
+  if (!S_ISREG(st.st_mode) || st.st_size <= 0) {
+    return absl::InvalidArgumentError("fake device fd is not a shared-memory file");
+  }
+  const off_t at = ::lseek(fd, 0, SEEK_CUR);
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (at < 0 || static_cast<uint64_t>(at) % page != 0 || static_cast<uint64_t>(at) >= size) {
+    return absl::InvalidArgumentError("fake VMM fd: its position names no allocation");
+  }
+  const uint64_t left = size - static_cast<uint64_t>(at);
+  const uint64_t want = bytes == 0 ? left : bytes;
+  if (want > left) {
+    return absl::InvalidArgumentError(absl::StrCat("claimed size ", want,
+                                                   " exceeds the allocation (", left, " bytes)"));
+  }
+  void* p = ::mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd, at);
+  if (p == MAP_FAILED) return absl::InvalidArgumentError("fake device fd cannot be mapped");
+  return MappedFile{p, want};
+}
+
 SharedEvent::~SharedEvent() {
   if (block_ != nullptr) ::munmap(block_, sizeof(EventBlock));
   if (owner_) ::shm_unlink(name_.c_str());
@@ -111,16 +134,31 @@ FakeTrainerDevice::~FakeTrainerDevice() = default;
 
 absl::StatusOr<std::unique_ptr<FakeTrainerDevice::Allocation>> FakeTrainerDevice::AllocateVmm(
     uint64_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("allocation of 0 bytes");
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t size = (bytes + page - 1) / page * page;
   auto a = std::make_unique<Allocation>();
-  a->fd.Reset(::memfd_create("hsdp-fake-device", MFD_CLOEXEC));
-  if (!a->fd.valid()) return absl::InternalError("memfd_create failed");
-  if (::ftruncate(a->fd.get(), static_cast<off_t>(bytes)) != 0) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (!control_.valid()) {
+    control_.Reset(::memfd_create("hsdp-fake-device", MFD_CLOEXEC));
+    if (!control_.valid()) return absl::InternalError("memfd_create failed");
+  }
+  const uint64_t off = next_off_;
+  if (::ftruncate(control_.get(), static_cast<off_t>(off + size)) != 0) {
     return absl::InternalError("ftruncate failed");
   }
-  absl::StatusOr<MappedFile> m = MapFile(a->fd.get(), bytes);
-  if (!m.ok()) return m.status();
-  a->data = m->data;
-  a->bytes = m->bytes;
+  next_off_ += size;
+  const std::string path = absl::StrCat("/proc/self/fd/", control_.get());
+  a->fd.Reset(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!a->fd.valid()) return absl::InternalError("re-opening the fake control memfd failed");
+  if (::lseek(a->fd.get(), static_cast<off_t>(off), SEEK_SET) != static_cast<off_t>(off)) {
+    return absl::InternalError("lseek failed");
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, control_.get(),
+                   static_cast<off_t>(off));
+  if (p == MAP_FAILED) return absl::InternalError("mmap of the fake allocation failed");
+  a->data = p;
+  a->bytes = size;
   return a;
 }
 

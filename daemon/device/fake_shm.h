@@ -60,6 +60,11 @@ struct MappedFile {
   uint64_t bytes = 0;
 };
 absl::StatusOr<MappedFile> MapFile(int fd, uint64_t min_bytes);
+// A VMM handle: `bytes` of the file from the open file's position (page
+// aligned) — exported VMM fds are open files of one file, like the driver's
+// (they share its inode); the position names the allocation. `bytes` 0:
+// the rest of the file.
+absl::StatusOr<MappedFile> MapVmmHandle(int fd, uint64_t bytes);
 
 // An event block: created (and named) or opened by name, mapped.
 class SharedEvent {
@@ -90,7 +95,9 @@ class FakeTrainerDevice {
   };
   ~FakeTrainerDevice();
 
-  // A VMM-style allocation (a memfd).
+  // A VMM-style allocation: a page-aligned range of this trainer's one
+  // "control" memfd; `fd` is a new open file of it positioned at the range,
+  // so every VMM fd of a trainer has the same inode, as the driver's do.
   absl::StatusOr<std::unique_ptr<Allocation>> AllocateVmm(uint64_t bytes);
   // A legacy-IPC-style allocation named `slot` (reusing a slot after
   // FreeLegacy gives the same handle bytes for new memory).
@@ -113,6 +120,11 @@ class FakeTrainerDevice {
   // Waits (CPU, bounded) until the daemon's completion event `handle` has no
   // record pending. DEADLINE_EXCEEDED on timeout.
   static absl::Status WaitEvent(const IpcHandleBytes& handle, absl::Duration timeout);
+
+ private:
+  std::mutex mu_;
+  UniqueFd control_;      // guarded by mu_
+  uint64_t next_off_ = 0; // guarded by mu_
 };
 
 }  // namespace hsdp::device::fakeshm

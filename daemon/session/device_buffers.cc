@@ -1,6 +1,10 @@
 #include "daemon/session/device_buffers.h"
 
+#include <fcntl.h>
+#include <linux/kcmp.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "hsdp/common/logging.h"
@@ -13,7 +17,26 @@ absl::Status Invalid(const char* field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
 
+// kcmp(2) KCMP_FILE: 0 when fds a and b of this process are the same open
+// file, 1 or 2 when they differ, -1 (errno) when the kernel refuses.
+int CompareOpenFiles(int a, int b) {
+  const pid_t self = ::getpid();
+  return static_cast<int>(::syscall(SYS_kcmp, self, self, KCMP_FILE, a, b));
+}
+
 }  // namespace
+
+bool DeviceBufferRegistry::CanCompareOpenFiles() {
+  static const bool ok = [] {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return false;
+    UniqueFd r(fds[0]), w(fds[1]);
+    UniqueFd r2(::dup(r.get()));
+    return r2.valid() && CompareOpenFiles(r.get(), r2.get()) == 0 &&
+           CompareOpenFiles(r.get(), w.get()) > 0;
+  }();
+  return ok;
+}
 
 struct DeviceBufferRegistry::MappingHold {
   MappingHold(device::DeviceApi* d, device::Mapping m, UniqueFd f)
@@ -25,7 +48,7 @@ struct DeviceBufferRegistry::MappingHold {
   }
   device::DeviceApi* const dev;
   const device::Mapping mapping;
-  UniqueFd fd;  // VMM: kept open so the inode (part of the key) stays unique
+  UniqueFd fd;  // VMM: the open file buffers of this allocation are compared with
 };
 
 DeviceBufferRegistry::DeviceBufferRegistry(device::DeviceApi* dev, DeviceBufferLimits limits)
@@ -41,7 +64,7 @@ DeviceBufferRegistry::~DeviceBufferRegistry() {
 }
 
 absl::StatusOr<DeviceBufferRegistry::MappingKey> DeviceBufferRegistry::KeyOf(
-    const DeviceBufferRequest& r) const {
+    PerSession& s, const DeviceBufferRequest& r) const {
   switch (r.kind) {
     case device::HandleKind::kLegacyIpc:
       return MappingKey{static_cast<int>(r.kind), r.device,
@@ -49,14 +72,42 @@ absl::StatusOr<DeviceBufferRegistry::MappingKey> DeviceBufferRegistry::KeyOf(
                                     r.handle.size()),
                         r.generation};
     case device::HandleKind::kVmmFd: {
-      struct stat st;
-      if (!r.fd.valid() || ::fstat(r.fd.get(), &st) != 0) {
+      // Never the inode: every exported cuMem fd is an open file of the
+      // driver's control device, so (st_dev, st_ino) names no allocation.
+      if (!r.fd.valid()) {
         return Invalid("fd", "no valid file descriptor was passed for the VMM handle");
       }
-      const uint64_t ids[2] = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
-      return MappingKey{static_cast<int>(r.kind), r.device,
-                        std::string(reinterpret_cast<const char*>(ids), sizeof(ids)),
-                        r.generation};
+      const bool can_compare = CanCompareOpenFiles();
+      if (r.allocation_id != 0) {
+        std::string id = "id:";
+        id.append(reinterpret_cast<const char*>(&r.allocation_id), sizeof(r.allocation_id));
+        MappingKey key{static_cast<int>(r.kind), r.device, id, r.generation};
+        auto it = s.mappings.find(key);
+        if (it != s.mappings.end() && can_compare &&
+            CompareOpenFiles(it->second.hold->fd.get(), r.fd.get()) != 0) {
+          return Invalid("allocation_id",
+                         absl::StrCat("allocation ", r.allocation_id, " (generation ",
+                                      r.generation, ") of this session was registered with "
+                                      "another exported file; send the fd it was registered "
+                                      "with, or a new allocation id"));
+        }
+        return key;
+      }
+      // No id: the same open file (kcmp) is the same allocation; without
+      // kcmp every registration maps its own (correct, only costlier).
+      if (can_compare) {
+        for (const auto& [key, e] : s.mappings) {
+          if (std::get<0>(key) == static_cast<int>(r.kind) && std::get<1>(key) == r.device &&
+              std::get<3>(key) == r.generation && std::get<2>(key).rfind("file:", 0) == 0 &&
+              CompareOpenFiles(e.hold->fd.get(), r.fd.get()) == 0) {
+            return key;
+          }
+        }
+      }
+      std::string file = "file:";
+      const uint64_t n = s.next_file_key++;
+      file.append(reinterpret_cast<const char*>(&n), sizeof(n));
+      return MappingKey{static_cast<int>(r.kind), r.device, file, r.generation};
     }
     default:
       return Invalid("handle_kind", absl::StrCat("unknown device handle kind ",
@@ -80,10 +131,10 @@ absl::StatusOr<uint64_t> DeviceBufferRegistry::Register(uint64_t session_id,
                                                     ") does not fit the exported allocation of ",
                                                     r.allocation_bytes, " bytes"));
   }
-  auto key = KeyOf(r);
-  if (!key.ok()) return key.status();
   std::lock_guard<std::mutex> l(mu_);
   PerSession& s = sessions_[session_id];
+  auto key = KeyOf(s, r);
+  if (!key.ok()) return key.status();
   if (s.buffers.size() >= limits_.max_buffers_per_session) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "device buffers per session: the limit of ", limits_.max_buffers_per_session, " is reached"));

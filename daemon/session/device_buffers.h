@@ -8,9 +8,11 @@
 // allocation, so the allocation is mapped once and shared by reference count.
 //
 // Cache key = the allocation's identity, never its address: the legacy
-// handle bytes, or the (device, inode) of the VMM fd (the daemon keeps the
-// fd open while the mapping lives, so the inode cannot be recycled), plus
-// the client's allocation generation (the client bumps it whenever its
+// handle bytes; for a VMM fd the allocation id the client sends (checked:
+// the fd must be the open file registered under that id, kcmp(2)) or, with
+// no id, the open file itself (kcmp against the fds the daemon keeps) —
+// never the inode, which is the driver control device's for every exported
+// cuMem fd — plus the client's allocation generation (the client bumps it whenever its
 // allocator hands out an address again). A freed-and-reused address
 // therefore always misses and is mapped afresh; the stale mapping stays
 // only as long as buffers registered on it do. A mapping is unmapped when
@@ -72,6 +74,9 @@ struct DeviceBufferRequest {
   uint64_t offset = 0;              // of the buffer in the allocation
   uint64_t size_bytes = 0;
   uint64_t generation = 0;          // client's allocation generation
+  // kVmmFd: the client's name for the exported allocation (0: none). Buffers
+  // with one id share a mapping; checked against the open file (kcmp).
+  uint64_t allocation_id = 0;
   std::string name;                 // for status output
 };
 
@@ -143,10 +148,17 @@ class DeviceBufferRegistry {
   void EndSession(uint64_t session_id);
 
   DeviceBufferStats Stats(uint64_t session_id) const;
+  const device::DeviceApi& device_api() const { return *dev_; }
+  // Whether this kernel lets the daemon compare two open files (kcmp(2)
+  // KCMP_FILE on itself); without it VMM buffers share a mapping only
+  // through a client-sent allocation id.
+  static bool CanCompareOpenFiles();
   uint32_t node_mappings() const;
 
  private:
-  // Allocation identity: kind, device, handle bytes or (st_dev, st_ino), generation.
+  // Allocation identity: kind, device, identity bytes, generation. Identity:
+  // legacy handle bytes; VMM "id:" + the client's allocation id, or "file:" +
+  // a per-session number for one open file (never the inode).
   using MappingKey = std::tuple<int, int, std::string, uint64_t>;
   // Unmaps (and closes the VMM fd) when the last holder lets go: the
   // registry's entry, and operations in flight (DeviceRange::keep).
@@ -173,9 +185,10 @@ class DeviceBufferRegistry {
     uint64_t mapped_bytes = 0;
     uint64_t next_buffer = 1;
     uint64_t next_event = 1;
+    uint64_t next_file_key = 1;
   };
 
-  absl::StatusOr<MappingKey> KeyOf(const DeviceBufferRequest& r) const;
+  absl::StatusOr<MappingKey> KeyOf(PerSession& s, const DeviceBufferRequest& r) const;
   void Unmap(PerSession& s, std::map<MappingKey, MappingEntry>::iterator it);
 
   device::DeviceApi* const dev_;

@@ -114,6 +114,31 @@ class PyWork {
       return e.value();
     }
   }
+  // Work::WaitOnStream: `stream_wait(event_id)` (Python, called with the GIL)
+  // enqueues the stream wait before the op reusing the completion event can
+  // be submitted (issue 20, finding 8). Raises the op's or the callback's error.
+  void WaitOnStream(const py::function& stream_wait, std::optional<double> timeout) {
+    const absl::Duration d = SecondsOrInfinite(timeout);
+    std::optional<py::error_already_set> raised;
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = work_.WaitOnStream(
+          [&](uint64_t event_id) -> absl::Status {
+            py::gil_scoped_acquire acquire;
+            try {
+              stream_wait(event_id);
+            } catch (py::error_already_set& e) {
+              raised.emplace(std::move(e));
+              return absl::InternalError("the stream-wait callback raised");
+            }
+            return absl::OkStatus();
+          },
+          d);
+    }
+    if (raised) throw std::move(*raised);
+    ThrowIfError(s);
+  }
   Work& work() { return work_; }
 
  private:
@@ -229,6 +254,11 @@ void BindClient(py::module_& m) {
       .def("wait", &PyWork::Wait, py::arg("timeout") = py::none(),
            "Blocks (GIL released) until the operation ends; raises its error, or "
            "DeadlineExceeded after `timeout` seconds (the operation goes on).")
+      .def("wait_on_stream", &PyWork::WaitOnStream, py::arg("stream_wait"),
+           py::arg("timeout") = py::none(),
+           "Device path: waits (GIL released) for the op, then calls stream_wait(event_id) "
+           "with its completion event id (when it has one) before the op that reuses that "
+           "event can be submitted. stream_wait must only enqueue the stream wait.")
       .def("exception", &PyWork::Exception,
            "The operation's error as an exception object, or None (pending or ok).")
       .def_property_readonly("done", &PyWork::Test)
@@ -388,7 +418,7 @@ else the default socket path.)doc")
           "register_device_buffer",
           [](PyClient& c, const std::string& kind, int device, const py::bytes& handle, int fd,
              uint64_t allocation_bytes, uint64_t offset, uint64_t size, uint64_t generation,
-             const std::string& name) {
+             const std::string& name, const py::bytes& device_uuid, uint64_t allocation_id) {
             DeviceBufferSpec spec;
             if (kind == "legacy_ipc") {
               spec.kind = DeviceHandleKind::kLegacyIpc;
@@ -406,6 +436,8 @@ else the default socket path.)doc")
             spec.size_bytes = size;
             spec.generation = generation;
             spec.name = name;
+            spec.device_uuid = device_uuid;
+            spec.allocation_id = allocation_id;
             absl::StatusOr<uint64_t> id;
             {
               py::gil_scoped_release release;
@@ -416,8 +448,10 @@ else the default socket path.)doc")
           py::kw_only(), py::arg("kind"), py::arg("device"), py::arg("handle") = py::bytes(),
           py::arg("fd") = -1, py::arg("allocation_bytes") = 0, py::arg("offset") = 0,
           py::arg("size"), py::arg("generation") = 0, py::arg("name") = "",
+          py::arg("device_uuid") = py::bytes(), py::arg("allocation_id") = 0,
           "Registers a range of a device allocation; returns the buffer id (use it as "
-          "(id, byte_offset) in collectives).")
+          "(id, byte_offset) in collectives). device_uuid (16 bytes): the GPU's UUID, which "
+          "wins over `device` (the daemon may number GPUs differently).")
       .def(
           "free_device_buffer",
           [](PyClient& c, uint64_t id) {
@@ -431,16 +465,17 @@ else the default socket path.)doc")
           py::arg("buffer_id"))
       .def(
           "register_device_event",
-          [](PyClient& c, int device, const py::bytes& handle) {
+          [](PyClient& c, int device, const py::bytes& handle, const py::bytes& device_uuid) {
             absl::StatusOr<uint64_t> id;
             const std::string h = handle;
+            const std::string u = device_uuid;
             {
               py::gil_scoped_release release;
-              id = c.client().RegisterDeviceEvent(device, h);
+              id = c.client().RegisterDeviceEvent(device, h, u);
             }
             return ValueOrThrow(std::move(id));
           },
-          py::arg("device"), py::arg("handle"),
+          py::arg("device"), py::arg("handle"), py::arg("device_uuid") = py::bytes(),
           "Registers an interprocess event (64 handle bytes) for wait_event=.")
       .def(
           "free_device_event",
@@ -455,17 +490,18 @@ else the default socket path.)doc")
           py::arg("event_id"))
       .def(
           "completion_events",
-          [](PyClient& c, int device) {
+          [](PyClient& c, int device, const py::bytes& device_uuid) {
             absl::StatusOr<std::vector<std::string>> ev;
+            const std::string u = device_uuid;
             {
               py::gil_scoped_release release;
-              ev = c.client().GetCompletionEvents(device);
+              ev = c.client().GetCompletionEvents(device, u);
             }
             py::list out;
             for (const std::string& h : ValueOrThrow(std::move(ev))) out.append(py::bytes(h));
             return out;
           },
-          py::arg("device"),
+          py::arg("device"), py::arg("device_uuid") = py::bytes(),
           "The daemon's completion event handles on `device` (64 bytes each), by slot.")
       .def("detach", &PyClient::Detach,
            "Ends the session now; outstanding Work fails with Cancelled. Buffers stay mapped "

@@ -71,7 +71,7 @@ int Trainer(const std::string& socket, int k, FILE* out) {
   UniqueFd vmm_fd;
   void* legacy = nullptr;
   if (k == 0) {
-    auto base = api->Allocate(0, bytes);
+    auto base = api->Allocate(0, bytes, hsdp::device::AllocSharing::kPosixFd);
     if (!base.ok()) return fail(base.status().ToString());
     auto range = api->GetAddressRange(*base);
     auto fd = api->ExportFd(*base);

@@ -7,7 +7,9 @@
 // a freed-and-reused handle never hitting a stale mapping, a killed trainer
 // leaking nothing, and CPU tensors on the same daemon.
 #include <signal.h>
+#include <sys/stat.h>
 
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -247,6 +249,166 @@ TEST(DeviceDaemonTest, ProducerEventOrdersTheCollectiveAndCompletionEventsAreRec
 // handing an address out again): with a new generation the daemon maps the
 // new memory even while the old allocation is still mapped for another
 // buffer. Data proves which memory the collective read.
+// Finding 8 of issue 20: completion events are one per ring slot, so the op
+// `ring_entries` later records the same event. WaitOnStream must enqueue the
+// stream wait before that op can be submitted, else the wait captures the
+// later op's record. The fake records the slot's event again (recorded
+// count); while the stream-wait callback of op k runs, another thread
+// submits op k + ring_entries: it must not get through before the callback
+// returned, so the record count the callback sees is op k's.
+TEST(DeviceDaemonTest, CompletionSlotIsNotReusedBeforeTheStreamWaitIsEnqueued) {
+  constexpr int kRing = 16;
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start(FakeDeviceConfig() + "data_plane:\n  ring_entries: 16\n")) << d.Log();
+  RunRanks(2, [&](int rank, FILE* out) -> int {
+    DeviceTrainer T;
+    T.out = out;
+    if (!T.Start(d.socket(), "slots", rank, 2, kAllocBytes)) return 1;
+    auto g = T.client->NewGroup({0, 1});
+    if (!g.ok()) return T.Fail("group"), 1;
+    auto submit = [&] {
+      return T.client->AllReduce(*g, {T.buffer, 0}, {T.buffer, kRecvOffset}, kCount,
+                                 DataType::kFloat32);
+    };
+    auto first = submit();
+    if (!first.ok()) return T.Fail("submit"), 1;
+    // Fill the other slots, so the next submission reuses `first`'s.
+    for (int i = 1; i < kRing; ++i) {
+      if (!Await(&T, submit(), "fill " + std::to_string(i))) return 1;
+    }
+    std::atomic<bool> reused{false};
+    std::thread later;
+    absl::Status s = first->WaitOnStream(
+        [&](uint64_t event_id) -> absl::Status {
+          if (event_id == 0 || event_id > T.completion_events.size()) {
+            return absl::InternalError("event id out of range");
+          }
+          device::IpcHandleBytes ch;
+          std::memcpy(ch.data(), T.completion_events[event_id - 1].data(), ch.size());
+          auto opened = device::fakeshm::SharedEvent::Open(ch);
+          if (!opened.ok()) return opened.status();
+          const uint64_t records = (*opened)->block()->recorded.load();
+          later = std::thread([&] {
+            auto w = submit();  // op first + kRing: the same completion event
+            reused = true;
+            if (w.ok()) (void)w->Wait(absl::Seconds(30));
+          });
+          // Give the other thread every chance to get through (bounded).
+          for (int i = 0; i < 100 && !reused; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          }
+          if (reused || (*opened)->block()->recorded.load() != records) {
+            return absl::InternalError(
+                "the op reusing this completion event was submitted before the stream wait "
+                "was enqueued: the wait would capture a later op's record");
+          }
+          return absl::OkStatus();  // here: cudaStreamWaitEvent on this op's record
+        },
+        absl::Seconds(30));
+    if (!s.ok()) T.Fail("WaitOnStream: " + s.ToString());
+    if (later.joinable()) later.join();
+    if (!reused) T.Fail("the later submission never went through");
+    std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
+    return T.failures == 0 ? 0 : 1;
+  }, 90000);
+  EXPECT_EQ(d.Stop(), 0);
+}
+
+// Finding 1 of issue 20 through a real hsdpd: a trainer's VMM fds are open
+// files of one file (same inode, as the driver's are). A second allocation
+// registered without an allocation id must get its own mapping: the
+// collective reads the second allocation's data, not the first's.
+TEST(DeviceDaemonTest, TwoVmmAllocationsSharingAnInodeStayApart) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start(FakeDeviceConfig())) << d.Log();
+  RunRanks(2, [&](int rank, FILE* out) -> int {
+    DeviceTrainer T;
+    T.out = out;
+    if (!T.Start(d.socket(), "inode", rank, 2, kAllocBytes)) return 1;
+    auto second = T.dev.AllocateVmm(kAllocBytes);
+    if (!second.ok()) return T.Fail("allocate"), 1;
+    if (rank == 0) {  // rank 0's first allocation is a VMM one too: same inode
+      struct stat a, b;
+      if (::fstat(T.alloc->fd.get(), &a) != 0 || ::fstat((*second)->fd.get(), &b) != 0 ||
+          a.st_ino != b.st_ino) {
+        T.Fail("the fake's VMM fds do not share an inode");
+      }
+    }
+    auto id2 = T.Register(**second, 0, (*second)->bytes, 1, /*vmm=*/true);
+    auto g = T.client->NewGroup({0, 1});
+    if (!id2.ok() || !g.ok()) return T.Fail("setup: " + id2.status().ToString()), 1;
+    float* f2 = static_cast<float*>((*second)->data);
+    for (uint64_t i = 0; i < kCount; ++i) {
+      T.F(0)[i] = In(rank, i);
+      f2[i] = In(rank, i) + 100.0f;
+    }
+    if (Await(&T, T.client->AllReduce(*g, {*id2, 0}, {*id2, kRecvOffset}, kCount,
+                                      DataType::kFloat32),
+              "all_reduce on the second allocation")) {
+      for (uint64_t i = 0; i < kCount; ++i) {
+        const float want = In(0, i) + In(1, i) + 200.0f;
+        if (f2[kRecvOffset / 4 + i] != want) {
+          T.Fail("second allocation [" + std::to_string(i) + "] got " +
+                 std::to_string(f2[kRecvOffset / 4 + i]) + ", want " + std::to_string(want));
+          break;
+        }
+      }
+    }
+    if (Await(&T, T.client->AllReduce(*g, {T.buffer, 0}, {T.buffer, kRecvOffset}, kCount,
+                                      DataType::kFloat32),
+              "all_reduce on the first allocation")) {
+      Expect(&T, "first allocation", T.F(kRecvOffset), kCount,
+             [](uint64_t i) { return In(0, i) + In(1, i); });
+    }
+    (void)T.client->FreeDeviceBuffer(*id2);
+    FakeTrainerDevice::Free(*std::move(second));
+    std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
+    return T.failures == 0 ? 0 : 1;
+  }, 60000);
+  EXPECT_EQ(d.Stop(), 0);
+}
+
+// Finding 6 of issue 20: each trainer numbers the GPUs the other way round
+// (as CUDA_VISIBLE_DEVICES=1,0 would) but sends the GPU's UUID: the daemon
+// uses its own ordinal for that UUID, so the data lands on the right
+// device; an unknown UUID is refused by name.
+TEST(DeviceDaemonTest, TrainersNameTheirGpuByUuidWhateverTheirNumbering) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start(FakeDeviceConfig())) << d.Log();
+  RunRanks(2, [&](int rank, FILE* out) -> int {
+    DeviceTrainer T;
+    T.out = out;
+    T.by_uuid = true;
+    T.claimed_device = 1 - rank;  // the other GPU's ordinal in the daemon's numbering
+    if (!T.Start(d.socket(), "uuid", rank, 2, kAllocBytes)) return 1;
+    auto g = T.client->NewGroup({0, 1});
+    if (!g.ok()) return T.Fail("group"), 1;
+    for (uint64_t i = 0; i < kCount; ++i) T.F(0)[i] = In(rank, i);
+    if (Await(&T, T.client->AllReduce(*g, {T.buffer, 0}, {T.buffer, kRecvOffset}, kCount,
+                                      DataType::kFloat32),
+              "all_reduce by uuid")) {
+      Expect(&T, "all_reduce by uuid", T.F(kRecvOffset), kCount,
+             [](uint64_t i) { return In(0, i) + In(1, i); });
+    }
+    DeviceBufferSpec spec;
+    spec.kind = DeviceHandleKind::kLegacyIpc;
+    spec.device = rank;
+    spec.device_uuid = std::string(16, '\x5a');
+    spec.legacy_handle.assign(reinterpret_cast<const char*>(T.alloc->handle.data()), 64);
+    spec.size_bytes = 64;
+    auto bad = T.client->RegisterDeviceBuffer(spec);
+    if (bad.ok() || bad.status().message().find("GPU-5a5a5a5a-5a5a") == std::string::npos) {
+      T.Fail("an unknown UUID was not refused by name: " + bad.status().ToString());
+    }
+    std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
+    return T.failures == 0 ? 0 : 1;
+  }, 60000);
+  EXPECT_EQ(d.Stop(), 0);
+}
+
 TEST(DeviceDaemonTest, FreedAndReusedHandleNeverHitsAStaleMapping) {
   TempDir dir;
   DaemonProcess d(dir);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/device/fake_device_api.h"
 #include "daemon/device/fake_shm.h"
 #include "hsdp/client.h"
 #include "test_util.h"
@@ -63,6 +64,15 @@ struct DeviceTrainer {
   FILE* out = nullptr;
   int failures = 0;
   std::vector<std::string> completion_events;
+  // Name the GPU by UUID (the fake daemon's FakeUuid(rank)) and send
+  // `claimed_device` as the ordinal: a trainer numbering GPUs differently.
+  bool by_uuid = false;
+  int claimed_device = -1;
+  std::string Uuid() const {
+    const device::DeviceUuid u = device::FakeUuid(device);
+    return by_uuid ? std::string(reinterpret_cast<const char*>(u.data()), u.size()) : "";
+  }
+  int Claimed() const { return claimed_device >= 0 ? claimed_device : device; }
 
   void Fail(const std::string& what) {
     if (++failures <= 20) std::fprintf(out, "rank %d FAIL: %s\n", rank, what.c_str());
@@ -74,7 +84,8 @@ struct DeviceTrainer {
   absl::StatusOr<uint64_t> Register(FakeTrainerDevice::Allocation& a, uint64_t offset,
                                     uint64_t size, uint64_t generation, bool vmm) {
     DeviceBufferSpec spec;
-    spec.device = device;
+    spec.device = Claimed();
+    spec.device_uuid = Uuid();
     spec.offset_bytes = offset;
     spec.size_bytes = size;
     spec.generation = generation;
@@ -113,7 +124,7 @@ struct DeviceTrainer {
     auto id = Register(*alloc, 0, bytes, 1, vmm);
     if (!id.ok()) return Fail("register: " + id.status().ToString()), false;
     buffer = *id;
-    auto ev = client->GetCompletionEvents(device);
+    auto ev = client->GetCompletionEvents(Claimed(), Uuid());
     if (!ev.ok()) return Fail("completion events: " + ev.status().ToString()), false;
     completion_events = *ev;
     return true;

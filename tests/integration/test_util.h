@@ -30,7 +30,12 @@
 
 namespace hsdp::testing {
 
-inline std::string BinDir() { return HSDP_BIN_DIR; }
+// $HSDP_BIN_DIR when set (a bundle carried to a GPU machine: the build's
+// folder does not exist there), else this build's bin/.
+inline std::string BinDir() {
+  const char* env = std::getenv("HSDP_BIN_DIR");
+  return env != nullptr && *env != 0 ? env : HSDP_BIN_DIR;
+}
 
 inline int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -125,3 +125,230 @@ def test_share_spec_of_a_cuda_tensor_names_its_allocation_and_offset():
     make = cuda.torch_event_factory(0)
     event, handle = make()
     assert len(handle) == 64
+
+
+# --- issue 20, finding 3: torch's 66-byte handle, handles per allocation,
+# anchors, the CudaWork's lifetime and stream-wait order ----------------------
+
+def test_share_handle_of_torch_2_4_and_later_is_66_bytes():
+    payload = bytes(range(64))
+    for version in (2, 3):  # torch's source trees write 2, torch 2.15.0's binary 3 ('c' alike)
+        assert cuda.legacy_handle_from_share(bytes([version]) + b"c" + payload) == payload
+    assert cuda.legacy_handle_from_share(payload) == payload  # torch before versioning
+    with pytest.raises(RuntimeError, match="expandable"):
+        cuda.legacy_handle_from_share(b"\x02e" + b"x" * 80)
+    with pytest.raises(RuntimeError, match="not a legacy"):
+        cuda.legacy_handle_from_share(b"\x02c" + payload + b"extra")
+
+
+class FakeDevice:
+    def __init__(self, index):
+        self.type = "cuda"
+        self.index = index
+
+
+class FakeStorage:
+    released = []
+
+    def __init__(self, ptr, alloc_offset, handle66):
+        self.ptr = ptr
+        self.alloc_offset = alloc_offset
+        self.handle66 = handle66
+        self.shared = 0
+
+    def data_ptr(self):
+        return self.ptr
+
+    def _share_cuda_(self):
+        self.shared += 1
+        return (0, self.handle66, 4096, self.alloc_offset, b"/torch_123_456", 7,
+                b"\0" * 64, True)
+
+    @classmethod
+    def _release_ipc_counter_cuda(cls, handle, offset):
+        cls.released.append((handle, offset))
+
+
+class FakeTensor:
+    def __init__(self, ptr, nbytes, device=0, storage=None):
+        self.device = FakeDevice(device)
+        self._ptr = ptr
+        self._nbytes = nbytes
+        self._storage = storage
+
+    def is_contiguous(self):
+        return True
+
+    def data_ptr(self):
+        return self._ptr
+
+    def numel(self):
+        return self._nbytes // 4
+
+    def element_size(self):
+        return 4
+
+    def untyped_storage(self):
+        return self._storage
+
+
+class FakeDriver:
+    """cuMemGetAddressRange / cudaIpcGetMemHandle / cuDeviceGetUuid over a table."""
+
+    def __init__(self, allocations):
+        self.allocations = allocations  # base -> size
+        self.handle_calls = 0
+
+    def address_range(self, ptr):
+        for base, size in self.allocations.items():
+            if base <= ptr < base + size:
+                return base, size
+        raise RuntimeError("not an allocation")
+
+    def ipc_handle(self, base):
+        self.handle_calls += 1
+        return base.to_bytes(8, "little") * 8
+
+    def device_uuid(self, device):
+        return bytes([0xA0 + device]) * 16
+
+
+def test_handles_are_found_once_per_allocation_with_base_and_offset():
+    drv = FakeDriver({0x10000: 0x20000, 0x80000: 0x1000})
+    handles = cuda.AllocationHandles(drv)
+    a = cuda.share_spec(FakeTensor(0x10000 + 256, 1024), handles)
+    b = cuda.share_spec(FakeTensor(0x10000 + 0x8000, 4096), handles)
+    c = cuda.share_spec(FakeTensor(0x80000 + 16, 64), handles)
+    for _ in range(10):  # per op: no driver call at all
+        cuda.share_spec(FakeTensor(0x10000 + 256, 1024), handles)
+    assert drv.handle_calls == 2 and handles.lookups == 2
+    assert a.handle == b.handle != c.handle and len(a.handle) == 64
+    assert (a.offset_bytes, b.offset_bytes, c.offset_bytes) == (256, 0x8000, 16)
+    assert a.size_bytes == 1024 and a.uuid == bytes([0xA0]) * 16
+
+
+def test_torch_fallback_shares_once_per_storage_and_releases_torchs_counter():
+    payload = bytes(range(64))
+    storage = FakeStorage(ptr=0x5000 + 4096, alloc_offset=4096, handle66=b"\x03c" + payload)
+
+    class Driver(cuda.TorchShareDriver):
+        @staticmethod
+        def device_uuid(device):
+            return b"u" * 16
+
+    FakeStorage.released.clear()
+    handles = cuda.AllocationHandles(Driver())
+    spec = cuda.share_spec(FakeTensor(0x5000 + 4096 + 64, 256, storage=storage), handles)
+    cuda.share_spec(FakeTensor(0x5000 + 4096, 64, storage=storage), handles)
+    assert spec.handle == payload  # the 64 bytes out of torch's 66
+    assert spec.offset_bytes == 4096 + 64  # from the allocation base
+    assert storage.shared == 1  # _share_cuda_ once, not per op
+    assert FakeStorage.released == [(b"/torch_123_456", 7)]  # not parked in torch's limbo
+
+
+def test_registrations_anchor_the_allocation_until_the_daemon_closed_it():
+    import weakref
+
+    class Anchor:
+        pass
+
+    c = FakeClient()
+    order = []
+    regs = cuda.DeviceRegistrations(c.register, lambda bid: order.append(("free", regs.anchored())))
+    anchor = Anchor()
+    ref = weakref.ref(anchor)
+    regs.buffer_for(_spec(offset=0), anchor=anchor)
+    regs.buffer_for(_spec(offset=1024), anchor=Anchor())  # same allocation: one anchor
+    del anchor
+    assert ref() is not None and regs.anchored() == 1
+    regs.release_all()
+    assert order == [("free", 1), ("free", 1)]  # registrations freed while still anchored
+    assert regs.anchored() == 0 and ref() is None
+
+
+def _cuda_ops():
+    pytest.importorskip("torch")
+    try:
+        from hsdp.torch import cuda_ops
+    except ImportError as e:
+        pytest.skip("hsdp package not importable: %s" % e)
+    return cuda_ops
+
+
+class FakeRawWork:
+    def __init__(self, event_id):
+        self.event_id = event_id
+        self.inside = False
+        self.done = False
+
+    def test(self):
+        return self.done
+
+    def exception(self):
+        return None
+
+    def wait(self, timeout=None):
+        self.done = True
+
+    def wait_on_stream(self, stream_wait, timeout=None):
+        self.done = True
+        self.inside = True
+        try:
+            stream_wait(self.event_id)
+        finally:
+            self.inside = False
+
+
+class FakeEvent:
+    def __init__(self, raw):
+        self.raw = raw
+        self.waits = []
+
+    def wait(self, stream):
+        self.waits.append((stream, self.raw.inside))
+
+
+class FakePath:
+    def __init__(self, raw):
+        self.event = FakeEvent(raw)
+        self.released = []
+
+    def completion_event(self, device, event_id):
+        return self.event if event_id == 3 else None
+
+    def release_event(self, device, event_id):
+        self.released.append(event_id)
+
+
+def test_cuda_work_enqueues_the_stream_wait_before_the_slot_is_reused(monkeypatch):
+    cuda_ops = _cuda_ops()
+    import torch
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream")
+    raw = FakeRawWork(event_id=3)
+    path = FakePath(raw)
+    work = cuda_ops.CudaWork(raw, path, 0, 42, [object()], ["out"], 5.0)
+    assert work.wait() is True
+    # The wait was enqueued inside Work.wait_on_stream, i.e. while the op
+    # that reuses completion slot 3 cannot be submitted.
+    assert path.event.waits == [("stream", True)]
+    assert path.released == [42]
+
+
+def test_cuda_work_keeps_inputs_and_outputs_until_done(monkeypatch):
+    import weakref
+    cuda_ops = _cuda_ops()
+    import torch
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream")
+
+    class T:
+        pass
+
+    raw = FakeRawWork(event_id=0)
+    inp, out = T(), T()
+    in_ref = weakref.ref(inp)
+    work = cuda_ops.CudaWork(raw, FakePath(raw), 0, 1, [inp], [out], 5.0)
+    del inp
+    assert in_ref() is not None  # the daemon may still read it
+    work.wait()
+    assert in_ref() is None  # released once done
+    assert work.result() == [out]

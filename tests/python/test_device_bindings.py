@@ -62,6 +62,7 @@ class FakeEvent:
 
 def test_device_buffers_and_producer_event_through_the_bindings(fake_device_daemon):
     from hsdp import _hsdp
+    from hsdp.errors import InvalidArgument
     c = _hsdp.Client(socket_path=fake_device_daemon.socket, job_id="pydev", device="cuda:0")
     assert c.device_memory
     nbytes = 1 << 16
@@ -87,11 +88,28 @@ def test_device_buffers_and_producer_event_through_the_bindings(fake_device_daem
         w.wait(30)
         assert struct.unpack_from("<4f", mem, 4096) == (1.5, 2.5, 3.5, 4.5)
         assert 1 <= w.completion_event_id <= len(events)
+        # wait_on_stream hands the completion event id to the callback (issue
+        # 20, finding 8: the stream wait is enqueued inside it); its error
+        # comes back as raised.
+        seen = []
+        w.wait_on_stream(seen.append, 30)
+        assert seen == [w.completion_event_id]
+        w2 = c.all_reduce(g, (buf, 0), (buf, 4096), 4, "float32")
+
+        def boom(event_id):
+            raise ValueError("stream wait failed %d" % event_id)
+
+        with pytest.raises(ValueError, match="stream wait failed"):
+            w2.wait_on_stream(boom, 30)
+        # The GPU named by UUID (finding 6): the fake daemon's GPU 0.
+        uuid = b"hsdp-fake-gpu" + bytes([0, 0, 0])
+        assert len(c.completion_events(5, device_uuid=uuid)) == len(events)
+        with pytest.raises(InvalidArgument, match="GPU-5a5a5a5a"):
+            c.completion_events(0, device_uuid=b"\x5a" * 16)
         c.free_device_event(ev_id)
     finally:
         ev.close()
     # Errors keep their types and messages.
-    from hsdp.errors import InvalidArgument
     with pytest.raises(InvalidArgument, match="outside device buffer"):
         c.all_reduce(g, (buf, nbytes - 4), (buf, 0), 4, "float32")
     with pytest.raises(InvalidArgument, match="kind"):

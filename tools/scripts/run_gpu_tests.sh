@@ -1,162 +1,285 @@
 #!/usr/bin/env bash
-# The GPU suite, one command (docs/gpu.md). On a machine with a GPU:
-#   1. builds with HSDP_WITH_CUDA=ON into build-gpu/ (or $HSDP_BUILD_DIR),
-#   2. runs the device tests (ctest -L gpu: real CUDA IPC with both handle
-#      kinds across two processes, events, streams, the scale/cast kernel,
-#      the NCCL engine on real communicators) and the fake-backed engine tests,
-#      then the end-to-end daemon tests (a real hsdpd, trainer processes, both
-#      handle kinds: cuda_daemon_integration_test on the GPU, device_daemon /
-#      device_hostile on engine.device: fake) and
-#      the torch backend with CUDA tensors and FSDP2 fully_shard against a real
-#      hsdpd with engine.kind nccl (tools/bench/gpu_torch_e2e.py, torch >= 2.4),
-#   3. the GPU benchmark: hsdp-gpu-bench (the NCCL engine vs raw NCCL in the
-#      same process) and in-process NCCL through torch.distributed, same sizes,
-#   4. the compute/communication overlap experiment (tools/bench/gpu_overlap.py),
-#   5. prints a summary; exits non-zero when any step failed.
-# Without a GPU (or with --dry-run) it checks what it can, says "no GPU" and
-# exits 0 without building. Needs torch >= 2.4 for steps 3-4 (skipped, and
-# reported, when torch or its CUDA is missing); never uses the network.
+# The GPU checks, one stage per call, on a GPU machine that carries the
+# bundle gpu_bundle.sh made (docs/gpu.md, "A run a GPU machine can carry").
+# The machine has CUDA, Python 3.12 with torch and pip's nvidia-nccl-cu13, a
+# compiler, and none of gRPC / protobuf / abseil: everything else comes in
+# the bundle (bin/, tests/, lib/, pykit/).
 #
-#   tools/scripts/run_gpu_tests.sh [--dry-run] [--sizes-mb 1,16,64,256] [--try-mps]
+#   tools/scripts/run_gpu_tests.sh --stage probe|core|daemon|torch|bench
+#        [--bundle DIR (gpu-bundle)] [--dry-run] [--sizes-mb 1,16,64]
+#
+#   probe   versions (driver, nvcc, Python, torch, NCCL), what torch's
+#           _share_cuda_ returns (handle length, version and type bytes),
+#           hsdp-gpu-probe (two exported VMM fds: fstat, /proc/self/fd, kcmp;
+#           a legacy handle opened twice by a child; UUIDs), ldd of the bundle
+#   core    the bundle's GPU unit tests (ctest label gpu + unit)
+#   daemon  the bundle's GPU integration tests (label gpu + integration):
+#           a real hsdpd from the bundle, trainer processes on the GPU
+#   torch   builds hsdp._hsdp from pykit for this Python, then the torch
+#           backend on CUDA tensors + FSDP2 (gpu_torch_e2e.py) and the CUDA
+#           tests of tests/python/test_cuda.py
+#   bench   hsdp-gpu-bench (the NCCL engine vs raw NCCL) and torch's NCCL
+#
+# Each stage stays under 9 minutes (every command has a timeout inside the
+# stage's budget) and writes $OUT/<stage>.report.txt (one line per check:
+# name, OK/FAIL/SKIP, detail) and $OUT/<stage>.log; $OUT defaults to
+# ./gpu-out. Exit status: non-zero when any check failed. On a GPU machine a
+# skipped GPU test is a failure.
+#
+# --dry-run (what CI runs, no GPU needed): checks that everything the stage
+# needs is in the bundle and that its scripts parse, prints the commands it
+# would run, and fails when anything is missing.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BUILD_DIR="${HSDP_BUILD_DIR:-$ROOT/build-gpu}"
+BUNDLE="$ROOT/gpu-bundle"
 PYTHON="${PYTHON:-python3}"
+STAGE=""
 DRY=0
 SIZES="1,16,64,256"
-MPS_FLAG=""
+STAGE_BUDGET_S="${HSDP_STAGE_BUDGET_S:-510}"  # 8.5 minutes
 while [ $# -gt 0 ]; do
   case "$1" in
+    --stage) STAGE="${2:-}"; shift ;;
+    --bundle) BUNDLE="$(cd "${2:?}" && pwd)"; shift ;;
     --dry-run) DRY=1 ;;
     --sizes-mb) SIZES="$2"; shift ;;
-    --try-mps) MPS_FLAG="--try-mps" ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "run_gpu_tests.sh: unknown argument $1" >&2; exit 64 ;;
   esac
   shift
 done
+case "$STAGE" in
+  probe|core|daemon|torch|bench) ;;
+  *) echo "run_gpu_tests.sh: --stage probe|core|daemon|torch|bench is required" >&2; exit 64 ;;
+esac
 
-declare -a SUMMARY=()
+OUT_DIR="${OUT:-$ROOT/gpu-out}"
+mkdir -p "$OUT_DIR"
+REPORT="$OUT_DIR/$STAGE.report.txt"
+LOG="$OUT_DIR/$STAGE.log"
+: >"$REPORT"
+: >"$LOG"
+START=$(date +%s)
 FAILED=0
-record() {  # record NAME STATUS [DETAIL]
-  SUMMARY+=("$(printf '%-28s %-8s %s' "$1" "$2" "${3:-}")")
+
+record() {  # record NAME OK|FAIL|SKIP [DETAIL]
+  printf '%-34s %-5s %s\n' "$1" "$2" "${3:-}" | tee -a "$REPORT"
   if [ "$2" = "FAIL" ]; then FAILED=1; fi
 }
-print_summary() {
-  echo
-  echo "=== GPU suite summary ($(date -u +%FT%TZ)) ==="
-  for line in "${SUMMARY[@]}"; do echo "$line"; done
-  if [ "$FAILED" -ne 0 ]; then echo "result: FAILED"; else echo "result: OK"; fi
+left() {  # seconds left of the stage's budget
+  echo $(( STAGE_BUDGET_S - ($(date +%s) - START) ))
+}
+# run_logged NAME MAX_S CMD...: runs CMD with a timeout inside the budget,
+# its output appended to the log; returns CMD's status (124: timed out).
+run_logged() {
+  local name="$1" max="$2"; shift 2
+  local t; t=$(left)
+  [ "$t" -gt "$max" ] && t="$max"
+  if [ "$t" -le 5 ]; then
+    echo "=== $name: no time left in the stage budget" >>"$LOG"
+    return 124
+  fi
+  echo "=== $name (timeout ${t}s): $*" >>"$LOG"
+  timeout --kill-after=10 "$t" "$@" >>"$LOG.part" 2>&1
+  local rc=$?
+  # Keep the log bounded: the whole output of short runs, the tail of long ones.
+  if [ "$(wc -c <"$LOG.part")" -gt 400000 ]; then
+    head -c 100000 "$LOG.part" >>"$LOG"; echo "... (cut) ..." >>"$LOG"
+    tail -c 200000 "$LOG.part" >>"$LOG"
+  else
+    cat "$LOG.part" >>"$LOG"
+  fi
+  rm -f "$LOG.part"
+  echo "=== $name: exit $rc" >>"$LOG"
+  return "$rc"
+}
+
+manifest_entries() {  # manifest_entries KIND -> paths
+  [ -f "$BUNDLE/MANIFEST" ] && awk -v k="$1" '$1 == k {print $2}' "$BUNDLE/MANIFEST"
+}
+need() {  # need PATH...: records FAIL for each missing bundle file
+  local ok=0
+  for p in "$@"; do
+    if [ ! -e "$BUNDLE/$p" ]; then record "bundle: $p" "FAIL" "missing"; ok=1; fi
+  done
+  return "$ok"
+}
+parses() {  # parses FILE.py
+  if "$PYTHON" -c 'import ast, sys; ast.parse(open(sys.argv[1]).read())' "$1" 2>>"$LOG"; then
+    record "syntax $(basename "$1")" "OK"
+  else
+    record "syntax $(basename "$1")" "FAIL"
+  fi
 }
 
 gpu_present() {
   command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '
 }
 
-if [ "$DRY" -eq 1 ] || ! gpu_present; then
-  why="--dry-run"
-  gpu_present || why="no GPU (nvidia-smi finds none)"
-  record "gpu" "SKIP" "$why"
-  for f in "$ROOT/tools/bench/gpu_torch_baseline.py" "$ROOT/tools/bench/gpu_overlap.py" \
-           "$ROOT/tools/bench/gpu_torch_e2e.py"; do
-    if "$PYTHON" -c 'import ast, sys; ast.parse(open(sys.argv[1]).read())' "$f" 2>/dev/null; then record "syntax $(basename "$f")" "OK"; \
-    else record "syntax $(basename "$f")" "FAIL"; fi
-  done
-  if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
-    record "cuda toolkit" "OK" "$( (command -v nvcc || echo /usr/local/cuda/bin/nvcc) | head -1)"
-  else
-    record "cuda toolkit" "SKIP" "nvcc not found"
-  fi
-  print_summary
-  exit "$FAILED"
+# --- the bundle and the environment ----------------------------------------
+if [ ! -f "$BUNDLE/MANIFEST" ]; then
+  record "bundle" "FAIL" "no $BUNDLE/MANIFEST: run tools/scripts/gpu_bundle.sh and carry gpu-bundle"
+  exit 1
 fi
-
-nvidia-smi -L
-nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader || true
-
-# 1. build
-launcher=()
-command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-gen=()
-command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
-if cmake -S "$ROOT" -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-     -DHSDP_WITH_CUDA=ON "${launcher[@]}" >"$BUILD_DIR.configure.log" 2>&1 \
-   && cmake --build "$BUILD_DIR" -j "$(nproc)" --target cuda_device_test cuda_ipc_peer \
-        nccl_engine_test nccl_fakes_test fake_device_api_test device_buffers_test \
-        device_engine_factory_test hsdp-gpu-bench hsdpd hsdpctl \
-        device_daemon_integration_test device_hostile_integration_test \
-        cuda_daemon_integration_test >"$BUILD_DIR.build.log" 2>&1; then
-  record "build (HSDP_WITH_CUDA=ON)" "OK" "$BUILD_DIR"
+if python3 "$ROOT/tools/scripts/gpu_bundle.py" --check --out "$BUNDLE" >>"$LOG" 2>&1; then
+  record "bundle check" "OK" "$(tail -1 "$LOG" | head -c 120)"
 else
-  record "build (HSDP_WITH_CUDA=ON)" "FAIL" "see $BUILD_DIR.configure.log / $BUILD_DIR.build.log"
-  tail -30 "$BUILD_DIR.build.log" 2>/dev/null || tail -30 "$BUILD_DIR.configure.log"
-  print_summary
+  record "bundle check" "FAIL" "see $LOG"
+fi
+NCCL_LIB=""
+if [ "$DRY" -eq 0 ]; then
+  NCCL_LIB="$("$PYTHON" -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null || true)"
+fi
+export LD_LIBRARY_PATH="$BUNDLE/lib${NCCL_LIB:+:$NCCL_LIB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export HSDP_BIN_DIR="$BUNDLE/bin"
+
+if [ "$DRY" -eq 0 ] && ! gpu_present; then
+  record "gpu" "FAIL" "no GPU (nvidia-smi finds none); use --dry-run on a machine without one"
   exit 1
 fi
 
-# 2. device tests (real GPU) and the fake-backed engine tests
-for t in cuda_device_test nccl_engine_test nccl_fakes_test fake_device_api_test \
-         device_buffers_test device_engine_factory_test device_daemon_integration_test \
-         device_hostile_integration_test cuda_daemon_integration_test; do
-  log="$BUILD_DIR/$t.log"
-  if timeout 600 "$BUILD_DIR/tests/$t" >"$log" 2>&1; then
-    skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z]' "$log" || true)
-    passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log")
-    if [[ "$t" == cuda_* ]] && [ "${skipped:-0}" -gt 0 ]; then
-      record "$t" "FAIL" "$skipped test(s) skipped on a GPU machine (see $log)"
-    else
-      record "$t" "OK" "${passed:-?} passed"
-    fi
-  else
-    record "$t" "FAIL" "see $log"
-    grep -E 'Failure|FAILED|Expected|Which' "$log" | head -20
+# run_gtest NAME BINARY MAX_S: a gtest binary; a skipped test fails (GPU machine).
+run_gtest() {
+  local name="$1" bin="$2" max="$3"
+  if [ "$DRY" -eq 1 ]; then
+    echo "would run: $bin (timeout ${max}s)" >>"$LOG"
+    record "$name" "OK" "dry run: present"
+    return
   fi
-done
+  local before; before=$(wc -l <"$LOG")
+  run_logged "$name" "$max" "$bin" --gtest_color=no
+  local rc=$?
+  local part; part="$(tail -n +"$((before + 1))" "$LOG")"
+  local skipped; skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z]' <<<"$part" || true)
+  local passed; passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' <<<"$part")
+  if [ "$rc" -eq 124 ]; then
+    record "$name" "FAIL" "timed out"
+  elif [ "$rc" -ne 0 ]; then
+    record "$name" "FAIL" "exit $rc: $(grep -m3 -E 'Failure|FAILED' <<<"$part" | tr '\n' ' ' | head -c 200)"
+  elif [ "${skipped:-0}" -gt 0 ]; then
+    record "$name" "FAIL" "$skipped test(s) skipped on a GPU machine"
+  else
+    record "$name" "OK" "${passed:-?} passed"
+  fi
+}
 
-# 2b. the daemon on the real device through the torch backend: CUDA tensors
-# (legacy IPC handles, producer events, Work.wait()) and FSDP2 fully_shard.
-# The Python module of this build is needed: build it if it is configured.
-cmake --build "$BUILD_DIR" -j "$(nproc)" --target hsdp_python >>"$BUILD_DIR.build.log" 2>&1 || true
-e2e_log="$BUILD_DIR/gpu_torch_e2e.txt"
-timeout 900 "$PYTHON" "$ROOT/tools/bench/gpu_torch_e2e.py" --build "$BUILD_DIR" >"$e2e_log" 2>&1
-case $? in
-  0) record "torch backend e2e (cuda)" "OK" "$e2e_log" ;;
-  2) record "torch backend e2e (cuda)" "FAIL" "torch with CUDA not importable ($e2e_log)" ;;
-  *) record "torch backend e2e (cuda)" "FAIL" "see $e2e_log"; tail -20 "$e2e_log" ;;
-esac
-
-# 3. benchmark: the NCCL engine vs raw NCCL (same process), then torch.distributed NCCL
-bench_log="$BUILD_DIR/gpu_bench.txt"
-if timeout 900 "$BUILD_DIR/bin/hsdp-gpu-bench" --sizes-mb "$SIZES" | tee "$bench_log"; then
-  record "hsdp-gpu-bench" "OK" "$bench_log"
-else
-  record "hsdp-gpu-bench" "FAIL" "$bench_log"
-fi
-torch_ok=0
-if "$PYTHON" - <<'PY' 2>/dev/null; then torch_ok=1; fi
+case "$STAGE" in
+probe)
+  if ! need bin/hsdp-gpu-probe; then
+    :
+  elif [ "$DRY" -eq 1 ]; then
+    echo "would run: nvidia-smi, nvcc --version, $PYTHON (torch, _share_cuda_, NCCL), $BUNDLE/bin/hsdp-gpu-probe, ldd" >>"$LOG"
+    record "probe" "OK" "dry run"
+  else
+    {
+      echo "uname: $(uname -r)"
+      nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader
+      (command -v nvcc >/dev/null && nvcc --version | tail -2) || echo "nvcc: not on PATH"
+      echo "nccl lib dir: ${NCCL_LIB:-none}"; ls "$NCCL_LIB" 2>/dev/null
+    } >>"$LOG" 2>&1
+    record "versions" "OK" "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+    if run_logged "torch _share_cuda_" 120 "$PYTHON" - <<'PY'
 import sys, torch
-major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-sys.exit(0 if (major, minor) >= (2, 4) and torch.cuda.is_available() else 1)
+print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)
+print("nccl", torch.cuda.nccl.version() if hasattr(torch.cuda, "nccl") else "?")
+t = torch.arange(1024, device="cuda", dtype=torch.float32)
+shared = t.untyped_storage()._share_cuda_()
+h = shared[1]
+print("share_cuda_tuple_len", len(shared))
+print("share_cuda_handle_len", len(h), "version_byte", h[0], "type_byte", chr(h[1]) if len(h) > 1 else None)
+print("share_cuda_offset", shared[3], "ref_counter", shared[4], shared[5])
+print("device_uuid", getattr(torch.cuda.get_device_properties(0), "uuid", None))
+try:
+    from cuda.bindings import driver  # noqa: F401
+    print("cuda_bindings yes")
+except ImportError as e:
+    print("cuda_bindings no", e)
 PY
-if [ "$torch_ok" -eq 1 ]; then
-  if timeout 900 "$PYTHON" "$ROOT/tools/bench/gpu_torch_baseline.py" --sizes-mb "$SIZES" \
-       | tee "$BUILD_DIR/torch_baseline.txt"; then
-    record "torch NCCL baseline" "OK" "$BUILD_DIR/torch_baseline.txt"
-  else
-    record "torch NCCL baseline" "FAIL" "$BUILD_DIR/torch_baseline.txt"
-  fi
-  # 4. overlap experiment (torch side process, then hsdpd's engine as the side process)
-  for side in torch hsdp; do
-    if timeout 900 "$PYTHON" "$ROOT/tools/bench/gpu_overlap.py" --side "$side" $MPS_FLAG \
-         | tee "$BUILD_DIR/overlap_$side.txt"; then
-      record "overlap ($side side)" "OK" "$BUILD_DIR/overlap_$side.txt"
+    then record "torch _share_cuda_" "OK" "$(grep -m1 share_cuda_handle_len "$LOG")"
+    else record "torch _share_cuda_" "FAIL" "see $LOG"; fi
+    if run_logged "hsdp-gpu-probe" 120 "$BUNDLE/bin/hsdp-gpu-probe"; then
+      record "hsdp-gpu-probe" "OK" "$(grep -m1 legacy_reopen_same_pointer "$LOG") $(grep -m1 vmm_kcmp "$LOG" | cut -c1-20)"
     else
-      record "overlap ($side side)" "FAIL" "$BUILD_DIR/overlap_$side.txt"
+      record "hsdp-gpu-probe" "FAIL" "see $LOG"
+    fi
+  fi
+  notfound=0
+  for f in "$BUNDLE"/bin/* "$BUNDLE"/tests/*; do
+    [ -f "$f" ] || continue
+    if ldd "$f" 2>/dev/null | grep -v -E 'libcuda\.|libnccl\.' | grep -q 'not found'; then
+      echo "ldd $f:" >>"$LOG"; ldd "$f" | grep 'not found' >>"$LOG"; notfound=1
+    fi
+    if [ "$DRY" -eq 0 ] && ldd "$f" 2>/dev/null | grep -q 'not found'; then
+      echo "ldd $f (with NCCL):" >>"$LOG"; ldd "$f" | grep 'not found' >>"$LOG"; notfound=1
     fi
   done
-else
-  record "torch steps" "SKIP" "torch >= 2.4 with CUDA not importable by $PYTHON"
-fi
+  if [ "$notfound" -eq 0 ]; then record "ldd" "OK" "every library found"
+  else record "ldd" "FAIL" "see $LOG"; fi
+  ;;
+core|daemon)
+  mapfile -t tests < <(manifest_entries "test:$STAGE")
+  if [ "${#tests[@]}" -eq 0 ]; then
+    record "$STAGE tests" "FAIL" "no test:$STAGE entry in the bundle's MANIFEST"
+  fi
+  if [ "$STAGE" = "daemon" ]; then need bin/hsdpd bin/hsdpctl || true; fi
+  for t in "${tests[@]}"; do
+    need "$t" && run_gtest "$(basename "$t")" "$BUNDLE/$t" 300
+  done
+  ;;
+torch)
+  need pykit/build_ext.sh pykit/link.txt bin/hsdpd || true
+  parses "$ROOT/tools/bench/gpu_torch_e2e.py"
+  parses "$ROOT/tests/python/test_cuda.py"
+  WORK="${TMPDIR:-/tmp}/hsdp-gpu-torch"
+  rm -rf "$WORK"; mkdir -p "$WORK/python"
+  if [ "$DRY" -eq 1 ]; then
+    if bash "$BUNDLE/pykit/build_ext.sh" --dry-run "$WORK/python" >>"$LOG" 2>&1; then
+      record "build hsdp._hsdp" "OK" "dry run: every input present"
+    else
+      record "build hsdp._hsdp" "FAIL" "see $LOG"
+    fi
+    echo "would run: gpu_torch_e2e.py --build $WORK; pytest tests/python/test_cuda.py" >>"$LOG"
+  else
+    cp -r "$ROOT/python_client/hsdp" "$WORK/python/"
+    ln -s "$BUNDLE/bin" "$WORK/bin"
+    if run_logged "build hsdp._hsdp" 240 bash "$BUNDLE/pykit/build_ext.sh" "$WORK/python"; then
+      record "build hsdp._hsdp" "OK" "$(ls "$WORK"/python/hsdp/_hsdp* 2>/dev/null | head -1)"
+      if run_logged "gpu_torch_e2e" 240 "$PYTHON" "$ROOT/tools/bench/gpu_torch_e2e.py" --build "$WORK"; then
+        record "torch backend e2e (cuda)" "OK"
+      else
+        record "torch backend e2e (cuda)" "FAIL" "see $LOG"
+      fi
+      if HSDP_BUILD_DIR="$WORK" PYTHONPATH="$WORK/python" run_logged "test_cuda.py" 120 "$PYTHON" -m pytest -q -p no:cacheprovider "$ROOT/tests/python/test_cuda.py"; then
+        record "test_cuda.py" "OK" "$(grep -E '[0-9]+ passed' "$LOG" | tail -1)"
+      else
+        record "test_cuda.py" "FAIL" "see $LOG"
+      fi
+    else
+      record "build hsdp._hsdp" "FAIL" "see $LOG"
+    fi
+  fi
+  ;;
+bench)
+  parses "$ROOT/tools/bench/gpu_torch_baseline.py"
+  if ! need bin/hsdp-gpu-bench; then
+    :
+  elif [ "$DRY" -eq 1 ]; then
+    echo "would run: $BUNDLE/bin/hsdp-gpu-bench --sizes-mb $SIZES; gpu_torch_baseline.py" >>"$LOG"
+    record "hsdp-gpu-bench" "OK" "dry run: present"
+  else
+    if run_logged "hsdp-gpu-bench" 240 "$BUNDLE/bin/hsdp-gpu-bench" --sizes-mb "$SIZES"; then
+      record "hsdp-gpu-bench" "OK" "figures in $LOG"
+    else
+      record "hsdp-gpu-bench" "FAIL" "see $LOG"
+    fi
+    if run_logged "torch NCCL baseline" 200 "$PYTHON" "$ROOT/tools/bench/gpu_torch_baseline.py" --sizes-mb "$SIZES"; then
+      record "torch NCCL baseline" "OK" "figures in $LOG"
+    else
+      record "torch NCCL baseline" "FAIL" "see $LOG"
+    fi
+  fi
+  ;;
+esac
 
-print_summary
+echo "stage $STAGE: $(( $(date +%s) - START ))s, $([ "$FAILED" -eq 0 ] && echo OK || echo FAILED)" | tee -a "$REPORT"
 exit "$FAILED"

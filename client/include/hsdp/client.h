@@ -85,6 +85,10 @@ enum class DeviceHandleKind : uint8_t {
 struct DeviceBufferSpec {
   DeviceHandleKind kind = DeviceHandleKind::kLegacyIpc;
   int device = 0;                // CUDA ordinal, in the daemon's numbering
+  // The GPU's UUID (16 bytes, cuDeviceGetUuid / torch's device uuid). Send
+  // it: trainers and hsdpd may number GPUs differently (CUDA_VISIBLE_DEVICES,
+  // CUDA_DEVICE_ORDER); when set, the daemon uses it and ignores `device`.
+  std::string device_uuid;
   std::string legacy_handle;     // kLegacyIpc: exactly 64 bytes
   int fd = -1;                   // kVmmFd: borrowed; a copy is sent
   uint64_t allocation_bytes = 0; // kVmmFd: size of the exported allocation
@@ -93,6 +97,9 @@ struct DeviceBufferSpec {
   // Bump whenever the allocation's address is handed out again by your
   // allocator: the daemon never reuses a mapping across generations.
   uint64_t generation = 0;
+  // kVmmFd: your name for the exported allocation (0: none). Buffers with
+  // one id share one daemon mapping; pass the same fd for them.
+  uint64_t allocation_id = 0;
   std::string name;              // for status output
 };
 
@@ -200,13 +207,16 @@ class Client {
   absl::Status FreeDeviceBuffer(uint64_t buffer_id);
   // An interprocess event (cudaIpcGetEventHandle bytes, 64) for
   // SubmitOptions::wait_event_id.
-  absl::StatusOr<uint64_t> RegisterDeviceEvent(int device, const std::string& ipc_handle);
+  // `device_uuid` (16 bytes, optional) names the GPU as in DeviceBufferSpec.
+  absl::StatusOr<uint64_t> RegisterDeviceEvent(int device, const std::string& ipc_handle,
+                                               const std::string& device_uuid = "");
   absl::Status FreeDeviceEvent(uint64_t event_id);
   // The daemon's completion events on `device`, one interprocess event handle
   // (64 bytes) per ring slot: Work::completion_event_id() k names element
   // k - 1. Call once per device before submitting there: ops submitted
   // before carry no completion event.
-  absl::StatusOr<std::vector<std::string>> GetCompletionEvents(int device);
+  absl::StatusOr<std::vector<std::string>> GetCompletionEvents(int device,
+                                                              const std::string& device_uuid = "");
 
   // Ends the session now (the daemon frees its buffers and groups).
   absl::Status Detach();

@@ -53,6 +53,12 @@ class Work {
   // application opened from GetCompletionEvents). Returns the operation's
   // status, or the callback's error. Today the daemon writes the record once
   // the device work is done, so the CPU wait is not avoided yet (docs/gpu.md).
+  // The completion event is one per ring slot: from before the CPU wait until
+  // the callback returns, this client does not submit the op that would
+  // reuse it (another thread's Submit waits), so the stream wait captures
+  // this op's record and never a later op's. The callback must not submit on
+  // this client. Called after a later op already reused the slot, it skips
+  // the callback (the op is done; the event is no longer its).
   using StreamWaitFn = std::function<absl::Status(uint64_t completion_event_id)>;
   absl::Status WaitOnStream(const StreamWaitFn& stream_wait,
                             absl::Duration timeout = absl::InfiniteDuration());

@@ -3,16 +3,23 @@
 ProcessGroupHsdp hands CUDA tensors here (all-reduce, all-gather into a
 tensor, reduce-scatter from a tensor, broadcast). For each operation:
 
-1. every tensor becomes a device buffer of the daemon: ``share_spec`` (the
-   legacy IPC handle of its caching-allocator block + its offset), registered
-   once per range by ``DeviceRegistrations``;
-2. an interprocess event from ``IpcEventPool`` is recorded on the current
-   stream and passed as ``wait_event``: the daemon's stream waits on it, so
-   the collective never reads before the producer kernels finished, and the
-   trainer never synchronises its stream on the CPU;
-3. the returned ``CudaWork``'s ``wait()`` makes the current stream wait on the
-   daemon's completion event of the operation (``Work.completion_event_id``
-   names it), then frees the producer event for reuse.
+1. every tensor becomes a device buffer of the daemon: its allocation's
+   legacy IPC handle (found once per allocation by ``AllocationHandles``,
+   never by calling torch's ``_share_cuda_`` per op) + its offset, registered
+   once per range by ``DeviceRegistrations``, which also anchors the
+   allocation so the caching allocator never frees memory the daemon has
+   open; every request names the GPU by UUID (the daemon may number GPUs
+   differently);
+2. an interprocess event from ``IpcEventPool`` (pooled: none is created per
+   op) is recorded on the current stream and passed as ``wait_event``: the
+   daemon's stream waits on it, so the collective never reads before the
+   producer kernels finished, and the trainer never synchronises its stream
+   on the CPU;
+3. the returned ``CudaWork`` keeps the inputs and outputs alive until the
+   operation is done; its ``wait()`` makes the current stream wait on the
+   daemon's completion event of the operation, enqueued through
+   ``Work.wait_on_stream`` before the op that reuses that event can be
+   submitted, then frees the producer event for reuse.
 
 No CUDA type crosses into the client library: handles are bytes. Nothing
 here has run on a GPU yet (docs/gpu.md, "Never run on a GPU").
@@ -24,18 +31,24 @@ import torch.distributed as dist
 
 from hsdp.dtypes import hsdp_dtype
 from hsdp.torch import reduce_ops
-from hsdp.torch.cuda import DeviceRegistrations, IpcEventPool, share_spec, torch_event_factory
+from hsdp.torch.cuda import (AllocationHandles, DeviceRegistrations, IpcEventPool, share_spec,
+                             torch_event_factory)
 
 
 class CudaWork(dist.Work):
-    """Work of a device operation: wait() orders the current CUDA stream after it."""
+    """Work of a device operation: wait() orders the current CUDA stream after it.
 
-    def __init__(self, raw, path, device, event_id, outputs, timeout_s):
+    Holds the operation's inputs and outputs until it is done: the daemon
+    reads and writes them on its stream, so their memory must not be reused
+    by the caching allocator before."""
+
+    def __init__(self, raw, path, device, event_id, inputs, outputs, timeout_s):
         super().__init__()
         self._raw = raw
         self._path = path
         self._device = device
         self._event_id = event_id
+        self._inputs = inputs
         self._outputs = outputs
         self._timeout_s = timeout_s
         self._released = False
@@ -47,20 +60,30 @@ class CudaWork(dist.Work):
     def is_success(self):
         return self._raw.test() and self._raw.exception() is None
 
-    def _finish(self):
-        self._raw.wait(self._timeout_s)  # raises the operation's error
+    def _release(self):
         with self._lock:
             if not self._released:
                 self._released = True
                 self._path.release_event(self._device, self._event_id)
+                self._inputs = None  # the daemon is done with them
 
     def wait(self, timeout=None):
         """Makes the current stream wait for the operation (the daemon records
-        its completion event once the collective is done); True."""
-        self._finish()
-        event = self._path.completion_event(self._device, self._raw.completion_event_id)
-        if event is not None:
-            event.wait(torch.cuda.current_stream(self._device))
+        its completion event once the collective is done); True. The stream
+        wait is enqueued before the op that reuses the completion event can
+        be submitted (Work.wait_on_stream), so it never waits on a later op."""
+        stream = torch.cuda.current_stream(self._device)
+
+        def stream_wait(event_id):
+            event = self._path.completion_event(self._device, event_id)
+            if event is not None:
+                event.wait(stream)
+
+        try:
+            self._raw.wait_on_stream(stream_wait, self._timeout_s)  # raises the op's error
+        finally:
+            if self._raw.test():
+                self._release()
         return True
 
     def synchronize(self):
@@ -86,26 +109,29 @@ class CudaPath:
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
         self._regs = DeviceRegistrations(self._register, raw.free_device_buffer)
+        self._handles = AllocationHandles()
         self._pools = {}       # device -> IpcEventPool
         self._completion = {}  # device -> [torch.cuda.Event] by slot
 
     def _register(self, spec, generation):
         return self._raw.register_device_buffer(
             kind=spec.kind, device=spec.device, handle=spec.handle, offset=spec.offset_bytes,
-            size=spec.size_bytes, generation=generation)
+            size=spec.size_bytes, generation=generation, device_uuid=spec.uuid)
 
     def _pool(self, device):
         with self._lock:
             pool = self._pools.get(device)
             if pool is None:
-                pool = IpcEventPool(torch_event_factory(device),
-                                    lambda h: self._raw.register_device_event(device, h))
+                uuid = self._handles.uuid(device)
+                pool = IpcEventPool(
+                    torch_event_factory(device),
+                    lambda h: self._raw.register_device_event(device, h, device_uuid=uuid))
                 self._pools[device] = pool
                 # Ask for the completion events before the first submission
                 # on this device (ops submitted earlier carry none).
                 self._completion[device] = [
                     torch.cuda.Event.from_ipc_handle(device, h)
-                    for h in self._raw.completion_events(device)]
+                    for h in self._raw.completion_events(device, device_uuid=uuid)]
             return pool
 
     def completion_event(self, device, event_id):
@@ -118,7 +144,15 @@ class CudaPath:
         self._pools[device].release(event_id)
 
     def ref(self, t):
-        return (self._regs.buffer_for(share_spec(t)), 0)
+        return (self._regs.buffer_for(share_spec(t, self._handles), anchor=t.untyped_storage()), 0)
+
+    def release_memory(self):
+        """Lets the caching allocator free what the daemon has open: frees
+        every registration (the daemon closes the allocations), then the
+        anchors. Call before torch.cuda.empty_cache() when memory is tight;
+        no operation may be in flight."""
+        self._regs.release_all()
+        self._handles.forget_all()
 
     def submit(self, tensors, outputs, submit):
         """Records a producer event on the current stream of the tensors'
@@ -137,7 +171,7 @@ class CudaPath:
         except BaseException:
             pool.release(event_id)
             raise
-        return CudaWork(raw, self, device, event_id, outputs, self._timeout_s)
+        return CudaWork(raw, self, device, event_id, list(tensors), outputs, self._timeout_s)
 
     # -- the collectives ProcessGroupHsdp routes here ---------------------------
     def allreduce(self, t, op):
@@ -163,7 +197,7 @@ class CudaPath:
             self._group, r[0], r[0], t.numel(), dt, root, wait_event=ev))
 
     def close(self):
-        self._regs.clear()
+        self.release_memory()
 
 
 def _dtype(t):

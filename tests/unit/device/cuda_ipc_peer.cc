@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
     a[i] = float(i);
     b[i] = float(3 * i + 1);
   }
-  auto vmm = api->Allocate(0, kElems * 4);
+  auto vmm = api->Allocate(0, kElems * 4, hsdp::device::AllocSharing::kPosixFd);
   void* legacy = nullptr;
   if (!vmm.ok() || cudaMalloc(&legacy, kElems * 4 + kIpcLegacyOffset) != cudaSuccess) return 4;
   const auto legacy_ptr = reinterpret_cast<device::DevicePtr>(legacy);

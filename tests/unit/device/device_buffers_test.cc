@@ -3,6 +3,9 @@
 // what a client sends, and descriptor resolution for device buffers.
 #include "daemon/session/device_buffers.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <future>
 
 #include "daemon/device/device_pool.h"
@@ -88,11 +91,92 @@ TEST_F(DeviceBuffersTest, AFreedAndReusedAddressNeverHitsAStaleMapping) {
   ASSERT_TRUE(reg_.Free(1, *old_buf).ok());
   EXPECT_EQ(reg_.Stats(1).mappings, 1u);
   // VMM: same allocation re-exported with a bumped generation is a new identity too.
-  auto v = dev_.Allocate(0, 4096);
+  auto v = dev_.Allocate(0, 4096, device::AllocSharing::kPosixFd);
   auto v1 = reg_.Register(1, Vmm(*v, 4096, 0, 1024, /*generation=*/7));
   auto v2 = reg_.Register(1, Vmm(*v, 4096, 0, 1024, /*generation=*/8));
   ASSERT_TRUE(v1.ok() && v2.ok()) << v1.status() << v2.status();
   EXPECT_EQ(dev_.imports(), 4);
+}
+
+// Finding 1 of issue 20: an exported cuMem fd is an open file of the
+// driver's control device, so every exported fd has the same (st_dev,
+// st_ino). The fake exports fds that way; two allocations of one session must
+// still get two mappings, and buffers of one allocation (the same open file)
+// one mapping.
+TEST_F(DeviceBuffersTest, VmmFdsSharingOneInodeAreStillTwoAllocations) {
+  auto a = dev_.Allocate(0, 4096, device::AllocSharing::kPosixFd);
+  auto b = dev_.Allocate(0, 4096, device::AllocSharing::kPosixFd);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(dev_.CopyToDevice(*a, "AAAA", 4).ok());
+  ASSERT_TRUE(dev_.CopyToDevice(*b, "BBBB", 4).ok());
+  DeviceBufferRequest ra = Vmm(*a, 4096, 0, 4096);
+  DeviceBufferRequest rb = Vmm(*b, 4096, 0, 4096);
+  struct stat sa, sb;
+  ASSERT_EQ(::fstat(ra.fd.get(), &sa), 0);
+  ASSERT_EQ(::fstat(rb.fd.get(), &sb), 0);
+  ASSERT_EQ(sa.st_ino, sb.st_ino);  // the fake behaves like the driver here
+  ASSERT_EQ(sa.st_dev, sb.st_dev);
+  UniqueFd a_again(::dup(ra.fd.get()));  // the same open file, as a client resends it
+  auto ia = reg_.Register(1, std::move(ra));
+  auto ib = reg_.Register(1, std::move(rb));
+  ASSERT_TRUE(ia.ok() && ib.ok()) << ia.status() << ib.status();
+  auto pa = reg_.Resolve(1, *ia, 0, 4, "send");
+  auto pb = reg_.Resolve(1, *ib, 0, 4, "send");
+  ASSERT_TRUE(pa.ok() && pb.ok());
+  EXPECT_EQ(pa->ptr, *a);
+  EXPECT_EQ(pb->ptr, *b);  // not a's mapping
+  char got[4];
+  ASSERT_TRUE(dev_.CopyToHost(got, pb->ptr, 4).ok());
+  EXPECT_EQ(std::string(got, 4), "BBBB");
+  EXPECT_EQ(reg_.Stats(1).mappings, 2u);
+  // A second buffer of `a` through the same open file shares its mapping.
+  DeviceBufferRequest ra2;
+  ra2.kind = HandleKind::kVmmFd;
+  ra2.device = 0;
+  ra2.fd = std::move(a_again);
+  ra2.allocation_bytes = 4096;
+  ra2.offset = 1024;
+  ra2.size_bytes = 1024;
+  auto ia2 = reg_.Register(1, std::move(ra2));
+  ASSERT_TRUE(ia2.ok()) << ia2.status();
+  auto pa2 = reg_.Resolve(1, *ia2, 0, 4, "send");
+  ASSERT_TRUE(pa2.ok());
+  EXPECT_EQ(pa2->ptr, *a + 1024);
+  if (DeviceBufferRegistry::CanCompareOpenFiles()) {
+    EXPECT_EQ(reg_.Stats(1).mappings, 2u);
+  }
+}
+
+// The client may name the allocation (allocation_id): buffers with one id
+// share a mapping; another exported file under an id already in use is
+// refused by name when the kernel can compare open files.
+TEST_F(DeviceBuffersTest, VmmAllocationIdKeysTheMapping) {
+  auto a = dev_.Allocate(0, 4096, device::AllocSharing::kPosixFd);
+  auto b = dev_.Allocate(0, 4096, device::AllocSharing::kPosixFd);
+  DeviceBufferRequest r1 = Vmm(*a, 4096, 0, 512);
+  r1.allocation_id = 11;
+  UniqueFd same(::dup(r1.fd.get()));
+  auto i1 = reg_.Register(1, std::move(r1));
+  ASSERT_TRUE(i1.ok()) << i1.status();
+  DeviceBufferRequest r2 = Vmm(*a, 4096, 512, 512);
+  r2.fd = std::move(same);
+  r2.allocation_id = 11;
+  auto i2 = reg_.Register(1, std::move(r2));
+  ASSERT_TRUE(i2.ok()) << i2.status();
+  EXPECT_EQ(reg_.Stats(1).mappings, 1u);
+  DeviceBufferRequest r3 = Vmm(*b, 4096, 0, 512);
+  r3.allocation_id = 12;
+  auto i3 = reg_.Register(1, std::move(r3));
+  ASSERT_TRUE(i3.ok()) << i3.status();
+  EXPECT_EQ(reg_.Resolve(1, *i3, 0, 4, "send")->ptr, *b);
+  EXPECT_EQ(reg_.Stats(1).mappings, 2u);
+  if (DeviceBufferRegistry::CanCompareOpenFiles()) {
+    DeviceBufferRequest lie = Vmm(*b, 4096, 0, 512);
+    lie.allocation_id = 11;  // b's file under a's id
+    auto bad = reg_.Register(1, std::move(lie));
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find("allocation_id"), std::string::npos) << bad.status();
+  }
 }
 
 TEST_F(DeviceBuffersTest, LegacyHandleOfTheSameAllocationHitsTheCache) {
@@ -104,7 +188,7 @@ TEST_F(DeviceBuffersTest, LegacyHandleOfTheSameAllocationHitsTheCache) {
 
 TEST_F(DeviceBuffersTest, SessionEndUnmapsEverythingAndClosesEvents) {
   const int events_before = dev_.live_events();
-  auto a = dev_.Allocate(0, 4096);
+  auto a = dev_.Allocate(0, 4096, device::AllocSharing::kPosixFd);
   auto c = dev_.Allocate(1, 4096);
   ASSERT_TRUE(reg_.Register(5, Legacy(*a, 0, 100)).ok());
   ASSERT_TRUE(reg_.Register(5, Legacy(*c, 0, 100, 1)).ok());
@@ -123,7 +207,7 @@ TEST_F(DeviceBuffersTest, SessionEndUnmapsEverythingAndClosesEvents) {
 }
 
 TEST_F(DeviceBuffersTest, RejectsBadRequests) {
-  auto a = dev_.Allocate(0, 4096);
+  auto a = dev_.Allocate(0, 4096, device::AllocSharing::kPosixFd);
   DeviceBufferRequest r = Legacy(*a, 0, 4096);
   r.device = 2;
   EXPECT_NE(reg_.Register(1, std::move(r)).status().message().find("device"), std::string::npos);

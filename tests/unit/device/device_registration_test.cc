@@ -96,7 +96,7 @@ TEST_F(DeviceRegistrationTest, NeedsTheNegotiatedFeatureAndTheOwner) {
 
 TEST_F(DeviceRegistrationTest, VmmFdArrivesOverTheDataConnectionBeforeOrAfterTheCall) {
   const uint64_t sid = Attach(0);
-  auto base = dev_.Allocate(0, 8192);
+  auto base = dev_.Allocate(0, 8192, device::AllocSharing::kPosixFd);
   // Before: the fd is parked until the call claims it.
   sm_->FindSession(sid)->PutFd(5, *dev_.ExportFd(*base), Session::FdKind::kDeviceHandle);
   auto a = RegisterSync(sid, Vmm(8192), 5);
@@ -132,7 +132,7 @@ TEST_F(DeviceRegistrationTest, VmmFdArrivesOverTheDataConnectionBeforeOrAfterThe
 
 TEST_F(DeviceRegistrationTest, SessionEndUnmapsEverythingEvenMidRegistration) {
   const uint64_t sid = Attach(0);
-  auto base = dev_.Allocate(0, 8192);
+  auto base = dev_.Allocate(0, 8192, device::AllocSharing::kPosixFd);
   ASSERT_TRUE(RegisterSync(sid, Legacy(*base, 128), 0).ok());
   auto ev = dev_.CreateEvent(0, true);
   auto h = dev_.ExportEvent(*ev);

@@ -39,7 +39,7 @@ TEST(FakeDeviceApiTest, FreedAddressIsReusedWithANewGeneration) {
 
 TEST(FakeDeviceApiTest, AddressRangeAndFdExport) {
   FakeDeviceApi dev(2, 1 << 20);
-  auto a = dev.Allocate(1, 1000);
+  auto a = dev.Allocate(1, 1000, device::AllocSharing::kPosixFd);
   ASSERT_TRUE(a.ok());
   auto r = dev.GetAddressRange(*a + 100);
   ASSERT_TRUE(r.ok());
@@ -56,6 +56,51 @@ TEST(FakeDeviceApiTest, AddressRangeAndFdExport) {
   EXPECT_EQ(dev.imports(), 1);
   EXPECT_FALSE(dev.Allocate(0, 2 << 20).ok());  // does not fit the arena
   EXPECT_FALSE(dev.Allocate(2, 16).ok());       // no such device
+}
+
+// Finding 9 (scratch half) of issue 20: memory nobody exports asks for no
+// shareable handle type, so it still works where POSIX-fd handles are not
+// supported (the fake models such a device); only exportable allocations
+// need the support, and only they can be exported as an fd.
+TEST(FakeDeviceApiTest, PrivateAllocationsNeedNoShareableHandleType) {
+  FakeDeviceApi dev(1, 1 << 20);
+  dev.set_posix_fd_supported(false);
+  auto scratch = dev.Allocate(0, 4096);  // what the NCCL engine's scratch asks for
+  ASSERT_TRUE(scratch.ok()) << scratch.status();
+  auto shared = dev.Allocate(0, 4096, device::AllocSharing::kPosixFd);
+  EXPECT_EQ(shared.status().code(), absl::StatusCode::kFailedPrecondition);
+  dev.set_posix_fd_supported(true);
+  EXPECT_EQ(dev.ExportFd(*scratch).status().code(), absl::StatusCode::kInvalidArgument);
+  auto exportable = dev.Allocate(0, 4096, device::AllocSharing::kPosixFd);
+  ASSERT_TRUE(exportable.ok());
+  EXPECT_TRUE(dev.ExportFd(*exportable).ok());
+}
+
+// Finding 6 of issue 20: a trainer's ordinal is not the daemon's
+// (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER); the GPU's UUID is the same in
+// every process. ResolveDevice maps a UUID to the daemon's ordinal and
+// refuses an unknown one by name.
+TEST(FakeDeviceApiTest, DevicesResolveByUuidWhateverTheClientsNumbering) {
+  FakeDeviceApi dev(2, 1 << 20);
+  const DeviceUuid u0 = *dev.UuidOf(0), u1 = *dev.UuidOf(1);
+  EXPECT_NE(u0, u1);
+  auto bytes = [](const DeviceUuid& u) {
+    return std::string(reinterpret_cast<const char*>(u.data()), u.size());
+  };
+  // The trainer calls the daemon's GPU 1 its GPU 0: the UUID wins.
+  EXPECT_EQ(*ResolveDevice(dev, /*device=*/0, bytes(u1)), 1);
+  EXPECT_EQ(*ResolveDevice(dev, /*device=*/1, bytes(u0)), 0);
+  EXPECT_EQ(*ResolveDevice(dev, /*device=*/1, ""), 1);  // an old client: its ordinal
+  DeviceUuid other{};
+  other.fill(0xab);
+  auto unknown = ResolveDevice(dev, 0, bytes(other));
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("GPU-abababab-abab-abab-abab-abababababab"),
+            std::string::npos)
+      << unknown.status();
+  EXPECT_EQ(ResolveDevice(dev, 0, "short").status().code(), absl::StatusCode::kInvalidArgument);
+  dev.set_uuid(0, other);  // another machine's numbering
+  EXPECT_EQ(*ResolveDevice(dev, 1, bytes(other)), 0);
 }
 
 TEST(FakeDeviceApiTest, StreamWaitsOnlyForTheRecordItSaw) {
@@ -206,6 +251,32 @@ TEST(FakeDeviceApiTest, ReduceScalesCombinesAccumulatesAndCasts) {
   EXPECT_FALSE(dev.ReduceAsync({*a}, DataType::kInt32, *out, DataType::kInt32, 4, ReduceOp::kSum,
                                0.5, false, *s).ok());
   EXPECT_EQ(dev.faults(), 0);
+}
+
+// Finding 2 of issue 20: opening a legacy handle that is open already
+// returns the same pointer and counts a reference (cuIpcOpenMemHandle, CUDA
+// 13 cuda.h). The fake does the same; each open is its own mapping, and the
+// memory goes only with the last Unmap.
+TEST(FakeDeviceApiTest, ReopenedLegacyHandleIsTheSamePointerCountedTwice) {
+  FakeDeviceApi dev(1, 1 << 20, /*cross_process=*/true);
+  fakeshm::FakeTrainerDevice trainer;
+  auto legacy = trainer.AllocateLegacy(4096, 98);
+  ASSERT_TRUE(legacy.ok());
+  auto a = dev.ImportLegacy(0, (*legacy)->handle);
+  auto b = dev.ImportLegacy(0, (*legacy)->handle);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->ptr, b->ptr);      // as the driver does
+  EXPECT_NE(a->token, b->token);  // two references, two unmaps
+  EXPECT_EQ(dev.live_mappings(), 2);
+  ASSERT_TRUE(dev.Unmap(*a).ok());
+  EXPECT_TRUE(dev.InArena(b->ptr, 4096));  // still mapped for the other open
+  const uint32_t v = 0xBEEF;
+  ASSERT_TRUE(dev.CopyToDevice(b->ptr, &v, 4).ok());
+  EXPECT_EQ(*static_cast<uint32_t*>((*legacy)->data), v);
+  ASSERT_TRUE(dev.Unmap(*b).ok());
+  EXPECT_FALSE(dev.InArena(b->ptr, 4096));  // the last reference unmapped it
+  EXPECT_EQ(dev.Unmap(*b).code(), absl::StatusCode::kNotFound);
+  fakeshm::FakeTrainerDevice::Free(*std::move(legacy));
 }
 
 // Cross-process mode (engine.device: fake): imports map memory another
