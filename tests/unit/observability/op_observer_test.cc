@@ -52,7 +52,7 @@ class ObserverTest : public ::testing::Test {
     spec.id = 9;
     std::vector<int> ranks;
     for (int r = 0; r < size; ++r) ranks.push_back(r);
-    spec.key = GroupKey("job", ranks, 0);
+    spec.key = GroupKey(JobKey{0, "job"}, ranks, 0);
     spec.job_id = "job";
     spec.ranks = ranks;
     spec.timeout_ns = 1'000'000'000;
