@@ -45,7 +45,6 @@ namespace hsdp {
 struct NodeGauges {
   struct Job {
     std::string job_id;
-    uint32_t owner_uid = 0;
     uint64_t ops_in_flight = 0;  // submitted, not yet completed (all its sessions)
     double ring_occupancy = 0;   // max over its sessions of in-flight / ring slots
   };

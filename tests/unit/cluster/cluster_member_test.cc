@@ -288,13 +288,13 @@ TEST(KvClusterDirectoryTest, PlacementConflictsResolutionAndWithdrawal) {
 // other), and root joining another uid's job (join_only) finds only a job
 // that has ranks placed somewhere.
 TEST(KvClusterDirectoryTest, PlacementIsPerOwnerAndJoinOnlyNeedsAPlacedJob) {
-  InProcessCoordinator coordinator(2);
-  ClusterMember a(Member(coordinator.address(), "a:1", 2), nullptr);
-  ClusterMember b(Member(coordinator.address(), "b:1", 2), nullptr);
+  InProcessCoordinator coordinator(3);
+  ClusterMember a(Member(coordinator.address(), "a:1", 3), nullptr);
+  ClusterMember b(Member(coordinator.address(), "b:1", 3), nullptr);
   ASSERT_TRUE(a.Start().ok());
   ASSERT_TRUE(b.Start().ok());
   ClusterClient ca(coordinator.address(), "tok"), cb(coordinator.address(), "tok");
-  KvClusterDirectory da(&ca, &a, 2), db(&cb, &b, 2);
+  KvClusterDirectory da(&ca, &a, 3), db(&cb, &b, 3);
   const absl::Time soon = absl::Now() + absl::Seconds(5);
   const JobKey alice{60001, "train"}, mallory{60002, "train"};
   // Mallory places rank 0 of her "train" (world 8) first, on node b.
