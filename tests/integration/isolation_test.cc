@@ -28,6 +28,7 @@
 namespace hsdp {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::Child;
@@ -162,6 +163,9 @@ TEST(IsolationTest, TwoUsersRunJobsOfTheSameNameAtTheSameTime) {
   ASSERT_TRUE(testing::QueryStatus(d.socket(), &st));
   EXPECT_THAT(JobLines(st), HasSubstr("job train owner 60001 attached 2"));
   EXPECT_THAT(JobLines(st), HasSubstr("job train owner 60002 attached 2"));
+  const testing::CommandResult jobs = RunCommand(testing::Hsdpctl(d.socket(), "jobs"));
+  EXPECT_THAT(jobs.output, ContainsRegex("train +60001 +2 +2 +1"));
+  EXPECT_THAT(jobs.output, ContainsRegex("train +60002 +2 +2 +1"));
   // Each user sees only their own.
   Child look([&](FILE* out) {
     if (!BecomeUser(kMallory)) return 10;
