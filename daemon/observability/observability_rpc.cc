@@ -95,14 +95,12 @@ void HandleStragglers(const Observability& obs, const v1::StragglersRequest& req
 
 NodeGauges CollectNodeGauges(const SessionManager& sessions) {
   NodeGauges g;
-  // By name, as the metrics' job_id label: two users' jobs of one name share
-  // a series there (the metrics endpoint is not per user; see
-  // docs/observability.md), and one label set must appear once per family.
-  std::map<std::string, NodeGauges::Job> jobs;
+  std::map<JobKey, NodeGauges::Job> jobs;  // two uids' same-named jobs apart
   for (const std::shared_ptr<Session>& s : sessions.Snapshot()) {
     ++g.sessions;
-    NodeGauges::Job& j = jobs[s->info().job_id];
+    NodeGauges::Job& j = jobs[s->info().job()];
     j.job_id = s->info().job_id;
+    j.owner_uid = s->info().owner_uid;
     const uint64_t in_flight = static_cast<uint64_t>(std::max<int64_t>(0, s->ops_in_flight()));
     j.ops_in_flight += in_flight;
     const uint32_t slots = s->channel().ring_entries();
