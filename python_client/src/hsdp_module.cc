@@ -529,6 +529,7 @@ void InitModule(py::module_& m) {
           }
           py::dict d;
           d["job_id"] = s.job_id;
+          d["owner_uid"] = s.owner_uid;
           d["rank"] = s.rank;
           d["times_last"] = s.times_last;
           d["waited_seconds_total"] = s.waited_seconds_total;
