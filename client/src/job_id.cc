@@ -42,20 +42,21 @@ absl::StatusOr<std::string> DefaultJobId(int world_size) {
   } else if (world_size == 1) {
     // Nobody else to agree with: an id of its own.
     std::random_device rd;
-    id = absl::StrCat("solo-", ::getpid(), "-", absl::Hex(uint64_t{rd()} << 32 | rd(),
-                                                          absl::kZeroPad16));
+    id = absl::StrCat("solo-", ::getpid(), "-",
+                      absl::Hex(uint64_t{rd()} << 32 | rd(), absl::kZeroPad16));
     from = "a single-rank job";
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "job_id: not set, and no launcher run id to derive one from ($HSDP_JOB_ID, "
         "$TORCHELASTIC_RUN_ID, $SLURM_JOB_ID, $PMIX_NAMESPACE are all unset); a job of ",
-        world_size, " ranks needs one id that every rank passes and no other job of this user "
+        world_size,
+        " ranks needs one id that every rank passes and no other job of this user "
         "on the node uses (set ClientOptions::job_id / job_id=, or $HSDP_JOB_ID)"));
   }
   if (id.size() > kMaxJobIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job_id: the id derived from ", from, " is ", id.size(), " bytes, over the limit of ",
-        kMaxJobIdBytes, "; set a job id explicitly"));
+    return absl::InvalidArgumentError(absl::StrCat("job_id: the id derived from ", from, " is ",
+                                                   id.size(), " bytes, over the limit of ",
+                                                   kMaxJobIdBytes, "; set a job id explicitly"));
   }
   return id;
 }

@@ -19,14 +19,17 @@ absl::StatusOr<JobChoice> JobTable::Choose(const std::string& name, const Attach
     if (!who.caller_is_admin) {
       return absl::PermissionDeniedError(absl::StrCat(
           "owner_uid: only root and the daemon's uid may join another user's job (uid ",
-          who.caller_uid, " named uid ", owner, "); leave owner_uid unset to attach to your own "
-          "job \"", name, "\""));
+          who.caller_uid, " named uid ", owner,
+          "); leave owner_uid unset to attach to your own "
+          "job \"",
+          name, "\""));
     }
     choice.join_only = true;
     if (!cluster && Find(choice.key) == nullptr) {
-      return absl::NotFoundError(absl::StrCat(
-          "owner_uid: uid ", owner, " has no job \"", name, "\" on this node; check owner_uid "
-          "and job_id (root joins another user's job only if it exists)"));
+      return absl::NotFoundError(
+          absl::StrCat("owner_uid: uid ", owner, " has no job \"", name,
+                       "\" on this node; check owner_uid "
+                       "and job_id (root joins another user's job only if it exists)"));
     }
     return choice;
   }

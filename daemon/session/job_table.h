@@ -54,8 +54,8 @@ struct JobSummary {
 // Who attaches, and whose job they name.
 struct AttachIdentity {
   uint32_t caller_uid = 0;
-  bool caller_is_admin = false;          // root or the daemon's uid
-  std::optional<uint32_t> owner_uid;     // AttachRequest.owner_uid, when set
+  bool caller_is_admin = false;       // root or the daemon's uid
+  std::optional<uint32_t> owner_uid;  // AttachRequest.owner_uid, when set
 };
 
 // The job an Attach is for.

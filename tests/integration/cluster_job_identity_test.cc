@@ -68,9 +68,7 @@ TEST_F(ClusterJobIdentityTest, TheOwnerKeysTheJobOnEveryNodeAndRootJoinsOnlyByNa
                         "cluster"));
   // Naming Alice, root becomes rank 1 of her job (placed on node 0 only) and
   // they run checked all-reduces across the two daemons.
-  Child root([&](FILE* out) {
-    return CheckedRank(out, Socket(1), 0, "x", kAlice, 1, 5, go, 20);
-  });
+  Child root([&](FILE* out) { return CheckedRank(out, Socket(1), 0, "x", kAlice, 1, 5, go, 20); });
   ASSERT_TRUE(alice.WaitFor("grouped", 20000)) << alice.output() << Logs();
   ASSERT_TRUE(root.WaitFor("grouped", 20000)) << root.output() << Logs();
   FILE* f = std::fopen(go.c_str(), "w");

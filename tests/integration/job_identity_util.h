@@ -33,8 +33,8 @@ inline bool BecomeUser(uid_t uid) {
 // in another job's contributions (another tag) is wrong. Prints
 // "checked N" and returns 0, or prints what failed and returns non-zero.
 inline int CheckedRank(FILE* out, const std::string& socket, uid_t uid, const std::string& job,
-                std::optional<uint32_t> owner, int rank, int tag, const std::string& go,
-                int iters) {
+                       std::optional<uint32_t> owner, int rank, int tag, const std::string& go,
+                       int iters) {
   if (uid != 0 && !BecomeUser(uid)) return 10;
   ClientOptions o;
   o.socket_path = socket;
@@ -66,8 +66,8 @@ inline int CheckedRank(FILE* out, const std::string& socket, uid_t uid, const st
   auto* f = static_cast<float*>(buf->data);
   for (int i = 0; i < iters; ++i) {
     for (int k = 0; k < kCheckedCount; ++k) f[k] = float(tag + rank + i + k % 13);
-    auto w = (*c)->AllReduce(*g, {buf->id, 0}, {buf->id, kCheckedCount * sizeof(float)}, kCheckedCount,
-                             DataType::kFloat32);
+    auto w = (*c)->AllReduce(*g, {buf->id, 0}, {buf->id, kCheckedCount * sizeof(float)},
+                             kCheckedCount, DataType::kFloat32);
     absl::Status s = w.ok() ? w->Wait(absl::Seconds(20)) : w.status();
     if (!s.ok()) {
       std::fprintf(out, "iteration %d: %s\n", i, s.ToString().c_str());
@@ -76,7 +76,8 @@ inline int CheckedRank(FILE* out, const std::string& socket, uid_t uid, const st
     for (int k = 0; k < kCheckedCount; ++k) {
       const float want = float(2 * tag + 1 + 2 * i + 2 * (k % 13));
       if (f[kCheckedCount + k] != want) {
-        std::fprintf(out, "iteration %d element %d: %g, want %g\n", i, k, f[kCheckedCount + k], want);
+        std::fprintf(out, "iteration %d element %d: %g, want %g\n", i, k, f[kCheckedCount + k],
+                     want);
         return 15;
       }
     }
@@ -87,8 +88,8 @@ inline int CheckedRank(FILE* out, const std::string& socket, uid_t uid, const st
 
 // Attach as the current process's uid; "OK" or the status code and message.
 inline std::string TryAttach(const std::string& socket, const std::string& job, int rank, int world,
-                      std::optional<uint32_t> owner = std::nullopt,
-                      std::unique_ptr<Client>* keep = nullptr) {
+                             std::optional<uint32_t> owner = std::nullopt,
+                             std::unique_ptr<Client>* keep = nullptr) {
   ClientOptions o;
   o.socket_path = socket;
   o.job_id = job;
