@@ -21,6 +21,7 @@ add_library(hsdp_daemon_lib STATIC
   ${CMAKE_CURRENT_LIST_DIR}/server/grpc_services.cc
   ${CMAKE_CURRENT_LIST_DIR}/server/listener.cc
   ${CMAKE_CURRENT_LIST_DIR}/server/peer_registry.cc
+  ${CMAKE_CURRENT_LIST_DIR}/session/job_table.cc
   ${CMAKE_CURRENT_LIST_DIR}/session/mapped_buffer.cc
   ${CMAKE_CURRENT_LIST_DIR}/session/session.cc
   ${CMAKE_CURRENT_LIST_DIR}/session/session_manager.cc

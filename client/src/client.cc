@@ -34,6 +34,9 @@ Client::~Client() = default;
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  if (impl->options.job_id.empty()) {
+    ASSIGN_OR_RETURN(impl->options.job_id, DefaultJobId(options.world_size));
+  }
   impl->socket_path = options.socket_path.empty() ? ClientDefaultSocketPath() : options.socket_path;
   const std::string& path = impl->socket_path;
 
@@ -51,7 +54,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   impl->device_stub = v1::DeviceMemory::NewStub(impl->grpc_channel);
 
   v1::AttachRequest req;
-  req.set_job_id(options.job_id);
+  req.set_job_id(impl->options.job_id);
+  if (options.owner_uid.has_value()) req.set_owner_uid(*options.owner_uid);
   req.set_rank(options.rank);
   req.set_world_size(options.world_size);
   req.set_local_rank(options.local_rank);

@@ -34,6 +34,7 @@ absl::StatusOr<StragglerReport> QueryStragglers(const std::string& socket_path,
   for (const v1::StragglerRank& r : resp.ranks()) {
     StragglerRank sr;
     sr.job_id = r.job_id();
+    sr.owner_uid = r.owner_uid();
     sr.rank = r.rank();
     sr.times_last = r.times_last();
     sr.waited_seconds_total = r.waited_seconds_total();

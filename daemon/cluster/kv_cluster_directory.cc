@@ -13,9 +13,9 @@ namespace {
 constexpr size_t kKeysPerWait = 1024;  // KvLimits::max_wait_keys
 constexpr size_t kMaxNamedMissing = 8;
 
-std::string WorldKey(const std::string& job) { return JobPlacementPrefix(job) + "world"; }
-std::string CountKey(const std::string& job) { return JobPlacementPrefix(job) + "ranks"; }
-std::string RankKey(const std::string& job, int rank) {
+std::string WorldKey(const JobKey& job) { return JobPlacementPrefix(job) + "world"; }
+std::string CountKey(const JobKey& job) { return JobPlacementPrefix(job) + "ranks"; }
+std::string RankKey(const JobKey& job, int rank) {
   return absl::StrCat(JobPlacementPrefix(job), "rank/", rank);
 }
 
@@ -25,8 +25,8 @@ absl::Duration Left(absl::Time deadline) {
 
 }  // namespace
 
-std::string JobPlacementPrefix(const std::string& job) {
-  return absl::StrCat("hsdp/job/", job.size(), ":", job, "/");
+std::string JobPlacementPrefix(const JobKey& job) {
+  return absl::StrCat("hsdp/job/", job.Encoded(), "/");
 }
 
 std::string GroupEpochKey(const std::string& group_key) {
@@ -85,33 +85,44 @@ void KvClusterDirectory::Worker() {
   }
 }
 
-absl::Status KvClusterDirectory::Publish(const std::string& job, int rank, int world_size,
-                                         absl::Time deadline) {
+absl::Status KvClusterDirectory::Publish(const JobKey& job, int rank, int world_size,
+                                         absl::Time deadline, bool join_only) {
   {
     // A withdrawal of this rank still queued must not run after this claim.
     absl::MutexLock l(&mu_);
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && !busy_; };
     if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "rank ", rank, " of job \"", job, "\": earlier withdrawals from the cluster coordinator ",
+          "rank ", rank, " of ", job.Describe(), ": earlier withdrawals from the cluster coordinator ",
           client_->coordinator(), " did not finish in time"));
     }
   }
-  const std::string what = absl::StrCat("placing rank ", rank, " of job \"", job, "\"");
+  const std::string what = absl::StrCat("placing rank ", rank, " of ", job.Describe());
+  if (join_only) {
+    // Root joining another user's job: only one that has ranks placed.
+    absl::StatusOr<std::string> placed = client_->Get(WorldKey(job), Left(deadline));
+    if (placed.status().code() == absl::StatusCode::kNotFound) {
+      return absl::NotFoundError(absl::StrCat(
+          "owner_uid: uid ", job.owner_uid, " has no job \"", job.name, "\" on any node of the "
+          "cluster; check owner_uid and job_id (root joins another user's job only if it "
+          "exists)"));
+    }
+    if (!placed.ok()) return Named(placed.status(), what);
+  }
   absl::StatusOr<std::string> world =
       client_->SetIfAbsent(WorldKey(job), absl::StrCat(world_size), Left(deadline));
   if (!world.ok()) return Named(world.status(), what);
   if (*world != absl::StrCat(world_size)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "world_size: job \"", job, "\" has world size ", *world,
+        "world_size: ", job.Describe(), " has world size ", *world,
         " on another node of the cluster, this trainer says ", world_size));
   }
   const std::string me = absl::StrCat(this_node());
   absl::StatusOr<std::string> node = client_->SetIfAbsent(RankKey(job, rank), me, Left(deadline));
   if (!node.ok()) return Named(node.status(), what);
   if (*node != me) {
-    return absl::AlreadyExistsError(absl::StrCat("rank: rank ", rank, " of job \"", job,
-                                                 "\" is already attached on node ", *node,
+    return absl::AlreadyExistsError(absl::StrCat("rank: rank ", rank, " of ", job.Describe(),
+                                                 " is already attached on node ", *node,
                                                  " of the cluster (this is node ", me, ")"));
   }
   if (absl::StatusOr<int64_t> n = client_->Add(CountKey(job), 1, Left(deadline)); !n.ok()) {
@@ -120,7 +131,7 @@ absl::Status KvClusterDirectory::Publish(const std::string& job, int rank, int w
   return absl::OkStatus();
 }
 
-void KvClusterDirectory::WithdrawNow(const std::string& job, const std::vector<int>& ranks,
+void KvClusterDirectory::WithdrawNow(const JobKey& job, const std::vector<int>& ranks,
                                      absl::Time deadline) {
   // Small calls: never hold a shutdown up for long on a silent coordinator.
   deadline = std::min(deadline, absl::Now() + absl::Seconds(2));
@@ -130,8 +141,8 @@ void KvClusterDirectory::WithdrawNow(const std::string& job, const std::vector<i
     std::vector<std::string> chunk(keys.begin() + i,
                                    keys.begin() + std::min(keys.size(), i + kKeysPerWait));
     if (absl::Status s = client_->Delete(chunk, Left(deadline)); !s.ok()) {
-      HSDP_LOG(Warning) << "cluster: cannot withdraw ranks of job \"" << job
-                        << "\" from the coordinator: " << s.message();
+      HSDP_LOG(Warning) << "cluster: cannot withdraw ranks of " << job.Describe()
+                        << " from the coordinator: " << s.message();
       return;
     }
   }
@@ -143,19 +154,19 @@ void KvClusterDirectory::WithdrawNow(const std::string& job, const std::vector<i
   }
 }
 
-void KvClusterDirectory::Withdraw(const std::string& job, const std::vector<int>& ranks,
+void KvClusterDirectory::Withdraw(const JobKey& job, const std::vector<int>& ranks,
                                   absl::Time deadline) {
   if (ranks.empty()) return;
   absl::MutexLock l(&mu_);
   if (queue_.size() >= kMaxQueued) {
-    HSDP_LOG_EVERY_N_SEC(Warning, 5) << "cluster: too many queued withdrawals; ranks of job \""
-                                     << job << "\" stay placed on this node";
+    HSDP_LOG_EVERY_N_SEC(Warning, 5) << "cluster: too many queued withdrawals; ranks of "
+                                     << job.Describe() << " stay placed on this node";
     return;
   }
   queue_.push_back([this, job, ranks, deadline] { WithdrawNow(job, ranks, deadline); });
 }
 
-absl::StatusOr<std::vector<int>> KvClusterDirectory::Resolve(const std::string& job,
+absl::StatusOr<std::vector<int>> KvClusterDirectory::Resolve(const JobKey& job,
                                                              const std::vector<int>& ranks,
                                                              absl::Time deadline) {
   std::vector<int> nodes;
@@ -177,19 +188,19 @@ absl::StatusOr<std::vector<int>> KvClusterDirectory::Resolve(const std::string& 
       }
       return absl::DeadlineExceededError(absl::StrCat(
           "ranks: rank(s) ", missing.empty() ? "?" : absl::StrJoin(missing, ", "),
-          missing.size() == kMaxNamedMissing ? ", ..." : "", " of job \"", job,
-          "\" did not attach to any daemon of the cluster in time (every rank of a group must "
+          missing.size() == kMaxNamedMissing ? ", ..." : "", " of ", job.Describe(),
+          " did not attach to any daemon of the cluster in time (every rank of a group must "
           "attach to its node's hsdpd before the group is created)"));
     }
     if (!values.ok()) {
-      return Named(values.status(), absl::StrCat("resolving ranks of job \"", job, "\""));
+      return Named(values.status(), absl::StrCat("resolving ranks of ", job.Describe()));
     }
     for (const std::string& v : *values) {
       int node = -1;
       if (!absl::SimpleAtoi(v, &node) || node < 0 || node >= nodes_) {
         return absl::InternalError(absl::StrCat("the cluster coordinator ", client_->coordinator(),
                                                 " holds an invalid node \"", v.substr(0, 32),
-                                                "\" for a rank of job \"", job, "\""));
+                                                "\" for a rank of ", job.Describe()));
       }
       nodes.push_back(node);
     }

@@ -1,10 +1,10 @@
 // ClusterDirectory over the coordinator's key/value store and this node's
-// ClusterMember. Placement keys, for job J (length-prefixed, so any job id is
-// unambiguous) and rank R:
-//   hsdp/job/<len>:J/world    the job's world size (first writer wins)
-//   hsdp/job/<len>:J/rank/R   the node rank hosting R (first writer wins)
-//   hsdp/job/<len>:J/ranks    how many ranks are placed (the world key goes
-//                             with the last one)
+// ClusterMember. Placement keys, for job J of owner uid U (JobKey::Encoded:
+// the name length-prefixed, so any job id is unambiguous) and rank R:
+//   hsdp/job/U/<len>:J/world    the job's world size (first writer wins)
+//   hsdp/job/U/<len>:J/rank/R   the node rank hosting R (first writer wins)
+//   hsdp/job/U/<len>:J/ranks    how many ranks are placed (the world key goes
+//                               with the last one)
 //   hsdp/epoch/<group key>    one past the last failed epoch of a group
 //                             (written by the coordinator on Report)
 // Withdrawals run on a worker thread (EndSession never waits on the
@@ -30,7 +30,7 @@
 namespace hsdp {
 
 // Key helpers (shared with the coordinator's service and tests).
-std::string JobPlacementPrefix(const std::string& job);
+std::string JobPlacementPrefix(const JobKey& job);
 std::string GroupEpochKey(const std::string& group_key);
 // `head` + `tail` when at most `max` bytes (the store bounds key sizes, and
 // group keys list their ranks); else the first 64 bytes of it, "~", a hash
@@ -44,11 +44,11 @@ class KvClusterDirectory : public ClusterDirectory {
   ~KvClusterDirectory() override;  // finishes queued withdrawals (bounded by their deadlines)
 
   int this_node() const override;
-  absl::Status Publish(const std::string& job, int rank, int world_size,
-                       absl::Time deadline) override ABSL_LOCKS_EXCLUDED(mu_);
-  void Withdraw(const std::string& job, const std::vector<int>& ranks,
+  absl::Status Publish(const JobKey& job, int rank, int world_size, absl::Time deadline,
+                       bool join_only) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Withdraw(const JobKey& job, const std::vector<int>& ranks,
                 absl::Time deadline) override ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<std::vector<int>> Resolve(const std::string& job, const std::vector<int>& ranks,
+  absl::StatusOr<std::vector<int>> Resolve(const JobKey& job, const std::vector<int>& ranks,
                                            absl::Time deadline) override;
   absl::StatusOr<uint32_t> FirstEpoch(const std::string& key, absl::Time deadline) override;
   void ReportEpochFailed(const std::string& key, uint32_t epoch, const std::string& why) override;
@@ -57,7 +57,7 @@ class KvClusterDirectory : public ClusterDirectory {
 
  private:
   absl::Status Named(const absl::Status& s, const std::string& what) const;
-  void WithdrawNow(const std::string& job, const std::vector<int>& ranks, absl::Time deadline);
+  void WithdrawNow(const JobKey& job, const std::vector<int>& ranks, absl::Time deadline);
   void Worker() ABSL_LOCKS_EXCLUDED(mu_);
 
   ClusterClient* const client_;

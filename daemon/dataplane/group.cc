@@ -37,9 +37,9 @@ std::string ListRanks(const std::vector<int>& ranks) {
 
 }  // namespace
 
-std::string GroupKey(const std::string& job_id, const std::vector<int>& ranks, int k) {
-  // Unambiguous: a length-prefixed job id, then numbers.
-  return absl::StrCat(job_id.size(), ":", job_id, "/", absl::StrJoin(ranks, ","), "#", k);
+std::string GroupKey(const JobKey& job, const std::vector<int>& ranks, int k) {
+  // Unambiguous: the owner, a length-prefixed job id, then numbers.
+  return absl::StrCat(job.Encoded(), "/", absl::StrJoin(ranks, ","), "#", k);
 }
 
 Group::Group(GroupSpec spec, Engine* engine, GroupLookup lookup)

@@ -65,7 +65,8 @@ using GroupLookup = std::function<std::shared_ptr<Group>(uint32_t group_id)>;
 struct GroupSpec {
   uint32_t id = 0;          // this daemon's handle (what descriptors name)
   std::string key;          // global: the same on every daemon (GroupKey())
-  std::string job_id;
+  std::string job_id;       // the job's name ...
+  uint32_t owner_uid = 0;   // ... and owner (JobKey): same-named jobs of two uids are two jobs
   std::vector<int> ranks;   // global ranks, by group rank
   std::vector<int> nodes;   // node of each rank; empty: all on this node
   int this_node = 0;
@@ -78,9 +79,11 @@ struct GroupSpec {
   std::function<void(uint32_t epoch, const absl::Status& why)> on_epoch_failed;
 };
 
-// The global key of the `k`-th group a job creates with `ranks` (k from 0):
-// every daemon hosting a member derives the same string.
-std::string GroupKey(const std::string& job_id, const std::vector<int>& ranks, int k);
+// The global key of the `k`-th group job `job` creates with `ranks` (k from
+// 0): every daemon hosting a member derives the same string. It starts with
+// the job's owner (JobKey::Encoded), so two users' same-named jobs never
+// share engine state, links or cluster keys.
+std::string GroupKey(const JobKey& job, const std::vector<int>& ranks, int k);
 
 // One member's submission of one operation, validated and resolved.
 struct Arrival {
@@ -144,6 +147,7 @@ class Group : public std::enable_shared_from_this<Group> {
   uint32_t id() const { return spec_.id; }
   const std::string& key() const { return spec_.key; }
   const std::string& job_id() const { return spec_.job_id; }
+  JobKey job() const { return JobKey{spec_.owner_uid, spec_.job_id}; }
   const std::vector<int>& ranks() const { return spec_.ranks; }
   int size() const { return static_cast<int>(spec_.ranks.size()); }
   // Index of `global_rank` in ranks(), or -1.

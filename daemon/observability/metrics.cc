@@ -5,6 +5,8 @@
 #include <climits>
 #include <set>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -32,6 +34,15 @@ using prometheus::Histogram;
 
 constexpr size_t kMaxJobs = 256;
 constexpr char kOverflowJob[] = "_other";
+// Where the series of jobs past kMaxJobs go (uid (uid_t)-1 is no one's; its
+// owner_uid label is empty).
+const JobKey& OverflowKey() {
+  static const JobKey kKey{UINT32_MAX, kOverflowJob};
+  return kKey;
+}
+std::string OwnerLabel(const JobKey& job) {
+  return job == OverflowKey() ? std::string() : absl::StrCat(job.owner_uid);
+}
 
 const Histogram::BucketBoundaries& TimeBuckets() {
   static const Histogram::BucketBoundaries kBuckets = {
@@ -44,9 +55,10 @@ std::string Reason(const absl::Status& s) {
   return absl::AsciiStrToLower(absl::StatusCodeToString(s.code()));
 }
 
-prometheus::ClientMetric GaugeValue(double v, prometheus::ClientMetric::Label label = {}) {
+prometheus::ClientMetric GaugeValue(double v,
+                                    std::vector<prometheus::ClientMetric::Label> labels = {}) {
   prometheus::ClientMetric m;
-  if (!label.name.empty()) m.label.push_back(std::move(label));
+  m.label = std::move(labels);
   m.gauge.value = v;
   return m;
 }
@@ -164,8 +176,9 @@ class Metrics::Impl {
     absl::MutexLock l(&mu_);
     if (exec_ns > 0) busy_.Increment(exec_ns / 1e9);
     if (!status.ok()) {
-      JobSeries& job = JobFor(group.job_id);
+      JobSeries& job = JobFor(JobOf(group));
       Counter& c = failed_.Add({{"job_id", job.label},
+                                {"owner_uid", job.owner},
                                 {"group", std::string(GroupKind(group, a))},
                                 {"op", std::string(OpName(a))},
                                 {"dtype", std::string(DtypeName(a))},
@@ -194,7 +207,8 @@ class Metrics::Impl {
     Counter* last;
   };
   struct JobSeries {
-    std::string label;
+    std::string label;  // job_id
+    std::string owner;  // owner_uid
     std::vector<uint64_t> op_keys, rank_keys;  // cache entries to forget
     std::set<Counter*> completed, bytes, failed, waited, last;
     std::set<Histogram*> duration, queue_wait, lag;
@@ -226,14 +240,16 @@ class Metrics::Impl {
           GaugeFamily("hsdpd_ring_occupancy_ratio",
                       "Fullest submission ring of the job: operations in flight / ring slots");
       for (const NodeGauges::Job& j : g.jobs) {
-        const std::string label = impl_->LabelOf(j.job_id);
-        in_flight.metric.push_back(GaugeValue(j.ops_in_flight, {"job_id", label}));
-        ring.metric.push_back(GaugeValue(j.ring_occupancy, {"job_id", label}));
+        const auto [label, owner] = impl_->LabelOf(JobKey{j.owner_uid, j.job_id});
+        in_flight.metric.push_back(
+            GaugeValue(j.ops_in_flight, {{"job_id", label}, {"owner_uid", owner}}));
+        ring.metric.push_back(
+            GaugeValue(j.ring_occupancy, {{"job_id", label}, {"owner_uid", owner}}));
       }
       out.push_back(std::move(in_flight));
       out.push_back(std::move(ring));
       prometheus::MetricFamily info = GaugeFamily("hsdpd_build_info", "hsdpd's version");
-      info.metric.push_back(GaugeValue(1, {"version", kHsdpVersion}));
+      info.metric.push_back(GaugeValue(1, {{"version", kHsdpVersion}}));
       out.push_back(std::move(info));
       return out;
     }
@@ -246,29 +262,37 @@ class Metrics::Impl {
   static prometheus::Labels OpLabels(const JobSeries& job, const GroupSpec& group,
                                      const Arrival& a) {
     return {{"job_id", job.label},
+            {"owner_uid", job.owner},
             {"group", std::string(GroupKind(group, a))},
             {"op", std::string(OpName(a))},
             {"dtype", std::string(DtypeName(a))}};
   }
 
-  JobSeries& JobFor(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = jobs_.find(job_id);
+  // A job is its owner plus its name: two uids' same-named jobs are two
+  // series sets (job_id and owner_uid labels).
+  static JobKey JobOf(const GroupSpec& group) { return JobKey{group.owner_uid, group.job_id}; }
+
+  JobSeries& JobFor(const JobKey& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = jobs_.find(job);
     if (it == jobs_.end()) {
       const bool overflow = jobs_.size() >= kMaxJobs;
-      const std::string key = overflow ? kOverflowJob : job_id;
+      const JobKey& key = overflow ? OverflowKey() : job;
       it = jobs_.find(key);
       if (it == jobs_.end()) {
         it = jobs_.emplace(key, JobSeries{}).first;
-        it->second.label = key;
+        it->second.label = key.name;
+        it->second.owner = OwnerLabel(key);
       }
     }
     it->second.absent_since = absl::InfiniteFuture();
     return it->second;
   }
 
-  std::string LabelOf(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_) {
+  // The (job_id, owner_uid) labels of `job`'s series.
+  std::pair<std::string, std::string> LabelOf(const JobKey& job) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock l(&mu_);
-    return jobs_.count(job_id) > 0 || jobs_.size() < kMaxJobs ? job_id : kOverflowJob;
+    const JobKey& key = jobs_.count(job) > 0 || jobs_.size() < kMaxJobs ? job : OverflowKey();
+    return {key.name, OwnerLabel(key)};
   }
 
   OpSeries& OpSeriesFor(const GroupSpec& group, const Arrival& a)
@@ -277,7 +301,7 @@ class Metrics::Impl {
                          (uint64_t{a.desc.dtype} << 8) | (a.phase2 ? 1 : 0);
     auto it = op_cache_.find(key);
     if (it != op_cache_.end()) return it->second;
-    JobSeries& job = JobFor(group.job_id);
+    JobSeries& job = JobFor(JobOf(group));
     const prometheus::Labels labels = OpLabels(job, group, a);
     OpSeries s{&completed_.Add(labels), &bytes_.Add(labels), &duration_.Add(labels, TimeBuckets()),
                &queue_wait_.Add(labels, TimeBuckets())};
@@ -295,8 +319,9 @@ class Metrics::Impl {
     const uint64_t key = (uint64_t{group.id} << 32) | static_cast<uint32_t>(rank);
     auto it = rank_cache_.find(key);
     if (it != rank_cache_.end()) return it->second;
-    JobSeries& job = JobFor(group.job_id);
-    const prometheus::Labels labels = {{"job_id", job.label}, {"rank", absl::StrCat(rank)}};
+    JobSeries& job = JobFor(JobOf(group));
+    const prometheus::Labels labels = {
+        {"job_id", job.label}, {"owner_uid", job.owner}, {"rank", absl::StrCat(rank)}};
     RankSeries s{&arrival_lag_.Add(labels, TimeBuckets()), &waited_for_.Add(labels),
                  &last_arrivals_.Add(labels)};
     job.rank_keys.push_back(key);
@@ -308,14 +333,14 @@ class Metrics::Impl {
 
   // Drops the series of jobs gone for longer than kJobRetention.
   void Retire(const NodeGauges& g) ABSL_LOCKS_EXCLUDED(mu_) {
-    std::set<std::string> live;
-    for (const NodeGauges::Job& j : g.jobs) live.insert(j.job_id);
+    std::set<JobKey> live;
+    for (const NodeGauges::Job& j : g.jobs) live.insert(JobKey{j.owner_uid, j.job_id});
     const absl::Time now = absl::Now();
     absl::MutexLock l(&mu_);
     for (auto it = jobs_.begin(); it != jobs_.end();) {
       JobSeries& job = it->second;
       const bool is_live =
-          live.count(it->first) > 0 || (it->first == kOverflowJob && live.size() > kMaxJobs);
+          live.count(it->first) > 0 || (it->first == OverflowKey() && live.size() > kMaxJobs);
       if (is_live) {
         job.absent_since = absl::InfiniteFuture();
       } else if (job.absent_since == absl::InfiniteFuture()) {
@@ -354,7 +379,7 @@ class Metrics::Impl {
   absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, OpSeries> op_cache_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, RankSeries> rank_cache_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, JobSeries> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<JobKey, JobSeries> jobs_ ABSL_GUARDED_BY(mu_);
 
   std::unique_ptr<prometheus::Exposer> exposer_;  // last: destroyed first
 };

@@ -3,23 +3,24 @@
 // from the OpObserver hooks; node-level gauges are read from a
 // NodeGaugeSource at scrape time (nothing on the data plane).
 //
-// Series (all names start with hsdpd_; labels are low-cardinality: job_id,
-// group kind, op, dtype, reason; rank only per job, bounded by the world
-// size on this node; never op ids or sequence numbers). The job label is
-// `job_id`, not `job`: Prometheus owns `job` (the scrape job) and would
-// rename ours to `exported_job`.
-//   hsdpd_ops_completed_total{job_id,group,op,dtype}     counter
-//   hsdpd_ops_failed_total{job_id,group,op,dtype,reason} counter (reason: status code)
-//   hsdpd_op_bytes_total{job_id,group,op,dtype}          counter (per-rank buffer size)
-//   hsdpd_op_duration_seconds{job_id,group,op,dtype}     histogram (engine time)
-//   hsdpd_op_queue_wait_seconds{job_id,group,op,dtype}   histogram (first arrival -> engine)
-//   hsdpd_rank_arrival_lag_seconds{job_id,rank}          histogram (arrival - first arrival)
-//   hsdpd_rank_waited_for_seconds_total{job_id,rank}     counter (others waited for it, last)
-//   hsdpd_rank_last_arrivals_total{job_id,rank}          counter
+// Series (all names start with hsdpd_; labels are low-cardinality: job_id
+// and owner_uid (a job is its owner plus its id), group kind, op, dtype,
+// reason; rank only per job, bounded by the world size on this node; never
+// op ids or sequence numbers). The job label is `job_id`, not `job`:
+// Prometheus owns `job` (the scrape job) and would rename ours to
+// `exported_job`. "job" below stands for job_id,owner_uid.
+//   hsdpd_ops_completed_total{job,group,op,dtype}     counter
+//   hsdpd_ops_failed_total{job,group,op,dtype,reason} counter (reason: status code)
+//   hsdpd_op_bytes_total{job,group,op,dtype}          counter (per-rank buffer size)
+//   hsdpd_op_duration_seconds{job,group,op,dtype}     histogram (engine time)
+//   hsdpd_op_queue_wait_seconds{job,group,op,dtype}   histogram (first arrival -> engine)
+//   hsdpd_rank_arrival_lag_seconds{job,rank}          histogram (arrival - first arrival)
+//   hsdpd_rank_waited_for_seconds_total{job,rank}     counter (others waited for it, last)
+//   hsdpd_rank_last_arrivals_total{job,rank}          counter
 //   hsdpd_engine_busy_seconds_total                   counter
 //   hsdpd_sessions, hsdpd_jobs, hsdpd_groups, hsdpd_registered_bytes,
 //   hsdpd_registered_bytes_limit                      gauges
-//   hsdpd_ops_in_flight{job_id}, hsdpd_ring_occupancy_ratio{job_id} gauges
+//   hsdpd_ops_in_flight{job}, hsdpd_ring_occupancy_ratio{job} gauges
 //   hsdpd_build_info{version}                         gauge (1)
 // A job's series are dropped kJobRetention after it left the node.
 //
@@ -47,6 +48,7 @@ struct NodeGauges {
     std::string job_id;
     uint64_t ops_in_flight = 0;  // submitted, not yet completed (all its sessions)
     double ring_occupancy = 0;   // max over its sessions of in-flight / ring slots
+    uint32_t owner_uid = 0;      // the job's owner (a job is its owner plus its id)
   };
   uint64_t sessions = 0;
   uint64_t groups = 0;

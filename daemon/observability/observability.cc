@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <tuple>
 
 #include "absl/container/inlined_vector.h"
 #include "daemon/observability/op_labels.h"
@@ -26,8 +27,6 @@ TraceEvent EventOf(TraceEventKind kind, const GroupSpec& group, const Arrival& a
   e.bytes = OpBytes(group, a);
   return e;
 }
-
-uint32_t UidOf(const Arrival& a) { return a.session != nullptr ? a.session->info().uid : 0; }
 
 }  // namespace
 
@@ -63,7 +62,7 @@ std::string Observability::metrics_address() const {
 void Observability::OnArrival(const GroupSpec& group, const Arrival& a) {
   if (!trace_.Recording(a.arrived_ns)) return;
   const TraceEvent e = EventOf(TraceEventKind::kArrival, group, a, a.arrived_ns);
-  trace_.AppendForGroup({&e, 1}, group.id, group.job_id, UidOf(a),
+  trace_.AppendForGroup({&e, 1}, group.id, group.job_id, group.owner_uid,
                         static_cast<int>(group.ranks.size()));
 }
 
@@ -87,7 +86,7 @@ void Observability::OnMatched(const GroupSpec& group, const std::map<int, Arriva
   ev.op = OpName(*last);
   ev.seq = last->seq;
   ev.epoch = last->epoch;
-  stragglers_.Record(group.job_id, UidOf(*last), GlobalRank(*last), waited, ev);
+  stragglers_.Record(group.job_id, group.owner_uid, GlobalRank(*last), waited, ev);
   if (metrics_ != nullptr) metrics_->OnMatched(group, arrivals);
   if (trace_.MaybeRecording() && trace_.Recording(last_ns)) {
     TraceEvent e = EventOf(TraceEventKind::kMatched, group, *last, last_ns);
@@ -111,7 +110,8 @@ void Observability::OnCompleted(const GroupSpec& group, const std::vector<Arriva
   const Arrival& a = arrivals.front();
   {
     absl::MutexLock l(&mu_);
-    auto it = jobs_.find(group.job_id);
+    const JobKey key{group.owner_uid, group.job_id};
+    auto it = jobs_.find(key);
     if (it == jobs_.end()) {
       if (jobs_.size() >= kMaxJobs) {
         // Forget the job with the fewest operations (a crude but bounded rule).
@@ -122,9 +122,9 @@ void Observability::OnCompleted(const GroupSpec& group, const std::vector<Arriva
             });
         jobs_.erase(victim);
       }
-      it = jobs_.emplace(group.job_id, JobActivity{}).first;
+      it = jobs_.emplace(key, JobActivity{}).first;
       it->second.job_id = group.job_id;
-      it->second.uid = UidOf(a);
+      it->second.uid = group.owner_uid;
     }
     JobActivity& j = it->second;
     if (status.ok()) {
@@ -146,18 +146,19 @@ void Observability::OnCompleted(const GroupSpec& group, const std::vector<Arriva
     e.value_ns = static_cast<int64_t>(exec_ns);
     events.push_back(e);
   }
-  trace_.AppendForGroup({events.data(), events.size()}, group.id, group.job_id, UidOf(a),
+  trace_.AppendForGroup({events.data(), events.size()}, group.id, group.job_id, group.owner_uid,
                         static_cast<int>(group.ranks.size()));
 }
 
 std::vector<JobActivity> Observability::Activity(std::optional<uint32_t> only_uid) const {
   std::vector<JobActivity> out;
   absl::MutexLock l(&mu_);
-  for (const auto& [name, j] : jobs_) {
+  for (const auto& [key, j] : jobs_) {
     if (!only_uid.has_value() || j.uid == *only_uid) out.push_back(j);
   }
-  std::sort(out.begin(), out.end(),
-            [](const JobActivity& x, const JobActivity& y) { return x.job_id < y.job_id; });
+  std::sort(out.begin(), out.end(), [](const JobActivity& x, const JobActivity& y) {
+    return std::tie(x.job_id, x.uid) < std::tie(y.job_id, y.uid);
+  });
   return out;
 }
 

@@ -36,7 +36,7 @@ struct ObservabilityOptions {
 // Totals of one job since it first ran an operation on this node.
 struct JobActivity {
   std::string job_id;
-  uint32_t uid = 0;
+  uint32_t uid = 0;  // the job's owner
   uint64_t ops_completed = 0;
   uint64_t ops_failed = 0;
   uint64_t bytes = 0;    // per-rank buffer bytes of completed ops (see OpBytes)
@@ -83,7 +83,7 @@ class Observability final : public OpObserver {
   StragglerStats stragglers_;
 
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, JobActivity> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<JobKey, JobActivity> jobs_ ABSL_GUARDED_BY(mu_);  // per (owner, name)
 };
 
 }  // namespace hsdp

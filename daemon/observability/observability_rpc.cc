@@ -62,6 +62,7 @@ void HandleStragglers(const Observability& obs, const v1::StragglersRequest& req
   for (const StragglerJobReport& j : jobs) {
     v1::StragglerJob* pj = resp->add_jobs();
     pj->set_job_id(j.job_id);
+    pj->set_owner_uid(j.owner_uid);
     pj->set_ops_matched(j.ops_matched);
     for (const StragglerRankReport& r : j.ranks) ranks.push_back(&r);
   }
@@ -71,6 +72,7 @@ void HandleStragglers(const Observability& obs, const v1::StragglersRequest& req
   for (const StragglerRankReport* r : ranks) {
     v1::StragglerRank* pr = resp->add_ranks();
     pr->set_job_id(r->job_id);
+    pr->set_owner_uid(r->owner_uid);
     pr->set_rank(r->rank);
     pr->set_times_last(r->times_last);
     pr->set_waited_seconds_total(r->waited_ns_total / 1e9);
@@ -93,11 +95,12 @@ void HandleStragglers(const Observability& obs, const v1::StragglersRequest& req
 
 NodeGauges CollectNodeGauges(const SessionManager& sessions) {
   NodeGauges g;
-  std::map<std::string, NodeGauges::Job> jobs;
+  std::map<JobKey, NodeGauges::Job> jobs;  // two uids' same-named jobs apart
   for (const std::shared_ptr<Session>& s : sessions.Snapshot()) {
     ++g.sessions;
-    NodeGauges::Job& j = jobs[s->info().job_id];
+    NodeGauges::Job& j = jobs[s->info().job()];
     j.job_id = s->info().job_id;
+    j.owner_uid = s->info().owner_uid;
     const uint64_t in_flight = static_cast<uint64_t>(std::max<int64_t>(0, s->ops_in_flight()));
     j.ops_in_flight += in_flight;
     const uint32_t slots = s->channel().ring_entries();
@@ -112,18 +115,20 @@ NodeGauges CollectNodeGauges(const SessionManager& sessions) {
 
 void HandleActivity(const Observability& obs, const SessionManager& sessions,
                     std::optional<uint32_t> only_uid, v1::ActivityResponse* resp) {
-  std::map<std::string, v1::JobActivity*> by_job;
+  // Keyed by the whole job key: two users' same-named jobs never mix.
+  std::map<JobKey, v1::JobActivity*> by_job;
   for (const JobSummary& j : sessions.Jobs(only_uid)) {
     v1::JobActivity* pj = resp->add_jobs();
     pj->set_job_id(j.job_id);
+    pj->set_owner_uid(j.owner_uid);
     pj->set_attached_ranks(j.attached);
     pj->set_world_size(j.world_size);
     pj->set_slowest_rank(-1);
-    by_job[j.job_id] = pj;
+    by_job[JobKey{j.owner_uid, j.job_id}] = pj;
   }
   // Totals of attached jobs (ended jobs are not shown).
   for (const JobActivity& a : obs.Activity(only_uid)) {
-    auto it = by_job.find(a.job_id);
+    auto it = by_job.find(JobKey{a.uid, a.job_id});
     if (it == by_job.end()) continue;
     it->second->set_ops_completed(a.ops_completed);
     it->second->set_ops_failed(a.ops_failed);
@@ -131,7 +136,7 @@ void HandleActivity(const Observability& obs, const SessionManager& sessions,
     it->second->set_busy_seconds(a.busy_ns / 1e9);
   }
   for (const std::shared_ptr<Group>& g : sessions.AllGroups()) {
-    auto it = by_job.find(g->job_id());
+    auto it = by_job.find(g->job());
     if (it == by_job.end()) continue;
     const GroupStats st = g->stats();
     v1::GroupActivity* pg = it->second->add_groups();
@@ -143,7 +148,7 @@ void HandleActivity(const Observability& obs, const SessionManager& sessions,
     pg->set_running(st.running);
   }
   for (const StragglerJobReport& j : obs.stragglers().Report("", only_uid)) {
-    auto it = by_job.find(j.job_id);
+    auto it = by_job.find(JobKey{j.owner_uid, j.job_id});
     if (it == by_job.end() || j.ranks.empty()) continue;
     it->second->set_slowest_rank(j.ranks.front().rank);
     it->second->set_slowest_rank_waited_seconds(j.ranks.front().waited_ns_total / 1e9);

@@ -20,7 +20,8 @@ int64_t StragglerStats::BucketUpperNs(int bucket) {
 void StragglerStats::Record(const std::string& job_id, uint32_t uid, int last_rank,
                             int64_t waited_ns, StragglerEvent event) {
   absl::MutexLock l(&mu_);
-  auto it = jobs_.find(job_id);
+  const JobKey key{uid, job_id};
+  auto it = jobs_.find(key);
   if (it == jobs_.end()) {
     if (jobs_.size() >= kMaxJobs) {
       auto oldest = std::min_element(jobs_.begin(), jobs_.end(), [](const auto& a, const auto& b) {
@@ -28,10 +29,9 @@ void StragglerStats::Record(const std::string& job_id, uint32_t uid, int last_ra
       });
       jobs_.erase(oldest);
     }
-    it = jobs_.emplace(job_id, JobState{}).first;
+    it = jobs_.emplace(key, JobState{}).first;
   }
   JobState& job = it->second;
-  job.uid = uid;
   job.last_touch = ++clock_;
   ++job.ops_matched;
   if (waited_ns < 0) return;
@@ -50,15 +50,17 @@ std::vector<StragglerJobReport> StragglerStats::Report(const std::string& job_id
                                                        std::optional<uint32_t> only_uid) const {
   std::vector<StragglerJobReport> out;
   absl::MutexLock l(&mu_);
-  for (const auto& [name, job] : jobs_) {
-    if (!job_id.empty() && name != job_id) continue;
-    if (only_uid.has_value() && job.uid != *only_uid) continue;
+  for (const auto& [key, job] : jobs_) {
+    if (!job_id.empty() && key.name != job_id) continue;
+    if (only_uid.has_value() && key.owner_uid != *only_uid) continue;
     StragglerJobReport jr;
-    jr.job_id = name;
+    jr.job_id = key.name;
+    jr.owner_uid = key.owner_uid;
     jr.ops_matched = job.ops_matched;
     for (const auto& [rank, r] : job.ranks) {
       StragglerRankReport rr;
-      rr.job_id = name;
+      rr.job_id = key.name;
+      rr.owner_uid = key.owner_uid;
       rr.rank = rank;
       rr.times_last = r.times_last;
       rr.waited_ns_total = r.waited_ns;

@@ -19,6 +19,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/session/job_key.h"
 
 namespace hsdp {
 
@@ -35,6 +36,7 @@ struct StragglerEvent {
 
 struct StragglerRankReport {
   std::string job_id;
+  uint32_t owner_uid = 0;
   int rank = 0;
   uint64_t times_last = 0;
   uint64_t waited_ns_total = 0;
@@ -44,6 +46,7 @@ struct StragglerRankReport {
 
 struct StragglerJobReport {
   std::string job_id;
+  uint32_t owner_uid = 0;
   uint64_t ops_matched = 0;                // operations with >= 2 local members that matched
   std::vector<StragglerRankReport> ranks;  // by waited_ns_total, largest first
 };
@@ -58,7 +61,8 @@ class StragglerStats {
   // bound (at most 19% above the true value), capped at the max seen.
   static constexpr int kBuckets = 4 * 40 + 1;
 
-  // One matched operation of `job_id` (owned by `uid`). `last_rank` arrived
+  // One matched operation of job `job_id` of owner `uid` (jobs are kept
+  // per (owner, name): two users' same-named jobs never mix). `last_rank` arrived
   // last and the others waited `waited_ns` for it (< 0: fewer than two local
   // members, counts only as matched).
   void Record(const std::string& job_id, uint32_t uid, int last_rank, int64_t waited_ns,
@@ -83,14 +87,13 @@ class StragglerStats {
     uint64_t recent_next = 0;
   };
   struct JobState {
-    uint32_t uid = 0;
     uint64_t ops_matched = 0;
     uint64_t last_touch = 0;  // clock_ value of the latest Record
     std::map<int, RankState> ranks;
   };
 
   mutable absl::Mutex mu_;
-  std::map<std::string, JobState> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<JobKey, JobState> jobs_ ABSL_GUARDED_BY(mu_);
   uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_event_id_ ABSL_GUARDED_BY(mu_) = 1;
 };

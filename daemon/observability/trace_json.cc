@@ -145,8 +145,13 @@ std::string RenderChromeTrace(const TraceSnapshot& snap, int64_t from_ns, int64_
   }
 
   // Processes: the engine, then one per job.
-  std::map<std::string, int> job_pid;
-  for (const auto& [gid, g] : snap.groups) job_pid.emplace(g.job_id, 0);
+  // A job is its owner plus its name: two uids' same-named jobs (only root
+  // and the daemon's uid see both) get a process each.
+  std::map<std::pair<std::string, uint32_t>, int> job_pid;
+  std::map<std::string, int> owners_of_name;
+  for (const auto& [gid, g] : snap.groups) {
+    if (job_pid.emplace(std::make_pair(g.job_id, g.uid), 0).second) ++owners_of_name[g.job_id];
+  }
   int next_pid = kEnginePid + 1;
   for (auto& [job, pid] : job_pid) pid = next_pid++;
   auto group_of = [&](uint32_t gid) -> const TraceGroupInfo& {
@@ -171,7 +176,7 @@ std::string RenderChromeTrace(const TraceSnapshot& snap, int64_t from_ns, int64_
   std::map<std::pair<int, uint64_t>, int> session_rank;
   for (const TraceEvent* a : arrivals) {
     const OpKey op{a->group_id, a->epoch, a->seq};
-    const int pid = job_pid[group_of(a->group_id).job_id];
+    const int pid = job_pid[{group_of(a->group_id).job_id, group_of(a->group_id).uid}];
     auto cit = completed.find({a->group_id, a->session_id, a->op_id});
     const TraceEvent* done = cit == completed.end() ? nullptr : cit->second;
     const TraceEvent* m = matched.count(op) ? matched[op] : nullptr;
@@ -219,7 +224,7 @@ std::string RenderChromeTrace(const TraceSnapshot& snap, int64_t from_ns, int64_
   // Straggler instants go on lane 0 of the last member's track.
   for (const auto& [op, m] : matched) {
     if (m->value_ns <= 0) continue;
-    const int pid = job_pid[group_of(m->group_id).job_id];
+    const int pid = job_pid[{group_of(m->group_id).job_id, group_of(m->group_id).uid}];
     w.Instant(pid, static_cast<int64_t>(m->session_id) * kMaxLanes, "arrived last", m->ts_ns,
               absl::StrCat(op_args(*m), ",\"rank\":", m->rank,
                            ",\"others_waited_ms\":", absl::StrFormat("%.3f", m->value_ns / 1e6)));
@@ -237,7 +242,9 @@ std::string RenderChromeTrace(const TraceSnapshot& snap, int64_t from_ns, int64_
     }
   }
   for (const auto& [job, pid] : job_pid) {
-    w.Meta("process_name", pid, 0, absl::StrCat("job ", job));
+    w.Meta("process_name", pid, 0,
+           owners_of_name[job.first] > 1 ? absl::StrCat("job ", job.first, " (uid ", job.second, ")")
+                                         : absl::StrCat("job ", job.first));
   }
 
   // The engine track.

@@ -25,6 +25,8 @@ grpc::Status NodeServiceImpl::Attach(grpc::ServerContext* ctx, const v1::AttachR
   AUTHENTICATE_OR_RETURN(cred);
   AttachParams p;
   p.job_id = req->job_id();
+  if (req->has_owner_uid()) p.owner_uid = req->owner_uid();
+  p.caller_is_admin = auth_->IsAdmin(cred.uid);
   p.rank = req->rank();
   p.world_size = req->world_size();
   p.local_rank = req->local_rank();
@@ -111,7 +113,8 @@ grpc::Status AdminServiceImpl::Status(grpc::ServerContext* ctx, const v1::Status
   for (const std::shared_ptr<Session>& s : sessions_->Snapshot()) {
     done += s->ops_completed();
     failed += s->ops_failed();
-    if (!admin && s->info().uid != cred.uid) continue;
+    // Visible to its own uid and to its job's owner (root may have joined).
+    if (!admin && s->info().uid != cred.uid && s->info().owner_uid != cred.uid) continue;
     v1::SessionInfo* si = resp->add_sessions();
     si->set_session_id(s->id());
     si->set_job_id(s->info().job_id);
@@ -128,6 +131,7 @@ grpc::Status AdminServiceImpl::Status(grpc::ServerContext* ctx, const v1::Status
     si->set_ops_completed(s->ops_completed());
     si->set_ops_failed(s->ops_failed());
     si->set_data_connected(s->data_connected());
+    si->set_owner_uid(s->info().owner_uid);
   }
   for (const JobSummary& j :
        sessions_->Jobs(admin ? std::nullopt : std::optional<uint32_t>(cred.uid))) {

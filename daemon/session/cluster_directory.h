@@ -5,9 +5,11 @@
 // coordinator's key/value store; tests use an in-memory fake shared by
 // several "daemons".
 //
-// Placement keys are global: a job id names the same job on every node of
-// the cluster (job ownership by uid is checked per node only; see
-// docs/cluster.md, "Job ids across nodes").
+// Placement keys are global: a JobKey (owner uid + job id) names the same
+// job on every node of the cluster, so a job's ranks on every node run under
+// its owner's uid (or were attached by root naming that owner); see
+// docs/security.md, "Job identity", and docs/cluster.md, "Job ids across
+// nodes".
 //
 // Implementations are thread-safe. Publish, Withdraw and Resolve may block
 // on the network up to their deadline; callers hold no lock.
@@ -21,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "daemon/session/job_key.h"
 
 namespace hsdp {
 
@@ -40,18 +43,20 @@ class ClusterDirectory {
   // Records that `rank` of `job` (of `world_size`) is attached on this node.
   // INVALID_ARGUMENT when the job has another world size elsewhere in the
   // cluster; ALREADY_EXISTS when the rank is attached on another node;
-  // UNAVAILABLE / DEADLINE_EXCEEDED naming the coordinator when it cannot be
-  // reached by `deadline`.
-  virtual absl::Status Publish(const std::string& job, int rank, int world_size,
-                               absl::Time deadline) = 0;
+  // with `join_only`, NOT_FOUND when the job has no rank placed anywhere
+  // (root joining another user's job never creates it); UNAVAILABLE /
+  // DEADLINE_EXCEEDED naming the coordinator when it cannot be reached by
+  // `deadline`.
+  virtual absl::Status Publish(const JobKey& job, int rank, int world_size, absl::Time deadline,
+                               bool join_only) = 0;
   // `ranks` of `job` left this node. Never blocks; best effort (logs what
   // fails).
-  virtual void Withdraw(const std::string& job, const std::vector<int>& ranks,
+  virtual void Withdraw(const JobKey& job, const std::vector<int>& ranks,
                         absl::Time deadline) = 0;
   // The node of each of `ranks`, waiting until every one is placed or
   // `deadline` (DEADLINE_EXCEEDED naming how many ranks were not attached
   // anywhere).
-  virtual absl::StatusOr<std::vector<int>> Resolve(const std::string& job,
+  virtual absl::StatusOr<std::vector<int>> Resolve(const JobKey& job,
                                                    const std::vector<int>& ranks,
                                                    absl::Time deadline) = 0;
 

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/session/job_key.h"
 #include "daemon/session/mapped_buffer.h"
 #include "daemon/session/shm_channel.h"
 #include "hsdp/shm/data_conn.h"
@@ -35,6 +36,9 @@ struct SessionInfo {
   uint32_t uid = 0;      // from SO_PEERCRED of the Attach call
   uint32_t gid = 0;
   uint64_t features = 0; // negotiated at Attach (shm::Feature bits)
+  uint32_t owner_uid = 0;  // the job's owner: `uid`, unless root joined another user's job
+
+  JobKey job() const { return JobKey{owner_uid, job_id}; }
 };
 
 using SessionToken = std::array<uint8_t, shm::kSessionTokenBytes>;

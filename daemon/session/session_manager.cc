@@ -123,58 +123,63 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Lookup(uint64_t session
   return it->second;
 }
 
-absl::Status SessionManager::CheckJobLocked(const AttachParams& p, const PeerCred& caller) const {
-  auto job_it = jobs_.find(p.job_id);
-  if (job_it == jobs_.end()) return absl::OkStatus();
-  const Job& job = job_it->second;
-  if (caller.uid != 0 && caller.uid != job.owner_uid) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "job_id: job \"", p.job_id, "\" belongs to another user; pick another job id"));
-  }
-  if (job.world_size != p.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("world_size: job \"", p.job_id,
-                                                   "\" has world size ", job.world_size,
-                                                   ", this trainer says ", p.world_size));
-  }
-  if (auto r = job.rank_to_session.find(p.rank); r != job.rank_to_session.end()) {
-    const auto& other = sessions_.at(r->second);
-    return absl::AlreadyExistsError(absl::StrCat(
-        "rank: rank ", p.rank, " of job \"", p.job_id, "\" is already attached (session ",
-        other->id(), ", pid ", other->info().pid, ")"));
-  }
-  return absl::OkStatus();
+absl::StatusOr<JobChoice> SessionManager::ChooseJobLocked(const AttachParams& p,
+                                                         const PeerCred& caller) const {
+  ASSIGN_OR_RETURN(JobChoice choice,
+                   jobs_.Choose(p.job_id,
+                                AttachIdentity{caller.uid, p.caller_is_admin, p.owner_uid},
+                                cluster_ != nullptr));
+  RETURN_IF_ERROR(CheckJoinLocked(choice.key, p));
+  return choice;
+}
+
+absl::Status SessionManager::CheckJoinLocked(const JobKey& key, const AttachParams& p) const {
+  return jobs_.CheckJoin(key, p.rank, p.world_size, [this](uint64_t session_id) {
+    auto it = sessions_.find(session_id);
+    return it == sessions_.end()
+               ? absl::StrCat("session ", session_id)
+               : absl::StrCat("session ", session_id, ", pid ", it->second->info().pid);
+  });
 }
 
 absl::StatusOr<AttachResult> SessionManager::Attach(const AttachParams& p, const PeerCred& caller) {
   RETURN_IF_ERROR(ValidateAttach(p));
-  if (cluster_ == nullptr) return AttachHere(p, caller);
+  JobChoice choice;
   {
     absl::MutexLock l(&mu_);
-    RETURN_IF_ERROR(CheckJobLocked(p, caller));
+    ASSIGN_OR_RETURN(choice, ChooseJobLocked(p, caller));
   }
+  if (cluster_ == nullptr) return AttachHere(p, choice, caller);
   // Placed in the cluster first (no lock held: this is a network call).
-  RETURN_IF_ERROR(cluster_->Publish(p.job_id, p.rank, p.world_size, ClusterDeadline()));
-  absl::StatusOr<AttachResult> r = AttachHere(p, caller);
+  RETURN_IF_ERROR(
+      cluster_->Publish(choice.key, p.rank, p.world_size, ClusterDeadline(), choice.join_only));
+  absl::StatusOr<AttachResult> r = AttachHere(p, choice, caller);
   if (!r.ok()) {
     bool here;
     {
       absl::MutexLock l(&mu_);
-      auto job_it = jobs_.find(p.job_id);
-      here = job_it != jobs_.end() && job_it->second.rank_to_session.count(p.rank) > 0;
+      const Job* job = jobs_.Find(choice.key);
+      here = job != nullptr && job->rank_to_session.count(p.rank) > 0;
     }
-    if (!here) cluster_->Withdraw(p.job_id, {p.rank}, ClusterDeadline());
+    if (!here) cluster_->Withdraw(choice.key, {p.rank}, ClusterDeadline());
   }
   return r;
 }
 
 absl::StatusOr<AttachResult> SessionManager::AttachHere(const AttachParams& p,
+                                                        const JobChoice& choice,
                                                         const PeerCred& caller) {
   absl::MutexLock l(&mu_);
   if (sessions_.size() >= config_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "this hsdpd already has ", sessions_.size(), " sessions (limits.max_sessions)"));
   }
-  RETURN_IF_ERROR(CheckJobLocked(p, caller));
+  if (choice.join_only && cluster_ == nullptr && jobs_.Find(choice.key) == nullptr) {
+    // Its last rank left since ChooseJobLocked: root never creates it.
+    return absl::NotFoundError(absl::StrCat("owner_uid: ", choice.key.Describe(),
+                                            " is no longer attached on this node"));
+  }
+  RETURN_IF_ERROR(CheckJoinLocked(choice.key, p));
   if (node_mappings_ >= limits_.max_mappings) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "this node already has ", node_mappings_, " shared-memory mappings (the budget below "
@@ -185,23 +190,18 @@ absl::StatusOr<AttachResult> SessionManager::AttachHere(const AttachParams& p,
   ASSIGN_OR_RETURN(std::unique_ptr<ShmChannel> channel,
                    ShmChannel::Create(id, config_.ring_entries, features));
   SessionInfo info{p.job_id,  p.rank,     p.world_size, p.local_rank, p.device,
-                   p.pid,     caller.uid, caller.gid,   features};
+                   p.pid,     caller.uid, caller.gid,   features,     choice.key.owner_uid};
   const SessionToken token = NewToken();
   auto session = std::make_shared<Session>(id, info, token, std::move(channel));
-  const bool new_job = jobs_.count(p.job_id) == 0;
-  Job& job = jobs_[p.job_id];
-  if (new_job) {
-    job.owner_uid = caller.uid;
-    job.owner_gid = caller.gid;
-  }
+  Job& job = jobs_.FindOrAdd(choice.key);
   job.world_size = p.world_size;
   job.rank_to_session[p.rank] = id;
   sessions_[id] = session;
   ++node_mappings_;
   version_.fetch_add(1, std::memory_order_release);
-  HSDP_LOG(Info) << "session " << id << " attached: job \"" << p.job_id << "\" rank " << p.rank
-                 << "/" << p.world_size << " pid " << p.pid << " uid " << caller.uid << " device "
-                 << p.device;
+  HSDP_LOG(Info) << "session " << id << " attached: " << choice.key.Describe() << " rank "
+                 << p.rank << "/" << p.world_size << " pid " << p.pid << " uid " << caller.uid
+                 << " device " << p.device;
   AttachResult result;
   result.session_id = id;
   result.ring_entries = config_.ring_entries;
@@ -357,12 +357,12 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
   {
     absl::MutexLock l(&mu_);
     ASSIGN_OR_RETURN(s, Lookup(session_id, caller));
-    Job& job = jobs_.at(s->info().job_id);
+    Job& job = *jobs_.Find(s->info().job());  // a live session's job exists
     if (rejoin_group_id != 0) {
       auto it = groups_.find(rejoin_group_id);
-      if (it == groups_.end() || it->second->job_id() != s->info().job_id) {
+      if (it == groups_.end() || it->second->job() != s->info().job()) {
         return absl::NotFoundError(
-            absl::StrCat("rejoin_group_id: job \"", s->info().job_id, "\" has no group ",
+            absl::StrCat("rejoin_group_id: ", s->info().job().Describe(), " has no group ",
                          rejoin_group_id));
       }
       if (!ranks.empty() && ranks != it->second->ranks()) {
@@ -400,7 +400,7 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
       }
       auto call_it = job.calls.find({session_id, ranks});
       k = call_it == job.calls.end() ? 0 : call_it->second;
-      key = GroupKey(s->info().job_id, ranks, k);
+      key = GroupKey(s->info().job(), ranks, k);
       auto it = job.groups.find(key);
       if (it != job.groups.end()) {
         group = groups_.at(it->second);
@@ -408,7 +408,7 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
       } else if (job.groups.size() >= config_.max_groups_per_job) {
         // Checked again when creating; early here, before any network wait.
         return absl::ResourceExhaustedError(absl::StrCat(
-            "job \"", s->info().job_id, "\" already has ", job.groups.size(),
+            s->info().job().Describe(), " already has ", job.groups.size(),
             " groups (limits.max_groups_per_job)"));
       }
       all_here = std::all_of(ranks.begin(), ranks.end(),
@@ -433,7 +433,7 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
       }
       const absl::Time deadline = ClusterDeadline();
       absl::StatusOr<std::vector<int>> resolved =
-          cluster_->Resolve(s->info().job_id, ranks, deadline);
+          cluster_->Resolve(s->info().job(), ranks, deadline);
       placement_waits_.fetch_sub(1);
       ASSIGN_OR_RETURN(nodes, std::move(resolved));
       this_node = cluster_->this_node();
@@ -459,25 +459,25 @@ absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
     const std::shared_ptr<Session>& s, const std::vector<int>& ranks, const std::string& key, int k,
     std::vector<int> nodes, int this_node, uint32_t first_epoch) {
   absl::MutexLock l(&mu_);
-  auto job_it = jobs_.find(s->info().job_id);
-  if (s->closed() || job_it == jobs_.end()) {
+  Job* job_ptr = jobs_.Find(s->info().job());
+  if (s->closed() || job_ptr == nullptr) {
     return absl::NotFoundError(absl::StrCat("session_id: session ", s->id(), " ended"));
   }
-  Job& job = job_it->second;
+  Job& job = *job_ptr;
   std::shared_ptr<Group> group;
   if (auto it = job.groups.find(key); it != job.groups.end()) {
     group = groups_.at(it->second);  // another member created it meanwhile
   } else {
     if (job.groups.size() >= config_.max_groups_per_job) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "job \"", s->info().job_id, "\" already has ", job.groups.size(),
+          s->info().job().Describe(), " already has ", job.groups.size(),
           " groups (limits.max_groups_per_job)"));
     }
     if (job.group_members + ranks.size() > limits_.max_group_members_per_job ||
         node_group_members_ + ranks.size() > limits_.max_group_members) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "a group of ", ranks.size(), " ranks would bring job \"", s->info().job_id,
-          "\" to ", job.group_members + ranks.size(), " group members (at most ",
+          "a group of ", ranks.size(), " ranks would bring ", s->info().job().Describe(),
+          " to ", job.group_members + ranks.size(), " group members (at most ",
           limits_.max_group_members_per_job, " per job and ", limits_.max_group_members,
           " per node, ", node_group_members_, " in use)"));
     }
@@ -491,6 +491,7 @@ absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
     spec.id = id;
     spec.key = key;
     spec.job_id = s->info().job_id;
+    spec.owner_uid = s->info().owner_uid;
     spec.ranks = ranks;
     spec.nodes = nodes;
     spec.this_node = this_node;
@@ -514,7 +515,7 @@ absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
     job.group_members += ranks.size();
     node_group_members_ += ranks.size();
     if (group->spans_nodes()) {
-      HSDP_LOG(Info) << "group " << id << " (job \"" << s->info().job_id << "\", "
+      HSDP_LOG(Info) << "group " << id << " (" << s->info().job().Describe() << ", "
                      << ranks.size() << " ranks) spans nodes; epoch " << first_epoch;
     }
   }
@@ -531,9 +532,8 @@ void SessionManager::EndSession(uint64_t session_id, const std::string& why) {
     if (it == sessions_.end()) return;
     s = it->second;
     sessions_.erase(it);
-    auto job_it = jobs_.find(s->info().job_id);
-    if (job_it != jobs_.end()) {
-      Job& job = job_it->second;
+    if (Job* job_ptr = jobs_.Find(s->info().job()); job_ptr != nullptr) {
+      Job& job = *job_ptr;
       job.rank_to_session.erase(s->info().rank);
       for (auto& [key, gid] : job.groups) groups.push_back(groups_.at(gid));
       if (job.rank_to_session.empty()) {
@@ -554,7 +554,7 @@ void SessionManager::EndSession(uint64_t session_id, const std::string& why) {
           groups_.erase(gid);
         }
         node_group_members_ -= job.group_members;
-        jobs_.erase(job_it);
+        jobs_.Erase(s->info().job());
       }
     }
     node_mappings_ -= 1 + s->buffer_count();
@@ -563,13 +563,13 @@ void SessionManager::EndSession(uint64_t session_id, const std::string& why) {
   }
   s->Close();
   if (cluster_ != nullptr) {
-    cluster_->Withdraw(s->info().job_id, {s->info().rank}, ClusterDeadline());
+    cluster_->Withdraw(s->info().job(), {s->info().rank}, ClusterDeadline());
   }
   for (const std::shared_ptr<Group>& g : groups) g->MemberLeft(s.get(), why);
   RunSessionEndHooks(session_id);
   retired_completed_.fetch_add(s->ops_completed());
   retired_failed_.fetch_add(s->ops_failed());
-  HSDP_LOG(Info) << "session " << session_id << " (job \"" << s->info().job_id << "\" rank "
+  HSDP_LOG(Info) << "session " << session_id << " (" << s->info().job().Describe() << " rank "
                  << s->info().rank << ") ended: " << why;
 }
 
@@ -685,13 +685,7 @@ std::vector<std::shared_ptr<Group>> SessionManager::AllGroups() const {
 
 std::vector<JobSummary> SessionManager::Jobs(std::optional<uint32_t> only_uid) const {
   absl::MutexLock l(&mu_);
-  std::vector<JobSummary> out;
-  for (auto& [name, job] : jobs_) {
-    if (only_uid.has_value() && job.owner_uid != *only_uid) continue;
-    out.push_back(JobSummary{name, job.world_size, static_cast<int>(job.rank_to_session.size()),
-                             static_cast<uint32_t>(job.groups.size()), job.owner_uid});
-  }
-  return out;
+  return jobs_.Summaries(only_uid);
 }
 
 uint64_t SessionManager::mappings() const {

@@ -4,8 +4,10 @@
 // it through SessionDirectory. No method blocks: RegisterBuffer waits for
 // its fd through a callback and maps on the control executor.
 //
-// Isolation: a job belongs to the uid of its first Attach; other uids (root
-// excepted) cannot attach to it, create its groups or see it.
+// Isolation: a job is its owner's uid plus its name (JobKey; the rule that
+// picks the job of an Attach is JobTable::Choose). Two users' jobs of the
+// same name are two jobs; only root and the daemon's uid may join another
+// user's job, by naming its owner.
 //
 // Limits are reserved atomically before the work they bound (buffer bytes
 // and count per session, bytes and mappings per node, group members per job
@@ -43,6 +45,7 @@
 #include "daemon/dataplane/group.h"
 #include "daemon/engine/engine.h"
 #include "daemon/session/cluster_directory.h"
+#include "daemon/session/job_table.h"
 #include "daemon/session/session.h"
 #include "daemon/session/shm_channel.h"
 #include "hsdp/common/unix_socket.h"
@@ -51,6 +54,11 @@ namespace hsdp {
 
 struct AttachParams {
   std::string job_id;
+  // Whose job: unset means the caller's own (AttachRequest.owner_uid).
+  std::optional<uint32_t> owner_uid;
+  // Root or the daemon's uid (the server's Authenticator decides): may name
+  // another owner.
+  bool caller_is_admin = false;
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
@@ -72,14 +80,6 @@ struct NewGroupResult {
   int group_rank = 0;
   int group_size = 0;
   uint32_t epoch = 1;  // the epoch the member submits in
-};
-
-struct JobSummary {
-  std::string job_id;
-  int world_size = 0;
-  int attached = 0;
-  uint32_t groups = 0;
-  uint32_t owner_uid = 0;
 };
 
 // Node-wide bounds derived from the configuration and the kernel.
@@ -178,23 +178,14 @@ class SessionManager : public SessionDirectory {
   void Housekeeping() override;
 
  private:
-  struct Job {
-    int world_size = 0;
-    uint32_t owner_uid = 0;
-    uint32_t owner_gid = 0;
-    std::map<int, uint64_t> rank_to_session;
-    // GroupKey(job, ranks, k) -> group id: the k-th NewGroup call with `ranks`.
-    std::map<std::string, uint32_t> groups;
-    // (session id, ranks) -> calls so far. Only accepted calls are counted.
-    std::map<std::pair<uint64_t, std::vector<int>>, int> calls;
-    uint64_t group_members = 0;  // sum of the sizes of its groups
-  };
-
-  // Attach without the cluster step.
-  absl::StatusOr<AttachResult> AttachHere(const AttachParams& params, const PeerCred& caller)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // The checks an existing job makes of a new member (owner, world size, rank free).
-  absl::Status CheckJobLocked(const AttachParams& params, const PeerCred& caller) const
+  // Attach to the job `choice` names, without the cluster step.
+  absl::StatusOr<AttachResult> AttachHere(const AttachParams& params, const JobChoice& choice,
+                                          const PeerCred& caller) ABSL_LOCKS_EXCLUDED(mu_);
+  // Which job the Attach is for, and the checks that job makes of a new
+  // member (world size, rank free).
+  absl::StatusOr<JobChoice> ChooseJobLocked(const AttachParams& params, const PeerCred& caller)
+      const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckJoinLocked(const JobKey& key, const AttachParams& params) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Creates group `key` (the k-th with `ranks`) for session `s`, or returns
   // the one another member created meanwhile.
@@ -239,7 +230,7 @@ class SessionManager : public SessionDirectory {
   uint64_t node_mappings_ ABSL_GUARDED_BY(mu_) = 0;  // buffers and channels
   uint64_t node_group_members_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  JobTable jobs_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
   // Cross-node groups of ended jobs whose engine state goes at the given time.
   static constexpr size_t kMaxRetiredGroups = 16384;

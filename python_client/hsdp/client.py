@@ -85,22 +85,29 @@ class Client:
 
     Args:
         socket_path: the daemon's socket; None means $HSDPD_SOCKET, else the default path.
-        job_id, rank, world_size, local_rank, device: the session's identity.
+        job_id: the job's name; a job is its owner's uid plus this name, so other users'
+            jobs of the same name are other jobs. None: derived from the launcher's run id
+            ($HSDP_JOB_ID, $TORCHELASTIC_RUN_ID, $SLURM_JOB_ID[.$SLURM_STEP_ID],
+            $PMIX_NAMESPACE), or a fresh one for a single-rank job; a multi-rank job with none
+            of these raises InvalidArgument (see README, "Job ids").
+        rank, world_size, local_rank, device: the session's identity.
+        owner_uid: join the job of this uid instead of the caller's own (root and the
+            daemon's uid only, and only a job that exists).
         connect_timeout: seconds to wait for the daemon (Unavailable after).
         staging_min_bytes: the smallest staging buffer the pool allocates.
     """
 
-    def __init__(self, socket_path=None, job_id="default", rank=0, world_size=1, local_rank=0,
-                 device="cpu", connect_timeout=10.0, staging_min_bytes=1 << 20):
+    def __init__(self, socket_path=None, job_id=None, rank=0, world_size=1, local_rank=0,
+                 device="cpu", connect_timeout=10.0, staging_min_bytes=1 << 20, owner_uid=None):
         if not isinstance(rank, int) or not isinstance(world_size, int) or world_size < 1 \
                 or not 0 <= rank < world_size:
             raise ValueError(
                 f"rank/world_size: need 0 <= rank < world_size, got rank={rank!r} "
                 f"world_size={world_size!r}")
         self._c = _hsdp.Client(
-            socket_path=socket_path or os.environ.get("HSDPD_SOCKET", ""), job_id=job_id,
+            socket_path=socket_path or os.environ.get("HSDPD_SOCKET", ""), job_id=job_id or "",
             rank=rank, world_size=world_size, local_rank=local_rank, device=device,
-            connect_timeout=connect_timeout)
+            connect_timeout=connect_timeout, owner_uid=owner_uid)
         self.registry = BufferRegistry()
         self.staging = StagingPool(self._alloc_staging, staging_min_bytes)
         self._world = None

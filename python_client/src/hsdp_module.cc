@@ -149,10 +149,12 @@ class PyWork {
 class PyClient {
  public:
   PyClient(const std::string& socket_path, const std::string& job_id, int rank, int world_size,
-           int local_rank, const std::string& device, double connect_timeout) {
+           int local_rank, const std::string& device, double connect_timeout,
+           std::optional<uint32_t> owner_uid) {
     ClientOptions o;
     o.socket_path = socket_path;
     o.job_id = job_id;
+    o.owner_uid = owner_uid;
     o.rank = rank;
     o.world_size = world_size;
     o.local_rank = local_rank;
@@ -278,10 +280,11 @@ A session with the node's hsdpd. Connects on construction (GIL released);
 raises Unavailable when no daemon answers. socket_path "" means $HSDPD_SOCKET,
 else the default socket path.)doc")
       .def(py::init<const std::string&, const std::string&, int, int, int, const std::string&,
-                    double>(),
-           py::kw_only(), py::arg("socket_path") = "", py::arg("job_id") = "default",
+                    double, std::optional<uint32_t>>(),
+           py::kw_only(), py::arg("socket_path") = "", py::arg("job_id") = "",
            py::arg("rank") = 0, py::arg("world_size") = 1, py::arg("local_rank") = 0,
-           py::arg("device") = "cpu", py::arg("connect_timeout") = 10.0)
+           py::arg("device") = "cpu", py::arg("connect_timeout") = 10.0,
+           py::arg("owner_uid") = py::none())
       .def("alloc", &PyClient::Alloc, py::arg("nbytes"), py::arg("name") = "",
            "Allocates and registers `nbytes` of zero-filled shared memory.")
       .def("free", &PyClient::Free, py::arg("buffer"))
@@ -562,6 +565,7 @@ void InitModule(py::module_& m) {
           }
           py::dict d;
           d["job_id"] = s.job_id;
+          d["owner_uid"] = s.owner_uid;
           d["rank"] = s.rank;
           d["times_last"] = s.times_last;
           d["waited_seconds_total"] = s.waited_seconds_total;

@@ -6,6 +6,8 @@
 // cross-node group still runs and checks its result). Authentication
 // failures (no token, a wrong token, no client certificate) are covered by
 // cluster_membership_test.
+#include <unistd.h>
+
 #include <functional>
 #include <string>
 #include <vector>
@@ -20,7 +22,7 @@
 namespace hsdp {
 // daemon/dataplane/group.h (its hsdp::Group would clash with the client's):
 // the global key every daemon derives for the k-th group with `ranks`.
-std::string GroupKey(const std::string& job_id, const std::vector<int>& ranks, int k);
+std::string GroupKey(const JobKey& job, const std::vector<int>& ranks, int k);
 }  // namespace hsdp
 
 namespace hsdp::testing {
@@ -73,7 +75,7 @@ TEST_F(ClusterBadInputTest, PeerRpcsNamingUnknownNodesEpochsOrRanksAreRefused) {
     report.set_node_rank(1);
     report.set_instance("not-the-instance-of-node-1");
     v1::GroupEvent* e = report.add_events();
-    e->set_group_key(GroupKey("nobody's job", {0, 1}, 0));
+    e->set_group_key(GroupKey(JobKey{::geteuid(), "nobody's job"}, {0, 1}, 0));
     for (uint32_t epoch : {0u, kMaxGroupEpoch, 0xffffffffu}) {
       e->set_epoch(epoch);
       print("REPORT epoch " + std::to_string(epoch), peer.Report(report, kRpc));
@@ -139,14 +141,15 @@ TEST_F(ClusterBadInputTest, PeerRpcsNamingUnknownNodesEpochsOrRanksAreRefused) {
 // same group forms once the value is gone.
 TEST_F(ClusterBadInputTest, HandWrittenPlacementAndEpochValuesAreRefused) {
   StartCluster(2);
+  // The trainers below attach as this test's uid: the jobs' owner.
   const std::string bad_node_job = "bad-node";
   const std::string epoch_job = "bad-epoch";
-  const std::string epoch_key = GroupEpochKey(GroupKey(epoch_job, {0, 1}, 0));
+  const std::string epoch_key = GroupEpochKey(GroupKey(JobKey{::geteuid(), epoch_job}, {0, 1}, 0));
   const std::string set = AsPeer([&](ClusterClient& peer, FILE* out) {
     // Rank 1 of "bad-node" is "placed" on node 99 of a 2-node cluster.
     std::fprintf(
         out, "SET %s\n",
-        peer.Set(JobPlacementPrefix(bad_node_job) + "rank/1", "99", kRpc).ToString().c_str());
+        peer.Set(JobPlacementPrefix(JobKey{::geteuid(), bad_node_job}) + "rank/1", "99", kRpc).ToString().c_str());
     // The first cross-node group {0, 1} of "bad-epoch" would start in an
     // epoch that wraps the daemons' counters.
     std::fprintf(out, "SET %s\n", peer.Set(epoch_key, "4294967295", kRpc).ToString().c_str());

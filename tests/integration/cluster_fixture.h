@@ -24,8 +24,10 @@ class ClusterFixture : public ::testing::Test {
   }
 
   // Starts `n` daemons (node i has cluster.node_rank i; node 0 is the
-  // coordinator) and waits until every one sees all of them.
-  void StartCluster(int n, int collective_ms = 15000, int join_timeout_ms = 8000) {
+  // coordinator) and waits until every one sees all of them. `extra_yaml`
+  // (whole top-level sections) is appended to every daemon's config.
+  void StartCluster(int n, int collective_ms = 15000, int join_timeout_ms = 8000,
+                    const std::string& extra_yaml = "") {
     daemons_.clear();
     for (int i = 0; i < n; ++i) daemons_.push_back(std::make_unique<ClusterDaemon>());
     for (int i = 0; i < n; ++i) {
@@ -33,7 +35,7 @@ class ClusterFixture : public ::testing::Test {
       const std::string yaml = ClusterYaml(coordinator_, listen, n, token_, join_timeout_ms) +
                                "  node_rank: " + std::to_string(i) +
                                "\ntimeouts:\n  collective_ms: " + std::to_string(collective_ms) +
-                               "\nengine:\n  threads: 2\n";
+                               "\nengine:\n  threads: 2\n" + extra_yaml;
       ASSERT_TRUE(daemons_[i]->process.Start(yaml, {}, {}, /*wait_ready=*/false));
     }
     for (int i = 0; i < n; ++i) {

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hsdp/client.h"
+#include "raw_session.h"
 #include "test_util.h"
 
 namespace hsdp {
@@ -140,7 +141,13 @@ TEST(DaemonTest, AttachErrors) {
   expect_error(Opts(d, "j", 2, 2), absl::StatusCode::kInvalidArgument, "rank");
   expect_error(Opts(d, "j", -1, 2), absl::StatusCode::kInvalidArgument, "rank");
   expect_error(Opts(d, "j", 0, 0), absl::StatusCode::kInvalidArgument, "world_size");
-  expect_error(Opts(d, "", 0, 1), absl::StatusCode::kInvalidArgument, "job_id");
+  {
+    // The clients fill an empty job id in (DefaultJobId); the daemon itself
+    // refuses one.
+    testing::RawSession raw;
+    const absl::Status empty = raw.Open(d.socket(), "", 0, 1);
+    EXPECT_THAT(std::string(empty.message()), HasSubstr("job_id: must be 1 to 128 bytes"));
+  }
   ClientOptions bad_dev = Opts(d, "j", 0, 2);
   for (const char* dev : {"gpu0", "cuda:", "cuda:x", ""}) {
     bad_dev.device = dev;

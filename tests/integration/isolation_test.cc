@@ -1,7 +1,10 @@
 // Isolation between users and between sessions, against a real daemon:
-// a job belongs to the uid that first attached it (other uids can neither
-// join it, nor take its ranks, nor see it in status), and nothing one
-// session can write in shared memory affects another session.
+// a job is its owner's uid plus its name (docs/security.md, "Job identity"):
+// two users' jobs of the same name are two jobs that run side by side, a
+// squatter who attaches first under another user's name changes nothing for
+// that user, nobody sees or probes another user's job, and root joins a
+// user's job only by naming its owner. Nothing one session can write in
+// shared memory affects another session.
 //
 // The other users are real uids (setresuid in forked children), so these
 // tests need root; they skip, saying so, otherwise.
@@ -10,17 +13,23 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hsdp/client.h"
+#include "job_identity_util.h"
 #include "raw_session.h"
 #include "test_util.h"
 
 namespace hsdp {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::Child;
@@ -29,95 +38,184 @@ using testing::RawSession;
 using testing::RunCommand;
 using testing::TempDir;
 
+using testing::BecomeUser;
+using testing::CheckedRank;
+using testing::TryAttach;
+
 constexpr uid_t kAlice = 60001;
 constexpr uid_t kMallory = 60002;
-
-// Becomes `uid` (and gid) for good.
-bool BecomeUser(uid_t uid) {
-  return ::setgroups(0, nullptr) == 0 && ::setresgid(uid, uid, uid) == 0 &&
-         ::setresuid(uid, uid, uid) == 0;
-}
 
 std::string MultiUserConfig() {
   return "node:\n  socket_mode: 0666\n  allowed_uids: [0, 60001, 60002]\n"
          "timeouts:\n  shutdown_grace_ms: 200\n";
 }
 
-TEST(IsolationTest, AJobBelongsToTheUidThatAttachedItFirst) {
+// "job <name> owner <uid> attached <n>" for every job in `st`, one per line.
+std::string JobLines(const v1::StatusResponse& st) {
+  std::string out;
+  for (const auto& j : st.jobs()) {
+    absl::StrAppend(&out, "job ", j.job_id(), " owner ", j.owner_uid(), " attached ",
+                    j.attached_ranks(), "\n");
+  }
+  return out;
+}
+
+// Two users run a checked all-reduce under the same job name at the same
+// time: two jobs, each with its own result, each invisible to the other.
+TEST(IsolationTest, TwoUsersRunJobsOfTheSameNameAtTheSameTime) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as two other users";
   TempDir dir;
   ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);  // other users may reach the socket
   DaemonProcess d(dir);
   ASSERT_TRUE(d.Start(MultiUserConfig())) << d.Log();
-
-  // Alice's trainer holds rank 0 of job "alpha".
-  Child alice([&](FILE* out) {
-    if (!BecomeUser(kAlice)) return 10;
-    ClientOptions o;
-    o.socket_path = d.socket();
-    o.job_id = "alpha";
-    o.rank = 0;
-    o.world_size = 2;
-    auto c = Client::Connect(o);
-    if (!c.ok()) {
-      std::fprintf(out, "attach failed: %s\n", std::string(c.status().message()).c_str());
-      return 11;
+  const std::string go = dir.path() + "/go";
+  std::vector<std::unique_ptr<Child>> ranks;
+  for (uid_t uid : {kAlice, kMallory}) {
+    for (int r = 0; r < 2; ++r) {
+      ranks.push_back(std::make_unique<Child>([&, uid, r](FILE* out) {
+        return CheckedRank(out, d.socket(), uid, "train", std::nullopt, r, int(uid), go, 200);
+      }));
     }
-    std::fprintf(out, "attached\n");
+  }
+  for (auto& c : ranks) ASSERT_TRUE(c->WaitFor("grouped", 20000)) << c->output() << d.Log();
+  // Both are attached now, as two jobs named "train".
+  v1::StatusResponse st;
+  ASSERT_TRUE(testing::QueryStatus(d.socket(), &st));
+  EXPECT_THAT(JobLines(st), HasSubstr("job train owner 60001 attached 2"));
+  EXPECT_THAT(JobLines(st), HasSubstr("job train owner 60002 attached 2"));
+  const testing::CommandResult jobs = RunCommand(testing::Hsdpctl(d.socket(), "jobs"));
+  EXPECT_THAT(jobs.output, ContainsRegex("train +60001 +2 +2 +1"));
+  EXPECT_THAT(jobs.output, ContainsRegex("train +60002 +2 +2 +1"));
+  // Each user sees only their own.
+  Child look([&](FILE* out) {
+    if (!BecomeUser(kMallory)) return 10;
+    v1::StatusResponse mine;
+    if (!testing::QueryStatus(d.socket(), &mine)) return 11;
+    std::fprintf(out, "%s", JobLines(mine).c_str());
+    for (const auto& s : mine.sessions()) {
+      std::fprintf(out, "session uid %u owner %u\n", s.peer_uid(), s.owner_uid());
+    }
+    return 0;
+  });
+  ASSERT_EQ(look.Finish(20000), 0) << look.output();
+  EXPECT_THAT(look.output(), HasSubstr("job train owner 60002 attached 2"));
+  EXPECT_THAT(look.output(), Not(HasSubstr("60001"))) << "Alice's job and sessions are hidden";
+  // Go: both run at once; every result is checked against its own job.
+  FILE* f = std::fopen(go.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  for (auto& c : ranks) {
+    EXPECT_EQ(c->Finish(60000), 0) << c->output() << d.Log();
+    EXPECT_THAT(c->output(), HasSubstr("checked 200"));
+  }
+  EXPECT_TRUE(d.Alive());
+}
+
+// A squatter who attaches first under the name another user will use —
+// every rank, another world size, a group — changes nothing for that user,
+// learns nothing about them, and cannot join them by naming them as owner.
+TEST(IsolationTest, ASquatterAttachingFirstChangesNothingForTheUser) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as two other users";
+  TempDir dir;
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start(MultiUserConfig())) << d.Log();
+  // Mallory squats "alpha" first: both ranks of a world of 2, and a group.
+  Child squat([&](FILE* out) {
+    if (!BecomeUser(kMallory)) return 10;
+    std::unique_ptr<Client> r0, r1;
+    std::fprintf(out, "rank 0: %s\n", TryAttach(d.socket(), "alpha", 0, 2, {}, &r0).c_str());
+    std::fprintf(out, "rank 1: %s\n", TryAttach(d.socket(), "alpha", 1, 2, {}, &r1).c_str());
+    if (r0 == nullptr || r1 == nullptr) return 11;
+    auto g = r0->NewGroup({0, 1});
+    std::fprintf(out, "group: %s\n", g.ok() ? "OK" : g.status().ToString().c_str());
+    std::fprintf(out, "squatting\n");
     ::pause();
     return 0;
   });
-  ASSERT_TRUE(alice.WaitFor("attached", 10000)) << alice.output() << d.Log();
-
-  // Mallory tries to join Alice's job as the free rank, and to take her rank.
-  Child mallory([&](FILE* out) {
+  ASSERT_TRUE(squat.WaitFor("squatting", 20000)) << squat.output() << d.Log();
+  EXPECT_THAT(squat.output(), HasSubstr("rank 0: OK"));
+  EXPECT_THAT(squat.output(), HasSubstr("rank 1: OK"));
+  // Alice's trainers attach under "alpha" and train as if nobody were there.
+  const std::string go = dir.path() + "/go";
+  FILE* f = std::fopen(go.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  Child a0([&](FILE* out) {
+    return CheckedRank(out, d.socket(), kAlice, "alpha", std::nullopt, 0, 1000, go, 50);
+  });
+  Child a1([&](FILE* out) {
+    return CheckedRank(out, d.socket(), kAlice, "alpha", std::nullopt, 1, 1000, go, 50);
+  });
+  ASSERT_TRUE(a0.WaitFor("grouped", 20000)) << a0.output() << d.Log();
+  // Meanwhile Mallory tries to reach Alice's job by naming her: refused the
+  // same way for a taken rank, a free rank and a job that does not exist (no
+  // probing), and her status shows only her own "alpha".
+  Child probe([&](FILE* out) {
     if (!BecomeUser(kMallory)) return 10;
-    for (int rank : {1, 0}) {
-      ClientOptions o;
-      o.socket_path = d.socket();
-      o.job_id = "alpha";
-      o.rank = rank;
-      o.world_size = 2;
-      auto c = Client::Connect(o);
-      std::fprintf(out, "rank %d: %s %s\n", rank,
-                   c.ok() ? "OK" : absl::StatusCodeToString(c.status().code()).c_str(),
-                   c.ok() ? "" : std::string(c.status().message()).c_str());
-    }
-    // And looks for other users' jobs.
+    std::fprintf(out, "owner rank 0: %s\n", TryAttach(d.socket(), "alpha", 0, 2, kAlice).c_str());
+    std::fprintf(out, "owner rank 1: %s\n", TryAttach(d.socket(), "alpha", 1, 2, kAlice).c_str());
+    std::fprintf(out, "owner none: %s\n", TryAttach(d.socket(), "ghost", 0, 2, kAlice).c_str());
     auto st = RunCommand(testing::Hsdpctl(d.socket(), "--json status"));
     std::fprintf(out, "status exit=%d\n%s\nend-status\n", st.exit_code, st.output.c_str());
-    ClientOptions own;
-    own.socket_path = d.socket();
-    own.job_id = "mallory-job";
-    auto mine = Client::Connect(own);
-    std::fprintf(out, "own job: %s\n", mine.ok() ? "OK" : std::string(mine.status().message()).c_str());
     return 0;
   });
-  ASSERT_EQ(mallory.Finish(20000), 0) << mallory.output();
-  const std::string& m = mallory.output();
-  EXPECT_THAT(m, HasSubstr("rank 1: PERMISSION_DENIED"));
-  EXPECT_THAT(m, HasSubstr("rank 0: PERMISSION_DENIED")) << "no ALREADY_EXISTS leak";
-  EXPECT_THAT(m, HasSubstr("job \"alpha\" belongs to another user"));
-  EXPECT_THAT(m, HasSubstr("status exit=0"));
+  ASSERT_EQ(probe.Finish(20000), 0) << probe.output();
+  const std::string& m = probe.output();
+  const std::string denied =
+      "PERMISSION_DENIED owner_uid: only root and the daemon's uid may join another user's job "
+      "(uid 60002 named uid 60001)";
+  EXPECT_THAT(m, HasSubstr("owner rank 0: " + denied));
+  EXPECT_THAT(m, HasSubstr("owner rank 1: " + denied));
+  EXPECT_THAT(m, HasSubstr("owner none: " + denied));
+  ASSERT_THAT(m, HasSubstr("status exit=0"));
   const std::string status = m.substr(m.find("status exit="));
-  EXPECT_THAT(status.substr(0, status.find("end-status")), Not(HasSubstr("alpha")))
-      << "another user's job ids are not visible";
-  EXPECT_THAT(m, HasSubstr("own job: OK"));
+  EXPECT_THAT(status.substr(0, status.find("end-status")), Not(HasSubstr("60001")))
+      << "another user's jobs and sessions are not visible";
+  EXPECT_EQ(a0.Finish(60000), 0) << a0.output() << d.Log();
+  EXPECT_EQ(a1.Finish(60000), 0) << a1.output() << d.Log();
+  EXPECT_THAT(a0.output(), HasSubstr("checked 50"));
+  EXPECT_THAT(a1.output(), HasSubstr("checked 50"));
+  squat.Kill();
+  squat.Finish(5000);
+  EXPECT_TRUE(d.Alive());
+}
 
-  // Root (the operator) sees the job and its owner.
+// Root joins a user's job only by naming its owner: without it (a separate
+// job by accident) and with a wrong owner it gets a clear error; with the
+// owner it runs a checked all-reduce with the user's rank.
+TEST(IsolationTest, RootJoinsAUsersJobOnlyByNamingItsOwner) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another user";
+  TempDir dir;
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start(MultiUserConfig())) << d.Log();
+  const std::string go = dir.path() + "/go";
+  Child alice([&](FILE* out) {
+    return CheckedRank(out, d.socket(), kAlice, "alpha", std::nullopt, 0, 7, go, 20);
+  });
+  ASSERT_TRUE(alice.WaitFor("grouped", 20000)) << alice.output() << d.Log();
+  // Root (this process's uid) without the owner, and with the wrong one.
+  const std::string without = TryAttach(d.socket(), "alpha", 1, 2);
+  EXPECT_THAT(without, HasSubstr("FAILED_PRECONDITION owner_uid: job \"alpha\" exists on this "
+                                 "node only under uid 60001"));
+  const std::string wrong = TryAttach(d.socket(), "alpha", 1, 2, kMallory);
+  EXPECT_THAT(wrong, HasSubstr("NOT_FOUND owner_uid: uid 60002 has no job \"alpha\""));
+  // With the owner: rank 1 of Alice's job, and they train together.
+  Child root([&](FILE* out) {
+    return CheckedRank(out, d.socket(), 0, "alpha", kAlice, 1, 7, go, 20);
+  });
+  ASSERT_TRUE(root.WaitFor("grouped", 20000)) << root.output() << d.Log();
+  // Alice sees root's session in her job; root is not an owner of anything.
   v1::StatusResponse st;
   ASSERT_TRUE(testing::QueryStatus(d.socket(), &st));
-  bool found = false;
-  for (const auto& j : st.jobs()) {
-    if (j.job_id() == "alpha") {
-      found = true;
-      EXPECT_EQ(j.owner_uid(), kAlice);
-      EXPECT_EQ(j.attached_ranks(), 1);
-    }
-  }
-  EXPECT_TRUE(found) << st.DebugString();
-  alice.Kill();
-  alice.Finish(5000);
+  EXPECT_EQ(JobLines(st), "job alpha owner 60001 attached 2\n");
+  FILE* f = std::fopen(go.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  EXPECT_EQ(alice.Finish(60000), 0) << alice.output() << d.Log();
+  EXPECT_EQ(root.Finish(60000), 0) << root.output() << d.Log();
+  EXPECT_THAT(root.output(), HasSubstr("checked 20"));
 }
 
 TEST(IsolationTest, NothingOneSessionWritesAffectsAnother) {

@@ -46,10 +46,13 @@ std::map<std::string, double> Scrape(int port) {
   return series;
 }
 
+// The owner_uid label: the workload's trainers run as this test's uid.
+std::string Owner() { return std::to_string(::geteuid()); }
+
 std::string OpSeries(const char* name, const std::string& job, const char* op,
                      const char* dtype = "float32") {
   return std::string(name) + "{dtype=\"" + dtype + "\",group=\"world\",job_id=\"" + job +
-         "\",op=\"" + op + "\"}";
+         "\",op=\"" + op + "\",owner_uid=\"" + Owner() + "\"}";
 }
 
 TEST(ObservabilityMetricsTest, ScrapeMatchesTheWorkloadExactly) {
@@ -76,22 +79,26 @@ TEST(ObservabilityMetricsTest, ScrapeMatchesTheWorkloadExactly) {
   EXPECT_EQ(m["hsdpd_jobs"], 1);
   EXPECT_EQ(m["hsdpd_groups"], 1);
   EXPECT_GT(m["hsdpd_registered_bytes"], 0);
-  EXPECT_EQ(m["hsdpd_ops_in_flight{job_id=\"metrics-job\"}"], 0);
+  EXPECT_EQ(m["hsdpd_ops_in_flight{job_id=\"metrics-job\",owner_uid=\"" + Owner() + "\"}"], 0);
   EXPECT_EQ(m[OpSeries("hsdpd_ops_completed_total", w.job, "all_reduce")], 20);
   EXPECT_EQ(m[OpSeries("hsdpd_op_bytes_total", w.job, "all_reduce")], 20 * 1024 * 4);
   EXPECT_EQ(m[OpSeries("hsdpd_op_duration_seconds_count", w.job, "all_reduce")], 20);
   EXPECT_EQ(m[OpSeries("hsdpd_op_queue_wait_seconds_count", w.job, "all_reduce")], 20);
   // The +Inf bucket holds every observation.
   EXPECT_EQ(m["hsdpd_op_duration_seconds_bucket{dtype=\"float32\",group=\"world\",job_id=\"" +
-              w.job + "\",op=\"all_reduce\",le=\"+Inf\"}"],
+              w.job + "\",op=\"all_reduce\",owner_uid=\"" + Owner() + "\",le=\"+Inf\"}"],
             20);
   EXPECT_EQ(m[OpSeries("hsdpd_ops_completed_total", w.job, "all_gather")], 5);
   EXPECT_EQ(m[OpSeries("hsdpd_op_bytes_total", w.job, "all_gather")], 5 * 256 * 4 * 2);
-  const double last0 = m["hsdpd_rank_last_arrivals_total{job_id=\"metrics-job\",rank=\"0\"}"];
-  const double last1 = m["hsdpd_rank_last_arrivals_total{job_id=\"metrics-job\",rank=\"1\"}"];
+  const double last0 = m["hsdpd_rank_last_arrivals_total{job_id=\"metrics-job\",owner_uid=\"" +
+                           Owner() + "\",rank=\"0\"}"];
+  const double last1 = m["hsdpd_rank_last_arrivals_total{job_id=\"metrics-job\",owner_uid=\"" +
+                           Owner() + "\",rank=\"1\"}"];
   EXPECT_EQ(last0 + last1, 25);  // every matched op had exactly one last rank
-  EXPECT_EQ(m["hsdpd_rank_arrival_lag_seconds_count{job_id=\"metrics-job\",rank=\"0\"}"], 25);
-  EXPECT_EQ(m["hsdpd_rank_arrival_lag_seconds_count{job_id=\"metrics-job\",rank=\"1\"}"], 25);
+  EXPECT_EQ(m["hsdpd_rank_arrival_lag_seconds_count{job_id=\"metrics-job\",owner_uid=\"" +
+              Owner() + "\",rank=\"0\"}"], 25);
+  EXPECT_EQ(m["hsdpd_rank_arrival_lag_seconds_count{job_id=\"metrics-job\",owner_uid=\"" +
+              Owner() + "\",rank=\"1\"}"], 25);
   EXPECT_GT(m["hsdpd_engine_busy_seconds_total"], 0);
   EXPECT_EQ(m[std::string("hsdpd_build_info{version=\"") + kHsdpVersion + "\"}"], 1);
   // Low cardinality: no per-op identities in any label.

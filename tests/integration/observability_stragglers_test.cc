@@ -75,7 +75,8 @@ TEST(ObservabilityStragglersTest, NamesTheDelayedRankAndTheDelay) {
   // The table.
   const auto table = testing::RunCommand(testing::Hsdpctl(d.socket(), "stragglers"));
   ASSERT_EQ(table.exit_code, 0) << table.output;
-  EXPECT_THAT(table.output, HasSubstr("job straggler-job: 10 operations matched"));
+  EXPECT_THAT(table.output, HasSubstr("job straggler-job (uid " + std::to_string(::geteuid()) +
+                                      "): 10 operations matched"));
   EXPECT_THAT(table.output, HasSubstr("all_reduce group"));
 
   // The C++ API (forked children first, gRPC in this process only now).

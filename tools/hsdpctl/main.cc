@@ -73,11 +73,14 @@ constexpr char kUsage[] =
     "The socket defaults to $HSDPD_SOCKET, else the daemon's default path.\n";
 
 void PrintSessions(const hsdp::v1::StatusResponse& r) {
-  std::printf("%-8s %-20s %6s %6s %-8s %8s %8s %12s %10s %8s\n", "SESSION", "JOB", "RANK", "WORLD",
-              "DEVICE", "PID", "BUFFERS", "BYTES", "OPS", "FAILED");
+  // OWNER: the job's owner (a job is its owner plus its id); UID: the session's.
+  std::printf("%-8s %-20s %10s %10s %6s %6s %-8s %8s %8s %12s %10s %8s\n", "SESSION", "JOB",
+              "OWNER", "UID", "RANK", "WORLD", "DEVICE", "PID", "BUFFERS", "BYTES", "OPS",
+              "FAILED");
   for (const auto& s : r.sessions()) {
-    std::printf("%-8llu %-20s %6d %6d %-8s %8lld %8u %12llu %10llu %8llu\n",
-                static_cast<unsigned long long>(s.session_id()), s.job_id().c_str(), s.rank(),
+    std::printf("%-8llu %-20s %10u %10u %6d %6d %-8s %8lld %8u %12llu %10llu %8llu\n",
+                static_cast<unsigned long long>(s.session_id()), s.job_id().c_str(),
+                s.owner_uid(), s.peer_uid(), s.rank(),
                 s.world_size(), s.device().c_str(), static_cast<long long>(s.pid()), s.buffers(),
                 static_cast<unsigned long long>(s.buffer_bytes()),
                 static_cast<unsigned long long>(s.ops_completed()),
@@ -86,10 +89,11 @@ void PrintSessions(const hsdp::v1::StatusResponse& r) {
 }
 
 void PrintJobs(const hsdp::v1::StatusResponse& r) {
-  std::printf("%-24s %6s %9s %7s\n", "JOB", "WORLD", "ATTACHED", "GROUPS");
+  // A job is its owner plus its id: root sees two users' same-named jobs as two lines.
+  std::printf("%-24s %10s %6s %9s %7s\n", "JOB", "OWNER", "WORLD", "ATTACHED", "GROUPS");
   for (const auto& j : r.jobs()) {
-    std::printf("%-24s %6d %9d %7u\n", j.job_id().c_str(), j.world_size(), j.attached_ranks(),
-                j.groups());
+    std::printf("%-24s %10u %6d %9d %7u\n", j.job_id().c_str(), j.owner_uid(), j.world_size(),
+                j.attached_ranks(), j.groups());
   }
 }
 

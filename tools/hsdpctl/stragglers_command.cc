@@ -21,8 +21,9 @@ int RunStragglers(Context& c) {
     return 0;
   }
   for (const auto& j : r.jobs()) {
-    std::printf("job %s: %llu operations matched with two or more members on this node\n",
-                j.job_id().c_str(), static_cast<unsigned long long>(j.ops_matched()));
+    std::printf(
+        "job %s (uid %u): %llu operations matched with two or more members on this node\n",
+        j.job_id().c_str(), j.owner_uid(), static_cast<unsigned long long>(j.ops_matched()));
   }
   if (r.ranks_size() == 0) {
     std::printf("no rank has kept others waiting yet\n");

@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "commands.h"
 
@@ -49,8 +50,9 @@ std::string Rate(double bytes_per_s) {
 
 void Print(const Sample& prev, const Sample& now, bool clear) {
   const double dt = std::max(1e-3, std::chrono::duration<double>(now.at - prev.at).count());
-  std::map<std::string, const hsdp::v1::JobActivity*> before;
-  for (const auto& j : prev.activity.jobs()) before[j.job_id()] = &j;
+  // By (job id, owner): two users' jobs of one id are two jobs.
+  std::map<std::pair<std::string, uint32_t>, const hsdp::v1::JobActivity*> before;
+  for (const auto& j : prev.activity.jobs()) before[{j.job_id(), j.owner_uid()}] = &j;
   if (clear) std::printf("\033[H\033[2J");
   const auto& st = now.status;
   std::printf(
@@ -64,7 +66,7 @@ void Print(const Sample& prev, const Sample& now, bool clear) {
   std::printf("%-24s %7s %9s %9s %12s %6s %10s %8s %7s  %s\n", "JOB", "RANKS", "GROUPS", "OPS/s",
               "BANDWIDTH", "BUSY", "OPS", "FAILED", "QUEUED", "SLOWEST RANK (waited)");
   for (const auto& j : now.activity.jobs()) {
-    const auto it = before.find(j.job_id());
+    const auto it = before.find({j.job_id(), j.owner_uid()});
     const hsdp::v1::JobActivity zero;
     const hsdp::v1::JobActivity& p = it == before.end() ? zero : *it->second;
     const double ops_s = (j.ops_completed() - std::min(j.ops_completed(), p.ops_completed())) / dt;

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,7 +33,12 @@ namespace hsdp {
 struct ClientOptions {
   // Empty: $HSDPD_SOCKET, else the default socket path (see README).
   std::string socket_path;
-  std::string job_id = "default";
+  // The job's name. A job is its owner's uid plus this name: other users'
+  // jobs of the same name are other jobs. Empty: DefaultJobId(world_size).
+  std::string job_id;
+  // Whose job to join: unset, the caller's own. Only root and the daemon's
+  // uid may name another uid, and only for a job that already exists.
+  std::optional<uint32_t> owner_uid;
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
@@ -43,6 +49,18 @@ struct ClientOptions {
   // How long Connect waits for the daemon to answer.
   absl::Duration connect_timeout = absl::Seconds(10);
 };
+
+// The job id a client uses when ClientOptions::job_id is empty: one that
+// every rank of one launch derives alike and two unrelated launches of the
+// same user do not share by accident. The first of
+//   $HSDP_JOB_ID                                 as given
+//   $TORCHELASTIC_RUN_ID (torchrun; not "none")  "torchelastic-<id>"
+//   $SLURM_JOB_ID [+ $SLURM_STEP_ID]             "slurm-<job>[.<step>]"
+//   $PMIX_NAMESPACE (Open MPI, PMIx launchers)   "pmix-<namespace>"
+// else, for world_size 1 only (no other rank to agree with), a fresh
+// "solo-<pid>-<random>". Otherwise INVALID_ARGUMENT asking for a job id.
+// Values longer than the daemon's 128-byte limit are refused the same way.
+absl::StatusOr<std::string> DefaultJobId(int world_size);
 
 // A host buffer shared with the daemon (a sealed memfd mapped in both
 // processes). Owned by the Client: valid until FreeBuffer or the Client dies.

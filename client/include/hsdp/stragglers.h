@@ -32,6 +32,7 @@ struct StragglerOp {
 
 struct StragglerRank {
   std::string job_id;
+  uint32_t owner_uid = 0;           // the job's owner (a job is its owner plus its id)
   int rank = 0;                     // global rank
   uint64_t times_last = 0;          // operations where it arrived last
   double waited_seconds_total = 0;  // the others' total wait for it

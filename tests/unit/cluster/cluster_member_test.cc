@@ -243,14 +243,14 @@ TEST(KvClusterDirectoryTest, PlacementConflictsResolutionAndWithdrawal) {
   KvClusterDirectory da(&ca, &a, 3), db(&cb, &b, 3);
   const absl::Time soon = absl::Now() + absl::Seconds(5);
   // A job id with separators cannot collide with another job's keys.
-  const std::string job = "team/a:1";
-  ASSERT_TRUE(da.Publish(job, 0, 4, soon).ok());
-  ASSERT_TRUE(da.Publish(job, 3, 4, soon).ok());
-  ASSERT_TRUE(db.Publish(job, 1, 4, soon).ok());
-  absl::Status twice = db.Publish(job, 0, 4, soon);
+  const JobKey job{1000, "team/a:1"};
+  ASSERT_TRUE(da.Publish(job, 0, 4, soon, false).ok());
+  ASSERT_TRUE(da.Publish(job, 3, 4, soon, false).ok());
+  ASSERT_TRUE(db.Publish(job, 1, 4, soon, false).ok());
+  absl::Status twice = db.Publish(job, 0, 4, soon, false);
   EXPECT_EQ(twice.code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(twice.message(), HasSubstr("node " + std::to_string(a.node_rank())));
-  absl::Status world = db.Publish(job, 2, 8, soon);
+  absl::Status world = db.Publish(job, 2, 8, soon, false);
   EXPECT_EQ(world.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(world.message(), HasSubstr("world size 4"));
   // Rank 2 is not placed yet: resolution waits for it, up to its deadline.
@@ -260,7 +260,7 @@ TEST(KvClusterDirectoryTest, PlacementConflictsResolutionAndWithdrawal) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(missing.status().message(), HasSubstr("rank(s) 2 "));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));
-  std::thread late([&] { EXPECT_TRUE(db.Publish(job, 2, 4, soon).ok()); });
+  std::thread late([&] { EXPECT_TRUE(db.Publish(job, 2, 4, soon, false).ok()); });
   absl::StatusOr<std::vector<int>> nodes = da.Resolve(job, {3, 1, 2, 0}, soon);
   late.join();
   ASSERT_TRUE(nodes.ok()) << nodes.status();
@@ -270,7 +270,7 @@ TEST(KvClusterDirectoryTest, PlacementConflictsResolutionAndWithdrawal) {
   const absl::Time until = absl::Now() + absl::Seconds(5);
   absl::Status moved;
   do {
-    moved = da.Publish(job, 1, 4, soon);
+    moved = da.Publish(job, 1, 4, soon, false);
   } while (!moved.ok() && absl::Now() < until);
   EXPECT_TRUE(moved.ok()) << moved;
   // Everyone leaves: the job id (and its world size) is free again.
@@ -278,9 +278,51 @@ TEST(KvClusterDirectoryTest, PlacementConflictsResolutionAndWithdrawal) {
   db.Withdraw(job, {2}, soon);
   absl::Status reused;
   do {
-    reused = da.Publish(job, 0, 2, soon);
+    reused = da.Publish(job, 0, 2, soon, false);
   } while (!reused.ok() && absl::Now() < until);
   EXPECT_TRUE(reused.ok()) << reused;
+}
+
+// A job's cluster-wide key is its owner plus its name: two uids' jobs of the
+// same name are placed independently (neither blocks or resolves into the
+// other), and root joining another uid's job (join_only) finds only a job
+// that has ranks placed somewhere.
+TEST(KvClusterDirectoryTest, PlacementIsPerOwnerAndJoinOnlyNeedsAPlacedJob) {
+  InProcessCoordinator coordinator(3);
+  ClusterMember a(Member(coordinator.address(), "a:1", 3), nullptr);
+  ClusterMember b(Member(coordinator.address(), "b:1", 3), nullptr);
+  ASSERT_TRUE(a.Start().ok());
+  ASSERT_TRUE(b.Start().ok());
+  ClusterClient ca(coordinator.address(), "tok"), cb(coordinator.address(), "tok");
+  KvClusterDirectory da(&ca, &a, 3), db(&cb, &b, 3);
+  const absl::Time soon = absl::Now() + absl::Seconds(5);
+  const JobKey alice{60001, "train"}, mallory{60002, "train"};
+  // Mallory places rank 0 of her "train" (world 8) first, on node b.
+  ASSERT_TRUE(db.Publish(mallory, 0, 8, soon, false).ok());
+  // Alice's "train" (world 2) is another job: same rank, other world size, fine.
+  ASSERT_TRUE(da.Publish(alice, 0, 2, soon, false).ok());
+  ASSERT_TRUE(da.Publish(alice, 1, 2, soon, false).ok());
+  absl::StatusOr<std::vector<int>> nodes = db.Resolve(alice, {0, 1}, soon);
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  EXPECT_EQ(*nodes, (std::vector<int>{a.node_rank(), a.node_rank()}));
+  absl::StatusOr<std::vector<int>> hers = da.Resolve(mallory, {0}, soon);
+  ASSERT_TRUE(hers.ok()) << hers.status();
+  EXPECT_EQ(*hers, (std::vector<int>{b.node_rank()}));
+  // Mallory's rank 1 was never placed, even though Alice's was.
+  EXPECT_EQ(da.Resolve(mallory, {1}, absl::Now() + absl::Milliseconds(200)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // join_only: a placed job may be joined (rank 1 of Mallory's job, from node a) ...
+  EXPECT_TRUE(da.Publish(mallory, 1, 8, soon, true).ok());
+  // ... a job nobody placed under that owner may not, even if the name exists
+  // under another uid.
+  absl::Status none = db.Publish(JobKey{60003, "train"}, 0, 2, soon, true);
+  EXPECT_EQ(none.code(), absl::StatusCode::kNotFound) << none;
+  EXPECT_THAT(none.message(), HasSubstr("uid 60003 has no job \"train\""));
+  EXPECT_EQ(db.Resolve(JobKey{60003, "train"}, {0}, absl::Now() + absl::Milliseconds(200))
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded)
+      << "the refused join placed nothing";
 }
 
 TEST(KvClusterDirectoryTest, AReportedFailureMovesTheFirstEpochOfTheGroup) {

@@ -64,7 +64,7 @@ class CrossNodeTest : public ::testing::Test {
     for (auto& n : nodes_) {
       GroupSpec spec;
       spec.id = id;
-      spec.key = GroupKey("job", ranks, 0);
+      spec.key = GroupKey(JobKey{0, "job"}, ranks, 0);
       spec.job_id = "job";
       spec.ranks = ranks;
       spec.nodes = nodes;
@@ -118,7 +118,7 @@ class CrossNodeTest : public ::testing::Test {
   static void MakeNodeLocalGroup(Node& n, uint32_t id, const std::vector<int>& ranks) {
     GroupSpec spec;
     spec.id = id;
-    spec.key = GroupKey("job", ranks, 0);
+    spec.key = GroupKey(JobKey{0, "job"}, ranks, 0);
     spec.job_id = "job";
     spec.ranks = ranks;
     spec.timeout_ns = kTimeoutNs;

@@ -32,7 +32,7 @@ class GroupTest : public ::testing::Test {
   std::shared_ptr<Group> NewGroup(uint32_t id, std::vector<int> global_ranks) {
     GroupSpec spec;
     spec.id = id;
-    spec.key = GroupKey("job", global_ranks, 0);
+    spec.key = GroupKey(JobKey{0, "job"}, global_ranks, 0);
     spec.job_id = "job";
     spec.ranks = global_ranks;
     spec.timeout_ns = kTimeoutNs;

@@ -25,7 +25,7 @@ class ObserverCostTest : public ::testing::Test {
     spec_.id = 1;
     spec_.job_id = "cost-job-with-a-long-name";
     spec_.ranks = {0, 1};
-    spec_.key = GroupKey(spec_.job_id, spec_.ranks, 0);
+    spec_.key = GroupKey(JobKey{spec_.owner_uid, spec_.job_id}, spec_.ranks, 0);
     for (int r = 0; r < 2; ++r) {
       Arrival a;
       a.session = testing::MakeSession(10 + r, r, 2);

@@ -47,13 +47,15 @@ class ObserverTest : public ::testing::Test {
     for (int r = 0; r < 3; ++r) sessions_.push_back(MakeSession(100 + r, r, 3));
   }
 
-  std::shared_ptr<Group> NewGroup(OpObserver* observer, int size = 3) {
+  std::shared_ptr<Group> NewGroup(OpObserver* observer, int size = 3, uint32_t owner = 0,
+                                  uint32_t id = 9) {
     GroupSpec spec;
-    spec.id = 9;
+    spec.id = id;
     std::vector<int> ranks;
     for (int r = 0; r < size; ++r) ranks.push_back(r);
-    spec.key = GroupKey("job", ranks, 0);
+    spec.key = GroupKey(JobKey{owner, "job"}, ranks, 0);
     spec.job_id = "job";
+    spec.owner_uid = owner;
     spec.ranks = ranks;
     spec.timeout_ns = 1'000'000'000;
     spec.max_pending = 64;
@@ -194,27 +196,61 @@ TEST_F(ObserverTest, MetricsCountCompletedFailedAndLateRanks) {
   g->Arrive(0, Make(0, 5, 8));
   g->Arrive(1, Make(1, 5, 16));  // disagreement
   const std::string text = (*obs)->metrics()->Text();
-  const std::string labels = "{dtype=\"float32\",group=\"sub\",job_id=\"job\",op=\"all_reduce\"}";
+  const std::string labels =
+      "{dtype=\"float32\",group=\"sub\",job_id=\"job\",op=\"all_reduce\",owner_uid=\"0\"}";
   EXPECT_THAT(text, HasSubstr("hsdpd_ops_completed_total" + labels + " 4\n"));
   EXPECT_THAT(text, HasSubstr("hsdpd_op_bytes_total" + labels + " 128\n"));
   EXPECT_THAT(text, HasSubstr("hsdpd_op_duration_seconds_count" + labels + " 4\n"));
   EXPECT_THAT(text, HasSubstr("hsdpd_ops_failed_total{dtype=\"float32\",group=\"sub\","
-                              "job_id=\"job\",op=\"all_reduce\",reason=\"invalid_argument\"} 1\n"));
-  EXPECT_THAT(text,
-              HasSubstr("hsdpd_rank_arrival_lag_seconds_count{job_id=\"job\",rank=\"1\"} 4\n"));
+                              "job_id=\"job\",op=\"all_reduce\",owner_uid=\"0\","
+                              "reason=\"invalid_argument\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("hsdpd_rank_arrival_lag_seconds_count{job_id=\"job\",owner_uid=\"0\","
+                              "rank=\"1\"} 4\n"));
   EXPECT_THAT(text, HasSubstr("hsdpd_sessions 3\n"));
-  EXPECT_THAT(text, HasSubstr("hsdpd_ops_in_flight{job_id=\"job\"} 2\n"));
-  EXPECT_THAT(text, HasSubstr("hsdpd_ring_occupancy_ratio{job_id=\"job\"} 0.25\n"));
+  EXPECT_THAT(text, HasSubstr("hsdpd_ops_in_flight{job_id=\"job\",owner_uid=\"0\"} 2\n"));
+  EXPECT_THAT(text,
+              HasSubstr("hsdpd_ring_occupancy_ratio{job_id=\"job\",owner_uid=\"0\"} 0.25\n"));
   EXPECT_THAT(text, HasSubstr("hsdpd_build_info{version="));
   // Every op had a last rank: the counts add up to the matched ops.
   int last = 0;
   for (const char* r : {"0", "1"}) {
     const std::string key =
-        std::string("hsdpd_rank_last_arrivals_total{job_id=\"job\",rank=\"") + r + "\"} ";
+        std::string("hsdpd_rank_last_arrivals_total{job_id=\"job\",owner_uid=\"0\",rank=\"") + r +
+        "\"} ";
     const size_t at = text.find(key);
     if (at != std::string::npos) last += std::stoi(text.substr(at + key.size()));
   }
   EXPECT_EQ(last, 4);
+}
+
+// A job is its owner plus its name: two uids' "job" are two series sets.
+TEST_F(ObserverTest, MetricsKeepSameNamedJobsOfTwoUidsApart) {
+  if (!Metrics::Available()) GTEST_SKIP() << "hsdpd built without prometheus-cpp";
+  auto obs = Observability::Create(ObservabilityOptions{"127.0.0.1:0", 0}, nullptr);
+  ASSERT_TRUE(obs.ok()) << obs.status();
+  auto mine = NewGroup(obs->get(), 2, /*owner=*/1000, /*id=*/9);
+  auto theirs = NewGroup(obs->get(), 2, /*owner=*/1001, /*id=*/10);
+  for (uint64_t seq = 1; seq <= 2; ++seq) {
+    mine->Arrive(0, Make(0, seq));
+    mine->Arrive(1, Make(1, seq));
+    engine_.Finish();
+  }
+  theirs->Arrive(0, Make(0, 1));
+  theirs->Arrive(1, Make(1, 1));
+  engine_.Finish();
+  const std::string text = (*obs)->metrics()->Text();
+  const std::string head =
+      "hsdpd_ops_completed_total{dtype=\"float32\",group=\"sub\",job_id=\"job\","
+      "op=\"all_reduce\",owner_uid=\"";
+  EXPECT_THAT(text, HasSubstr(head + "1000\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr(head + "1001\"} 1\n"));
+  const auto activity = (*obs)->Activity(std::nullopt);
+  ASSERT_EQ(activity.size(), 2u);
+  EXPECT_EQ(activity[0].uid, 1000u);
+  EXPECT_EQ(activity[0].ops_completed, 2u);
+  EXPECT_EQ(activity[1].uid, 1001u);
+  EXPECT_EQ(activity[1].ops_completed, 1u);
+  ASSERT_EQ((*obs)->Activity(1001u).size(), 1u);
 }
 
 }  // namespace

@@ -64,6 +64,26 @@ TEST(StragglerStatsTest, FiltersByJobAndUid) {
   EXPECT_EQ(s.Report("bob", std::nullopt).size(), 1u);
 }
 
+// A job is its owner plus its name: two uids' "train" are kept apart, each
+// shown only to its owner, and neither's last record changes who sees what.
+TEST(StragglerStatsTest, SameNamedJobsOfTwoUidsNeverMix) {
+  StragglerStats s;
+  s.Record("train", 1000, 0, 10, Ev(1));
+  s.Record("train", 1001, 1, 99, Ev(1));
+  s.Record("train", 1001, 1, 99, Ev(2));
+  const auto alice = s.Report("train", 1000u);
+  ASSERT_EQ(alice.size(), 1u);
+  EXPECT_EQ(alice[0].owner_uid, 1000u);
+  EXPECT_EQ(alice[0].ops_matched, 1u);
+  ASSERT_EQ(alice[0].ranks.size(), 1u);
+  EXPECT_EQ(alice[0].ranks[0].rank, 0);
+  const auto bob = s.Report("train", 1001u);
+  ASSERT_EQ(bob.size(), 1u);
+  EXPECT_EQ(bob[0].ops_matched, 2u);
+  EXPECT_EQ(bob[0].ranks[0].rank, 1);
+  EXPECT_EQ(s.Report("train", std::nullopt).size(), 2u) << "root sees both, apart";
+}
+
 TEST(StragglerStatsTest, JobCountIsBounded) {
   StragglerStats s;
   for (size_t i = 0; i < StragglerStats::kMaxJobs + 10; ++i) {

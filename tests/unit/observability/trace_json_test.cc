@@ -123,6 +123,32 @@ TEST(TraceJsonTest, MemberSlicesNestPhasesAndPipelinedOpsGetLanes) {
   }
 }
 
+// Two uids' jobs of one name (as root sees them) are two processes.
+TEST(TraceJsonTest, SameNamedJobsOfTwoUidsAreTwoProcesses) {
+  TraceSnapshot s;
+  s.groups[5] = TraceGroupInfo{"q", 1000, 1};
+  s.groups[6] = TraceGroupInfo{"q", 1001, 1};
+  using K = TraceEventKind;
+  TraceEvent a = Ev(K::kArrival, 1 * kMs, 11, 0, 1), b = Ev(K::kArrival, 1 * kMs, 21, 0, 1);
+  b.group_id = 6;
+  s.events = {a, b};
+  TraceSummary sum;
+  const Struct root = Parse(RenderChromeTrace(s, 0, 10 * kMs, &sum));
+  std::map<std::string, double> pid_of_process;
+  std::map<double, double> pid_of_op;  // tid -> pid
+  for (const Value& v : root.fields().at("traceEvents").list_value().values()) {
+    const Struct& e = v.struct_value();
+    if (Str(e, "ph") == "M" && Str(e, "name") == "process_name") {
+      pid_of_process[Str(e.fields().at("args").struct_value(), "name")] = Num(e, "pid");
+    }
+    if (Str(e, "ph") == "X" && Str(e, "cat") == "op") pid_of_op[Num(e, "tid")] = Num(e, "pid");
+  }
+  ASSERT_EQ(pid_of_process.count("job q (uid 1000)"), 1u);
+  ASSERT_EQ(pid_of_process.count("job q (uid 1001)"), 1u);
+  EXPECT_EQ(pid_of_op[11 * 16], pid_of_process["job q (uid 1000)"]);
+  EXPECT_EQ(pid_of_op[21 * 16], pid_of_process["job q (uid 1001)"]);
+}
+
 TEST(TraceJsonTest, EmptySnapshotIsValidJson) {
   const Struct root = Parse(RenderChromeTrace(TraceSnapshot{}, 0, kMs));
   EXPECT_TRUE(root.fields().count("traceEvents"));

@@ -27,8 +27,8 @@ struct FakeClusterState {
     std::string why;
   };
   absl::Mutex mu;
-  std::map<std::pair<std::string, int>, int> rank_node;  // (job, rank) -> node
-  std::map<std::string, int> world;
+  std::map<std::pair<JobKey, int>, int> rank_node;  // (job, rank) -> node
+  std::map<JobKey, int> world;
   std::map<std::string, uint32_t> first_epoch;  // group key -> next epoch
   std::vector<Event> events;
   std::map<int, SessionManager*> managers;  // by node
@@ -60,30 +60,35 @@ class FakeClusterDirectory : public ClusterDirectory {
 
   int this_node() const override { return node_; }
 
-  absl::Status Publish(const std::string& job, int rank, int world_size, absl::Time) override {
+  absl::Status Publish(const JobKey& job, int rank, int world_size, absl::Time,
+                       bool join_only) override {
     absl::MutexLock l(&state_->mu);
     ++state_->network_calls;
+    if (join_only && state_->world.count(job) == 0) {
+      return absl::NotFoundError(absl::StrCat("owner_uid: uid ", job.owner_uid, " has no job \"",
+                                              job.name, "\" on any node of the cluster"));
+    }
     auto [w, fresh] = state_->world.emplace(job, world_size);
     if (w->second != world_size) {
-      return absl::InvalidArgumentError(absl::StrCat("world_size: job \"", job,
-                                                     "\" has world size ", w->second,
+      return absl::InvalidArgumentError(absl::StrCat("world_size: ", job.Describe(),
+                                                     " has world size ", w->second,
                                                      " on another node"));
     }
     auto [it, placed] = state_->rank_node.emplace(std::make_pair(job, rank), node_);
     if (it->second != node_) {
-      return absl::AlreadyExistsError(absl::StrCat("rank: rank ", rank, " of job \"", job,
-                                                   "\" is already attached on node ",
+      return absl::AlreadyExistsError(absl::StrCat("rank: rank ", rank, " of ", job.Describe(),
+                                                   " is already attached on node ",
                                                    it->second));
     }
     return absl::OkStatus();
   }
 
-  void Withdraw(const std::string& job, const std::vector<int>& ranks, absl::Time) override {
+  void Withdraw(const JobKey& job, const std::vector<int>& ranks, absl::Time) override {
     absl::MutexLock l(&state_->mu);
     for (int r : ranks) state_->rank_node.erase({job, r});
   }
 
-  absl::StatusOr<std::vector<int>> Resolve(const std::string& job, const std::vector<int>& ranks,
+  absl::StatusOr<std::vector<int>> Resolve(const JobKey& job, const std::vector<int>& ranks,
                                            absl::Time deadline) override {
     absl::MutexLock l(&state_->mu);
     ++state_->network_calls;

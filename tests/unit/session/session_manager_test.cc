@@ -1,4 +1,4 @@
-// SessionManager without a daemon: job ownership, the limits it reserves
+// SessionManager without a daemon: job identity (owner uid + name), the limits it reserves
 // before the work (buffers, mappings, group members), non-blocking buffer
 // registration, and group keys / re-joining across epochs.
 #include "daemon/session/session_manager.h"
@@ -88,22 +88,119 @@ TEST_F(SessionManagerTest, FeaturesAreTheIntersection) {
   EXPECT_EQ(r->features, shm::kFeaturesImplemented);
 }
 
-TEST_F(SessionManagerTest, JobsBelongToTheirFirstUidExceptForRoot) {
-  Attach("alpha", 0, 3, /*uid=*/1000);
+// A job is its owner's uid plus its name: two uids' "alpha" are two jobs
+// (own world sizes, ranks, groups), and neither can reach the other's.
+TEST_F(SessionManagerTest, JobsAreKeyedByOwnerAndName) {
+  const uint64_t a0 = Attach("alpha", 0, 2, /*uid=*/1000);
+  const uint64_t a1 = Attach("alpha", 1, 2, /*uid=*/1000);
+  // Another uid's "alpha": same ranks, another world size, attaches fine.
+  const uint64_t m0 = Attach("alpha", 0, 3, /*uid=*/2000);
+  ASSERT_NE(m0, 0u);
+  ASSERT_EQ(sm_->Jobs(1000u).size(), 1u);
+  EXPECT_EQ(sm_->Jobs(1000u)[0].world_size, 2);
+  EXPECT_EQ(sm_->Jobs(1000u)[0].attached, 2);
+  ASSERT_EQ(sm_->Jobs(2000u).size(), 1u);
+  EXPECT_EQ(sm_->Jobs(2000u)[0].world_size, 3);
+  EXPECT_EQ(sm_->Jobs(2000u)[0].owner_uid, 2000u);
+  EXPECT_EQ(sm_->Jobs().size(), 2u);
+  // Groups of the same ranks are separate groups with separate keys.
+  auto ga = sm_->NewGroup(a0, {0, 1}, Cred(1000));
+  ASSERT_TRUE(ga.ok()) << ga.status();
+  ASSERT_TRUE(sm_->NewGroup(a1, {0, 1}, Cred(1000)).ok());
+  const uint64_t m1 = Attach("alpha", 1, 3, /*uid=*/2000);
+  auto gm = sm_->NewGroup(m0, {0, 1}, Cred(2000));
+  ASSERT_TRUE(gm.ok()) << gm.status();
+  ASSERT_TRUE(sm_->NewGroup(m1, {0, 1}, Cred(2000)).ok());
+  EXPECT_NE(ga->group_id, gm->group_id);
+  EXPECT_EQ(sm_->FindGroup(ga->group_id)->key(), GroupKey(JobKey{1000, "alpha"}, {0, 1}, 0));
+  EXPECT_EQ(sm_->FindGroup(gm->group_id)->key(), GroupKey(JobKey{2000, "alpha"}, {0, 1}, 0));
+  EXPECT_NE(GroupKey(JobKey{1000, "alpha"}, {0, 1}, 0), GroupKey(JobKey{2000, "alpha"}, {0, 1}, 0));
+  // The other uid's group cannot be re-joined by id.
+  EXPECT_EQ(sm_->NewGroup(m0, {}, Cred(2000), ga->group_id).status().code(),
+            absl::StatusCode::kNotFound);
+  // Naming another owner: PERMISSION_DENIED before anything is looked up, so
+  // the answer is the same for a taken rank, a free rank and no job at all.
+  std::vector<std::string> messages;
+  for (auto [job, rank] : {std::pair<std::string, int>{"alpha", 0}, {"alpha", 1}, {"nope", 0}}) {
+    AttachParams p;
+    p.job_id = job;
+    p.rank = rank;
+    p.world_size = 2;
+    p.owner_uid = 1000;
+    p.protocol_version = shm::kLayoutVersion;
+    p.features = shm::kFeaturesImplemented;
+    auto r = sm_->Attach(p, Cred(2000));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("owner_uid"));
+    std::string m(r.status().message());
+    messages.push_back(m.substr(0, m.find("job \"")));
+  }
+  EXPECT_EQ(messages[0], messages[1]);
+  EXPECT_EQ(messages[0], messages[2]);
+  // Naming oneself as the owner is the same as naming nobody.
+  AttachParams self;
+  self.job_id = "alpha";
+  self.rank = 2;
+  self.world_size = 3;
+  self.owner_uid = 2000;
+  self.protocol_version = shm::kLayoutVersion;
+  self.features = shm::kFeaturesImplemented;
+  EXPECT_TRUE(sm_->Attach(self, Cred(2000)).ok());
+  EXPECT_EQ(sm_->Jobs(2000u)[0].attached, 3);
+}
+
+// Root (or the daemon's uid) joins another user's job only by naming its
+// owner, and only a job that exists.
+TEST_F(SessionManagerTest, RootJoinsAnotherUsersJobOnlyByNamingItsOwner) {
+  const uint64_t user = Attach("alpha", 0, 2, /*uid=*/1000);
   AttachParams p;
   p.job_id = "alpha";
   p.rank = 1;
-  p.world_size = 3;
+  p.world_size = 2;
   p.protocol_version = shm::kLayoutVersion;
   p.features = shm::kFeaturesImplemented;
-  auto other = sm_->Attach(p, Cred(2000));
-  ASSERT_FALSE(other.ok());
-  EXPECT_EQ(other.status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_THAT(std::string(other.status().message()), HasSubstr("\"alpha\""));
-  EXPECT_TRUE(sm_->Attach(p, Cred(0)).ok()) << "root may join (the operator's tools)";
-  EXPECT_EQ(sm_->Jobs(2000u).size(), 0u);
+  p.caller_is_admin = true;
+  // Without the owner: not a separate root job by accident.
+  auto none = sm_->Attach(p, Cred(0));
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(none.status().message()),
+              AllOf(HasSubstr("uid 1000"), HasSubstr("set owner_uid")));
+  // A wrong owner: no such job.
+  p.owner_uid = 1001;
+  auto wrong = sm_->Attach(p, Cred(0));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(wrong.status().message()), HasSubstr("uid 1001 has no job \"alpha\""));
+  EXPECT_EQ(sm_->Jobs(1001u).size(), 0u) << "a refused join creates nothing";
+  // The right owner: root's session is a member of the user's job.
+  p.owner_uid = 1000;
+  auto joined = sm_->Attach(p, Cred(0));
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_TRUE(sm_->ClaimSession(joined->session_id, joined->token.data(), Cred(0)).ok());
+  EXPECT_EQ(sm_->FindSession(joined->session_id)->info().owner_uid, 1000u);
+  EXPECT_EQ(sm_->FindSession(joined->session_id)->info().uid, 0u);
   ASSERT_EQ(sm_->Jobs(1000u).size(), 1u);
-  EXPECT_EQ(sm_->Jobs().size(), 1u);
+  EXPECT_EQ(sm_->Jobs(1000u)[0].attached, 2);
+  EXPECT_EQ(sm_->Jobs(0u).size(), 0u);
+  auto gu = sm_->NewGroup(user, {0, 1}, Cred(1000));
+  auto gr = sm_->NewGroup(joined->session_id, {0, 1}, Cred(0));
+  ASSERT_TRUE(gu.ok() && gr.ok());
+  EXPECT_EQ(gu->group_id, gr->group_id);
+  // A name only root uses is root's own job, as for anyone.
+  p.job_id = "ops";
+  p.rank = 0;
+  p.world_size = 1;
+  p.owner_uid.reset();
+  EXPECT_TRUE(sm_->Attach(p, Cred(0)).ok());
+  ASSERT_EQ(sm_->Jobs(0u).size(), 1u);
+  // caller_is_admin comes from the server's Authenticator, never from the
+  // client; without it, naming another owner is refused.
+  p.job_id = "alpha";
+  p.owner_uid = 1000;
+  p.caller_is_admin = false;
+  EXPECT_EQ(sm_->Attach(p, Cred(3000)).status().code(), absl::StatusCode::kPermissionDenied);
 }
 
 TEST_F(SessionManagerTest, RegistrationReservesAndReleasesEveryLimit) {
@@ -195,12 +292,12 @@ TEST_F(SessionManagerTest, GroupKeysAreGlobalAndARestartedRankRejoinsInTheNextEp
   ASSERT_TRUE(g0.ok() && g1.ok());
   EXPECT_EQ(g0->group_id, g1->group_id);
   EXPECT_EQ(g0->epoch, 1u);
-  EXPECT_EQ(sm_->FindGroup(g0->group_id)->key(), GroupKey("job", {0, 1}, 0));
+  EXPECT_EQ(sm_->FindGroup(g0->group_id)->key(), GroupKey(JobKey{1000, "job"}, {0, 1}, 0));
   // The k-th call names the k-th group.
   auto second = sm_->NewGroup(r0, {0, 1}, Cred(1000));
   ASSERT_TRUE(second.ok());
   EXPECT_NE(second->group_id, g0->group_id);
-  EXPECT_EQ(sm_->FindGroup(second->group_id)->key(), GroupKey("job", {0, 1}, 1));
+  EXPECT_EQ(sm_->FindGroup(second->group_id)->key(), GroupKey(JobKey{1000, "job"}, {0, 1}, 1));
   // Rank 1 dies; its restarted process (a new session) joins the same group
   // with its first NewGroup call, and the survivor re-joins: epoch 2.
   sm_->EndSession(r1, "killed");
