@@ -73,6 +73,19 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
     def getBackendName(self):  # noqa: N802 - torch's name
         return BACKEND_NAME
 
+    # torch keeps a ProcessGroup's name in its backends (see _NameHolder); the
+    # name is kept here too, so `group_name` never depends on that.
+    def _set_group_name(self, name):
+        self._hsdp_group_name = name
+        super()._set_group_name(name)
+
+    @property
+    def group_name(self):
+        name = getattr(self, "_hsdp_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
     def name(self):
         return BACKEND_NAME
 
