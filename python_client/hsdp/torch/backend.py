@@ -160,8 +160,18 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         return ref, views
 
     # -- all-reduce ----------------------------------------------------------
+    # A one-shot hook on this group's next allreduce: hook(tensors, op) -> a Work that
+    # replaces it, or None (hsdp.torch.fsdp2's composite reduce-scatter, which has
+    # all-reduced FSDP2's shard across this group already).
+    _next_allreduce_hook = None
+
     def allreduce(self, tensors, opts=None):
         tensors = _as_list(tensors)
+        hook, self._next_allreduce_hook = self._next_allreduce_hook, None
+        if hook is not None:
+            work = hook(tensors, _opt(opts, "reduceOp", dist.ReduceOp.SUM))
+            if work is not None:
+                return work
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
         t = tensors[0]
