@@ -39,7 +39,6 @@ BUILTIN = ("gloo", "nccl", "mpi", "ucc")
 START_METHOD = os.environ.get("HSDP_SUITE_START_METHOD", "spawn")
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 
 if BACKEND == "hsdpd":
     import hsdp.torch  # noqa: F401,E402 - registers the "hsdpd" backend
@@ -65,10 +64,6 @@ if LIFT_GATES and BACKEND not in BUILTIN:
     for name in ("PROFILING_SUPPORTED_BACKENDS", "CUDA_PROFILING_SUPPORTED_BACKENDS",
                  "SEND_RECV_PROFILING_SUPPORTED_BACKENDS"):
         getattr(dt, name).append(BACKEND)
-if LIFT_GATES and BACKEND == "hsdpd":
-    # torch 1.13's dist.monitored_barrier refuses non-Gloo groups by name.
-    import torch.distributed.distributed_c10d as _c10d  # noqa: E402
-    dist.monitored_barrier = _c10d.monitored_barrier = hsdp.torch.monitored_barrier
 
 
 class TestDistBackendWithSpawn(dt.TestDistBackend, dt.DistributedTest._DistTestBase):

@@ -15,6 +15,7 @@ import datetime
 
 import torch
 import torch.distributed as dist
+import torch._C._distributed_c10d as c10d
 from torch._C._distributed_c10d import ProcessGroup
 
 from hsdp.dtypes import hsdp_dtype
@@ -22,7 +23,7 @@ from hsdp.memory import ALIGN, address_of, is_contiguous
 from hsdp.plan import Plan, region_like
 from hsdp.torch import reduce_ops, session
 from hsdp.torch._tensors import _as_list, _check, _nbytes, _opt, _wire
-from hsdp.torch.completion import Completer, completed_work, install_work_api
+from hsdp.torch.completion import Completer, completed_work
 from hsdp.torch.p2p import PointToPointMixin
 
 BACKEND_NAME = "hsdpd"
@@ -314,6 +315,10 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         """outputs[j] (size * numel) receives inputs[j] of every group rank, in rank order."""
         outputs, inputs = list(outputs), list(inputs)
         n = self.size()
+        if len(outputs) == 1 and len(inputs) == 1:
+            # The functional collectives' all_gather_tensor: in place when the tensors
+            # live in hsdpd memory (no packing copy).
+            return self._allgather_base(outputs[0], inputs[0], opts)
         if len(outputs) != len(inputs):
             raise ValueError("hsdpd backend allgather_into_tensor_coalesced: "
                              f"{len(outputs)} outputs for {len(inputs)} inputs")
@@ -398,6 +403,8 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         """outputs[j] receives chunk `rank` of the reduction of inputs[j]."""
         outputs, inputs = list(outputs), list(inputs)
         n = self.size()
+        if len(outputs) == 1 and len(inputs) == 1:
+            return self._reduce_scatter_base(outputs[0], inputs[0], opts)
         if len(outputs) != len(inputs) or not outputs:
             raise ValueError("hsdpd backend reduce_scatter_tensor_coalesced: need matching, "
                              "non-empty output and input lists")
@@ -494,6 +501,29 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         return self._submit("gather", plan, lambda: self._client.raw.all_gather(
             self._group, send, recv, count, dt), outs, [x])
 
+    def gather_single(self, output, input, opts=None):  # noqa: A002 - torch's names
+        """dist.gather_single: `rootRank` receives every member's `input`, in rank order,
+        in one tensor of size * input.numel() elements (others pass an empty one)."""
+        _check(input, "gather_single")
+        _check(output, "gather_single")
+        root = _opt(opts, "rootRank", 0)
+        n = self.size()
+        if self.rank() == root and (output.numel() != input.numel() * n or
+                                    output.dtype != input.dtype):
+            raise ValueError(
+                f"hsdpd backend gather_single: the root's output must hold size*input = "
+                f"{n}*{input.numel()} elements of {input.dtype}, got {output.numel()} of "
+                f"{output.dtype}")
+        dt, count = _wire(input)
+        plan = Plan(self._client)
+        send = plan.input(input)
+        if self.rank() == root:
+            recv = plan.output(output)
+        else:
+            _, recv = plan.scratch(_nbytes(input) * n)
+        return self._submit("gather", plan, lambda: self._client.raw.all_gather(
+            self._group, send, recv, count, dt), [output], [input])
+
     def scatter(self, output_tensors, input_tensors, opts=None):
         """Scatter from `rootRank` (a broadcast of all chunks; each rank keeps its own)."""
         outs = _as_list(output_tensors)
@@ -557,9 +587,50 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         from hsdp.torch import monitored
         return monitored.run(self, timeout, wait_all_ranks)
 
-    # -- lifetime --------------------------------------------------------------
+    # -- timeouts and lifetime -------------------------------------------------
+    def set_timeout(self, timeout):
+        """dist.distributed_c10d.set_timeout(timeout, group): the bound on the waits for
+        this group's operations issued from now on (hsdpd's collective timeout, which
+        names the ranks that never arrive, is the node's)."""
+        self._timeout_s = timeout.total_seconds() if isinstance(
+            timeout, datetime.timedelta) else float(timeout)
+        self._completer.set_timeout(self._timeout_s)
+
+    def _add_ephemeral_timeout(self, timeout):
+        """Ignored (torch: "backends that do not support ephemeral extensions ignore
+        this call"); set_timeout changes the group's bound."""
+
     def shutdown(self):
+        """Stops this group's completer once the operations already issued are done."""
         self._completer.close()
+
+    def abort(self):
+        """As shutdown: hsdpd fails a group's operations itself when a member is lost
+        or its collective timeout expires; nothing is left waiting in this process."""
+        self._completer.close()
+
+
+class _NameHolder(c10d.Backend):
+    """The C++ side of a ProcessGroupHsdp: torch keeps a ProcessGroup's name, its
+    device types and its default backend in the backends registered on it, and
+    a Python ProcessGroup has none, so without one `_set_group_name` drops the
+    name (C++ getGroupName() raises "ProcessGroup name not set", which the
+    flight recorder calls), `_device_types` is empty (dist.monitored_barrier
+    refuses the group) and `_get_backend` raises (batch_isend_irecv). It
+    executes nothing: torch dispatches every collective of the group to the
+    Python methods of ProcessGroupHsdp. It answers the feature queries:
+    no NCCL-style coalescing, no splitting (split_group; new_group works)."""
+
+    def getBackendName(self):  # noqa: N802 - torch's name
+        return BACKEND_NAME
+
+
+def _attach_name_holder(pg):
+    holder = _NameHolder(pg.rank(), pg.size())
+    custom = ProcessGroup.BackendType.CUSTOM
+    pg._register_backend(torch.device("cpu"), custom, holder)
+    pg._set_default_backend(custom)
+    pg._hsdp_name_holder = holder
 
 
 def _global_ranks(store, group_rank, group_size):
@@ -583,7 +654,9 @@ def create_process_group(store, group_rank, group_size, timeout):
         raise RuntimeError(
             f"hsdpd backend: hsdpd placed this process at rank {group.rank}/{group.size} of "
             f"group {ranks}, torch at {group_rank}/{group_size}")
-    return ProcessGroupHsdp(client, group, group_rank, group_size, timeout, store)
+    pg = ProcessGroupHsdp(client, group, group_rank, group_size, timeout, store)
+    _attach_name_holder(pg)
+    return pg
 
 
 def create_process_group_extended(backend_opts, pg_options=None):
@@ -599,5 +672,3 @@ def register():
     from hsdp.torch import _compat
     kwargs = {"devices": ["cpu"]} if _compat.register_backend_takes_devices() else {}
     dist.Backend.register_backend(BACKEND_NAME, create_process_group, **kwargs)
-    reduce_ops.install_premul_tracker()
-    install_work_api()
