@@ -113,7 +113,7 @@ def token_batch(gen, n, vocab=64, seq=16):
     return (a + b * torch.arange(seq + 1)) % vocab
 
 
-def run_fsdp2(rank, steps, log, hsdp_mesh=False):
+def run_fsdp2(rank, steps, log, hsdp_mesh=False, groups=None):
     import hsdp.torch.fsdp2 as f2
     import transformer as T
     from torch.distributed.device_mesh import init_device_mesh
@@ -123,6 +123,8 @@ def run_fsdp2(rank, steps, log, hsdp_mesh=False):
         mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("replicate", "shard"))
     else:
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
+    if groups is not None:
+        groups.extend(mesh.get_group(name) for name in mesh.mesh_dim_names)
     model = T.shard_transformer(T.TinyTransformer(vocab=64, dim=64, heads=4, blocks=3,
                                                   seq=16), mesh, fully_shard)
     try:
@@ -175,11 +177,20 @@ def worker(rank, world, init_method, steps, mode, results, timeout_s=600, hsdp_m
                             timeout=datetime.timedelta(seconds=timeout_s))
     losses = []
     pg = dist.distributed_c10d._get_default_group()
-    last = pg.hsdp_stats()
+    groups = [pg]  # whose hsdpd operations the log counts (FSDP2 adds its mesh's groups)
+
+    def hsdp_stats():
+        tot = {"ops": 0, "exec_ns": 0}
+        for g in {id(g): g for g in groups}.values():
+            st = g.hsdp_stats()
+            tot["ops"] += st["ops"]
+            tot["exec_ns"] += st["exec_ns"]
+        return tot
+    last = hsdp_stats()
 
     def log(step, loss, step_s, comm_s):
         nonlocal last
-        now = pg.hsdp_stats()
+        now = hsdp_stats()
         ops, exec_ms = now["ops"] - last["ops"], (now["exec_ns"] - last["exec_ns"]) / 1e6
         last = now
         # Average the loss over ranks for the printout (also through hsdpd).
@@ -195,7 +206,7 @@ def worker(rank, world, init_method, steps, mode, results, timeout_s=600, hsdp_m
 
     try:
         if mode == "fsdp2":
-            run_fsdp2(rank, steps, log, hsdp_mesh)
+            run_fsdp2(rank, steps, log, hsdp_mesh, groups)
         else:
             (run_ddp if mode == "ddp" else run_flat)(rank, steps, log)
         dist.barrier()
