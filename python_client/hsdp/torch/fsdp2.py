@@ -148,11 +148,12 @@ class HsdpCompositeReduceScatter(HsdpReduceScatter):
                     "with use_hsdp_comm_buffers(composite=True)")
             work.wait()
             return completed_work(tensors)
+        # Armed only once the composite is issued (async) or done (sync): a failed
+        # composite leaves FSDP2's all-reduce to run, and fail, on its own.
+        if not async_op:
+            work.wait()
         self._replicate._next_allreduce_hook = skip_all_reduce
-        if async_op:
-            return work
-        work.wait()
-        return None
+        return work if async_op else None
 
 
 def _submit_composite(group, replicate, output, input, premul, post):  # noqa: A002
