@@ -6,7 +6,8 @@ fully_shard unit; tools/demo/transformer.py), SGD with momentum, 3 steps.
 fp32 runs match the reference in every step's loss and every final parameter
 to rtol 1e-5 (atol 1e-6 for values near 0); bf16 runs
 (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)) match the fp32
-reference to rtol 2e-2 / atol 2e-3 (bf16 keeps 8 bits of mantissa) and the
+reference to rtol 2e-3 / atol 5e-4 (measured: 1.3e-4 relative on the losses,
+7e-5 absolute on the parameters) and the
 same bf16 run over Gloo to rtol 1e-5. All runs of one mesh share one set of
 processes (module fixtures); each test checks one run.
 """
@@ -20,7 +21,7 @@ FSDP2_OK, FSDP2_WHY = _compat.fsdp2_status()
 pytestmark = pytest.mark.skipif(not FSDP2_OK, reason=f"FSDP2 unavailable: {FSDP2_WHY}")
 
 FP32 = dict(rtol=1e-5, atol=1e-6)
-BF16_VS_FP32 = dict(rtol=2e-2, atol=2e-3)
+BF16_VS_FP32 = dict(rtol=2e-3, atol=5e-4)
 
 C = F.config
 WORLD2 = [
