@@ -614,6 +614,16 @@ class _NameHolder(c10d.Backend):
     def getBackendName(self):  # noqa: N802 - torch's name
         return BACKEND_NAME
 
+    # Plain attributes: reading c10d's properties on a Python Backend subclass
+    # recurses through its trampoline (RecursionError in batch_isend_irecv).
+    supports_coalescing = False
+    supports_splitting = False
+    supports_shrinking = False
+    supports_reconfigure = False
+    supports_window = False
+    supports_abort_hooks = False
+    _supports_time_estimate = False
+
 
 def _attach_name_holder(pg):
     holder = _NameHolder(pg.rank(), pg.size())
