@@ -577,6 +577,40 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         from hsdp.torch import monitored
         return monitored.run(self, timeout, wait_all_ranks)
 
+    # -- subgroups ---------------------------------------------------------------
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None,
+                    device_types=None):
+        """torch.distributed.split_group: the members of `ranks` (ranks of this group;
+        the new group's rank r is ranks[r]) get a new process group, the others None.
+        Every member of this group calls it (torch's contract); hsdpd's group of the
+        members' global ranks needs no store round trip."""
+        ranks = [int(r) for r in ranks]
+        if self.rank() not in ranks:
+            return None
+        if len(set(ranks)) != len(ranks) or not all(0 <= r < self.size() for r in ranks):
+            raise ValueError(f"hsdpd backend split_group: {ranks} are not distinct ranks of "
+                             f"this group of {self.size()}")
+        group = self._client.new_group([self._group.ranks[r] for r in ranks])
+        me = ranks.index(self.rank())
+        if group.rank != me or group.size != len(ranks):
+            raise RuntimeError(
+                f"hsdpd backend split_group: hsdpd placed this process at rank "
+                f"{group.rank}/{group.size} of {group.ranks}, torch at {me}/{len(ranks)}")
+        store = self._store
+        if store is not None and group_name:
+            store = c10d.PrefixStore(f"{group_name}/", store)
+        pg = ProcessGroupHsdp(self._client, group, me, len(ranks),
+                              self._timeout_s if timeout is None else timeout, store)
+        _attach_name_holder(pg)
+        if group_name:
+            pg._set_group_name(group_name)
+        if group_desc:
+            pg._set_group_desc(group_desc)
+        return pg
+
+    def get_group_store(self):
+        return self._store
+
     # -- timeouts and lifetime -------------------------------------------------
     def set_timeout(self, timeout):
         """dist.distributed_c10d.set_timeout(timeout, group): the bound on the waits for
@@ -609,7 +643,7 @@ class _NameHolder(c10d.Backend):
     refuses the group) and `_get_backend` raises (batch_isend_irecv). It
     executes nothing: torch dispatches every collective of the group to the
     Python methods of ProcessGroupHsdp. It answers the feature queries:
-    no NCCL-style coalescing, no splitting (split_group; new_group works)."""
+    no NCCL-style coalescing; splitting (split_group) yes."""
 
     def getBackendName(self):  # noqa: N802 - torch's name
         return BACKEND_NAME
@@ -617,7 +651,7 @@ class _NameHolder(c10d.Backend):
     # Plain attributes: reading c10d's properties on a Python Backend subclass
     # recurses through its trampoline (RecursionError in batch_isend_irecv).
     supports_coalescing = False
-    supports_splitting = False
+    supports_splitting = True  # ProcessGroupHsdp.split_group
     supports_shrinking = False
     supports_reconfigure = False
     supports_window = False
