@@ -29,7 +29,9 @@ echo "== hsdpd started (pid $DAEMON_PID) on the embedded default config; hsdpctl
 
 if [ -f "$ROOT/tools/demo/train_demo.py" ]; then
   echo "== demo training job: 2 processes, torch.distributed backend \"hsdpd\""
-  PYTHONPATH="$BUILD_DIR/python" /usr/bin/python3 "$ROOT/tools/demo/train_demo.py"
+  # The project's Python environment (torch 2.15.0; build.sh set it up already).
+  PY="$(HSDP_BUILD_DIR="$BUILD_DIR" "$ROOT/tools/scripts/python_env.sh")"
+  PYTHONPATH="$BUILD_DIR/python" "$PY" "$ROOT/tools/demo/train_demo.py"
 else
   echo "== C++ demo: 2 ranks all-reduce through hsdpd"
   "$BIN/hsdp-bench" --socket "$HSDPD_SOCKET" --nranks 2 --op all_reduce --min-bytes 1M --max-bytes 4M --check
