@@ -245,3 +245,41 @@ def test_split_group_new_subgroups_timeouts_destroy(run):
         if rank == 0:
             assert "Timed out waiting 1000ms" in r["timeout"], r["timeout"]
         assert r["after"] == [4.0]
+
+
+def killed_peer_worker(rank, world):
+    """Rank 1 dies between two steps; rank 0's DTensor full_tensor() and functional
+    all-reduce must raise (naming the lost rank), not return stale data."""
+    import os
+    import time
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    d = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
+    dist.barrier()
+    if rank == 1:
+        os._exit(0)  # no goodbye: the daemon sees the session drop
+    out = {}
+    for name, fn in (("DTensor.full_tensor", lambda: d.full_tensor()),
+                     ("funcol.all_reduce",
+                      lambda: funcol.all_reduce(torch.ones(4), "sum", mesh) + 0)):
+        start = time.monotonic()
+        try:
+            got = fn()
+            out[name] = (f"no error; returned {got.tolist()}", time.monotonic() - start)
+        except Exception as e:  # noqa: BLE001
+            out[name] = (f"raised {type(e).__name__}: {e}", time.monotonic() - start)
+    return out
+
+
+def test_a_killed_peer_fails_dtensor_and_funcol(hsdpd, tmp_path):
+    import mp_runner
+    res = mp_runner.launch(killed_peer_worker, 2, (), "hsdpd", str(tmp_path), 180,
+                          expect=[0], pg_timeout=60)
+    for name, (outcome, seconds) in res[0].items():
+        assert outcome.startswith("raised"), f"{name}: {outcome}"
+        assert "rank 1" in outcome, f"{name}: {outcome}"
+        assert seconds < 60, f"{name}: took {seconds:.1f} s (the group's timeout)"
