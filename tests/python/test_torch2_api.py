@@ -194,3 +194,92 @@ def test_failures_through_funcol_and_dtensor_raise(run):
         for name, outcome in r.items():
             assert outcome.startswith("raised"), f"{name}: {outcome}"
             assert "hsdpd" in outcome, f"{name}: {outcome}"
+
+
+def groups_worker(rank, world):
+    """split_group, new_subgroups, a subgroup's own timeout, destroying a subgroup."""
+    import datetime
+    import torch
+    import torch.distributed as dist
+    out = {}
+    # split_group: {0, 2} and {1, 3} (every rank calls it with the whole split).
+    sub = dist.split_group(split_ranks=[[0, 2], [1, 3]])
+    t = torch.full((2,), float(rank))
+    dist.all_reduce(t, group=sub)
+    out["split"] = (dist.get_backend(sub), dist.get_process_group_ranks(sub), t.tolist(),
+                    sub.group_name != dist.distributed_c10d._get_default_group().group_name)
+    # new_subgroups: consecutive pairs.
+    cur, _ = dist.new_subgroups(group_size=2)
+    u = torch.full((2,), float(rank + 1))
+    dist.all_reduce(u, group=cur)
+    out["subgroups"] = (dist.get_process_group_ranks(cur), u.tolist())
+    # A subgroup with its own (short) timeout: rank 0 waits alone on a barrier.
+    short = dist.new_group([0, 3], timeout=datetime.timedelta(seconds=1))
+    if rank == 0:
+        try:
+            dist.barrier(group=short)
+            out["timeout"] = "no error"
+        except RuntimeError as e:
+            out["timeout"] = str(e)
+    # set_timeout changes the bound of the group's later operations.
+    dist.distributed_c10d._get_default_group().set_timeout(datetime.timedelta(seconds=120))
+    dist.barrier()  # every rank is past the failed barrier before the groups go
+    dist.destroy_process_group(sub)
+    dist.destroy_process_group(cur)
+    v = torch.ones(1)
+    dist.all_reduce(v)  # the default group still works
+    out["after"] = v.tolist()
+    return out
+
+
+def test_split_group_new_subgroups_timeouts_destroy(run):
+    world = 4
+    for rank, r in enumerate(run(groups_worker, world)):
+        backend, ranks, vals, own_name = r["split"]
+        assert backend == "hsdpd" and own_name
+        assert ranks == ([0, 2] if rank % 2 == 0 else [1, 3])
+        assert vals == [float(sum(ranks))] * 2
+        sranks, svals = r["subgroups"]
+        assert sranks == [rank - rank % 2, rank - rank % 2 + 1]
+        assert svals == [float(sranks[0] + 1 + sranks[1] + 1)] * 2
+        if rank == 0:
+            assert "Timed out waiting 1000ms" in r["timeout"], r["timeout"]
+        assert r["after"] == [4.0]
+
+
+def killed_peer_worker(rank, world):
+    """Rank 1 dies between two steps; rank 0's DTensor full_tensor() and functional
+    all-reduce must raise (naming the lost rank), not return stale data."""
+    import os
+    import time
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    d = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
+    dist.barrier()
+    if rank == 1:
+        os._exit(0)  # no goodbye: the daemon sees the session drop
+    out = {}
+    for name, fn in (("DTensor.full_tensor", lambda: d.full_tensor()),
+                     ("funcol.all_reduce",
+                      lambda: funcol.all_reduce(torch.ones(4), "sum", mesh) + 0)):
+        start = time.monotonic()
+        try:
+            got = fn()
+            out[name] = (f"no error; returned {got.tolist()}", time.monotonic() - start)
+        except Exception as e:  # noqa: BLE001
+            out[name] = (f"raised {type(e).__name__}: {e}", time.monotonic() - start)
+    return out
+
+
+def test_a_killed_peer_fails_dtensor_and_funcol(hsdpd, tmp_path):
+    import mp_runner
+    res = mp_runner.launch(killed_peer_worker, 2, (), "hsdpd", str(tmp_path), 180,
+                          expect=[0], pg_timeout=60)
+    for name, (outcome, seconds) in res[0].items():
+        assert outcome.startswith("raised"), f"{name}: {outcome}"
+        assert "rank 1" in outcome, f"{name}: {outcome}"
+        assert seconds < 60, f"{name}: took {seconds:.1f} s (the group's timeout)"

@@ -29,8 +29,8 @@ echo "== hsdpd started (pid $DAEMON_PID) on the embedded default config; hsdpctl
 "$BIN/hsdpctl" --socket "$HSDPD_SOCKET" status
 
 if [ -f "$ROOT/tools/demo/train_demo.py" ]; then
-  # The project's Python environment (torch 2.15; $HSDP_VENV, default build/venv).
-  PY="$("$ROOT/tools/scripts/python_env.sh")"
+  # The project's Python environment (torch 2.15.0; build.sh set it up already).
+  PY="$(HSDP_BUILD_DIR="$BUILD_DIR" "$ROOT/tools/scripts/python_env.sh")"
   echo "== demo training job: 2 processes, FSDP2 fully_shard over the torch.distributed" \
        "backend \"hsdpd\" ($PY)"
   PYTHONPATH="$BUILD_DIR/python" "$PY" "$ROOT/tools/demo/train_demo.py" --mode auto

@@ -10,6 +10,8 @@ registered buffers. Returned Work objects complete on a helper thread (see
 completion.py). CUDA tensors of all-reduce, all-gather / reduce-scatter into /
 from a tensor and broadcast go through the daemon's device path
 (cuda_ops.py); other collectives refuse them with a clear error.
+Point-to-point and all-to-all: p2p.py; reduce / gather / scatter: rooted.py;
+what torch's C++ side keeps for the group (name, device type): name_holder.py.
 """
 import datetime
 
@@ -18,15 +20,15 @@ import torch.distributed as dist
 import torch._C._distributed_c10d as c10d
 from torch._C._distributed_c10d import ProcessGroup
 
-from hsdp.dtypes import hsdp_dtype
 from hsdp.memory import ALIGN, address_of, is_contiguous
 from hsdp.plan import Plan, region_like
 from hsdp.torch import reduce_ops, session
-from hsdp.torch._tensors import _as_list, _check, _nbytes, _opt, _wire
+from hsdp.torch._tensors import _as_list, _check, _nbytes, _opt, _reducible, _wire
 from hsdp.torch.completion import Completer, completed_work
+from hsdp.torch.name_holder import BACKEND_NAME, attach_name_holder
 from hsdp.torch.p2p import PointToPointMixin
+from hsdp.torch.rooted import RootedMixin
 
-BACKEND_NAME = "hsdpd"
 _GROUP_RANK_KEY = "hsdp/global_rank/{}"
 _SUPPORTED_OPS = ("allreduce, allreduce_coalesced, allgather, _allgather_base, "
                   "allgather_coalesced, allgather_into_tensor_coalesced, reduce_scatter, "
@@ -48,16 +50,7 @@ _PROFILE_NAMES = {
 }
 
 
-def _reducible(t, what):
-    name = hsdp_dtype(t.dtype)
-    if name is None:
-        raise TypeError(
-            f"hsdpd backend {what}: cannot reduce dtype {t.dtype}; supported: float32, "
-            "float16, bfloat16, float64, int32, int64, uint8")
-    return name
-
-
-class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
+class ProcessGroupHsdp(PointToPointMixin, RootedMixin, ProcessGroup):
     """A torch ProcessGroup executing its collectives in hsdpd."""
 
     def __init__(self, client, group, rank, size, timeout, store=None):
@@ -461,91 +454,6 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         return self._submit("barrier", Plan(self._client),
                             lambda: self._client.raw.barrier(self._group), [])
 
-    # -- rooted collectives, emulated on the symmetric ones -------------------
-    def reduce(self, tensors, opts=None):
-        """Reduce to `rootRank` (an all-reduce of a copy; only the root's tensor changes)."""
-        tensors = _as_list(tensors)
-        if len(tensors) != 1:
-            raise RuntimeError("hsdpd backend reduce: exactly one tensor per process")
-        t = tensors[0]
-        _check(t, "reduce")
-        root = _opt(opts, "rootRank", 0)
-        name, premul = reduce_ops.to_hsdp(_opt(opts, "reduceOp", dist.ReduceOp.SUM), "reduce")
-        dt = _reducible(t, "reduce")
-        plan = Plan(self._client)
-        lease, ref, _ = plan.packed([t], copy_in=True)
-        if self.rank() == root:
-            plan.after(lambda: t.copy_(region_like(lease, t)))
-        return self._submit("reduce", plan, lambda: self._client.raw.all_reduce(
-            self._group, ref, ref, t.numel(), dt, op=name, premul=premul), tensors, tensors)
-
-    def gather(self, output_tensors, input_tensors, opts=None):
-        """Gather to `rootRank` (an all-gather; only the root copies out)."""
-        inputs = _as_list(input_tensors)
-        if len(inputs) != 1:
-            raise RuntimeError("hsdpd backend gather: exactly one input tensor per process")
-        x = inputs[0]
-        _check(x, "gather")
-        root = _opt(opts, "rootRank", 0)
-        n = self.size()
-        outs = list(output_tensors[0]) if output_tensors else []
-        if self.rank() == root and len(outs) != n:
-            raise ValueError(f"hsdpd backend gather: the root needs {n} output tensors")
-        dt, count = _wire(x)
-        plan = Plan(self._client)
-        send = plan.input(x)
-        rlease, recv = plan.scratch(_nbytes(x) * n)
-        if self.rank() == root:
-            plan.after(lambda: [o.copy_(region_like(rlease, x, r * _nbytes(x)))
-                                for r, o in enumerate(outs)])
-        return self._submit("gather", plan, lambda: self._client.raw.all_gather(
-            self._group, send, recv, count, dt), outs, [x])
-
-    def gather_single(self, output, input, opts=None):  # noqa: A002 - torch's names
-        """dist.gather_single: `rootRank` receives every member's `input`, in rank order,
-        in one tensor of size * input.numel() elements (others pass an empty one)."""
-        _check(input, "gather_single")
-        _check(output, "gather_single")
-        root = _opt(opts, "rootRank", 0)
-        n = self.size()
-        if self.rank() == root and (output.numel() != input.numel() * n or
-                                    output.dtype != input.dtype):
-            raise ValueError(
-                f"hsdpd backend gather_single: the root's output must hold size*input = "
-                f"{n}*{input.numel()} elements of {input.dtype}, got {output.numel()} of "
-                f"{output.dtype}")
-        dt, count = _wire(input)
-        plan = Plan(self._client)
-        send = plan.input(input)
-        if self.rank() == root:
-            recv = plan.output(output)
-        else:
-            _, recv = plan.scratch(_nbytes(input) * n)
-        return self._submit("gather", plan, lambda: self._client.raw.all_gather(
-            self._group, send, recv, count, dt), [output], [input])
-
-    def scatter(self, output_tensors, input_tensors, opts=None):
-        """Scatter from `rootRank` (a broadcast of all chunks; each rank keeps its own)."""
-        outs = _as_list(output_tensors)
-        if len(outs) != 1:
-            raise RuntimeError("hsdpd backend scatter: exactly one output tensor per process")
-        out = outs[0]
-        _check(out, "scatter")
-        root = _opt(opts, "rootRank", 0)
-        n = self.size()
-        plan = Plan(self._client)
-        lease, ref = plan.scratch(_nbytes(out) * n)
-        if self.rank() == root:
-            ins = list(input_tensors[0])
-            if len(ins) != n:
-                raise ValueError(f"hsdpd backend scatter: the root needs {n} input tensors")
-            for r, t in enumerate(ins):
-                region_like(lease, out, r * _nbytes(out)).copy_(t)
-        me = self.rank()
-        plan.after(lambda: out.copy_(region_like(lease, out, me * _nbytes(out))))
-        return self._submit("scatter", plan, lambda: self._client.raw.broadcast(
-            self._group, ref, ref, _nbytes(out) * n, "uint8", root), outs, outs)
-
     # -- coalescing contexts (torch calls these around batched ops) ----------
     def _start_coalescing(self, *args, **kwargs):
         pass
@@ -587,6 +495,40 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         from hsdp.torch import monitored
         return monitored.run(self, timeout, wait_all_ranks)
 
+    # -- subgroups ---------------------------------------------------------------
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None,
+                    device_types=None):
+        """torch.distributed.split_group: the members of `ranks` (ranks of this group;
+        the new group's rank r is ranks[r]) get a new process group, the others None.
+        Every member of this group calls it (torch's contract); hsdpd's group of the
+        members' global ranks needs no store round trip."""
+        ranks = [int(r) for r in ranks]
+        if self.rank() not in ranks:
+            return None
+        if len(set(ranks)) != len(ranks) or not all(0 <= r < self.size() for r in ranks):
+            raise ValueError(f"hsdpd backend split_group: {ranks} are not distinct ranks of "
+                             f"this group of {self.size()}")
+        group = self._client.new_group([self._group.ranks[r] for r in ranks])
+        me = ranks.index(self.rank())
+        if group.rank != me or group.size != len(ranks):
+            raise RuntimeError(
+                f"hsdpd backend split_group: hsdpd placed this process at rank "
+                f"{group.rank}/{group.size} of {group.ranks}, torch at {me}/{len(ranks)}")
+        store = self._store
+        if store is not None and group_name:
+            store = c10d.PrefixStore(f"{group_name}/", store)
+        pg = ProcessGroupHsdp(self._client, group, me, len(ranks),
+                              self._timeout_s if timeout is None else timeout, store)
+        attach_name_holder(pg)
+        if group_name:
+            pg._set_group_name(group_name)
+        if group_desc:
+            pg._set_group_desc(group_desc)
+        return pg
+
+    def get_group_store(self):
+        return self._store
+
     # -- timeouts and lifetime -------------------------------------------------
     def set_timeout(self, timeout):
         """dist.distributed_c10d.set_timeout(timeout, group): the bound on the waits for
@@ -608,29 +550,6 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         """As shutdown: hsdpd fails a group's operations itself when a member is lost
         or its collective timeout expires; nothing is left waiting in this process."""
         self._completer.close()
-
-
-class _NameHolder(c10d.Backend):
-    """The C++ side of a ProcessGroupHsdp: torch keeps a ProcessGroup's name, its
-    device types and its default backend in the backends registered on it, and
-    a Python ProcessGroup has none, so without one `_set_group_name` drops the
-    name (C++ getGroupName() raises "ProcessGroup name not set", which the
-    flight recorder calls), `_device_types` is empty (dist.monitored_barrier
-    refuses the group) and `_get_backend` raises (batch_isend_irecv). It
-    executes nothing: torch dispatches every collective of the group to the
-    Python methods of ProcessGroupHsdp. It answers the feature queries:
-    no NCCL-style coalescing, no splitting (split_group; new_group works)."""
-
-    def getBackendName(self):  # noqa: N802 - torch's name
-        return BACKEND_NAME
-
-
-def _attach_name_holder(pg):
-    holder = _NameHolder(pg.rank(), pg.size())
-    custom = ProcessGroup.BackendType.CUSTOM
-    pg._register_backend(torch.device("cpu"), custom, holder)
-    pg._set_default_backend(custom)
-    pg._hsdp_name_holder = holder
 
 
 def _global_ranks(store, group_rank, group_size):
@@ -655,7 +574,7 @@ def create_process_group(store, group_rank, group_size, timeout):
             f"hsdpd backend: hsdpd placed this process at rank {group.rank}/{group.size} of "
             f"group {ranks}, torch at {group_rank}/{group_size}")
     pg = ProcessGroupHsdp(client, group, group_rank, group_size, timeout, store)
-    _attach_name_holder(pg)
+    attach_name_holder(pg)
     return pg
 
 

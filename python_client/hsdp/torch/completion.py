@@ -248,11 +248,11 @@ class HsdpWork(c10d.Work):
                     "the operation to complete (Work.wait timeout; the operation goes on)")
         try:
             self._child.wait()
-        except Exception:  # noqa: BLE001 - raise the operation's own exception below
-            pass
-        err = self._error()
-        if err is not None:
-            raise err
+        except Exception:  # noqa: BLE001
+            err = self._error()
+            if err is not None:
+                raise err from None  # the operation's own exception, not torch's wrapper
+            raise
         return True
 
     def get_future(self):
