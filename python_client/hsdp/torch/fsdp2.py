@@ -120,7 +120,7 @@ class HsdpCompositeReduceScatter(HsdpReduceScatter):
 
     def _composite_now(self, group):
         pg = self._param_group
-        return (pg.all_reduce_grads and getattr(pg, "_partial_reduce_output", None) is None
+        return (pg.all_reduce_grads and pg._partial_reduce_output is None
                 and hasattr(group, "hsdp_group") and hasattr(self._replicate, "hsdp_group"))
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
@@ -213,6 +213,15 @@ def use_hsdp_comm_buffers(module, *, composite=False):
         hsdp_groups = [g for g in groups if g._is_hsdp]
         if composite and len(groups) == 1 and hsdp_groups:
             g = hsdp_groups[0]
+            # The composite must know when FSDP2 all-reduces and whether it holds an
+            # accumulated shard to add first (torch 2.15's names); without them it
+            # could skip an all-reduce that FSDP2 needs.
+            lacking = [a for a in ("all_reduce_grads", "_partial_reduce_output")
+                       if not hasattr(g, a)]
+            if lacking:
+                raise NotImplementedError(
+                    f"use_hsdp_comm_buffers(composite=True): torch {torch.__version__}'s "
+                    f"FSDP2 param group has no {', '.join(lacking)}; use composite=False")
             m.set_custom_reduce_scatter(HsdpCompositeReduceScatter(
                 g, g.mesh_info.replicate_process_group))
         else:
