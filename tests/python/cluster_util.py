@@ -36,10 +36,11 @@ def free_ports(n):
     return ports
 
 
-def node_yaml(coordinator, listen, nodes, node_rank, token_file, collective_ms):
+def node_yaml(coordinator, listen, nodes, node_rank, token_file, collective_ms,
+              missed_heartbeats=MISSED_HEARTBEATS):
     return (f'cluster:\n  coordinator: "{coordinator}"\n  listen: "{listen}"\n'
             f"  nodes: {nodes}\n  node_rank: {node_rank}\n  token_file: \"{token_file}\"\n"
-            f"  heartbeat_ms: {HEARTBEAT_MS}\n  missed_heartbeats: {MISSED_HEARTBEATS}\n"
+            f"  heartbeat_ms: {HEARTBEAT_MS}\n  missed_heartbeats: {missed_heartbeats}\n"
             f"  join_timeout_ms: {int(FORM_TIMEOUT_S * 1000)}\n"
             f"timeouts:\n  collective_ms: {collective_ms}\n"
             "engine:\n  threads: 2\n")
@@ -63,7 +64,7 @@ def alive_nodes(view):
 class Cluster:
     """`nodes` hsdpd daemons forming one cluster on 127.0.0.1."""
 
-    def __init__(self, nodes, collective_ms=60000):
+    def __init__(self, nodes, collective_ms=60000, missed_heartbeats=MISSED_HEARTBEATS):
         binary = os.path.join(BUILD, "bin", "hsdpd")
         if not os.access(binary, os.X_OK):
             raise RuntimeError(f"{binary} not found: build first (HSDP_BUILD_DIR={BUILD})")
@@ -82,7 +83,7 @@ class Cluster:
                 cfg = os.path.join(d, "node.yaml")
                 with open(cfg, "w") as f:
                     f.write(node_yaml(self.coordinator, f"127.0.0.1:{ports[i]}", nodes, i,
-                                      self.token_file, collective_ms))
+                                      self.token_file, collective_ms, missed_heartbeats))
                 # Not waited for one by one: a member's socket opens only once it joined.
                 self.daemons.append(Daemon(binary, d, ("--node-config", cfg, "--log-level",
                                                        "info"), wait=False))

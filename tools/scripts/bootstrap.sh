@@ -10,8 +10,9 @@ PACKAGES=(
   libabsl-dev libboost-dev libyaml-cpp-dev libgloo-dev
   libgtest-dev libgmock-dev
   prometheus-cpp-dev prometheus
-  python3 python3-dev pybind11-dev python3-pybind11
-  python3-torch python3-numpy python3-pytest
+  # The extension is built for Debian's python3; torch, numpy and pytest come
+  # from PyPI into the venv of tools/scripts/python_env.sh (build/venv).
+  python3 python3-dev python3-venv python3-pip pybind11-dev python3-pybind11
   iproute2 docker-compose python3-yaml  # the compose check and the netns cluster tests
 )
 

@@ -127,7 +127,11 @@ class Runner:
     def argv_of(self, svc, argv):
         out = []
         for i, a in enumerate(argv):
-            if i == 0 and not a.startswith("/"):
+            if i == 0 and a in ("python3", "python") and os.environ.get("HSDP_PYTHON"):
+                # The image's python has torch: here, the project's environment
+                # (build/venv, tools/scripts/python_env.sh).
+                a = os.environ["HSDP_PYTHON"]
+            elif i == 0 and not a.startswith("/"):
                 # The image's PATH first (its binaries are this build's).
                 for d in self.model["image"]["env"].get(
                         "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin").split(":"):

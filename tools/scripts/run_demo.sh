@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's main command: builds hsdpd, starts it on the embedded default
 # configuration, shows `hsdpctl status`, runs a short 2-process training job
-# through the daemon, and stops the daemon cleanly.
+# through the daemon (FSDP2 fully_shard of a small transformer where torch has
+# FSDP2, else DDP; the demo prints which), and stops the daemon cleanly.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 "$ROOT/tools/scripts/build.sh"
@@ -28,8 +29,11 @@ echo "== hsdpd started (pid $DAEMON_PID) on the embedded default config; hsdpctl
 "$BIN/hsdpctl" --socket "$HSDPD_SOCKET" status
 
 if [ -f "$ROOT/tools/demo/train_demo.py" ]; then
-  echo "== demo training job: 2 processes, torch.distributed backend \"hsdpd\""
-  PYTHONPATH="$BUILD_DIR/python" /usr/bin/python3 "$ROOT/tools/demo/train_demo.py"
+  # The project's Python environment (torch 2.15.0; build.sh set it up already).
+  PY="$(HSDP_BUILD_DIR="$BUILD_DIR" "$ROOT/tools/scripts/python_env.sh")"
+  echo "== demo training job: 2 processes, FSDP2 fully_shard over the torch.distributed" \
+       "backend \"hsdpd\" ($PY)"
+  PYTHONPATH="$BUILD_DIR/python" "$PY" "$ROOT/tools/demo/train_demo.py" --mode auto
 else
   echo "== C++ demo: 2 ranks all-reduce through hsdpd"
   "$BIN/hsdp-bench" --socket "$HSDPD_SOCKET" --nranks 2 --op all_reduce --min-bytes 1M --max-bytes 4M --check

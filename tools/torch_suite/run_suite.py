@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Runs PyTorch's own distributed test suite against the hsdpd and/or Gloo backends.
 
 The tests are DistributedTest._DistTestBase of torch's
 torch/testing/_internal/distributed/distributed_test.py (shipped with
-python3-torch), driven as upstream's test/distributed/test_distributed_spawn.py
+the torch wheel), driven as upstream's test/distributed/test_distributed_spawn.py
 does: one fresh process group per test, `world_size` ranks,
 init_process_group(BACKEND, init_method="file://..."). See suite_worker.py.
 
@@ -38,7 +38,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 WORKER = os.path.join(HERE, "suite_worker.py")
-PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+# The ranks run in the interpreter that runs this script (ctest: the project's
+# environment, build/venv; tools/scripts/python_env.sh).
+PYTHON = sys.executable
 RESULTS = ("pass", "fail", "skip", "timeout")
 WATCHDOG_GRACE_S = 30
 

@@ -4,12 +4,17 @@
     dist.init_process_group("hsdpd", init_method="env://")
     ddp = DistributedDataParallel(model)    # or FSDP / fully_shard
 
-Needs a running hsdpd ($HSDPD_SOCKET or the default socket). Works with
-torch 1.13 and torch >= 2.4; capabilities() says what this torch offers.
+Needs a running hsdpd ($HSDPD_SOCKET or the default socket). Supports
+torch >= 2.7 (tested: 2.15.0, python_client/requirements-torch.txt);
+capabilities() says what this torch offers.
 """
 import torch
 
-from hsdp.torch import _compat, backend, session
+from hsdp.torch import _compat
+
+_compat.require_supported_torch()
+
+from hsdp.torch import backend, session  # noqa: E402
 from hsdp.torch.backend import BACKEND_NAME, ProcessGroupHsdp  # noqa: F401
 from hsdp.torch.monitored import monitored_barrier  # noqa: F401
 from hsdp.torch.fsdp2 import (  # noqa: F401
@@ -43,21 +48,18 @@ def capabilities():
         "backend": BACKEND_NAME,
         "devices": ["cpu"],
         "cuda": False,
-        "process_group": "Python ProcessGroup subclass; Work from futures "
-                         "(_create_work_from_future)",
-        "work_from_future": _compat.has_create_work_from_future(),
+        "process_group": "Python ProcessGroup subclass; Python Work subclass (HsdpWork)",
         "register_backend_devices": _compat.register_backend_takes_devices(),
         "collectives": [
             "allreduce (SUM, AVG, PREMUL_SUM, MIN, MAX, PRODUCT)", "allreduce_coalesced",
             "allgather", "all_gather_into_tensor", "allgather_coalesced",
             "allgather_into_tensor_coalesced", "reduce_scatter", "reduce_scatter_tensor",
             "reduce_scatter_tensor_coalesced", "broadcast", "barrier",
+            "alltoall", "all_to_all_single", "send", "recv", "recv_anysource",
             "reduce / gather / scatter (emulated)",
-            "sparse COO allreduce (SUM)",
-            "monitored_barrier (hsdp.torch.monitored_barrier; torch 1.13's "
-            "dist.monitored_barrier admits Gloo only)"],
+            "sparse COO allreduce (SUM)", "monitored_barrier"],
         "profiler": "hsdpd:<op> events with input shapes, from enqueue to completion",
-        "unsupported": ["alltoall", "all_to_all_single", "send/recv", "BAND/BOR/BXOR"],
+        "unsupported": ["BAND/BOR/BXOR", "split_group (use new_group)"],
         "ddp": True,
         "fsdp": fsdp1_ok,
         "fsdp_reason": fsdp1_why,

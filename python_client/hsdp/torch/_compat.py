@@ -1,8 +1,6 @@
 """What the installed torch offers, detected once at import.
 
-Covers torch 1.13 (Python ProcessGroup subclasses, Future-based Work) and
-torch >= 2.4 (ProcessGroup/Backend split, register_backend(devices=...),
-FSDP2 fully_shard with custom comm hooks in recent releases).
+Supported: torch >= 2.7 (the first with FSDP2 on CPU); tested: 2.15.0.
 """
 import inspect
 import re
@@ -17,15 +15,20 @@ def _version_tuple(v):
 
 
 TORCH_VERSION = _version_tuple(torch.__version__)
+MIN_TORCH = (2, 7)
+
+
+def require_supported_torch():
+    """ImportError naming the versions when this torch is older than MIN_TORCH."""
+    if TORCH_VERSION < MIN_TORCH:
+        raise ImportError(
+            f"hsdp.torch needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} (tested: 2.15.0), found "
+            f"{torch.__version__}; tools/scripts/python_env.sh installs the tested release")
 
 
 def _c10d():
     import torch._C._distributed_c10d as c10d
     return c10d
-
-
-def has_create_work_from_future():
-    return hasattr(_c10d(), "_create_work_from_future")
 
 
 def register_backend_takes_devices():

@@ -33,3 +33,12 @@ def _wire(t):
     """(hsdpd dtype, count) moving t unchanged: its dtype if known, else raw bytes."""
     name = hsdp_dtype(t.dtype)
     return (name, t.numel()) if name is not None else ("uint8", _nbytes(t))
+
+
+def _reducible(t, what):
+    name = hsdp_dtype(t.dtype)
+    if name is None:
+        raise TypeError(
+            f"hsdpd backend {what}: cannot reduce dtype {t.dtype}; supported: float32, "
+            "float16, bfloat16, float64, int32, int64, uint8")
+    return name

@@ -10,22 +10,25 @@ registered buffers. Returned Work objects complete on a helper thread (see
 completion.py). CUDA tensors of all-reduce, all-gather / reduce-scatter into /
 from a tensor and broadcast go through the daemon's device path
 (cuda_ops.py); other collectives refuse them with a clear error.
+Point-to-point and all-to-all: p2p.py; reduce / gather / scatter: rooted.py;
+what torch's C++ side keeps for the group (name, device type): name_holder.py.
 """
 import datetime
 
 import torch
 import torch.distributed as dist
+import torch._C._distributed_c10d as c10d
 from torch._C._distributed_c10d import ProcessGroup
 
-from hsdp.dtypes import hsdp_dtype
 from hsdp.memory import ALIGN, address_of, is_contiguous
 from hsdp.plan import Plan, region_like
 from hsdp.torch import reduce_ops, session
-from hsdp.torch._tensors import _as_list, _check, _nbytes, _opt, _wire
-from hsdp.torch.completion import Completer, completed_work, install_work_api
+from hsdp.torch._tensors import _as_list, _check, _nbytes, _opt, _reducible, _wire
+from hsdp.torch.completion import Completer, completed_work
+from hsdp.torch.name_holder import BACKEND_NAME, attach_name_holder
 from hsdp.torch.p2p import PointToPointMixin
+from hsdp.torch.rooted import RootedMixin
 
-BACKEND_NAME = "hsdpd"
 _GROUP_RANK_KEY = "hsdp/global_rank/{}"
 _SUPPORTED_OPS = ("allreduce, allreduce_coalesced, allgather, _allgather_base, "
                   "allgather_coalesced, allgather_into_tensor_coalesced, reduce_scatter, "
@@ -47,16 +50,7 @@ _PROFILE_NAMES = {
 }
 
 
-def _reducible(t, what):
-    name = hsdp_dtype(t.dtype)
-    if name is None:
-        raise TypeError(
-            f"hsdpd backend {what}: cannot reduce dtype {t.dtype}; supported: float32, "
-            "float16, bfloat16, float64, int32, int64, uint8")
-    return name
-
-
-class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
+class ProcessGroupHsdp(PointToPointMixin, RootedMixin, ProcessGroup):
     """A torch ProcessGroup executing its collectives in hsdpd."""
 
     def __init__(self, client, group, rank, size, timeout, store=None):
@@ -72,6 +66,19 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
     # -- identity ------------------------------------------------------------
     def getBackendName(self):  # noqa: N802 - torch's name
         return BACKEND_NAME
+
+    # torch keeps a ProcessGroup's name in its backends (see _NameHolder); the
+    # name is kept here too, so `group_name` never depends on that.
+    def _set_group_name(self, name):
+        self._hsdp_group_name = name
+        super()._set_group_name(name)
+
+    @property
+    def group_name(self):
+        name = getattr(self, "_hsdp_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
 
     def name(self):
         return BACKEND_NAME
@@ -147,8 +154,18 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         return ref, views
 
     # -- all-reduce ----------------------------------------------------------
+    # A one-shot hook on this group's next allreduce: hook(tensors, op) -> a Work that
+    # replaces it, or None (hsdp.torch.fsdp2's composite reduce-scatter, which has
+    # all-reduced FSDP2's shard across this group already).
+    _next_allreduce_hook = None
+
     def allreduce(self, tensors, opts=None):
         tensors = _as_list(tensors)
+        hook, self._next_allreduce_hook = self._next_allreduce_hook, None
+        if hook is not None:
+            work = hook(tensors, _opt(opts, "reduceOp", dist.ReduceOp.SUM))
+            if work is not None:
+                return work
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
         t = tensors[0]
@@ -291,6 +308,10 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         """outputs[j] (size * numel) receives inputs[j] of every group rank, in rank order."""
         outputs, inputs = list(outputs), list(inputs)
         n = self.size()
+        if len(outputs) == 1 and len(inputs) == 1:
+            # The functional collectives' all_gather_tensor: in place when the tensors
+            # live in hsdpd memory (no packing copy).
+            return self._allgather_base(outputs[0], inputs[0], opts)
         if len(outputs) != len(inputs):
             raise ValueError("hsdpd backend allgather_into_tensor_coalesced: "
                              f"{len(outputs)} outputs for {len(inputs)} inputs")
@@ -375,6 +396,8 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         """outputs[j] receives chunk `rank` of the reduction of inputs[j]."""
         outputs, inputs = list(outputs), list(inputs)
         n = self.size()
+        if len(outputs) == 1 and len(inputs) == 1:
+            return self._reduce_scatter_base(outputs[0], inputs[0], opts)
         if len(outputs) != len(inputs) or not outputs:
             raise ValueError("hsdpd backend reduce_scatter_tensor_coalesced: need matching, "
                              "non-empty output and input lists")
@@ -431,68 +454,6 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         return self._submit("barrier", Plan(self._client),
                             lambda: self._client.raw.barrier(self._group), [])
 
-    # -- rooted collectives, emulated on the symmetric ones -------------------
-    def reduce(self, tensors, opts=None):
-        """Reduce to `rootRank` (an all-reduce of a copy; only the root's tensor changes)."""
-        tensors = _as_list(tensors)
-        if len(tensors) != 1:
-            raise RuntimeError("hsdpd backend reduce: exactly one tensor per process")
-        t = tensors[0]
-        _check(t, "reduce")
-        root = _opt(opts, "rootRank", 0)
-        name, premul = reduce_ops.to_hsdp(_opt(opts, "reduceOp", dist.ReduceOp.SUM), "reduce")
-        dt = _reducible(t, "reduce")
-        plan = Plan(self._client)
-        lease, ref, _ = plan.packed([t], copy_in=True)
-        if self.rank() == root:
-            plan.after(lambda: t.copy_(region_like(lease, t)))
-        return self._submit("reduce", plan, lambda: self._client.raw.all_reduce(
-            self._group, ref, ref, t.numel(), dt, op=name, premul=premul), tensors, tensors)
-
-    def gather(self, output_tensors, input_tensors, opts=None):
-        """Gather to `rootRank` (an all-gather; only the root copies out)."""
-        inputs = _as_list(input_tensors)
-        if len(inputs) != 1:
-            raise RuntimeError("hsdpd backend gather: exactly one input tensor per process")
-        x = inputs[0]
-        _check(x, "gather")
-        root = _opt(opts, "rootRank", 0)
-        n = self.size()
-        outs = list(output_tensors[0]) if output_tensors else []
-        if self.rank() == root and len(outs) != n:
-            raise ValueError(f"hsdpd backend gather: the root needs {n} output tensors")
-        dt, count = _wire(x)
-        plan = Plan(self._client)
-        send = plan.input(x)
-        rlease, recv = plan.scratch(_nbytes(x) * n)
-        if self.rank() == root:
-            plan.after(lambda: [o.copy_(region_like(rlease, x, r * _nbytes(x)))
-                                for r, o in enumerate(outs)])
-        return self._submit("gather", plan, lambda: self._client.raw.all_gather(
-            self._group, send, recv, count, dt), outs, [x])
-
-    def scatter(self, output_tensors, input_tensors, opts=None):
-        """Scatter from `rootRank` (a broadcast of all chunks; each rank keeps its own)."""
-        outs = _as_list(output_tensors)
-        if len(outs) != 1:
-            raise RuntimeError("hsdpd backend scatter: exactly one output tensor per process")
-        out = outs[0]
-        _check(out, "scatter")
-        root = _opt(opts, "rootRank", 0)
-        n = self.size()
-        plan = Plan(self._client)
-        lease, ref = plan.scratch(_nbytes(out) * n)
-        if self.rank() == root:
-            ins = list(input_tensors[0])
-            if len(ins) != n:
-                raise ValueError(f"hsdpd backend scatter: the root needs {n} input tensors")
-            for r, t in enumerate(ins):
-                region_like(lease, out, r * _nbytes(out)).copy_(t)
-        me = self.rank()
-        plan.after(lambda: out.copy_(region_like(lease, out, me * _nbytes(out))))
-        return self._submit("scatter", plan, lambda: self._client.raw.broadcast(
-            self._group, ref, ref, _nbytes(out) * n, "uint8", root), outs, outs)
-
     # -- coalescing contexts (torch calls these around batched ops) ----------
     def _start_coalescing(self, *args, **kwargs):
         pass
@@ -534,8 +495,60 @@ class ProcessGroupHsdp(PointToPointMixin, ProcessGroup):
         from hsdp.torch import monitored
         return monitored.run(self, timeout, wait_all_ranks)
 
-    # -- lifetime --------------------------------------------------------------
+    # -- subgroups ---------------------------------------------------------------
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None,
+                    device_types=None):
+        """torch.distributed.split_group: the members of `ranks` (ranks of this group;
+        the new group's rank r is ranks[r]) get a new process group, the others None.
+        Every member of this group calls it (torch's contract); hsdpd's group of the
+        members' global ranks needs no store round trip."""
+        ranks = [int(r) for r in ranks]
+        if self.rank() not in ranks:
+            return None
+        if len(set(ranks)) != len(ranks) or not all(0 <= r < self.size() for r in ranks):
+            raise ValueError(f"hsdpd backend split_group: {ranks} are not distinct ranks of "
+                             f"this group of {self.size()}")
+        group = self._client.new_group([self._group.ranks[r] for r in ranks])
+        me = ranks.index(self.rank())
+        if group.rank != me or group.size != len(ranks):
+            raise RuntimeError(
+                f"hsdpd backend split_group: hsdpd placed this process at rank "
+                f"{group.rank}/{group.size} of {group.ranks}, torch at {me}/{len(ranks)}")
+        store = self._store
+        if store is not None and group_name:
+            store = c10d.PrefixStore(f"{group_name}/", store)
+        pg = ProcessGroupHsdp(self._client, group, me, len(ranks),
+                              self._timeout_s if timeout is None else timeout, store)
+        attach_name_holder(pg)
+        if group_name:
+            pg._set_group_name(group_name)
+        if group_desc:
+            pg._set_group_desc(group_desc)
+        return pg
+
+    def get_group_store(self):
+        return self._store
+
+    # -- timeouts and lifetime -------------------------------------------------
+    def set_timeout(self, timeout):
+        """dist.distributed_c10d.set_timeout(timeout, group): the bound on the waits for
+        this group's operations issued from now on (hsdpd's collective timeout, which
+        names the ranks that never arrive, is the node's)."""
+        self._timeout_s = timeout.total_seconds() if isinstance(
+            timeout, datetime.timedelta) else float(timeout)
+        self._completer.set_timeout(self._timeout_s)
+
+    def _add_ephemeral_timeout(self, timeout):
+        """Ignored (torch: "backends that do not support ephemeral extensions ignore
+        this call"); set_timeout changes the group's bound."""
+
     def shutdown(self):
+        """Stops this group's completer once the operations already issued are done."""
+        self._completer.close()
+
+    def abort(self):
+        """As shutdown: hsdpd fails a group's operations itself when a member is lost
+        or its collective timeout expires; nothing is left waiting in this process."""
         self._completer.close()
 
 
@@ -560,7 +573,9 @@ def create_process_group(store, group_rank, group_size, timeout):
         raise RuntimeError(
             f"hsdpd backend: hsdpd placed this process at rank {group.rank}/{group.size} of "
             f"group {ranks}, torch at {group_rank}/{group_size}")
-    return ProcessGroupHsdp(client, group, group_rank, group_size, timeout, store)
+    pg = ProcessGroupHsdp(client, group, group_rank, group_size, timeout, store)
+    attach_name_holder(pg)
+    return pg
 
 
 def create_process_group_extended(backend_opts, pg_options=None):
@@ -576,5 +591,3 @@ def register():
     from hsdp.torch import _compat
     kwargs = {"devices": ["cpu"]} if _compat.register_backend_takes_devices() else {}
     dist.Backend.register_backend(BACKEND_NAME, create_process_group, **kwargs)
-    reduce_ops.install_premul_tracker()
-    install_work_api()

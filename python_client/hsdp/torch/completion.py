@@ -1,29 +1,28 @@
 """Completion of hsdpd operations behind torch Work objects.
 
-torch's C++ callers (DDP's Reducer, c10d's wait) can only wait on Work
-objects created in C++; a Python Work subclass loses its Python overrides
-when handed to C++ in torch 1.13. So every collective returns
-_create_work_from_future(fut) and a Completer thread per process group waits
-on the hsdpd operation (GIL released), runs the staging copy-outs and then
-completes `fut` with the output tensors, or fails it with the error.
-Operations of one process group are waited for and copied out in submission
-order; their futures are completed on a small notifier pool, so a callback
-that issues and waits for another collective cannot deadlock the completer.
+Every collective returns an HsdpWork, a Python subclass of c10d's Work: torch
+2.x keeps the Python object behind the C++ Work, so C++ callers (functional
+collectives' wait_tensor, DTensor, DDP's Reducer through get_future(), c10d's
+own wait) reach these overrides, and a failed operation raises there with its
+own exception, never hands back the output buffer's stale contents. (torch's
+FutureWrappingWork, from _create_work_from_future, returns from wait() without
+raising when its future failed, through at least 2.15.)
 
-Failures: torch.futures.Future.set_exception only marks the future on the
-Python side (C++ waiters see a "value"), so the Work is built on a child
-future `parent.then(_unwrap)`: the callback raises for a failed operation,
-which puts the child into a real C++ error state that DDP's Reducer and
-Future.wait() both see.
+A Completer thread per process group waits on the hsdpd operations (GIL
+released) in submission order, runs the staging copy-outs and then completes
+the operation's future with the output tensors (or a _Failure); futures are
+completed on a small notifier pool, so a callback that issues and waits for
+another collective cannot deadlock the completer. get_future() returns a child
+future `parent.then(_unwrap)` that is in a real C++ error state for a failed
+operation, which torch's C++ future waiters see.
 """
 import concurrent.futures
 import datetime
 import queue
 import threading
-import time
 
 import torch
-from torch._C._distributed_c10d import _create_work_from_future
+import torch._C._distributed_c10d as c10d
 
 from hsdp import _hsdp
 from hsdp.torch import profiling
@@ -32,9 +31,10 @@ _COMPAT_LOCK = threading.Lock()
 
 
 def completed_work(result=None):
+    """A Work that is already complete with `result` (a list of tensors)."""
     fut = torch.futures.Future()
     fut.set_result(result if result is not None else [])
-    return _create_work_from_future(fut)
+    return HsdpWork(fut, fut.then(_unwrap), "a completed operation")
 
 
 _TORCH_COMPATIBLE = {}
@@ -131,6 +131,10 @@ class Completer:
         self._lock = threading.Lock()
         self._stats = {"ops": 0, "failed": 0, "exec_ns": 0, "queued_ns": 0}
 
+    def set_timeout(self, timeout_s):
+        """The bound on the waits for operations added from now on."""
+        self._timeout = timeout_s
+
     def stats(self):
         """Completed operations and the daemon's execution/queueing time for them."""
         with self._lock:
@@ -159,8 +163,8 @@ class Completer:
                 self._thread = threading.Thread(target=self._loop, daemon=True,
                                                 name=f"hsdp-completer-{self._name}")
                 self._thread.start()
-        self._q.put((raw_work, plan, fut, result, what))
-        return _create_work_from_future(child)
+        self._q.put((raw_work, plan, fut, result, what, self._timeout))
+        return HsdpWork(fut, child, what)
 
     def close(self):
         with self._lock:
@@ -176,13 +180,13 @@ class Completer:
             self._complete(*item)
             del item  # drop the last operation's tensors before blocking again
 
-    def _complete(self, raw, plan, fut, result, what):
+    def _complete(self, raw, plan, fut, result, what, timeout):
         try:
-            raw.wait(self._timeout)
+            raw.wait(timeout)
         except _hsdp.DeadlineExceeded as e:
             if "still pending after" in str(e):  # our wait's deadline: the op goes on
                 plan.abandon()  # the daemon may still write the staging buffers
-                _deliver(fut, _Failure(timeout_error(what, self._timeout, e)))
+                _deliver(fut, _Failure(timeout_error(what, timeout, e)))
             else:  # hsdpd failed the operation
                 self._count(raw, True)
                 plan.release()
@@ -202,108 +206,80 @@ class Completer:
         _deliver(fut, result)
 
 
-def _wait_swallows_errors():
-    fut = torch.futures.Future()
-    child = fut.then(_unwrap)
-    fut.set_result(_Failure(RuntimeError("probe")))
-    try:
-        _create_work_from_future(child).wait()
-    except Exception:  # noqa: BLE001 - this torch propagates errors itself
-        return False
-    return True
-
-
 def _seconds(timeout):
     if isinstance(timeout, datetime.timedelta):
         return timeout.total_seconds()
     return float(timeout)
 
 
-def _future_of(work):
-    try:
-        return work.get_future()
-    except RuntimeError:
-        return None
+class HsdpWork(c10d.Work):
+    """The torch Work of one hsdpd operation.
 
-
-def _timed_wait(work, timeout):
-    """Waits for a future-backed Work for at most `timeout`; raises its error."""
-    fut = _future_of(work)
-    if fut is None:
-        raise RuntimeError("Work.wait(timeout): this Work has no future to wait on")
-    secs = max(_seconds(timeout), 0.0)
-    done = threading.Event()
-    fut.add_done_callback(lambda _: done.set())
-    if not done.wait(secs):
-        raise RuntimeError(f"Timed out waiting {int(round(secs * 1000))}ms for the operation "
-                           "to complete (Work.wait timeout; the operation goes on)")
-    fut.wait()  # raises the operation's error
-    return True
-
-
-def install_work_api():
-    """Completes torch's Work API for future-backed Works (hsdpd's, any Python backend's).
-
-    torch 1.13's FutureWrappingWork (what _create_work_from_future returns):
-    - wait() returns True even when its future failed (through at least
-      2.11), so a failed operation would pass silently through
-      dist.all_reduce(...): after the original wait, a failed future is
-      re-raised;
-    - wait(timeout) raises "with finite timeout not implemented": the timeout
-      is honoured here ("Timed out waiting <ms>ms ..." RuntimeError);
-    - exception() cannot convert its result to Python (TypeError): it returns
-      the operation's exception, or None;
-    - result() before completion trips an internal assert: it raises a
-      RuntimeError saying so.
-    Other Works are unaffected (each fallback runs only where torch's own
-    method refuses). Idempotent.
+    wait(timeout=None): blocks (GIL released) until the operation and its
+    copy-outs are done, then raises the operation's own exception if it
+    failed (a RuntimeError subclass naming the operation). A positive timeout
+    bounds the wait: "Timed out waiting <ms>ms ..." RuntimeError, the operation
+    goes on (C++ callers pass 0: no bound). get_future(): a torch Future with
+    the output tensors, in error state for a failed operation.
+    is_completed(), is_success(), exception() (the error or None), result()
+    (the output tensors; raises before completion or for a failed operation).
     """
-    import torch._C._distributed_c10d as c10d
-    work_cls = c10d.Work
-    if getattr(work_cls.wait, "_hsdp_wrapped", False):
-        return
-    orig_wait, orig_exception, orig_result = (work_cls.wait, work_cls.exception,
-                                              work_cls.result)
-    reraise = _wait_swallows_errors()
 
-    def wait(self, *args, **kwargs):
+    def __init__(self, parent, child, what):
+        super().__init__()
+        self._parent = parent  # its value: the result list, or a _Failure
+        self._child = child    # completes after the parent (and the profiler event)
+        self._what = what
+
+    def _error(self):
+        if not self._parent.done():
+            return None
+        value = self._parent.value()
+        return value.error if isinstance(value, _Failure) else None
+
+    def wait(self, timeout=None):
+        secs = 0.0 if timeout is None else _seconds(timeout)
+        if secs > 0 and not self._child.done():
+            done = threading.Event()
+            self._child.add_done_callback(lambda _: done.set())
+            if not done.wait(secs):
+                raise RuntimeError(
+                    f"hsdpd {self._what}: Timed out waiting {int(round(secs * 1000))}ms for "
+                    "the operation to complete (Work.wait timeout; the operation goes on)")
         try:
-            result = orig_wait(self, *args, **kwargs)
-        except RuntimeError as e:
-            if "finite timeout not implemented" not in str(e):
-                raise
-            timeout = args[0] if args else kwargs.get("timeout")
-            return _timed_wait(self, timeout)
-        if reraise:
-            fut = _future_of(self)
-            if fut is not None and fut.done():
-                fut.wait()  # re-raises the operation's error
-        return result
+            self._child.wait()
+        except Exception:  # noqa: BLE001
+            err = self._error()
+            if err is not None:
+                raise err from None  # the operation's own exception, not torch's wrapper
+            raise
+        return True
+
+    def get_future(self):
+        return self._child
+
+    def is_completed(self):
+        return self._child.done()
+
+    def is_success(self):
+        return self._child.done() and self._error() is None
 
     def exception(self):
-        try:
-            return orig_exception(self)
-        except TypeError:
-            fut = _future_of(self)
-            if fut is None or not fut.done():
-                return None
-            try:
-                fut.wait()
-            except Exception as e:  # noqa: BLE001 - the operation's error is the answer
-                return e
-            return None
+        return self._error() if self._child.done() else None
 
     def result(self):
-        fut = _future_of(self)
-        if fut is not None and not fut.done():
-            raise RuntimeError("Work.result(): the operation has not completed; wait() first")
-        return orig_result(self)
+        if not self._child.done():
+            raise RuntimeError(f"hsdpd {self._what}: Work.result(): the operation has not "
+                               "completed; wait() first")
+        err = self._error()
+        if err is not None:
+            raise err
+        return self._child.value()
 
-    for name, fn, orig in (("wait", wait, orig_wait), ("exception", exception, orig_exception),
-                           ("result", result, orig_result)):
-        fn._hsdp_wrapped = True
-        fn.__doc__ = orig.__doc__
-        setattr(work_cls, name, fn)
+    def synchronize(self):
+        pass
 
-
-install_error_propagation = install_work_api  # the former name
+    def __repr__(self):
+        state = "pending" if not self._child.done() else (
+            "failed" if self._error() is not None else "done")
+        return f"<HsdpWork {self._what}: {state}>"

@@ -1,11 +1,23 @@
 """FSDP2 (fully_shard) adapters that put FSDP2's communication buffers in
 hsdpd shared memory, so its all-gathers and reduce-scatters run zero-copy.
 
-torch >= 2.7-ish FSDPModule offers set_custom_all_gather(comm),
-set_custom_reduce_scatter(comm) (comm.allocate(size, dtype=, device=) plus
-comm(...)), and set_all_reduce_hook(hook). use_hsdp_comm_buffers() installs
-the adapters on every FSDP2 module of a tree; on a torch without these hooks
-it raises NotImplementedError naming what is missing (see capabilities()).
+torch >= 2.7 FSDPModule offers set_custom_all_gather(comm) and
+set_custom_reduce_scatter(comm): FSDP2 asks comm.allocate(size, dtype=,
+device=) for its staging buffers (the all-gather output, of which its input
+is a slice; the reduce-scatter input and output) and calls comm(...) for the
+collective. use_hsdp_comm_buffers() installs adapters whose buffers come from
+the session's pool of hsdpd memory, so the backend hands them to the daemon
+in place instead of copying them into and out of its own staging buffers.
+On a torch without these hooks it raises NotImplementedError naming what is
+missing (see capabilities()).
+
+composite=True (HSDP, a 2-D mesh) also runs each reduce-scatter and the
+all-reduce of its output across the replicate group as ONE daemon operation
+(the pipelined reduce-scatter -> all-reduce composite of hsdp.flat_param);
+FSDP2's own all-reduce of that output then completes at once (a one-shot
+hook on the replicate group). Gradient accumulation with
+set_requires_all_reduce(False) keeps working: while FSDP2 holds a partial
+sum to add before its all-reduce, the plain reduce-scatter runs instead.
 """
 import threading
 
@@ -13,7 +25,8 @@ import torch
 import torch.distributed as dist
 
 from hsdp.memory import align_up, torch_view
-from hsdp.torch import _compat, session
+from hsdp.torch import _compat, reduce_ops, session
+from hsdp.torch.completion import completed_work
 
 try:  # the protocol classes, where this torch defines them
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _AllGatherBase
@@ -52,9 +65,13 @@ def allocate_shared(size, dtype, device=None, client=None):
 
 
 class _SharedAllocator:
+    """allocate() from hsdpd memory; counts what it handed out and how the calls went."""
+
     def __init__(self, client=None):
         self._client = client
         self.allocations = 0
+        self.calls = 0
+        self.staged_calls = 0  # collectives for which the backend still staged a copy
         self._lock = threading.Lock()
 
     def allocate(self, size, *, dtype, device):
@@ -62,21 +79,102 @@ class _SharedAllocator:
             self.allocations += 1
         return allocate_shared(size, dtype, device, self._client)
 
+    def _counted(self, submit):
+        """Runs submit(); a staging acquisition during it means the backend copied."""
+        staging = (self._client or session.current()).staging
+        before = staging.stats()["acquisitions"]
+        work = submit()
+        with self._lock:
+            self.calls += 1
+            if staging.stats()["acquisitions"] != before:
+                self.staged_calls += 1
+        return work
+
 
 class HsdpAllGather(_SharedAllocator, _AllGatherBase):
     """FSDP2 AllGather comm: buffers in hsdpd memory, all_gather_into_tensor via the group."""
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
-        return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group,
-                                           async_op=async_op)
+        return self._counted(lambda: dist.all_gather_into_tensor(
+            output_tensor, input_tensor, group=group, async_op=async_op))
 
 
 class HsdpReduceScatter(_SharedAllocator, _RSBase):
     """FSDP2 ReduceScatter comm: buffers in hsdpd memory, reduce_scatter_tensor via the group."""
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
-                                          async_op=async_op)
+        return self._counted(lambda: dist.reduce_scatter_tensor(
+            output_tensor, input_tensor, op=op, group=group, async_op=async_op))
+
+
+class HsdpCompositeReduceScatter(HsdpReduceScatter):
+    """HSDP: reduce-scatter in the shard group and all-reduce across `replicate` as one
+    daemon operation, for FSDP2 param group `param_group` (whose state says whether
+    FSDP2 all-reduces this time)."""
+
+    def __init__(self, param_group, replicate, client=None):
+        super().__init__(client)
+        self._param_group = param_group
+        self._replicate = replicate
+        self.composites = 0
+
+    def _composite_now(self, group):
+        pg = self._param_group
+        return (pg.all_reduce_grads and pg._partial_reduce_output is None
+                and hasattr(group, "hsdp_group") and hasattr(self._replicate, "hsdp_group"))
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        if not self._composite_now(group):
+            return super().__call__(output_tensor, input_tensor, group, op, async_op)
+        name, premul = reduce_ops.to_hsdp(op, "reduce_scatter (composite)")
+        shard_n, rep_n = group.size(), self._replicate.size()
+        # FSDP2's pairs: AVG then AVG = the mean over shard x replicate; PREMUL_SUM(f)
+        # then SUM; SUM then SUM (it divides afterwards itself).
+        post = float(shard_n * rep_n) if name == "avg" else 1.0
+        wire = "sum" if name in ("avg", "premul_sum") else name
+        if wire != "sum":
+            raise NotImplementedError(f"hsdpd composite reduce-scatter: reduce op {name}")
+        work = self._counted(lambda: _submit_composite(
+            group, self._replicate, output_tensor, input_tensor, premul, post))
+        self.composites += 1
+        expect = (output_tensor.data_ptr(), output_tensor.numel())
+
+        def skip_all_reduce(tensors, _op):
+            t = tensors[0] if len(tensors) == 1 else None
+            if t is None or (t.data_ptr(), t.numel()) != expect:
+                raise RuntimeError(
+                    "hsdpd composite reduce-scatter: FSDP2 all-reduced another tensor "
+                    "than the composite's output; this torch's FSDP2 is not supported "
+                    "with use_hsdp_comm_buffers(composite=True)")
+            work.wait()
+            return completed_work(tensors)
+        # Armed only once the composite is issued (async) or done (sync): a failed
+        # composite leaves FSDP2's all-reduce to run, and fail, on its own.
+        if not async_op:
+            work.wait()
+        self._replicate._next_allreduce_hook = skip_all_reduce
+        return work if async_op else None
+
+
+def _submit_composite(group, replicate, output, input, premul, post):  # noqa: A002
+    """One ReduceScatterAllReduce on the groups' hsdpd groups; a torch Work."""
+    from hsdp.dtypes import hsdp_dtype
+    from hsdp.plan import Plan
+    from hsdp.torch._tensors import _check
+    _check(input, "reduce_scatter (composite)")
+    _check(output, "reduce_scatter (composite)")
+    dt = hsdp_dtype(output.dtype)
+    if dt is None or output.dtype != input.dtype:
+        raise TypeError(f"hsdpd composite reduce-scatter: cannot reduce {input.dtype} into "
+                        f"{output.dtype}")
+    client = group.hsdp_client
+    plan = Plan(client)
+    send, recv = plan.input(input), plan.output(output)
+    shard, rep = group.hsdp_group, replicate.hsdp_group
+    return group._submit("reduce_scatter_all_reduce", plan, lambda: (
+        client.raw.reduce_scatter_all_reduce(shard, rep, send, recv, output.numel(), dt,
+                                             op="sum", premul=premul, post_divide=post)),
+        [output], [input])
 
 
 def all_reduce_hook(group, op=None):
@@ -88,8 +186,16 @@ def all_reduce_hook(group, op=None):
     return hook
 
 
-def use_hsdp_comm_buffers(module):
-    """Installs HsdpAllGather / HsdpReduceScatter on every FSDP2 module under `module`.
+def _param_groups(module):
+    cls = _compat.fsdp2_module_class()
+    for m in module.modules():
+        if isinstance(m, cls):
+            yield m, list(m._get_fsdp_state()._fsdp_param_groups)
+
+
+def use_hsdp_comm_buffers(module, *, composite=False):
+    """Installs HsdpAllGather / HsdpReduceScatter on every FSDP2 module under `module`
+    (HsdpCompositeReduceScatter on HSDP modules with composite=True).
 
     Returns the number of modules changed. NotImplementedError when this torch
     lacks the hooks (the message says which).
@@ -101,11 +207,42 @@ def use_hsdp_comm_buffers(module):
         raise NotImplementedError(
             f"torch {torch.__version__} FSDP2 lacks {', '.join(missing)}; FSDP2 still works "
             "with the hsdpd backend, its buffers are then staged (one copy each way)")
-    cls = _compat.fsdp2_module_class()
     count = 0
-    for m in module.modules():
-        if isinstance(m, cls):
-            m.set_custom_all_gather(HsdpAllGather())
+    for m, groups in _param_groups(module):
+        m.set_custom_all_gather(HsdpAllGather())
+        hsdp_groups = [g for g in groups if g._is_hsdp]
+        if composite and len(groups) == 1 and hsdp_groups:
+            g = hsdp_groups[0]
+            # The composite must know when FSDP2 all-reduces and whether it holds an
+            # accumulated shard to add first (torch 2.15's names); without them it
+            # could skip an all-reduce that FSDP2 needs.
+            lacking = [a for a in ("all_reduce_grads", "_partial_reduce_output")
+                       if not hasattr(g, a)]
+            if lacking:
+                raise NotImplementedError(
+                    f"use_hsdp_comm_buffers(composite=True): torch {torch.__version__}'s "
+                    f"FSDP2 param group has no {', '.join(lacking)}; use composite=False")
+            m.set_custom_reduce_scatter(HsdpCompositeReduceScatter(
+                g, g.mesh_info.replicate_process_group))
+        else:
             m.set_custom_reduce_scatter(HsdpReduceScatter())
-            count += 1
+        count += 1
     return count
+
+
+def comm_buffer_stats(module):
+    """Totals over the adapters installed under `module`: allocations (buffers FSDP2 took
+    from hsdpd memory), calls, staged_calls (collectives the backend had to copy for:
+    0 when every buffer was in hsdpd memory) and composites."""
+    out = {"allocations": 0, "calls": 0, "staged_calls": 0, "composites": 0}
+    seen = set()
+    for _, groups in _param_groups(module):
+        for g in groups:
+            for comm in (g._all_gather_comm, g._reduce_scatter_comm):
+                if isinstance(comm, _SharedAllocator) and id(comm) not in seen:
+                    seen.add(id(comm))
+                    out["allocations"] += comm.allocations
+                    out["calls"] += comm.calls
+                    out["staged_calls"] += comm.staged_calls
+                    out["composites"] += getattr(comm, "composites", 0)
+    return out

@@ -2,9 +2,8 @@
 
     hsdp.torch.monitored_barrier(group=None, timeout=None, wait_all_ranks=False)
 
-torch 1.13's dist.monitored_barrier refuses every backend but Gloo by name;
-this function (and ProcessGroupHsdp.monitored_barrier, which torch versions
-that dispatch to the backend call) does the same job for hsdpd groups:
+dist.monitored_barrier dispatches to ProcessGroupHsdp.monitored_barrier (torch
+2.x), which runs this; hsdp.torch.monitored_barrier is the same as a function:
 
 - group rank 0 waits up to `timeout` for every member to arrive, then raises
   RuntimeError "[Rank 0]: Rank R failed to pass monitoredBarrier in T ms"
@@ -85,8 +84,7 @@ def run(pg, timeout, wait_all_ranks):
 
 
 def _present(store, counter):
-    """Whether `counter` was incremented (torch 1.13's Store has no check() in Python;
-    add(key, 0) reads a counter without blocking)."""
+    """Whether `counter` was incremented (add(key, 0) reads a counter without blocking)."""
     return store.add(counter, 0) > 0
 
 

@@ -1,19 +1,12 @@
 """torch.distributed reduce ops -> hsdpd reduce ops.
 
-PREMUL_SUM carries its factor in a C++ supplement that torch does not expose
-to Python. hsdp.torch therefore wraps torch.distributed._make_nccl_premul_sum
-and remembers the factor of the most recently created PREMUL_SUM op; an op
-carrying PREMUL_SUM uses that factor (FSDP creates the op immediately before
-issuing the collective). A PREMUL_SUM op created before hsdp.torch was
-imported is rejected with a clear error.
+PREMUL_SUM carries its factor in the ReduceOp itself (a number or a
+one-element tensor): FSDP2 builds `ReduceOp.PREMUL_SUM(1 / f)` per
+reduce-scatter, torch's _make_nccl_premul_sum(f) does the same. The factor is
+read from the op that comes with each collective (`op.factor`, or its pickled
+state), never assumed; an op without one is refused.
 """
-import threading
-
-import torch.distributed as dist
 from torch._C._distributed_c10d import ReduceOp
-
-_lock = threading.Lock()
-_last_premul_factor = None
 
 _SIMPLE = {
     ReduceOp.RedOpType.SUM: "sum",
@@ -28,27 +21,23 @@ SUPPORTED = "SUM, AVG, PREMUL_SUM, MIN, MAX, PRODUCT"
 def _factor_value(factor):
     try:
         return float(factor)
-    except (TypeError, ValueError):
-        return float(factor.item())  # a 1-element tensor
+    except (TypeError, ValueError, RuntimeError):
+        if getattr(factor, "numel", lambda: 0)() != 1:
+            raise ValueError(f"PREMUL_SUM factor must be a number or a one-element tensor, "
+                             f"got {factor!r}") from None
+        return float(factor.detach().reshape(()).cpu().item())
 
 
-def install_premul_tracker():
-    """Wraps _make_nccl_premul_sum (idempotent)."""
-    import torch.distributed.distributed_c10d as c10d_mod
-    for mod in (dist, c10d_mod):
-        orig = getattr(mod, "_make_nccl_premul_sum", None)
-        if orig is None or getattr(orig, "_hsdp_tracked", False):
-            continue
-
-        def tracked(factor, _orig=orig):
-            global _last_premul_factor
-            op = _orig(factor)
-            with _lock:
-                _last_premul_factor = _factor_value(factor)
-            return op
-
-        tracked._hsdp_tracked = True
-        setattr(mod, "_make_nccl_premul_sum", tracked)
+def premul_factor(op):
+    """The factor a PREMUL_SUM ReduceOp carries, or None if it carries none."""
+    factor = getattr(op, "factor", None)
+    if factor is None:
+        try:
+            state = op.__getstate__()
+            factor = state[1] if isinstance(state, tuple) and len(state) > 1 else None
+        except Exception:  # noqa: BLE001 - a bare RedOpType has no state
+            factor = None
+    return None if factor is None else _factor_value(factor)
 
 
 def to_hsdp(op, what):
@@ -58,12 +47,11 @@ def to_hsdp(op, what):
     if name is not None:
         return name, 1.0
     if kind == ReduceOp.RedOpType.PREMUL_SUM:
-        with _lock:
-            factor = _last_premul_factor
+        factor = premul_factor(op)
         if factor is None:
             raise ValueError(
-                f"hsdpd backend {what}: PREMUL_SUM factor unknown: create the op with "
-                "torch.distributed._make_nccl_premul_sum after importing hsdp.torch")
+                f"hsdpd backend {what}: this PREMUL_SUM op carries no factor: build it with "
+                "ReduceOp.PREMUL_SUM(factor) or torch.distributed._make_nccl_premul_sum(factor)")
         return "premul_sum", factor
     raise NotImplementedError(
         f"hsdpd backend {what}: reduce op {kind} is not supported (supported: {SUPPORTED}); "

@@ -1,0 +1,40 @@
+"""The C++ side of a ProcessGroupHsdp (see _NameHolder)."""
+import torch
+import torch._C._distributed_c10d as c10d
+from torch._C._distributed_c10d import ProcessGroup
+
+BACKEND_NAME = "hsdpd"  # the torch.distributed backend name (hsdp.torch.BACKEND_NAME)
+
+
+class _NameHolder(c10d.Backend):
+    """The C++ side of a ProcessGroupHsdp: torch keeps a ProcessGroup's name, its
+    device types and its default backend in the backends registered on it, and
+    a Python ProcessGroup has none, so without one `_set_group_name` drops the
+    name (C++ getGroupName() raises "ProcessGroup name not set", which the
+    flight recorder calls), `_device_types` is empty (dist.monitored_barrier
+    refuses the group) and `_get_backend` raises (batch_isend_irecv). It
+    executes nothing: torch dispatches every collective of the group to the
+    Python methods of ProcessGroupHsdp. It answers the feature queries:
+    no NCCL-style coalescing; splitting (split_group) yes."""
+
+    def getBackendName(self):  # noqa: N802 - torch's name
+        return BACKEND_NAME
+
+    # Plain attributes: reading c10d's properties on a Python Backend subclass
+    # recurses through its trampoline (RecursionError in batch_isend_irecv).
+    supports_coalescing = False
+    supports_splitting = True  # ProcessGroupHsdp.split_group
+    supports_shrinking = False
+    supports_reconfigure = False
+    supports_window = False
+    supports_abort_hooks = False
+    _supports_time_estimate = False
+
+
+def attach_name_holder(pg):
+    """Registers a _NameHolder on `pg` for cpu, as its default backend."""
+    holder = _NameHolder(pg.rank(), pg.size())
+    custom = ProcessGroup.BackendType.CUSTOM
+    pg._register_backend(torch.device("cpu"), custom, holder)
+    pg._set_default_backend(custom)
+    pg._hsdp_name_holder = holder
