@@ -16,7 +16,7 @@
 
 #include "daemon/cluster/coordinator.h"
 #include "daemon/cluster/kv_store.h"
-#include "daemon/server/authenticator.h"
+#include "daemon/auth/authenticator.h"
 #include "hsdp/v1/cluster.grpc.pb.h"
 
 namespace hsdp {

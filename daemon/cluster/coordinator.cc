@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/session/cluster_directory.h"
+#include "daemon/jobs/cluster_directory.h"
 #include "hsdp/common/logging.h"
 
 namespace hsdp {

@@ -25,7 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/cluster/cluster_client.h"
 #include "daemon/cluster/cluster_member.h"
-#include "daemon/session/cluster_directory.h"
+#include "daemon/jobs/cluster_directory.h"
 
 namespace hsdp {
 

@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "daemon/server/authenticator.h"
+#include "daemon/auth/authenticator.h"
 
 namespace hsdp {
 

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_join.h"
-#include "daemon/observability/op_observer.h"
+#include "daemon/dataplane/op_observer.h"
 #include "hsdp/common/logging.h"
 #include "hsdp/shm/doorbell.h"
 #include "hsdp/shm/op_rules.h"

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/device/scale_cast.h"
-#include "daemon/engine/nccl/intra_device_reduce.h"
+#include "daemon/device/intra_device_reduce.h"
 #include "hsdp/common/logging.h"
 #include "hsdp/common/status_macros.h"
 

@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/device/fake_device_api.h"
-#include "daemon/engine/cpu/reduce_kernels.h"
+#include "daemon/kernels/reduce_kernels.h"
 #include "hsdp/common/status_macros.h"
 
 namespace hsdp::device {

@@ -22,7 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/observability/metrics.h"
-#include "daemon/observability/op_observer.h"
+#include "daemon/dataplane/op_observer.h"
 #include "daemon/observability/straggler_stats.h"
 #include "daemon/observability/trace_ring.h"
 

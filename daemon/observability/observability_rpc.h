@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/observability/observability.h"
-#include "daemon/session/session_manager.h"
+#include "daemon/jobs/session_manager.h"
 #include "hsdp/v1/admin.pb.h"
 
 namespace hsdp {

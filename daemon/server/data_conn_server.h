@@ -28,7 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/server/listener.h"
-#include "daemon/session/session_manager.h"
+#include "daemon/jobs/session_manager.h"
 #include "daemon/session/shm_channel.h"
 #include "hsdp/common/unique_fd.h"
 #include "hsdp/common/unix_socket.h"

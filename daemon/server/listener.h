@@ -31,7 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/server/peer_registry.h"
+#include "daemon/auth/peer_registry.h"
 #include "hsdp/common/unique_fd.h"
 #include "hsdp/common/unix_socket.h"
 

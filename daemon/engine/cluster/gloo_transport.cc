@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/cluster/kv_cluster_directory.h"
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/prefix_store.h"

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine/cpu/reduce_kernels.h"
+#include "daemon/kernels/reduce_kernels.h"
 
 #include "hsdp/shm/doorbell.h"
 

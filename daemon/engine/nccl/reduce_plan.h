@@ -4,13 +4,13 @@
 // pre-divide (and a PreMulSum factor) is fused into the cast-in kernel when
 // there is a cast, into a PreMulSum op otherwise; the post-divide (and AVG's
 // 1/n when ncclAvg cannot be used) runs in the cast-out kernel, or in place.
-// Follows the CPU kernels' semantics (daemon/engine/cpu/reduce_kernels.h) up
+// Follows the CPU kernels' semantics (daemon/kernels/reduce_kernels.h) up
 // to rounding. Pure functions; thread-safe.
 #ifndef HSDP_DAEMON_ENGINE_NCCL_REDUCE_PLAN_H_
 #define HSDP_DAEMON_ENGINE_NCCL_REDUCE_PLAN_H_
 
 #include "absl/status/statusor.h"
-#include "daemon/engine/reduce_spec.h"
+#include "daemon/kernels/reduce_spec.h"
 #include "hsdp/types.h"
 
 namespace hsdp::nccl {

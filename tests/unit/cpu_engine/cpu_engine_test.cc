@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "daemon/engine/cpu/reduce_kernels.h"
+#include "daemon/kernels/reduce_kernels.h"
 #include "daemon/engine/cpu/thread_pool.h"
 #include "gtest/gtest.h"
 

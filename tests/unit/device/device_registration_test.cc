@@ -2,11 +2,11 @@
 // negotiation, session ownership, VMM fds arriving over the data connection
 // (before or after the call), and session end unmapping everything —
 // including a registration that completes after its session ended.
-#include "daemon/device/device_registration.h"
+#include "daemon/jobs/device_registration.h"
 
 #include <future>
 
-#include "daemon/device/device_service.h"
+#include "daemon/server/device_service.h"
 #include "daemon/device/fake_device_api.h"
 #include "daemon/engine/fake/fake_engine.h"
 #include "gmock/gmock.h"

@@ -2,7 +2,7 @@
 // success and on every failure path), and Observability fed by a real Group
 // on a FakeEngine: straggler stats, per-job activity, the trace and the
 // metrics text.
-#include "daemon/observability/op_observer.h"
+#include "daemon/dataplane/op_observer.h"
 
 #include <thread>
 

@@ -1,7 +1,7 @@
 // ConnectionLimiter (per-uid counts, root exempt, slots released when they
 // go) and PeerRegistry (credentials by fd; Sweep notices closed and reused
 // fd numbers and releases their slots).
-#include "daemon/server/peer_registry.h"
+#include "daemon/auth/peer_registry.h"
 
 #include <sys/socket.h>
 #include <unistd.h>

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "daemon/engine/fake/fake_engine.h"
-#include "daemon/session/session_manager.h"
+#include "daemon/jobs/session_manager.h"
 #include "fake_cluster_directory.h"
 #include "fake_engine.h"
 #include "gmock/gmock.h"

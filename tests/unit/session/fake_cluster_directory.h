@@ -14,8 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/session/cluster_directory.h"
-#include "daemon/session/session_manager.h"
+#include "daemon/jobs/cluster_directory.h"
+#include "daemon/jobs/session_manager.h"
 
 namespace hsdp::testing {
 

@@ -1,7 +1,7 @@
 // SessionManager without a daemon: job identity (owner uid + name), the limits it reserves
 // before the work (buffers, mappings, group members), non-blocking buffer
 // registration, and group keys / re-joining across epochs.
-#include "daemon/session/session_manager.h"
+#include "daemon/jobs/session_manager.h"
 
 #include <unistd.h>
 

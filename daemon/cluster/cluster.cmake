@@ -1,0 +1,22 @@
+# hsdp_cluster: the multi-node control plane — membership, the coordinator,
+# the key/value store, peer authentication, NCCL id exchange.
+add_library(hsdp_cluster STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/cluster_client.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster_member.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster_node.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster_service.cc
+  ${CMAKE_CURRENT_LIST_DIR}/coordinator.cc
+  ${CMAKE_CURRENT_LIST_DIR}/kv_cluster_directory.cc
+  ${CMAKE_CURRENT_LIST_DIR}/kv_store.cc
+  ${CMAKE_CURRENT_LIST_DIR}/nccl_id_exchange.cc
+  ${CMAKE_CURRENT_LIST_DIR}/token_authenticator.cc)
+target_include_directories(hsdp_cluster PUBLIC ${PROJECT_SOURCE_DIR})
+target_link_libraries(hsdp_cluster PUBLIC hsdp_jobs hsdp_engine hsdp_auth hsdp_config hsdp_proto
+  absl::synchronization absl::time absl::strings gRPC::grpc++)
+
+# The Gloo rendezvous store over the coordinator's key/value store, with the
+# Gloo transport it serves.
+if(HSDP_GLOO_ENABLED)
+  add_library(hsdp_cluster_gloo STATIC ${CMAKE_CURRENT_LIST_DIR}/gloo_store.cc)
+  target_link_libraries(hsdp_cluster_gloo PUBLIC hsdp_cluster hsdp_engine_gloo gloo)
+endif()

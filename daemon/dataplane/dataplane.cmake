@@ -1,0 +1,10 @@
+# hsdp_dataplane: descriptors read from the rings, validated, matched into
+# group operations and handed to the engine.
+add_library(hsdp_dataplane STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/dispatcher.cc
+  ${CMAKE_CURRENT_LIST_DIR}/group.cc
+  ${CMAKE_CURRENT_LIST_DIR}/group_p2p.cc
+  ${CMAKE_CURRENT_LIST_DIR}/validate.cc)
+target_include_directories(hsdp_dataplane PUBLIC ${PROJECT_SOURCE_DIR})
+target_link_libraries(hsdp_dataplane PUBLIC hsdp_session hsdp_engine_api
+  absl::synchronization absl::time absl::strings)

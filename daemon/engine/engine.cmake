@@ -1,0 +1,58 @@
+# The engine layer: the Engine interface (hsdp_engine_api), the NCCL engine
+# and its binding (engine/nccl), the CPU and fake engines and the
+# hierarchical cross-node engine (hsdp_engine), and the Gloo transport
+# between daemons (hsdp_engine_gloo).
+add_library(hsdp_engine_api STATIC ${CMAKE_CURRENT_LIST_DIR}/engine.cc)
+target_include_directories(hsdp_engine_api PUBLIC ${PROJECT_SOURCE_DIR})
+target_link_libraries(hsdp_engine_api PUBLIC hsdp_shm hsdp_common absl::status absl::time)
+
+# hsdp_nccl_engine: the NCCL engine over the collective interface, with the
+# fake NCCL (always built; tests run it on FakeDeviceApi).
+add_library(hsdp_nccl_engine STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/nccl/fake_collectives.cc
+  ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_engine.cc
+  ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_engine_gate.cc
+  ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_engine_shared.cc
+  ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_engine_issue.cc
+  ${CMAKE_CURRENT_LIST_DIR}/nccl/reduce_plan.cc)
+target_include_directories(hsdp_nccl_engine PUBLIC ${PROJECT_SOURCE_DIR})
+target_link_libraries(hsdp_nccl_engine PUBLIC hsdp_engine_api hsdp_device hsdp_shm hsdp_common
+  absl::time absl::strings absl::status)
+
+# hsdp_nccl_cuda: the collective interface on the real libnccl.
+if(HSDP_CUDA_ENABLED)
+  add_library(hsdp_nccl_cuda STATIC ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_collectives.cc)
+  target_include_directories(hsdp_nccl_cuda SYSTEM PRIVATE ${NCCL_INCLUDE_DIR}
+    ${CUDAToolkit_INCLUDE_DIRS})
+  target_link_libraries(hsdp_nccl_cuda PUBLIC hsdp_nccl_engine hsdp_device_cuda ${NCCL_LIBRARY})
+endif()
+
+# hsdp_device_engine: engine.kind cpu / nccl / auto — routes tasks by memory kind.
+add_library(hsdp_device_engine STATIC ${CMAKE_CURRENT_LIST_DIR}/device_engine_factory.cc)
+target_link_libraries(hsdp_device_engine PUBLIC hsdp_nccl_engine)
+if(HSDP_CUDA_ENABLED)
+  target_link_libraries(hsdp_device_engine PUBLIC hsdp_nccl_cuda)
+endif()
+
+# hsdp_engine: every engine, and the factory that picks one from the config.
+add_library(hsdp_engine STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/engine_factory.cc
+  ${CMAKE_CURRENT_LIST_DIR}/fake/fake_engine.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cpu/cpu_engine.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cpu/partial_reduce.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cpu/thread_pool.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_ops.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_task.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/fake_transport.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/hierarchical_engine.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/sidecar.cc)
+target_link_libraries(hsdp_engine PUBLIC hsdp_engine_api hsdp_device_engine hsdp_cpu_kernels
+  hsdp_config hsdp_util absl::synchronization absl::strings)
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/cpu/partial_reduce.cc
+  PROPERTIES COMPILE_OPTIONS -O3)
+
+# hsdp_engine_gloo: the transport between daemons on Gloo (TCP).
+if(HSDP_GLOO_ENABLED)
+  add_library(hsdp_engine_gloo STATIC ${CMAKE_CURRENT_LIST_DIR}/cluster/gloo_transport.cc)
+  target_link_libraries(hsdp_engine_gloo PUBLIC hsdp_engine gloo)
+endif()
