@@ -33,17 +33,6 @@ std::string GroupEpochKey(const std::string& group_key) {
   return absl::StrCat("hsdp/epoch/", group_key);
 }
 
-std::string ShortenedKey(const std::string& head, const std::string& tail, size_t max) {
-  const std::string full = absl::StrCat(head, tail);
-  if (full.size() <= max) return full;
-  uint64_t h = 14695981039346656037ull;  // FNV-1a
-  for (unsigned char c : full) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return absl::StrCat(full.substr(0, 64), "~", absl::Hex(h, absl::kZeroPad16), tail);
-}
-
 KvClusterDirectory::KvClusterDirectory(ClusterClient* client, ClusterMember* member, int nodes)
     : client_(client), member_(member), nodes_(nodes) {
   worker_ = std::thread([this] { Worker(); });

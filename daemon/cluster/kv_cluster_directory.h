@@ -26,16 +26,13 @@
 #include "daemon/cluster/cluster_client.h"
 #include "daemon/cluster/cluster_member.h"
 #include "daemon/jobs/cluster_directory.h"
+#include "daemon/util/shortened_key.h"
 
 namespace hsdp {
 
 // Key helpers (shared with the coordinator's service and tests).
 std::string JobPlacementPrefix(const JobKey& job);
 std::string GroupEpochKey(const std::string& group_key);
-// `head` + `tail` when at most `max` bytes (the store bounds key sizes, and
-// group keys list their ranks); else the first 64 bytes of it, "~", a hash
-// of all of it, and `tail` (the part that must stay readable, e.g. an epoch).
-std::string ShortenedKey(const std::string& head, const std::string& tail, size_t max = 200);
 
 class KvClusterDirectory : public ClusterDirectory {
  public:

@@ -19,7 +19,7 @@ import tempfile
 
 # Lowest first. A layer may include itself and anything before it.
 LAYERS = [
-    "util",           # the control executor, systemd notification
+    "util",           # the control executor, systemd notification, bounded key names
     "config",         # node.yaml: parsing and validation
     "auth",           # who is calling: the Authenticator interface, peer credentials
     "kernels",        # reductions and casts on host memory
