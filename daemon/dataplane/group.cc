@@ -94,13 +94,13 @@ const Arrival& Group::AnyArrival(const PendingOp& op) const {
 std::string Group::Describe(const PendingOp& op) const {
   const Arrival& a = AnyArrival(op);
   const auto c = static_cast<Collective>(a.desc.collective);
-  return absl::StrCat(std::string(CollectiveName(c)), a.phase2 ? " (all-reduce phase)" : "",
-                      " seq ", op.seq, op.epoch > 1 ? absl::StrCat(" epoch ", op.epoch) : "",
-                      " in group ", spec_.id, " (job \"", spec_.job_id, "\", ",
-                      // Short, so what follows (who is missing) fits a completion record.
-                      size() <= 8 ? absl::StrCat("ranks ", ListRanks(spec_.ranks))
-                                  : absl::StrCat(size(), " ranks"),
-                      ")");
+  return absl::StrCat(
+      std::string(CollectiveName(c)), a.phase2 ? " (all-reduce phase)" : "", " seq ", op.seq,
+      op.epoch > 1 ? absl::StrCat(" epoch ", op.epoch) : "", " in group ", spec_.id, " (job \"",
+      spec_.job_id, "\", ",
+      // Short, so what follows (who is missing) fits a completion record.
+      size() <= 8 ? absl::StrCat("ranks ", ListRanks(spec_.ranks)) : absl::StrCat(size(), " ranks"),
+      ")");
 }
 
 std::string Group::Disagreement(const PendingOp& op) const {
@@ -119,27 +119,37 @@ std::string Group::Disagreement(const PendingOp& op) const {
   auto op_name = [](const Arrival& a) {
     return std::string(CollectiveName(static_cast<Collective>(a.desc.collective)));
   };
-  check("collective", [](const Arrival& a) { return a.desc.collective; }, op_name);
-  check("count", [](const Arrival& a) { return a.desc.count; },
-        [](const Arrival& a) { return absl::StrCat(a.desc.count); });
-  check("dtype", [](const Arrival& a) { return a.desc.dtype; },
-        [](const Arrival& a) { return std::string(DataTypeName(static_cast<DataType>(a.desc.dtype))); });
+  check(
+      "collective", [](const Arrival& a) { return a.desc.collective; }, op_name);
+  check(
+      "count", [](const Arrival& a) { return a.desc.count; },
+      [](const Arrival& a) { return absl::StrCat(a.desc.count); });
+  check(
+      "dtype", [](const Arrival& a) { return a.desc.dtype; },
+      [](const Arrival& a) {
+        return std::string(DataTypeName(static_cast<DataType>(a.desc.dtype)));
+      });
   // One engine runs an operation: every member's buffers are host memory, or
   // every member's are device memory.
-  check("memory", [](const Arrival& a) { return a.kind; },
-        [](const Arrival& a) {
-          return std::string(a.kind == MemoryKind::kDevice ? "device buffers" : "host buffers");
-        });
+  check(
+      "memory", [](const Arrival& a) { return a.kind; },
+      [](const Arrival& a) {
+        return std::string(a.kind == MemoryKind::kDevice ? "device buffers" : "host buffers");
+      });
   const Collective c = static_cast<Collective>(ref.desc.collective);
   if (shm::IsReducing(c)) {
-    check("reduce_op", [](const Arrival& a) { return a.desc.reduce_op; },
-          [](const Arrival& a) { return std::string(ReduceOpName(static_cast<ReduceOp>(a.desc.reduce_op))); });
-    check("reduce_dtype", [](const Arrival& a) { return a.desc.reduce_dtype; },
-          [](const Arrival& a) {
-            return a.desc.reduce_dtype == 0
-                       ? std::string("(buffer dtype)")
-                       : std::string(DataTypeName(static_cast<DataType>(a.desc.reduce_dtype)));
-          });
+    check(
+        "reduce_op", [](const Arrival& a) { return a.desc.reduce_op; },
+        [](const Arrival& a) {
+          return std::string(ReduceOpName(static_cast<ReduceOp>(a.desc.reduce_op)));
+        });
+    check(
+        "reduce_dtype", [](const Arrival& a) { return a.desc.reduce_dtype; },
+        [](const Arrival& a) {
+          return a.desc.reduce_dtype == 0
+                     ? std::string("(buffer dtype)")
+                     : std::string(DataTypeName(static_cast<DataType>(a.desc.reduce_dtype)));
+        });
     for (auto [field, member] : {std::pair{"premul_factor", &shm::OpDescriptor::premul_factor},
                                  std::pair{"pre_divide", &shm::OpDescriptor::pre_divide},
                                  std::pair{"post_divide", &shm::OpDescriptor::post_divide}}) {
@@ -154,12 +164,14 @@ std::string Group::Disagreement(const PendingOp& op) const {
     }
   }
   if (c == Collective::kBroadcast) {
-    check("root", [](const Arrival& a) { return a.desc.root; },
-          [](const Arrival& a) { return absl::StrCat(a.desc.root); });
+    check(
+        "root", [](const Arrival& a) { return a.desc.root; },
+        [](const Arrival& a) { return absl::StrCat(a.desc.root); });
   }
   if (c == Collective::kAllToAll) {
-    check("splits", [](const Arrival& a) { return a.send_counts.empty(); },
-          [](const Arrival& a) { return a.send_counts.empty() ? "equal blocks" : "splits"; });
+    check(
+        "splits", [](const Arrival& a) { return a.send_counts.empty(); },
+        [](const Arrival& a) { return a.send_counts.empty() ? "equal blocks" : "splits"; });
     // What i sends to j must be what j expects from i (local pairs; remote
     // members are checked by their own daemons).
     if (problems.empty() && !ref.send_counts.empty()) {
@@ -169,9 +181,8 @@ std::string Group::Disagreement(const PendingOp& op) const {
           const int j = local_ranks_[lj];
           if (a.send_counts[j] != b.recv_counts[i]) {
             problems.push_back(absl::StrCat("splits: rank ", spec_.ranks[i], " sends ",
-                                            a.send_counts[j], " elements to rank ",
-                                            spec_.ranks[j], ", which expects ",
-                                            b.recv_counts[i]));
+                                            a.send_counts[j], " elements to rank ", spec_.ranks[j],
+                                            ", which expects ", b.recv_counts[i]));
             break;
           }
         }
@@ -180,8 +191,9 @@ std::string Group::Disagreement(const PendingOp& op) const {
     }
   }
   if (ref.phase2) {
-    check("shard group size", [](const Arrival& a) { return a.shard_size; },
-          [](const Arrival& a) { return absl::StrCat(a.shard_size); });
+    check(
+        "shard group size", [](const Arrival& a) { return a.shard_size; },
+        [](const Arrival& a) { return absl::StrCat(a.shard_size); });
   }
   if (problems.empty()) return "";
   return absl::StrCat("members disagree: ", absl::StrJoin(problems, "; "));
@@ -210,8 +222,8 @@ void Group::Arrive(int group_rank, Arrival arrival) {
     const bool runnable_slot = epoch == epoch_ && epoch_failure_.ok() && seq >= next_run_ &&
                                seq <= next_run_ + spec_.max_pending;
     if (!local) {
-      reject_one(absl::InvalidArgumentError(absl::StrCat("group_id: group rank ", group_rank,
-                                                         " is not on this node")));
+      reject_one(absl::InvalidArgumentError(
+          absl::StrCat("group_id: group rank ", group_rank, " is not on this node")));
     } else if (!arrival.rejected.ok() && !runnable_slot) {
       // Invalid, and not naming an operation it could fail for the others.
       reject_one(arrival.rejected);
@@ -219,8 +231,8 @@ void Group::Arrive(int group_rank, Arrival arrival) {
       reject_one(epoch == epoch_
                      ? epoch_failure_
                      : absl::FailedPreconditionError(absl::StrCat(
-                           "epoch: epoch ", epoch, " of group ", spec_.id, " is over (now ",
-                           epoch_, "); join the group again for the current epoch")));
+                           "epoch: epoch ", epoch, " of group ", spec_.id, " is over (now ", epoch_,
+                           "); join the group again for the current epoch")));
     } else if (epoch != epoch_ && !next_epoch_queue) {
       reject_one(absl::InvalidArgumentError(absl::StrCat(
           "epoch: ", epoch, " is not an epoch group ", spec_.id, " can run (current ", epoch_,
@@ -231,9 +243,9 @@ void Group::Arrive(int group_rank, Arrival arrival) {
       reject_one(absl::InvalidArgumentError(absl::StrCat(
           "seq: ", seq, " in group ", spec_.id, " already ran (next is ", next_run_, ")")));
     } else if (seq > (epoch == epoch_ ? next_run_ : 1) + spec_.max_pending) {
-      reject_one(absl::InvalidArgumentError(absl::StrCat(
-          "seq: ", seq, " in group ", spec_.id, " is more than ", spec_.max_pending,
-          " operations ahead of the next one to run")));
+      reject_one(absl::InvalidArgumentError(
+          absl::StrCat("seq: ", seq, " in group ", spec_.id, " is more than ", spec_.max_pending,
+                       " operations ahead of the next one to run")));
     } else if (pending_.count({epoch, seq}) == 0 && pending_.size() >= spec_.max_pending) {
       reject_one(absl::ResourceExhaustedError(
           absl::StrCat("group ", spec_.id, " already has ", pending_.size(),
@@ -254,7 +266,7 @@ void Group::Arrive(int group_rank, Arrival arrival) {
         // An invalid submission fails the operation for every member.
         const absl::Status rejected = arrival.rejected;
         const bool first_phase_failed = arrival.phase2;  // its only way to be rejected
-        op.arrivals[li] = std::move(arrival);  // so Describe names its collective
+        op.arrivals[li] = std::move(arrival);            // so Describe names its collective
         const absl::Status s =
             first_phase_failed
                 ? rejected

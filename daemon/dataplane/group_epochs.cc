@@ -54,8 +54,7 @@ void Group::PeerJoined(int node) {
   {
     absl::MutexLock l(&mu_);
     for (int r = 0; r < size(); ++r) {
-      if (!IsLocal(r) && !spec_.nodes.empty() && spec_.nodes[r] == node &&
-          joined_epoch_[r] == 0) {
+      if (!IsLocal(r) && !spec_.nodes.empty() && spec_.nodes[r] == node && joined_epoch_[r] == 0) {
         joined_epoch_[r] = epoch_ + 1;
       }
     }

@@ -18,7 +18,6 @@
 namespace hsdp {
 namespace {
 
-
 int PriorityOf(Collective c) {
   return c == Collective::kAllGather || c == Collective::kReduceScatter ||
                  c == Collective::kReduceScatterAllReduce
@@ -208,8 +207,8 @@ void Group::ForwardPhase2(std::vector<Arrival> arrivals, const absl::Status& sta
     const int r2 = g2 != nullptr ? g2->RankOf(a.session->info().rank) : -1;
     if (g2 == nullptr || r2 < 0) {
       a.session->Complete(a.desc.op_id,
-                          absl::FailedPreconditionError(absl::StrCat(
-                              "group2_id: replicate group ", a.desc.group2_id, " is gone")),
+                          absl::FailedPreconditionError(absl::StrCat("group2_id: replicate group ",
+                                                                     a.desc.group2_id, " is gone")),
                           0, 0);
       continue;
     }
@@ -231,8 +230,8 @@ void Group::ForwardPhase2(std::vector<Arrival> arrivals, const absl::Status& sta
     next.first_ns = a.first_ns;
     if (depends_on != 0) next.depends_on.push_back(depends_on);
     if (!status.ok()) {
-      next.rejected = absl::Status(
-          status.code(), absl::StrCat("reduce-scatter phase failed: ", status.message()));
+      next.rejected = absl::Status(status.code(),
+                                   absl::StrCat("reduce-scatter phase failed: ", status.message()));
     }
     g2->Arrive(r2, std::move(next));
   }
@@ -250,8 +249,7 @@ void Group::Notify(std::vector<Arrival> arrivals, const absl::Status& status, ui
   }
   for (Arrival& a : arrivals) {
     const auto c = static_cast<Collective>(a.desc.collective);
-    if (!status.ok() && c == Collective::kReduceScatterAllReduce && !a.phase2 &&
-        a.rejected.ok()) {
+    if (!status.ok() && c == Collective::kReduceScatterAllReduce && !a.phase2 && a.rejected.ok()) {
       // A failed first phase still has to release the member's second-phase
       // slot in its replicate group.
       ForwardPhase2({std::move(a)}, status, 0);

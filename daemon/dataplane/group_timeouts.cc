@@ -52,7 +52,7 @@ void Group::CheckTimeouts(int64_t now_ns) {
       for (auto& [key, q] : *queues) {
         while (!q.empty() && now_ns - q.front().arrival.first_ns > spec_.timeout_ns) {
           const auto [src, dst, tag] = key;
-          const std::string peer = sends ? absl::StrCat("rank ", spec_.ranks[dst])
+          const std::string peer = sends               ? absl::StrCat("rank ", spec_.ranks[dst])
                                    : src == kAnySource ? std::string("any rank")
                                                        : absl::StrCat("rank ", spec_.ranks[src]);
           absl::Status s = absl::DeadlineExceededError(absl::StrCat(
@@ -91,9 +91,9 @@ void Group::CheckTimeouts(int64_t now_ns) {
     FailEpoch(epoch_missing->second, epoch_missing->first, /*report=*/true);
   }
   for (const std::shared_ptr<RunningOp>& run : overdue) {
-    const absl::Status s = absl::DeadlineExceededError(absl::StrCat(
-        Describe(run->op), ": still running after ", spec_.timeout_ns / 1000000,
-        " ms (timeouts.collective_ms); aborted, and the group's epoch ended"));
+    const absl::Status s = absl::DeadlineExceededError(
+        absl::StrCat(Describe(run->op), ": still running after ", spec_.timeout_ns / 1000000,
+                     " ms (timeouts.collective_ms); aborted, and the group's epoch ended"));
     uint64_t ticket;
     bool forwarded;
     {

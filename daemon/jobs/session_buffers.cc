@@ -19,7 +19,6 @@ namespace {
 
 constexpr absl::Duration kFdArrivalTimeout = absl::Seconds(5);
 
-
 std::string FormatBytes(uint64_t b) {
   if (b >= (1ull << 30)) return absl::StrCat(b, " bytes (", b >> 30, " GiB)");
   if (b >= (1ull << 20)) return absl::StrCat(b, " bytes (", b >> 20, " MiB)");
@@ -55,17 +54,18 @@ void SessionManager::RegisterBuffer(uint64_t session_id, uint64_t fd_tag, uint64
     if (!found.ok()) return done(found.status());
     s = *std::move(found);
     if (size_bytes == 0) return done(absl::InvalidArgumentError("size_bytes: must be > 0"));
-    if (size_bytes > limits_.max_node_bytes ||
-        node_bytes_ > limits_.max_node_bytes - size_bytes) {
+    if (size_bytes > limits_.max_node_bytes || node_bytes_ > limits_.max_node_bytes - size_bytes) {
       return done(absl::ResourceExhaustedError(absl::StrCat(
           "a buffer of ", FormatBytes(size_bytes), " would bring this node to ",
           FormatBytes(SaturatingAdd(node_bytes_, size_bytes)), ", over the node limit of ",
           FormatBytes(limits_.max_node_bytes), " (limits.max_node_bytes)")));
     }
     if (node_mappings_ >= limits_.max_mappings) {
-      return done(absl::ResourceExhaustedError(absl::StrCat(
-          "this node already has ", node_mappings_, " shared-memory mappings (the budget below "
-          "vm.max_map_count is ", limits_.max_mappings, ")")));
+      return done(
+          absl::ResourceExhaustedError(absl::StrCat("this node already has ", node_mappings_,
+                                                    " shared-memory mappings (the budget below "
+                                                    "vm.max_map_count is ",
+                                                    limits_.max_mappings, ")")));
     }
     if (absl::Status r = s->ReserveBuffer(size_bytes, config_.max_session_bytes,
                                           config_.max_buffers_per_session);
@@ -80,8 +80,8 @@ void SessionManager::RegisterBuffer(uint64_t session_id, uint64_t fd_tag, uint64
     ++node_mappings_;
   }
   auto finish = [this, s, size_bytes, name, done](absl::StatusOr<UniqueFd> fd) {
-    auto work = [this, s, size_bytes, name, done, fd = std::make_shared<absl::StatusOr<UniqueFd>>(
-                                                      std::move(fd))]() mutable {
+    auto work = [this, s, size_bytes, name, done,
+                 fd = std::make_shared<absl::StatusOr<UniqueFd>>(std::move(fd))]() mutable {
       done(FinishRegister(s, std::move(*fd), size_bytes, name));
     };
     if (control_ != nullptr) {
@@ -134,14 +134,13 @@ absl::StatusOr<uint64_t> SessionManager::RegisterBufferSync(uint64_t session_id,
                                                             const PeerCred& caller) {
   absl::Mutex mu;
   std::optional<absl::StatusOr<uint64_t>> result;
-  RegisterBuffer(session_id, fd_tag, size_bytes, name, caller,
-                 [&](absl::StatusOr<uint64_t> r) {
-                   absl::MutexLock l(&mu);
-                   result = std::move(r);
-                 });
+  RegisterBuffer(session_id, fd_tag, size_bytes, name, caller, [&](absl::StatusOr<uint64_t> r) {
+    absl::MutexLock l(&mu);
+    result = std::move(r);
+  });
   absl::MutexLock l(&mu);
-  mu.Await(absl::Condition(+[](std::optional<absl::StatusOr<uint64_t>>* r) { return r->has_value(); },
-                           &result));
+  mu.Await(absl::Condition(
+      +[](std::optional<absl::StatusOr<uint64_t>>* r) { return r->has_value(); }, &result));
   return *std::move(result);
 }
 

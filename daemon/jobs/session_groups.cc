@@ -16,7 +16,6 @@
 
 namespace hsdp {
 
-
 absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
                                                         const std::vector<int>& ranks,
                                                         const PeerCred& caller,
@@ -33,13 +32,12 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
     if (rejoin_group_id != 0) {
       auto it = groups_.find(rejoin_group_id);
       if (it == groups_.end() || it->second->job() != s->info().job()) {
-        return absl::NotFoundError(
-            absl::StrCat("rejoin_group_id: ", s->info().job().Describe(), " has no group ",
-                         rejoin_group_id));
+        return absl::NotFoundError(absl::StrCat("rejoin_group_id: ", s->info().job().Describe(),
+                                                " has no group ", rejoin_group_id));
       }
       if (!ranks.empty() && ranks != it->second->ranks()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "ranks: group ", rejoin_group_id, " has other ranks; pass its ranks or none"));
+        return absl::InvalidArgumentError(absl::StrCat("ranks: group ", rejoin_group_id,
+                                                       " has other ranks; pass its ranks or none"));
       }
       group = it->second;
     } else {
@@ -53,9 +51,8 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
         std::vector<bool> seen(job.world_size, false);  // bounded by the job's world size
         for (size_t i = 0; i < ranks.size(); ++i) {
           if (ranks[i] < 0 || ranks[i] >= job.world_size) {
-            return absl::InvalidArgumentError(absl::StrCat("ranks[", i, "]: ", ranks[i],
-                                                           " is outside [0, world_size=",
-                                                           job.world_size, ")"));
+            return absl::InvalidArgumentError(absl::StrCat(
+                "ranks[", i, "]: ", ranks[i], " is outside [0, world_size=", job.world_size, ")"));
           }
           if (seen[ranks[i]]) {
             return absl::InvalidArgumentError(
@@ -66,9 +63,9 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
         }
       }
       if (!has_caller) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "ranks: the caller's rank ", s->info().rank, " is not in the list of ", ranks.size(),
-            " ranks; only members call NewGroup"));
+        return absl::InvalidArgumentError(absl::StrCat("ranks: the caller's rank ", s->info().rank,
+                                                       " is not in the list of ", ranks.size(),
+                                                       " ranks; only members call NewGroup"));
       }
       auto call_it = job.calls.find({session_id, ranks});
       k = call_it == job.calls.end() ? 0 : call_it->second;
@@ -79,9 +76,9 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
         job.calls[{session_id, ranks}] = k + 1;  // counted only once accepted
       } else if (job.groups.size() >= config_.max_groups_per_job) {
         // Checked again when creating; early here, before any network wait.
-        return absl::ResourceExhaustedError(absl::StrCat(
-            s->info().job().Describe(), " already has ", job.groups.size(),
-            " groups (limits.max_groups_per_job)"));
+        return absl::ResourceExhaustedError(absl::StrCat(s->info().job().Describe(),
+                                                         " already has ", job.groups.size(),
+                                                         " groups (limits.max_groups_per_job)"));
       }
       all_here = std::all_of(ranks.begin(), ranks.end(),
                              [&](int r) { return job.rank_to_session.count(r) > 0; });
@@ -99,9 +96,10 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
       // take every thread of the daemon.
       if (placement_waits_.fetch_add(1) >= kMaxPlacementWaits) {
         placement_waits_.fetch_sub(1);
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "ranks: ", kMaxPlacementWaits, " NewGroup calls already wait for their ranks to "
-            "attach somewhere in the cluster; retry"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("ranks: ", kMaxPlacementWaits,
+                         " NewGroup calls already wait for their ranks to "
+                         "attach somewhere in the cluster; retry"));
       }
       const absl::Time deadline = ClusterDeadline();
       absl::StatusOr<std::vector<int>> resolved =
@@ -115,8 +113,8 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
         ASSIGN_OR_RETURN(first_epoch, cluster_->FirstEpoch(key, deadline));
       }
     }
-    ASSIGN_OR_RETURN(group, CreateGroup(s, ranks, key, k, std::move(nodes), this_node,
-                                        first_epoch));
+    ASSIGN_OR_RETURN(group,
+                     CreateGroup(s, ranks, key, k, std::move(nodes), this_node, first_epoch));
   }
   const int group_rank = group->RankOf(s->info().rank);
   if (group_rank < 0) {
@@ -141,22 +139,22 @@ absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
     group = groups_.at(it->second);  // another member created it meanwhile
   } else {
     if (job.groups.size() >= config_.max_groups_per_job) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          s->info().job().Describe(), " already has ", job.groups.size(),
-          " groups (limits.max_groups_per_job)"));
+      return absl::ResourceExhaustedError(absl::StrCat(s->info().job().Describe(), " already has ",
+                                                       job.groups.size(),
+                                                       " groups (limits.max_groups_per_job)"));
     }
     if (job.group_members + ranks.size() > limits_.max_group_members_per_job ||
         node_group_members_ + ranks.size() > limits_.max_group_members) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "a group of ", ranks.size(), " ranks would bring ", s->info().job().Describe(),
-          " to ", job.group_members + ranks.size(), " group members (at most ",
+          "a group of ", ranks.size(), " ranks would bring ", s->info().job().Describe(), " to ",
+          job.group_members + ranks.size(), " group members (at most ",
           limits_.max_group_members_per_job, " per job and ", limits_.max_group_members,
           " per node, ", node_group_members_, " in use)"));
     }
     if (!nodes.empty() && !engine_->SupportsRemoteMembers()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "ranks: the group spans nodes, but this hsdpd's engine (", engine_->name(),
-          ") cannot reach other nodes (built without the cross-node engine?)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("ranks: the group spans nodes, but this hsdpd's engine (", engine_->name(),
+                       ") cannot reach other nodes (built without the cross-node engine?)"));
     }
     const uint32_t id = next_group_id_++;
     GroupSpec spec;
@@ -187,8 +185,8 @@ absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
     job.group_members += ranks.size();
     node_group_members_ += ranks.size();
     if (group->spans_nodes()) {
-      HSDP_LOG(Info) << "group " << id << " (" << s->info().job().Describe() << ", "
-                     << ranks.size() << " ranks) spans nodes; epoch " << first_epoch;
+      HSDP_LOG(Info) << "group " << id << " (" << s->info().job().Describe() << ", " << ranks.size()
+                     << " ranks) spans nodes; epoch " << first_epoch;
     }
   }
   job.calls[{s->id(), ranks}] = k + 1;  // counted only once accepted
@@ -219,8 +217,8 @@ void SessionManager::OnGroupEvent(const std::string& key, uint32_t epoch, int or
   }
   for (const std::shared_ptr<Group>& g : groups) {
     // `why` comes from the origin's daemon (its group ids are its own).
-    g->RemoteEpochFailed(epoch, absl::AbortedError(absl::StrCat("node ", origin, " reports: ",
-                                                                why)));
+    g->RemoteEpochFailed(epoch,
+                         absl::AbortedError(absl::StrCat("node ", origin, " reports: ", why)));
   }
 }
 

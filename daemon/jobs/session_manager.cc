@@ -23,7 +23,6 @@ namespace {
 
 constexpr int kMaxWorldSize = 1 << 20;
 
-
 absl::Status ValidateAttach(const AttachParams& p) {
   if (p.job_id.empty() || p.job_id.size() > 128) {
     return absl::InvalidArgumentError("job_id: must be 1 to 128 bytes");
@@ -58,10 +57,10 @@ absl::Status ValidateAttach(const AttachParams& p) {
         "; use a client library and daemon of matching versions"));
   }
   if ((p.features & shm::kFeaturesRequired) != shm::kFeaturesRequired) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "features: the client offers 0x", absl::Hex(p.features), ", this hsdpd (", kHsdpVersion,
-        ") requires 0x", absl::Hex(shm::kFeaturesRequired),
-        "; use a client library and daemon of matching versions"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("features: the client offers 0x", absl::Hex(p.features), ", this hsdpd (",
+                     kHsdpVersion, ") requires 0x", absl::Hex(shm::kFeaturesRequired),
+                     "; use a client library and daemon of matching versions"));
   }
   return absl::OkStatus();
 }
@@ -71,7 +70,8 @@ SessionToken NewToken() {
   SessionToken t;
   for (size_t i = 0; i < t.size(); i += 4) {
     const uint32_t v = rd();
-    for (size_t j = 0; j < 4 && i + j < t.size(); ++j) t[i + j] = static_cast<uint8_t>(v >> (8 * j));
+    for (size_t j = 0; j < 4 && i + j < t.size(); ++j)
+      t[i + j] = static_cast<uint8_t>(v >> (8 * j));
   }
   return t;
 }
@@ -80,7 +80,11 @@ SessionToken NewToken() {
 
 SessionManager::SessionManager(const NodeConfig& config, NodeLimits limits, Engine* engine,
                                Executor* control, OpObserver* observer, ClusterDirectory* cluster)
-    : config_(config), limits_(limits), engine_(engine), control_(control), observer_(observer),
+    : config_(config),
+      limits_(limits),
+      engine_(engine),
+      control_(control),
+      observer_(observer),
       cluster_(cluster) {}
 
 absl::Time SessionManager::ClusterDeadline() const {
@@ -104,11 +108,11 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Lookup(uint64_t session
 }
 
 absl::StatusOr<JobChoice> SessionManager::ChooseJobLocked(const AttachParams& p,
-                                                         const PeerCred& caller) const {
-  ASSIGN_OR_RETURN(JobChoice choice,
-                   jobs_.Choose(p.job_id,
-                                AttachIdentity{caller.uid, p.caller_is_admin, p.owner_uid},
-                                cluster_ != nullptr));
+                                                          const PeerCred& caller) const {
+  ASSIGN_OR_RETURN(
+      JobChoice choice,
+      jobs_.Choose(p.job_id, AttachIdentity{caller.uid, p.caller_is_admin, p.owner_uid},
+                   cluster_ != nullptr));
   RETURN_IF_ERROR(CheckJoinLocked(choice.key, p));
   return choice;
 }
@@ -151,26 +155,27 @@ absl::StatusOr<AttachResult> SessionManager::AttachHere(const AttachParams& p,
                                                         const PeerCred& caller) {
   absl::MutexLock l(&mu_);
   if (sessions_.size() >= config_.max_sessions) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "this hsdpd already has ", sessions_.size(), " sessions (limits.max_sessions)"));
+    return absl::ResourceExhaustedError(absl::StrCat("this hsdpd already has ", sessions_.size(),
+                                                     " sessions (limits.max_sessions)"));
   }
   if (choice.join_only && cluster_ == nullptr && jobs_.Find(choice.key) == nullptr) {
     // Its last rank left since ChooseJobLocked: root never creates it.
-    return absl::NotFoundError(absl::StrCat("owner_uid: ", choice.key.Describe(),
-                                            " is no longer attached on this node"));
+    return absl::NotFoundError(
+        absl::StrCat("owner_uid: ", choice.key.Describe(), " is no longer attached on this node"));
   }
   RETURN_IF_ERROR(CheckJoinLocked(choice.key, p));
   if (node_mappings_ >= limits_.max_mappings) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "this node already has ", node_mappings_, " shared-memory mappings (the budget below "
-        "vm.max_map_count is ", limits_.max_mappings, ")"));
+    return absl::ResourceExhaustedError(absl::StrCat("this node already has ", node_mappings_,
+                                                     " shared-memory mappings (the budget below "
+                                                     "vm.max_map_count is ",
+                                                     limits_.max_mappings, ")"));
   }
   const uint64_t id = next_session_id_++;
   const uint64_t features = p.features & (shm::kFeaturesImplemented | extra_features_.load());
   ASSIGN_OR_RETURN(std::unique_ptr<ShmChannel> channel,
                    ShmChannel::Create(id, config_.ring_entries, features));
-  SessionInfo info{p.job_id,  p.rank,     p.world_size, p.local_rank, p.device,
-                   p.pid,     caller.uid, caller.gid,   features,     choice.key.owner_uid};
+  SessionInfo info{p.job_id, p.rank,     p.world_size, p.local_rank, p.device,
+                   p.pid,    caller.uid, caller.gid,   features,     choice.key.owner_uid};
   const SessionToken token = NewToken();
   auto session = std::make_shared<Session>(id, info, token, std::move(channel));
   Job& job = jobs_.FindOrAdd(choice.key);
@@ -179,9 +184,9 @@ absl::StatusOr<AttachResult> SessionManager::AttachHere(const AttachParams& p,
   sessions_[id] = session;
   ++node_mappings_;
   version_.fetch_add(1, std::memory_order_release);
-  HSDP_LOG(Info) << "session " << id << " attached: " << choice.key.Describe() << " rank "
-                 << p.rank << "/" << p.world_size << " pid " << p.pid << " uid " << caller.uid
-                 << " device " << p.device;
+  HSDP_LOG(Info) << "session " << id << " attached: " << choice.key.Describe() << " rank " << p.rank
+                 << "/" << p.world_size << " pid " << p.pid << " uid " << caller.uid << " device "
+                 << p.device;
   AttachResult result;
   result.session_id = id;
   result.ring_entries = config_.ring_entries;
