@@ -32,6 +32,13 @@
 //
 // Thread-safety: all public methods are thread-safe. mu_ is never held while
 // calling the engine, completing sessions or calling into another group.
+//
+// Files (one class): group.cc (construction, submissions matched, stats),
+// group_epochs.cc (joining, epochs failing and re-forming, a member or a
+// peer node lost), group_pipeline.cc (lowering to the engine, launching in
+// order, completions, the composite's second phase), group_timeouts.cc
+// (matching timeouts and running operations' deadlines) and group_p2p.cc
+// (send and receive).
 #ifndef HSDP_DAEMON_DATAPLANE_GROUP_H_
 #define HSDP_DAEMON_DATAPLANE_GROUP_H_
 

@@ -6,8 +6,8 @@
 // launched as a two-member broadcast (root = src) on an engine group of its
 // own per (src, dst, tag), with k as the sequence number. A receive from any
 // source cannot be matched soundly without a cross-node handshake, so it is
-// UNIMPLEMENTED in a group that spans nodes. The rest of Group is in
-// group.cc (same class, same locking rules).
+// UNIMPLEMENTED in a group that spans nodes. The rest of Group: group.h
+// lists its files (same class, same locking rules).
 #include <algorithm>
 
 #include "daemon/dataplane/group.h"

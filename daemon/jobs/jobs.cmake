@@ -3,6 +3,8 @@
 add_library(hsdp_jobs STATIC
   ${CMAKE_CURRENT_LIST_DIR}/device_registration.cc
   ${CMAKE_CURRENT_LIST_DIR}/job_table.cc
+  ${CMAKE_CURRENT_LIST_DIR}/session_buffers.cc
+  ${CMAKE_CURRENT_LIST_DIR}/session_groups.cc
   ${CMAKE_CURRENT_LIST_DIR}/session_manager.cc)
 target_include_directories(hsdp_jobs PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(hsdp_jobs PUBLIC hsdp_dataplane hsdp_session hsdp_engine_api hsdp_config

@@ -23,6 +23,12 @@
 // Thread-safety: all methods are thread-safe. Lock order: mu_ before any
 // Group's or Session's lock; Group::MemberLeft is called without mu_, and so
 // is every ClusterDirectory call.
+//
+// Files (one class): session_manager.cc (attach, detach, sessions ending,
+// housekeeping, the session lookups), session_buffers.cc (buffer
+// registration and the node's memory limits), session_groups.cc (NewGroup,
+// CreateGroup and placement across nodes; the cluster's events passed on to
+// the groups).
 #ifndef HSDP_DAEMON_JOBS_SESSION_MANAGER_H_
 #define HSDP_DAEMON_JOBS_SESSION_MANAGER_H_
 

@@ -1,0 +1,190 @@
+// Group epochs: a local member joining (again), and remote members and a lost
+// node's ranks joining the next epoch, which starts once every member joined it
+// (MaybeAdvanceLocked creates its engine group); an epoch failing, with every
+// pending and running operation of it, because of something here or because
+// another daemon reported it failed; a local member's session ending and a peer
+// node lost, each failing the current epoch. The rest of Group: group.h lists
+// its files (same class, same locking rules).
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/dataplane/group.h"
+#include "hsdp/common/logging.h"
+
+namespace hsdp {
+
+absl::StatusOr<uint32_t> Group::Join(int group_rank, std::shared_ptr<Session> session) {
+  uint32_t result;
+  {
+    absl::MutexLock l(&mu_);
+    if (!IsLocal(group_rank)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group rank ", group_rank, " is not a member of group ", spec_.id, " on this node"));
+    }
+    std::shared_ptr<Session>& slot = members_[group_rank];
+    if (slot != nullptr && slot.get() != session.get() && !slot->closed()) {
+      return absl::AlreadyExistsError(absl::StrCat("group ", spec_.id, ": rank ",
+                                                   spec_.ranks[group_rank],
+                                                   " already joined by session ", slot->id()));
+    }
+    slot = std::move(session);
+    if (epoch_failure_.ok()) {
+      joined_epoch_[group_rank] = epoch_;
+      return epoch_;
+    }
+    result = epoch_ + 1;
+    joined_epoch_[group_rank] = result;
+    MaybeAdvanceLocked();
+  }
+  Pump();  // submissions for the new epoch may already be queued
+  return result;
+}
+
+void Group::RemoteJoined(int group_rank, uint32_t epoch) {
+  {
+    absl::MutexLock l(&mu_);
+    if (group_rank < 0 || group_rank >= size() || IsLocal(group_rank)) return;
+    joined_epoch_[group_rank] = std::max(joined_epoch_[group_rank], epoch);
+    MaybeAdvanceLocked();
+  }
+  Pump();
+}
+
+void Group::PeerJoined(int node) {
+  {
+    absl::MutexLock l(&mu_);
+    for (int r = 0; r < size(); ++r) {
+      if (!IsLocal(r) && !spec_.nodes.empty() && spec_.nodes[r] == node && joined_epoch_[r] == 0) {
+        joined_epoch_[r] = epoch_ + 1;
+      }
+    }
+    MaybeAdvanceLocked();
+  }
+  Pump();
+}
+
+void Group::RemoteEpochFailed(uint32_t epoch, const absl::Status& why) {
+  {
+    absl::MutexLock l(&mu_);
+    if (epoch < epoch_ || (epoch == epoch_ && !epoch_failure_.ok())) return;  // over already
+    if (epoch > epoch_) {
+      // Not reached yet (this daemon still waits for members to re-join):
+      // fail it on arrival. Bounded: only epochs ahead of the current one.
+      if (remote_failed_.size() < 64) remote_failed_.emplace(epoch, why);
+      return;
+    }
+  }
+  FailEpoch(why, epoch, /*report=*/false);
+}
+
+void Group::MaybeAdvanceLocked() {
+  if (epoch_failure_.ok()) return;
+  for (int r = 0; r < size(); ++r) {
+    if (IsLocal(r)) {
+      if (joined_epoch_[r] != epoch_ + 1) return;
+      if (members_[r] == nullptr || members_[r]->closed()) return;
+    } else if (joined_epoch_[r] == 0) {
+      return;  // on a lost node: waits for it to join again
+    }
+  }
+  ++epoch_;
+  epoch_failure_ = absl::OkStatus();
+  failed_.clear();
+  p2p_posted_.clear();
+  next_run_ = 1;
+  for (auto it = remote_failed_.begin(); it != remote_failed_.end() && it->first < epoch_;) {
+    it = remote_failed_.erase(it);
+  }
+  if (auto it = remote_failed_.find(epoch_); it != remote_failed_.end()) {
+    epoch_failure_ = it->second;  // another daemon already failed this epoch
+    remote_failed_.erase(it);
+  }
+  EngineGroupSpec es{spec_.key, epoch_, spec_.ranks, spec_.nodes, spec_.this_node};
+  if (es.nodes.empty()) es.nodes.assign(spec_.ranks.size(), spec_.this_node);
+  if (absl::Status s = engine_->CreateGroup(es); !s.ok()) {
+    epoch_failure_ = s;  // the engine cannot run the new epoch: it stays failed
+  }
+  HSDP_LOG(Info) << "group " << spec_.id << " (job \"" << spec_.job_id << "\") re-formed in epoch "
+                 << epoch_;
+}
+
+bool Group::FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to_fail,
+                            std::vector<uint64_t>* to_abort) {
+  if (!epoch_failure_.ok()) return false;
+  epoch_failure_ = status;
+  std::vector<OpKey> keys;
+  for (auto& [key, op] : pending_) {
+    if (key.first == epoch_) keys.push_back(key);
+  }
+  for (const OpKey& key : keys) {
+    for (Arrival& a : FailLocked(key, status)) to_fail->push_back(std::move(a));
+  }
+  for (P2POp& p : TakeAllP2PLocked()) to_fail->push_back(std::move(p.arrival));
+  for (const std::shared_ptr<RunningOp>& run : running_) {
+    if (run->ticket != 0) to_abort->push_back(run->ticket);
+  }
+  for (const auto& [ticket, epoch] : p2p_running_) {
+    if (epoch == epoch_) to_abort->push_back(ticket);
+  }
+  return true;
+}
+
+void Group::FailEpoch(const absl::Status& status, uint32_t epoch, bool report,
+                      const absl::Status* cause) {
+  std::vector<Arrival> to_fail;
+  std::vector<uint64_t> to_abort;
+  uint32_t failed_epoch = 0;
+  {
+    absl::MutexLock l(&mu_);
+    if (epoch != 0 && epoch != epoch_) return;  // that epoch is over already
+    if (FailEpochLocked(status, &to_fail, &to_abort)) failed_epoch = epoch_;
+  }
+  if (report && failed_epoch != 0 && spans_nodes() && spec_.on_epoch_failed) {
+    spec_.on_epoch_failed(failed_epoch, cause != nullptr ? *cause : status);
+  }
+  // Running operations end through the engine (aborted where it can), or at
+  // their deadline.
+  for (uint64_t t : to_abort) engine_->Abort(t, status);
+  if (!to_fail.empty()) Notify(std::move(to_fail), status, 0, 0);
+}
+
+void Group::MemberLeft(const Session* session, const std::string& why) {
+  absl::Status status;
+  {
+    absl::MutexLock l(&mu_);
+    int rank = -1;
+    for (int r : local_ranks_) {
+      if (members_[r].get() == session) rank = r;
+    }
+    if (rank < 0) return;
+    members_[rank].reset();
+    joined_epoch_[rank] = 0;
+    status = absl::AbortedError(absl::StrCat(
+        "rank ", spec_.ranks[rank], " left the job (", why, "); epoch ", epoch_, " of group ",
+        spec_.id, " (job \"", spec_.job_id, "\") ended: join the group again to continue"));
+  }
+  FailEpoch(status, 0, /*report=*/true);
+}
+
+void Group::PeerLost(int node, const std::string& why) {
+  std::vector<int> lost;
+  for (int r = 0; r < size(); ++r) {
+    if (!spec_.nodes.empty() && spec_.nodes[r] == node && !IsLocal(r)) lost.push_back(r);
+  }
+  if (lost.empty()) return;
+  const absl::Status status = absl::AbortedError(
+      absl::StrCat("node ", node, " hosting rank(s) ", RanksList(lost), " was lost (", why,
+                   "); the epoch of group ", spec_.id, " (job \"", spec_.job_id, "\") ended"));
+  {
+    absl::MutexLock l(&mu_);
+    for (int r : lost) joined_epoch_[r] = 0;
+    // Already failed (the engine saw the link break first): later
+    // submissions hear the cause instead.
+    if (!epoch_failure_.ok()) epoch_failure_ = status;
+  }
+  // Reported too: the others know already, but the coordinator then records
+  // the failed epoch, so a restarted node's new group starts in line.
+  FailEpoch(status, 0, /*report=*/true);
+}
+
+}  // namespace hsdp
