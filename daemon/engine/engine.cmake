@@ -41,7 +41,12 @@ add_library(hsdp_engine STATIC
   ${CMAKE_CURRENT_LIST_DIR}/cpu/cpu_engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu/partial_reduce.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu/thread_pool.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_all_gather.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_all_reduce.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_all_to_all.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_broadcast.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_ops.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_reduce_scatter.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_task.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/fake_transport.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/hierarchical_engine.cc
