@@ -41,10 +41,17 @@ add_library(hsdp_engine STATIC
   ${CMAKE_CURRENT_LIST_DIR}/cpu/cpu_engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu/partial_reduce.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu/thread_pool.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_all_gather.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_all_reduce.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_all_to_all.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_broadcast.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_ops.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_reduce_scatter.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_task.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/fake_transport.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/hierarchical_dependencies.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/hierarchical_engine.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/hierarchical_links.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/sidecar.cc)
 target_link_libraries(hsdp_engine PUBLIC hsdp_engine_api hsdp_device_engine hsdp_cpu_kernels
   hsdp_config hsdp_util absl::synchronization absl::strings)

@@ -31,6 +31,13 @@
 // against the local buffers before memory is touched.
 //
 // Thread-safety: RunCrossNode is reentrant; one call per link at a time.
+//
+// Files: cross_node_ops.cc holds RunCrossNode, the header round and the
+// local-stage and network helpers every algorithm uses; each algorithm has
+// its own file: cross_node_all_reduce.cc, cross_node_reduce_scatter.cc,
+// cross_node_all_gather.cc, cross_node_broadcast.cc (send/recv included) and
+// cross_node_all_to_all.cc. What they share is declared in
+// cross_node_internal.h.
 #ifndef HSDP_DAEMON_ENGINE_CLUSTER_CROSS_NODE_OPS_H_
 #define HSDP_DAEMON_ENGINE_CLUSTER_CROSS_NODE_OPS_H_
 
@@ -54,7 +61,7 @@ struct CrossNodeRun {
   NodeLink* link = nullptr;
   uint64_t* next_tag = nullptr;  // the link's exchange counter (same on every node)
   absl::Time deadline;
-  size_t chunk_bytes = 0;        // must be the same on every node (checked)
+  size_t chunk_bytes = 0;            // must be the same on every node (checked)
   size_t small_allreduce_bytes = 0;  // likewise; see HierarchicalEngineOptions
   Sidecar* sidecar = nullptr;
   Scratch* scratch = nullptr;
@@ -64,7 +71,8 @@ struct CrossNodeRun {
 };
 
 // Runs `task` (validated here) on `layout` over run.link.
-absl::Status RunCrossNode(const EngineTask& task, const TaskLayout& layout, const CrossNodeRun& run);
+absl::Status RunCrossNode(const EngineTask& task, const TaskLayout& layout,
+                          const CrossNodeRun& run);
 
 }  // namespace hsdp
 

@@ -30,6 +30,13 @@
 // Abort and Shutdown never wait for them. Shutdown completes everything
 // with UNAVAILABLE. All methods are thread-safe; callbacks run without
 // locks held.
+//
+// Files: hierarchical_engine.cc holds launching, each group's queue and its
+// scheduling on the workers, Abort and Shutdown; hierarchical_links.cc the
+// links (connecting, caching, dropping them) and running one task over its
+// link; hierarchical_dependencies.cc depends_on and the forwarding of
+// all-local tasks to the local engine; the class they share is declared in
+// hierarchical_engine_state.h.
 #ifndef HSDP_DAEMON_ENGINE_CLUSTER_HIERARCHICAL_ENGINE_H_
 #define HSDP_DAEMON_ENGINE_CLUSTER_HIERARCHICAL_ENGINE_H_
 
