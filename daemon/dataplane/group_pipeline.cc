@@ -99,6 +99,7 @@ EngineTask Group::Lower(const PendingOp& op) const {
     }
   }
   t.priority = PriorityOf(t.collective);
+  t.job = job().Encoded();
   return t;
 }
 

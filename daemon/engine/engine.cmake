@@ -39,6 +39,7 @@ add_library(hsdp_engine STATIC
   ${CMAKE_CURRENT_LIST_DIR}/engine_factory.cc
   ${CMAKE_CURRENT_LIST_DIR}/fake/fake_engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu/cpu_engine.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cpu/fair_queue.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu/partial_reduce.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu/thread_pool.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_all_gather.cc

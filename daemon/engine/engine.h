@@ -79,6 +79,11 @@ struct EngineTask {
   std::vector<EngineMember> members;
   // 0 runs first: all-gather and reduce-scatter (they gate compute), then 1.
   int priority = 1;
+  // Whose task, for engines that share their time among jobs (the CPU
+  // engine's FairQueue): the group's JobKey::Encoded(), and the job's class
+  // (a lower value is served first; 1 is the default class).
+  std::string job;
+  int qos_class = 1;
   // Tickets that must finish (successfully) before this task starts.
   std::vector<uint64_t> depends_on;
 

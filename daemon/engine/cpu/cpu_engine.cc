@@ -20,12 +20,12 @@ struct Range {
   uint64_t len;
 };
 
-// Splits `count` elements of `es` bytes into ranges of about kChunkBytes,
-// aligned to 64 elements.
-std::vector<Range> SplitElements(uint64_t count, size_t es) {
+// Splits elements [begin, end) of `es` bytes into ranges of about
+// kChunkBytes, aligned to 64 elements (from `begin`).
+std::vector<Range> SplitElements(uint64_t begin, uint64_t end, size_t es) {
   uint64_t per = std::max<uint64_t>(64, kChunkBytes / es / 64 * 64);
   std::vector<Range> out;
-  for (uint64_t b = 0; b < count; b += per) out.push_back({b, std::min(per, count - b)});
+  for (uint64_t b = begin; b < end; b += per) out.push_back({b, std::min(per, end - b)});
   return out;
 }
 
@@ -64,8 +64,26 @@ void ForEach(size_t n, cpu::ThreadPool* pool, const std::function<void(size_t)>&
 constexpr size_t kMaxRememberedTickets = 4096;
 
 void CpuEngine::Run(const EngineTask& t, cpu::ThreadPool* pool) {
+  RunRange(t, pool, 0, t.count);
+}
+
+bool CpuEngine::Sliceable(const EngineTask& t) {
+  switch (t.collective) {
+    case Collective::kAllReduce:
+    case Collective::kReduceScatter:
+    case Collective::kAllGather:
+    case Collective::kBroadcast:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void CpuEngine::RunRange(const EngineTask& t, cpu::ThreadPool* pool, uint64_t begin,
+                         uint64_t end) {
   const int n = static_cast<int>(t.members.size());
   if (t.count == 0 && t.collective != Collective::kAllToAll) return;  // matched; nothing moves
+  if (begin >= end && t.collective != Collective::kAllToAll) return;
   std::vector<const void*> send(n);
   std::vector<void*> recv(n);
   for (int r = 0; r < n; ++r) {
@@ -75,7 +93,7 @@ void CpuEngine::Run(const EngineTask& t, cpu::ThreadPool* pool) {
   const size_t es = DataTypeSize(t.spec.dtype);
   switch (t.collective) {
     case Collective::kAllReduce: {
-      const std::vector<Range> ranges = SplitElements(t.count, es);
+      const std::vector<Range> ranges = SplitElements(begin, end, es);
       ForEach(ranges.size(), pool, [&](size_t i) {
         const uint64_t off = ranges[i].begin * es;
         const void* in[64];
@@ -99,7 +117,7 @@ void CpuEngine::Run(const EngineTask& t, cpu::ThreadPool* pool) {
       break;
     }
     case Collective::kReduceScatter: {
-      const std::vector<Range> ranges = SplitElements(t.count, es);
+      const std::vector<Range> ranges = SplitElements(begin, end, es);
       const size_t per_rank = ranges.size();
       ForEach(per_rank * n, pool, [&](size_t i) {
         const int r = static_cast<int>(i / per_rank);
@@ -114,17 +132,19 @@ void CpuEngine::Run(const EngineTask& t, cpu::ThreadPool* pool) {
     }
     case Collective::kAllGather: {
       const uint64_t bytes = t.count * es;
+      const uint64_t from = begin * es, len = (end - begin) * es;
       std::vector<Copy> copies;
       for (int r = 0; r < n; ++r) {
         for (int j = 0; j < n; ++j) {
-          copies.push_back({static_cast<char*>(recv[r]) + uint64_t(j) * bytes,
-                            static_cast<const char*>(send[j]), bytes});
+          copies.push_back({static_cast<char*>(recv[r]) + uint64_t(j) * bytes + from,
+                            static_cast<const char*>(send[j]) + from, len});
         }
       }
       RunCopies(copies, pool);
       break;
     }
     case Collective::kAllToAll: {
+      if (begin != 0) return;  // not sliceable: runs whole at begin 0
       // Block j of member i goes to member j's slot i. Uneven blocks: offsets
       // are prefix sums of each member's counts (validated to fit).
       std::vector<Copy> copies;
@@ -152,8 +172,9 @@ void CpuEngine::Run(const EngineTask& t, cpu::ThreadPool* pool) {
     case Collective::kBroadcast: {
       std::vector<Copy> copies;
       for (int r = 0; r < n; ++r) {
-        copies.push_back({static_cast<char*>(recv[r]),
-                          static_cast<const char*>(send[t.root]), t.count * es});
+        copies.push_back({static_cast<char*>(recv[r]) + begin * es,
+                          static_cast<const char*>(send[t.root]) + begin * es,
+                          (end - begin) * es});
       }
       RunCopies(copies, pool);
       break;
@@ -163,8 +184,10 @@ void CpuEngine::Run(const EngineTask& t, cpu::ThreadPool* pool) {
   }
 }
 
-CpuEngine::CpuEngine(int threads, uint64_t inline_max_bytes)
-    : inline_max_bytes_(inline_max_bytes), pool_(std::max(1, threads)) {
+CpuEngine::CpuEngine(int threads, uint64_t inline_max_bytes, uint64_t slice_bytes)
+    : inline_max_bytes_(inline_max_bytes),
+      slice_bytes_(std::max<uint64_t>(slice_bytes, 64 * 1024)),
+      pool_(std::max(1, threads)) {
   executor_ = std::thread([this] { ExecutorLoop(); });
 }
 
@@ -192,8 +215,9 @@ uint64_t CpuEngine::Launch(EngineTask task, EngineCallbacks cb) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (!stopping_) {
-      queue_.push(Queued{task.priority, ticket, std::make_shared<EngineTask>(std::move(task)),
-                         std::make_shared<EngineCallbacks>(std::move(cb))});
+      queue_.Push(cpu::FairQueue::Entry{task.qos_class, task.job, task.priority, ticket});
+      queued_.emplace(ticket, Queued{std::make_shared<EngineTask>(std::move(task)),
+                                     std::make_shared<EngineCallbacks>(std::move(cb))});
       cv_.notify_one();
       return ticket;
     }
@@ -220,12 +244,8 @@ absl::Status CpuEngine::Precondition(const EngineTask& task, uint64_t ticket) {
   return absl::OkStatus();
 }
 
-void CpuEngine::Execute(uint64_t ticket, const EngineTask& task, const EngineCallbacks& cb,
-                        cpu::ThreadPool* pool) {
-  absl::Status status = Precondition(task, ticket);
-  const int64_t start = shm::NowNanos();
-  if (status.ok()) Run(task, pool);
-  const uint64_t exec_ns = static_cast<uint64_t>(shm::NowNanos() - start);
+void CpuEngine::Finish(uint64_t ticket, absl::Status status, uint64_t exec_ns,
+                       const EngineCallbacks& cb) {
   if (!status.ok()) {
     std::lock_guard<std::mutex> l(mu_);
     failed_[ticket] = status;  // before `launched`: a dependent may launch from it
@@ -235,9 +255,54 @@ void CpuEngine::Execute(uint64_t ticket, const EngineTask& task, const EngineCal
   cb.completed(std::move(status), exec_ns);
 }
 
+void CpuEngine::Execute(uint64_t ticket, const EngineTask& task, const EngineCallbacks& cb,
+                        cpu::ThreadPool* pool) {
+  absl::Status status = Precondition(task, ticket);
+  const int64_t start = shm::NowNanos();
+  if (status.ok()) Run(task, pool);
+  Finish(ticket, std::move(status), static_cast<uint64_t>(shm::NowNanos() - start), cb);
+}
+
+bool CpuEngine::RunSlice(uint64_t ticket, Queued& q) {
+  const EngineTask& task = *q.task;
+  // The first slice checks the dependencies and an abort that came while
+  // queued; later ones only an abort that came while running.
+  absl::Status status = absl::OkStatus();
+  if (!q.started) {
+    q.started = true;
+    status = Precondition(task, ticket);
+  } else {
+    std::lock_guard<std::mutex> l(mu_);
+    if (auto it = aborted_.find(ticket); it != aborted_.end()) {
+      status = it->second;
+      aborted_.erase(it);
+    }
+  }
+  if (!status.ok()) {
+    Finish(ticket, std::move(status), q.exec_ns, *q.callbacks);
+    return true;
+  }
+  const size_t es = DataTypeSize(task.spec.dtype);
+  uint64_t end = task.count;
+  if (Sliceable(task)) end = std::min(task.count, q.next + std::max<uint64_t>(1, slice_bytes_ / es));
+  const int64_t start = shm::NowNanos();
+  RunRange(task, &pool_, q.next, end);
+  q.exec_ns += static_cast<uint64_t>(shm::NowNanos() - start);
+  const uint64_t done_bytes = (end - q.next) * es * std::max<size_t>(1, task.members.size());
+  q.next = end;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    queue_.Charge(task.qos_class, task.job, done_bytes);
+  }
+  if (q.next < task.count) return false;
+  Finish(ticket, absl::OkStatus(), q.exec_ns, *q.callbacks);
+  return true;
+}
+
 void CpuEngine::Abort(uint64_t ticket, const absl::Status& why) {
-  // A running CPU task cannot be interrupted (it only touches memory this
-  // process keeps mapped); a queued one is failed when the executor takes it.
+  // A running slice cannot be interrupted (it only touches memory this
+  // process keeps mapped); a queued task, or the next slice of a running
+  // one, is failed when the executor takes it.
   std::lock_guard<std::mutex> l(mu_);
   if (ticket == 0 || ticket >= next_ticket_) return;
   aborted_[ticket] = why;
@@ -246,15 +311,23 @@ void CpuEngine::Abort(uint64_t ticket, const absl::Status& why) {
 
 void CpuEngine::ExecutorLoop() {
   for (;;) {
-    Queued q;
+    cpu::FairQueue::Entry e;
+    Queued* q = nullptr;
     {
       std::unique_lock<std::mutex> l(mu_);
       cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping and drained
-      q = queue_.top();
-      queue_.pop();
+      std::optional<cpu::FairQueue::Entry> next = queue_.Pop();
+      if (!next) return;  // stopping and drained
+      e = std::move(*next);
+      q = &queued_.at(e.order);  // map nodes are stable; only this thread erases
     }
-    Execute(q.order, *q.task, *q.callbacks, &pool_);
+    if (RunSlice(e.order, *q)) {
+      std::lock_guard<std::mutex> l(mu_);
+      queued_.erase(e.order);
+    } else {
+      std::lock_guard<std::mutex> l(mu_);
+      queue_.Push(e);  // after the slice: other jobs' work goes first
+    }
   }
 }
 

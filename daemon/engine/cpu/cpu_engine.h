@@ -3,14 +3,20 @@
 // writes every rank's output in the same pass; work is split across a
 // thread pool by element ranges.
 //
-// Threads: one executor thread takes queued tasks in priority order
-// (all-gather / reduce-scatter before all-reduce) and runs each on the pool.
-// Tasks of at most `inline_max_bytes` per rank run inline in the submitting
-// thread, single-threaded, for latency.
+// Threads: one executor thread serves queued tasks in the order of a
+// FairQueue (fair_queue.h): a lower qos_class first, jobs of one class
+// sharing the engine by bytes served, and within a job all-gather /
+// reduce-scatter before all-reduce. A task larger than `slice_bytes` per
+// rank runs in slices of that many bytes per rank and goes back to the
+// queue after each, so another job's (or a higher class's) task waits for
+// at most one slice. Tasks of at most `inline_max_bytes` per rank run inline
+// in the submitting thread, single-threaded, for latency.
 //
 // Ordering: a task is reported `launched` only once it has run (just before
 // `completed`), so a group never has two CPU tasks in flight and dependent
 // tasks (the composite's second phase) always start after their dependency.
+// An abort of a task that started ends it at its next slice boundary (its
+// outputs are then partly written, as for any failed operation).
 // Only host buffers of members on this node; anything else completes with
 // UNIMPLEMENTED naming what is missing.
 #ifndef HSDP_DAEMON_ENGINE_CPU_CPU_ENGINE_H_
@@ -21,10 +27,10 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <queue>
 #include <thread>
 #include <vector>
 
+#include "daemon/engine/cpu/fair_queue.h"
 #include "daemon/engine/cpu/thread_pool.h"
 #include "daemon/engine/engine.h"
 
@@ -32,8 +38,10 @@ namespace hsdp {
 
 class CpuEngine : public Engine {
  public:
-  // threads: total threads used for large tasks (>= 1).
-  CpuEngine(int threads, uint64_t inline_max_bytes);
+  // threads: total threads used for large tasks (>= 1). slice_bytes: bytes
+  // per rank a queued task runs before the queue is consulted again.
+  static constexpr uint64_t kDefaultSliceBytes = 4ull << 20;
+  CpuEngine(int threads, uint64_t inline_max_bytes, uint64_t slice_bytes = kDefaultSliceBytes);
   ~CpuEngine() override;
 
   absl::Status CreateGroup(const EngineGroupSpec&) override { return absl::OkStatus(); }
@@ -49,16 +57,21 @@ class CpuEngine : public Engine {
   // Runs `task` to completion on `pool` (or single-threaded when null).
   // Exposed for tests and benchmarks.
   static void Run(const EngineTask& task, cpu::ThreadPool* pool);
+  // Runs elements [begin, end) of `task` (of `count` per rank; the whole
+  // task for all-to-all and barrier, which take begin 0 only).
+  static void RunRange(const EngineTask& task, cpu::ThreadPool* pool, uint64_t begin,
+                       uint64_t end);
+  // Whether RunRange can split `task` (all but all-to-all and barrier).
+  static bool Sliceable(const EngineTask& task);
 
  private:
+  // A task taken by the queue: what is left of it and what it cost so far.
   struct Queued {
-    int priority;
-    uint64_t order;  // also the ticket
     std::shared_ptr<EngineTask> task;
     std::shared_ptr<EngineCallbacks> callbacks;
-    bool operator<(const Queued& o) const {  // max-heap: lower priority value first, then FIFO
-      return priority != o.priority ? priority > o.priority : order > o.order;
-    }
+    uint64_t next = 0;     // elements done (sliced tasks)
+    uint64_t exec_ns = 0;  // time in its slices so far
+    bool started = false;  // its precondition was checked
   };
   void ExecutorLoop();
   // Non-OK when a dependency of `task` failed (or `ticket` was aborted).
@@ -66,12 +79,18 @@ class CpuEngine : public Engine {
   // Runs the task (or not, on a failed precondition) and reports it.
   void Execute(uint64_t ticket, const EngineTask& task, const EngineCallbacks& cb,
                cpu::ThreadPool* pool);
+  // Reports a finished task (records a failure for its dependents first).
+  void Finish(uint64_t ticket, absl::Status status, uint64_t exec_ns, const EngineCallbacks& cb);
+  // Runs one slice of queued task `ticket`; true when the task is finished.
+  bool RunSlice(uint64_t ticket, Queued& q);
 
   const uint64_t inline_max_bytes_;
+  const uint64_t slice_bytes_;
   cpu::ThreadPool pool_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::priority_queue<Queued> queue_;  // guarded by mu_
+  cpu::FairQueue queue_;                // guarded by mu_
+  std::map<uint64_t, Queued> queued_;   // by ticket; guarded by mu_
   uint64_t next_ticket_ = 1;           // guarded by mu_
   bool stopping_ = false;              // guarded by mu_
   // Aborted tickets not yet run, and recently failed tickets (for tasks

@@ -7,7 +7,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
+#include <atomic>
 #include <future>
+#include <string>
 #include <mutex>
 #include <vector>
 
@@ -139,10 +142,16 @@ class CpuEngineCollectiveTest : public ::testing::TestWithParam<int> {
   int n() const { return GetParam(); }
   cpu::ThreadPool pool_{3};
 
-  // Runs the task on the pool for large counts, inline otherwise.
+  // Runs the task on the pool for large counts, inline otherwise; in
+  // slices of `slice_` elements (as the engine's queue does) when set.
   void Run(const EngineTask& t, uint64_t count) {
-    CpuEngine::Run(t, count > 50000 ? &pool_ : nullptr);
+    cpu::ThreadPool* pool = count > 50000 ? &pool_ : nullptr;
+    if (slice_ == 0 || !CpuEngine::Sliceable(t)) return CpuEngine::Run(t, pool);
+    for (uint64_t b = 0; b < t.count; b += slice_) {
+      CpuEngine::RunRange(t, pool, b, std::min(t.count, b + slice_));
+    }
   }
+  uint64_t slice_ = 0;
 
   // All-reduce of `count` elements; `in_place` uses send == recv.
   void CheckAllReduce(const ReduceSpec& spec, uint64_t count, bool in_place) {
@@ -344,6 +353,21 @@ TEST_P(CpuEngineCollectiveTest, LargeOddCountsOnThePool) {
   CheckBroadcast(DataType::kInt32, 100001, n() - 1, false);
 }
 
+TEST_P(CpuEngineCollectiveTest, RunInSlicesEqualsTheReference) {
+  // Slices that split the 64-element alignment and the parallel chunks.
+  for (uint64_t slice : {1ull, 997ull, 70001ull}) {
+    slice_ = slice;
+    SCOPED_TRACE(slice);
+    CheckAllReduce(Spec(DataType::kFloat32, ReduceOp::kSum), slice == 1 ? 301 : 100003, false);
+    CheckAllReduce(Spec(DataType::kBFloat16, ReduceOp::kAvg), slice == 1 ? 129 : 70001, true);
+    CheckReduceScatter(Spec(DataType::kFloat32, ReduceOp::kMax), slice == 1 ? 77 : 65537, false);
+    CheckReduceScatter(Spec(DataType::kFloat16, ReduceOp::kSum), slice == 1 ? 65 : 40001, true);
+    CheckAllGather(DataType::kFloat32, slice == 1 ? 99 : 70001, true);
+    CheckAllGather(DataType::kInt64, slice == 1 ? 33 : 30011, false);
+    CheckBroadcast(DataType::kInt32, slice == 1 ? 130 : 100001, n() - 1, false);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, CpuEngineCollectiveTest, ::testing::Values(1, 2, 3, 4),
                          [](const auto& info) { return "n" + std::to_string(info.param); });
 
@@ -412,6 +436,162 @@ TEST(CpuEngineTest, SubmitAfterShutdownFailsUnavailable) {
   });
   EXPECT_TRUE(called);
   EXPECT_EQ(got.code(), absl::StatusCode::kUnavailable);
+}
+
+
+// A float32 all-reduce of `count` elements over two ranks of `mem` (4 floats
+// per element: in0, in1, out0, out1), queued (inline_max_bytes 0) as job `job`.
+EngineTask BigAllReduce(std::vector<float>* mem, uint64_t count, const std::string& job,
+                        int qos_class = 1) {
+  mem->assign(4 * count, 0.0f);
+  for (uint64_t i = 0; i < count; ++i) {
+    (*mem)[i] = float(i % 7);
+    (*mem)[count + i] = 1.0f;
+  }
+  EngineTask t;
+  t.collective = Collective::kAllReduce;
+  t.spec.dtype = DataType::kFloat32;
+  t.count = count;
+  t.job = job;
+  t.qos_class = qos_class;
+  AddRank(&t, mem->data(), mem->data() + 2 * count);
+  AddRank(&t, mem->data() + count, mem->data() + 3 * count);
+  return t;
+}
+
+void ExpectAllReduced(const std::vector<float>& mem, uint64_t count) {
+  for (uint64_t i = 0; i < count; ++i) {
+    ASSERT_EQ(mem[2 * count + i], float(i % 7) + 1.0f) << i;
+    ASSERT_EQ(mem[3 * count + i], float(i % 7) + 1.0f) << i;
+  }
+}
+
+// Holds the executor in a queued task's completion until released, so that
+// the tasks queued meanwhile are ordered by the queue alone.
+struct Blocker {
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::vector<float> mem = {1.0f, 0.0f};
+  explicit Blocker(CpuEngine* engine) {
+    Submit(engine, SmallTask(Collective::kBroadcast, &mem), [this](absl::Status, uint64_t) {
+      entered.set_value();
+      released.wait();
+    });
+    entered.get_future().wait();
+  }
+};
+
+TEST(CpuEngineQosTest, AnotherJobsTaskRunsBetweenTheSlicesOfALargeOne) {
+  // 64 slices of 64 KiB per rank: job b's task, queued behind job a's, ends
+  // long before a's does, and both are right.
+  CpuEngine engine(1, /*inline_max_bytes=*/0, /*slice_bytes=*/64 << 10);
+  const uint64_t big = 64 * (64 << 10) / 4, small = 1024;
+  std::vector<float> a_mem, b_mem;
+  std::mutex mu;
+  std::vector<std::string> order;
+  auto record = [&](const char* name) {
+    return [&, name](absl::Status s, uint64_t) {
+      EXPECT_TRUE(s.ok()) << s;
+      std::lock_guard<std::mutex> l(mu);
+      order.push_back(name);
+    };
+  };
+  {
+    Blocker blocker(&engine);
+    Submit(&engine, BigAllReduce(&a_mem, big, "a"), record("a"));
+    Submit(&engine, BigAllReduce(&b_mem, small, "b"), record("b"));
+    blocker.release.set_value();
+  }
+  engine.Shutdown();  // drains the queue
+  EXPECT_EQ(order, (std::vector<std::string>{"b", "a"}));
+  ExpectAllReduced(a_mem, big);
+  ExpectAllReduced(b_mem, small);
+}
+
+TEST(CpuEngineQosTest, OneJobsLargeTaskDoesNotLetItsSecondGoAheadOfAnotherJob) {
+  // Job a queues two large tasks, then job b one: b's runs before a's second
+  // (in arrival order it would be last).
+  CpuEngine engine(1, 0, /*slice_bytes=*/64 << 10);
+  const uint64_t count = 4 * (64 << 10) / 4;
+  std::vector<float> a1, a2, b1;
+  std::mutex mu;
+  std::vector<std::string> order;
+  auto record = [&](const char* name) {
+    return [&, name](absl::Status s, uint64_t) {
+      EXPECT_TRUE(s.ok()) << s;
+      std::lock_guard<std::mutex> l(mu);
+      order.push_back(name);
+    };
+  };
+  {
+    Blocker blocker(&engine);
+    Submit(&engine, BigAllReduce(&a1, count, "a"), record("a1"));
+    Submit(&engine, BigAllReduce(&a2, count, "a"), record("a2"));
+    Submit(&engine, BigAllReduce(&b1, count, "b"), record("b1"));
+    blocker.release.set_value();
+  }
+  engine.Shutdown();
+  ASSERT_EQ(order.size(), 3u);
+  EXPECT_LT(std::find(order.begin(), order.end(), "b1"),
+            std::find(order.begin(), order.end(), "a2"));
+  ExpectAllReduced(a1, count);
+  ExpectAllReduced(a2, count);
+  ExpectAllReduced(b1, count);
+}
+
+TEST(CpuEngineQosTest, AHigherClassRunsFirst) {
+  CpuEngine engine(1, 0, /*slice_bytes=*/64 << 10);
+  const uint64_t count = 2 * (64 << 10) / 4;
+  std::vector<float> low, high;
+  std::mutex mu;
+  std::vector<std::string> order;
+  auto record = [&](const char* name) {
+    return [&, name](absl::Status s, uint64_t) {
+      EXPECT_TRUE(s.ok()) << s;
+      std::lock_guard<std::mutex> l(mu);
+      order.push_back(name);
+    };
+  };
+  {
+    Blocker blocker(&engine);
+    Submit(&engine, BigAllReduce(&low, count, "batch", /*qos_class=*/2), record("low"));
+    Submit(&engine, BigAllReduce(&high, count, "urgent", /*qos_class=*/0), record("high"));
+    blocker.release.set_value();
+  }
+  engine.Shutdown();
+  EXPECT_EQ(order, (std::vector<std::string>{"high", "low"}));
+}
+
+TEST(CpuEngineQosTest, AnAbortEndsARunningTaskAtItsNextSlice) {
+  // Job a's task (32 slices) starts; job b's small task runs after a's first
+  // slice and, when it completes, aborts a: a ends ABORTED at its next slice
+  // boundary, with only its first slice written.
+  CpuEngine engine(1, 0, /*slice_bytes=*/64 << 10);
+  const uint64_t count = 32 * (64 << 10) / 4, small = 1024;
+  std::vector<float> a_mem, b_mem;
+  std::promise<absl::Status> a_done;
+  std::atomic<uint64_t> a_ticket{0};
+  {
+    Blocker blocker(&engine);
+    EngineCallbacks cb;
+    cb.launched = [](uint64_t) {};
+    cb.completed = [&](absl::Status s, uint64_t) { a_done.set_value(s); };
+    a_ticket = engine.Launch(BigAllReduce(&a_mem, count, "a"), std::move(cb));
+    Submit(&engine, BigAllReduce(&b_mem, small, "b"), [&](absl::Status s, uint64_t) {
+      EXPECT_TRUE(s.ok()) << s;
+      engine.Abort(a_ticket.load(), absl::AbortedError("rank 1 left"));
+    });
+    blocker.release.set_value();
+  }
+  absl::Status s = a_done.get_future().get();
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(s.message(), "rank 1 left");
+  ExpectAllReduced(b_mem, small);
+  const uint64_t slice = (64 << 10) / 4;
+  EXPECT_EQ(a_mem[2 * count], 1.0f) << "the first slice ran";
+  EXPECT_EQ(a_mem[2 * count + slice - 1], float((slice - 1) % 7) + 1.0f);
+  EXPECT_EQ(a_mem[2 * count + slice], 0.0f) << "the second slice did not";
+  EXPECT_EQ(a_mem[3 * count - 1], 0.0f);
 }
 
 }  // namespace
