@@ -180,13 +180,13 @@ class ComposeConfigTest(unittest.TestCase):
         self.assertEqual(check_cluster(self.cfg), [])
 
     def test_expected_addresses(self):
-        want = {"hsdpd-node0": "172.30.77.10", "hsdpd-node1": "172.30.77.11",
-                "trainer-node0": "172.30.77.20", "trainer-node1": "172.30.77.21"}
+        want = {"hsdpd-node0": "198.18.77.10", "hsdpd-node1": "198.18.77.11",
+                "trainer-node0": "198.18.77.20", "trainer-node1": "198.18.77.21"}
         got = {n: s["networks"]["cluster"]["ipv4_address"]
                for n, s in self.cfg["services"].items()}
         self.assertEqual(got, want)
         self.assertEqual(self.cfg["networks"]["cluster"]["ipam"]["config"][0]["subnet"],
-                         "172.30.77.0/24")
+                         "198.18.77.0/24")
 
     def test_token_is_a_secret_file(self):
         self.assertEqual(self.cfg["secrets"]["cluster-token"]["file"], self.token)
@@ -212,7 +212,7 @@ class ComposeConfigTest(unittest.TestCase):
         model = netns_compose.load(self.cfg, SRC, os.path.join(SRC, "build"))
         self.assertEqual([d.name for d in model["nodes"]], ["hsdpd-node0", "hsdpd-node1"])
         self.assertEqual([netns_compose.node_addresses(model, d) for d in model["nodes"]],
-                         [["172.30.77.10", "172.30.77.20"], ["172.30.77.11", "172.30.77.21"]])
+                         [["198.18.77.10", "198.18.77.20"], ["198.18.77.11", "198.18.77.21"]])
         for name in ("trainer-node0", "trainer-node1"):
             t = model["services"][name]
             self.assertIs(t.node, model["services"][name.replace("trainer", "hsdpd")])
@@ -230,7 +230,7 @@ class ComposeConfigTest(unittest.TestCase):
         self.assertTrue(broken(lambda c: s(c, "hsdpd-node1").pop("secrets")))
         self.assertTrue(broken(lambda c: s(c, "trainer-node1")["environment"].update(RANK="0")))
         self.assertTrue(broken(lambda c: s(c, "hsdpd-node1")["networks"]["cluster"].update(
-            ipv4_address="172.30.77.10")))
+            ipv4_address="198.18.77.10")))
         self.assertTrue(broken(lambda c: s(c, "trainer-node0").update(ipc="service:hsdpd-node1")))
         self.assertTrue(broken(lambda c: c["services"].pop("hsdpd-node1")))
 
