@@ -75,6 +75,10 @@ def check_cluster(cfg, read_file=read):
     if len(subnets) != 1:
         return errs + [f"network {net_name}: expected one fixed subnet, got {subnets}"]
     subnet = ipaddress.IPv4Network(subnets[0])
+    if not subnet.subnet_of(ipaddress.IPv4Network("198.18.0.0/15")):
+        errs.append(f"network {net_name}: {subnet} is outside 198.18.0.0/15 (test networks)")
+    if net.get("internal") is not True:
+        errs.append(f"network {net_name} is not internal (a route out of the machine)")
 
     def addr(name):
         a = ((services[name].get("networks") or {}).get(net_name) or {}).get("ipv4_address")
@@ -126,6 +130,8 @@ def check_cluster(cfg, read_file=read):
         elif token[len(SECRET_DIR):] not in secrets or "file" not in secrets[
                 token[len(SECRET_DIR):]]:
             errs.append(f"{d}: secret {token[len(SECRET_DIR):]} has no file")
+        if str(svc.get("image", "")).rsplit(":", 1)[0] != "hsdpd":
+            errs.append(f"{d}: image {svc.get('image')}, want hsdpd (no torch)")
         if "hsdpctl" not in str(svc.get("healthcheck", {}).get("test")):
             errs.append(f"{d}: no hsdpctl health check")
     tokens = {nodes[d]["cluster"].get("token_file") for d in daemons if "cluster" in nodes[d]}
@@ -143,6 +149,8 @@ def check_cluster(cfg, read_file=read):
             errs.append(f"{t}: does not share {d}'s socket directory {os.path.dirname(socket)}")
         if env.get("HSDPD_SOCKET") != socket:
             errs.append(f"{t}: HSDPD_SOCKET {env.get('HSDPD_SOCKET')} != {d}'s {socket}")
+        if str(svc.get("image", "")).rsplit(":", 1)[0] != "hsdpd-trainer":
+            errs.append(f"{t}: image {svc.get('image')}, want hsdpd-trainer")
         if svc.get("ipc") != f"service:{d}":
             errs.append(f"{t}: ipc {svc.get('ipc')}, want service:{d}")
         if (svc.get("depends_on") or {}).get(d, {}).get("condition") != "service_healthy":
@@ -233,6 +241,10 @@ class ComposeConfigTest(unittest.TestCase):
             ipv4_address="198.18.77.10")))
         self.assertTrue(broken(lambda c: s(c, "trainer-node0").update(ipc="service:hsdpd-node1")))
         self.assertTrue(broken(lambda c: c["services"].pop("hsdpd-node1")))
+        self.assertTrue(broken(lambda c: c["networks"]["cluster"].pop("internal")))
+        self.assertTrue(broken(lambda c: c["networks"]["cluster"]["ipam"]["config"][0].update(
+            subnet="172.30.77.0/24")))
+        self.assertTrue(broken(lambda c: s(c, "trainer-node0").update(image="hsdpd:latest")))
 
         def swap_yaml(c):  # node 1 mounts node 0's file: listen and rank are wrong
             vols = s(c, "hsdpd-node1")["volumes"]
