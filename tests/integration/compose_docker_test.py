@@ -127,6 +127,20 @@ def sweep():
     return gone
 
 
+def sweep_images():
+    """Removes hsdpd[-trainer]:ct<pid> images of setups that no longer run
+    (a setup killed before it recorded its tag); the bases stay."""
+    gone = []
+    out = docker("images", "--format", "{{.Repository}}:{{.Tag}}")
+    for ref in out.split():
+        repo, _, tag = ref.partition(":")
+        m = re.match(r"^ct(\d+)$", tag)
+        if repo in ("hsdpd", "hsdpd-trainer") and m and not _alive(int(m.group(1))):
+            docker("rmi", "-f", ref, check=False)
+            gone.append(ref)
+    return gone
+
+
 # --- a compose project -------------------------------------------------------
 class Project:
     """One `docker-compose -p hsdpt<pid>` run of the compose file(s)."""
@@ -566,6 +580,9 @@ def setup():
         with open(old) as f:
             print(f"removed old images: {docker_images.remove(json.load(f)['tag'])}")
         os.unlink(old)
+    gone = sweep_images()
+    if gone:
+        print(f"removed leftover images: {gone}")
     tag = f"ct{os.getpid()}"
     t0 = time.monotonic()
     info = docker_images.build(BUILD, tag)

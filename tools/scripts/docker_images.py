@@ -211,7 +211,7 @@ def torch_image(base):
 
 def _foreign_libraries(files):
     """Shared libraries `files` link (ldd) that no Debian package owns."""
-    out = set()
+    libs = set()
     for f in files:
         r = subprocess.run(["ldd", f], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True, timeout=60)
@@ -219,16 +219,20 @@ def _foreign_libraries(files):
             if "not found" in line:
                 raise ImageError(f"{f}: {line.strip()}")
             parts = line.split("=>")
-            if len(parts) != 2 or not parts[1].strip().startswith("/"):
-                continue
-            lib = parts[1].split()[0]
-            owned = subprocess.run(["dpkg", "-S", os.path.realpath(lib)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            owned2 = subprocess.run(["dpkg", "-S", lib], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
-            if owned.returncode != 0 and owned2.returncode != 0:
-                out.add(lib)
-    return sorted(out)
+            if len(parts) == 2 and parts[1].strip().startswith("/"):
+                libs.add(parts[1].split()[0])
+    # The files of every installed package (dpkg's lists; `dpkg -S` per file
+    # is seconds each on a busy machine). A package names a file under the
+    # path it installed (/lib or /usr/lib, the link or its target).
+    owned = set()
+    info = "/var/lib/dpkg/info"
+    for name in os.listdir(info):
+        if name.endswith(".list"):
+            with open(os.path.join(info, name), errors="replace") as f:
+                owned.update(line.rstrip("\n") for line in f if ".so" in line)
+    owned |= {os.path.realpath(p) for p in owned}
+    return sorted(lib for lib in libs
+                  if lib not in owned and os.path.realpath(lib) not in owned)
 
 
 def stage_context(build_dir, ctx):
