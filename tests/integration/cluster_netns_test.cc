@@ -44,7 +44,7 @@ int64_t ResultMs(const std::string& out) {
 }
 
 // Node i's address; only ever assigned inside the test's own namespaces.
-std::string Addr(int node) { return absl::StrCat("172.30.78.", 10 + node); }
+std::string Addr(int node) { return absl::StrCat("198.18.78.", 10 + node); }
 
 class ClusterNetnsTest : public ::testing::Test {
  protected:

@@ -75,6 +75,10 @@ def check_cluster(cfg, read_file=read):
     if len(subnets) != 1:
         return errs + [f"network {net_name}: expected one fixed subnet, got {subnets}"]
     subnet = ipaddress.IPv4Network(subnets[0])
+    if not subnet.subnet_of(ipaddress.IPv4Network("198.18.0.0/15")):
+        errs.append(f"network {net_name}: {subnet} is outside 198.18.0.0/15 (test networks)")
+    if net.get("internal") is not True:
+        errs.append(f"network {net_name} is not internal (a route out of the machine)")
 
     def addr(name):
         a = ((services[name].get("networks") or {}).get(net_name) or {}).get("ipv4_address")
@@ -126,6 +130,8 @@ def check_cluster(cfg, read_file=read):
         elif token[len(SECRET_DIR):] not in secrets or "file" not in secrets[
                 token[len(SECRET_DIR):]]:
             errs.append(f"{d}: secret {token[len(SECRET_DIR):]} has no file")
+        if str(svc.get("image", "")).rsplit(":", 1)[0] != "hsdpd":
+            errs.append(f"{d}: image {svc.get('image')}, want hsdpd (no torch)")
         if "hsdpctl" not in str(svc.get("healthcheck", {}).get("test")):
             errs.append(f"{d}: no hsdpctl health check")
     tokens = {nodes[d]["cluster"].get("token_file") for d in daemons if "cluster" in nodes[d]}
@@ -143,6 +149,8 @@ def check_cluster(cfg, read_file=read):
             errs.append(f"{t}: does not share {d}'s socket directory {os.path.dirname(socket)}")
         if env.get("HSDPD_SOCKET") != socket:
             errs.append(f"{t}: HSDPD_SOCKET {env.get('HSDPD_SOCKET')} != {d}'s {socket}")
+        if str(svc.get("image", "")).rsplit(":", 1)[0] != "hsdpd-trainer":
+            errs.append(f"{t}: image {svc.get('image')}, want hsdpd-trainer")
         if svc.get("ipc") != f"service:{d}":
             errs.append(f"{t}: ipc {svc.get('ipc')}, want service:{d}")
         if (svc.get("depends_on") or {}).get(d, {}).get("condition") != "service_healthy":
@@ -180,13 +188,13 @@ class ComposeConfigTest(unittest.TestCase):
         self.assertEqual(check_cluster(self.cfg), [])
 
     def test_expected_addresses(self):
-        want = {"hsdpd-node0": "172.30.77.10", "hsdpd-node1": "172.30.77.11",
-                "trainer-node0": "172.30.77.20", "trainer-node1": "172.30.77.21"}
+        want = {"hsdpd-node0": "198.18.77.10", "hsdpd-node1": "198.18.77.11",
+                "trainer-node0": "198.18.77.20", "trainer-node1": "198.18.77.21"}
         got = {n: s["networks"]["cluster"]["ipv4_address"]
                for n, s in self.cfg["services"].items()}
         self.assertEqual(got, want)
         self.assertEqual(self.cfg["networks"]["cluster"]["ipam"]["config"][0]["subnet"],
-                         "172.30.77.0/24")
+                         "198.18.77.0/24")
 
     def test_token_is_a_secret_file(self):
         self.assertEqual(self.cfg["secrets"]["cluster-token"]["file"], self.token)
@@ -212,7 +220,7 @@ class ComposeConfigTest(unittest.TestCase):
         model = netns_compose.load(self.cfg, SRC, os.path.join(SRC, "build"))
         self.assertEqual([d.name for d in model["nodes"]], ["hsdpd-node0", "hsdpd-node1"])
         self.assertEqual([netns_compose.node_addresses(model, d) for d in model["nodes"]],
-                         [["172.30.77.10", "172.30.77.20"], ["172.30.77.11", "172.30.77.21"]])
+                         [["198.18.77.10", "198.18.77.20"], ["198.18.77.11", "198.18.77.21"]])
         for name in ("trainer-node0", "trainer-node1"):
             t = model["services"][name]
             self.assertIs(t.node, model["services"][name.replace("trainer", "hsdpd")])
@@ -230,9 +238,13 @@ class ComposeConfigTest(unittest.TestCase):
         self.assertTrue(broken(lambda c: s(c, "hsdpd-node1").pop("secrets")))
         self.assertTrue(broken(lambda c: s(c, "trainer-node1")["environment"].update(RANK="0")))
         self.assertTrue(broken(lambda c: s(c, "hsdpd-node1")["networks"]["cluster"].update(
-            ipv4_address="172.30.77.10")))
+            ipv4_address="198.18.77.10")))
         self.assertTrue(broken(lambda c: s(c, "trainer-node0").update(ipc="service:hsdpd-node1")))
         self.assertTrue(broken(lambda c: c["services"].pop("hsdpd-node1")))
+        self.assertTrue(broken(lambda c: c["networks"]["cluster"].pop("internal")))
+        self.assertTrue(broken(lambda c: c["networks"]["cluster"]["ipam"]["config"][0].update(
+            subnet="172.30.77.0/24")))
+        self.assertTrue(broken(lambda c: s(c, "trainer-node0").update(image="hsdpd:latest")))
 
         def swap_yaml(c):  # node 1 mounts node 0's file: listen and rank are wrong
             vols = s(c, "hsdpd-node1")["volumes"]

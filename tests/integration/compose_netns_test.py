@@ -75,8 +75,8 @@ class ComposeNetnsTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, out)
         self.assertIn("netns cluster OK: 2 nodes", out)
         # Each service ran in its node's namespace on its compose address.
-        for svc, addr in (("hsdpd-node0", "172.30.77.10"), ("hsdpd-node1", "172.30.77.11"),
-                          ("trainer-node0", "172.30.77.20"), ("trainer-node1", "172.30.77.21")):
+        for svc, addr in (("hsdpd-node0", "198.18.77.10"), ("hsdpd-node1", "198.18.77.11"),
+                          ("trainer-node0", "198.18.77.20"), ("trainer-node1", "198.18.77.21")):
             self.assertRegex(out, rf"start {svc} in \S+-n{svc[-1]} \({addr}")
         # Both ranks trained through their own node's daemon and the loss fell.
         for rank in (0, 1):
@@ -86,7 +86,7 @@ class ComposeNetnsTest(unittest.TestCase):
             self.assertIsNotNone(m, log)
             self.assertLess(float(m.group(2)), float(m.group(1)), log)
         # The member joined the coordinator over the bridge.
-        self.assertRegex(self.log("hsdpd-node1"), r"172\.30\.77\.10:7070")
+        self.assertRegex(self.log("hsdpd-node1"), r"198\.18\.77\.10:7070")
         self.assertEqual(namespaces_of(p.pid), [])
 
     def test_cleans_up_after_a_timeout(self):

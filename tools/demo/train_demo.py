@@ -229,7 +229,8 @@ def check_losses(losses):
 def main_env(args):
     """One rank of a job whose ranks run on several nodes (torchrun-style env)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    print(f"hsdpd demo: rank {rank} of {world}, {args.mode}, {args.steps} steps, socket "
+    mode = args.mode + (" (HSDP 2-D mesh)" if args.hsdp else "")
+    print(f"hsdpd demo: rank {rank} of {world}, {mode}, {args.steps} steps, socket "
           f"{os.environ.get('HSDPD_SOCKET', '(default)')}, store "
           f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}", flush=True)
     results = queue.SimpleQueue()

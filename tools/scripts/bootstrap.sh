@@ -14,6 +14,7 @@ PACKAGES=(
   # from PyPI into the venv of tools/scripts/python_env.sh (build/venv).
   python3 python3-dev python3-venv python3-pip pybind11-dev python3-pybind11
   iproute2 docker-compose python3-yaml  # the compose check and the netns cluster tests
+  docker.io debootstrap binutils  # the compose cluster on a real engine (images built locally)
 )
 
 missing=()

@@ -133,7 +133,7 @@ class Runner:
                 a = os.environ["HSDP_PYTHON"]
             elif i == 0 and not a.startswith("/"):
                 # The image's PATH first (its binaries are this build's).
-                for d in self.model["image"]["env"].get(
+                for d in svc.image["env"].get(
                         "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin").split(":"):
                     h = netns_compose.host_path(self.model, svc, f"{d}/{a}", self.run_dir)
                     if h and os.path.exists(h):
@@ -153,7 +153,7 @@ class Runner:
     def env_of(self, svc):
         env = {"PATH": SYSTEM_PATH,
                "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
-        for k, v in self.model["image"]["env"].items():
+        for k, v in svc.image["env"].items():
             if k != "PATH":
                 env[k] = _map_value(self.model, svc, v, self.run_dir)
         for k, v in (svc.spec.get("environment") or {}).items():

@@ -8,9 +8,10 @@ or a named volume, the fixed addresses of each on the compose network, and
 per service the command, environment, health check and the files it sees,
 mapped from container paths to paths on this machine:
 
-- the image's files: the last stage's `COPY` lines, where `/build/...` from
-  the build stage is the local build directory and other sources are in the
-  build context (the checkout);
+- the files of the service's image (the deploy/Dockerfile stage its image is
+  named after: hsdpd, hsdpd-trainer), from its `COPY` lines, where `build/...`
+  is the local build directory and other sources are in the checkout (the
+  context tools/scripts/docker_images.py stages has the same paths);
 - named volumes (a directory per volume under the run directory), bind
   mounts (their host path), secrets (a private 0600 copy under
   /run/secrets/<target>).
@@ -50,25 +51,46 @@ def _json_or_shell(rest):
     return ["/bin/sh", "-c", rest]
 
 
-def parse_dockerfile(path, context, build_dir):
-    """The last stage's ENV, ENTRYPOINT, CMD and COPY'd files.
+def _stage_files(src, dest, context, build_dir):
+    """{container path: host path} of one COPY source: `build/...` is the
+    local build directory (docker_images.py stages it so), anything else the
+    checkout."""
+    if src == "build" or src.startswith("build/"):
+        host = os.path.join(build_dir, src[len("build"):].lstrip("/"))
+    else:
+        host = os.path.join(context, src)
+    target = (posixpath.join(dest, posixpath.basename(src.rstrip("/")))
+              if dest.endswith("/") and not src.endswith("/") else dest)
+    return target, host
 
-    Returns {"env": {...}, "entrypoint": [...], "cmd": [...],
-    "files": {container_path: host_path}} (paths of files or directories)."""
+
+def parse_dockerfile(path, context, build_dir):
+    """Every stage's ENV, ENTRYPOINT, CMD and COPY'd files.
+
+    Returns {stage name: {"env": {...}, "entrypoint": [...], "cmd": [...],
+    "files": {container_path: host_path}}} (paths of files or directories).
+    A stage FROM another stage starts with its values; `COPY --from=STAGE`
+    takes the files STAGE copied (only `/` to `/` is supported)."""
     with open(path) as f:
         lines = f.read().replace("\\\n", " ").splitlines()
-    stage = []
+    stages = {}
+    img = None
     for line in lines:
-        if line.strip().upper().startswith("FROM "):
-            stage = []
-        stage.append(line.strip())
-    img = {"env": {}, "entrypoint": [], "cmd": [], "files": {}}
-    for line in stage:
+        line = line.strip()
         if not line or line.startswith("#"):
             continue
         word, _, rest = line.partition(" ")
         word = word.upper()
-        if word == "ENV":
+        if word == "FROM":
+            parts = rest.split()
+            parent = stages.get(parts[0])
+            img = (json.loads(json.dumps(parent)) if parent else
+                   {"env": {}, "entrypoint": [], "cmd": [], "files": {}})
+            name = parts[2] if len(parts) == 3 and parts[1].upper() == "AS" else str(len(stages))
+            stages[name] = img
+        elif img is None:
+            continue
+        elif word == "ENV":
             parts = shlex.split(rest)
             if len(parts) == 2 and "=" not in parts[0]:
                 img["env"][parts[0]] = parts[1]
@@ -78,6 +100,7 @@ def parse_dockerfile(path, context, build_dir):
                     img["env"][k] = v
         elif word == "ENTRYPOINT":
             img["entrypoint"] = _json_or_shell(rest)
+            img["cmd"] = []
         elif word == "CMD":
             img["cmd"] = _json_or_shell(rest)
         elif word == "COPY":
@@ -88,17 +111,15 @@ def parse_dockerfile(path, context, build_dir):
                     from_stage = args[0][len("--from="):]
                 args = args[1:]
             *srcs, dest = args
+            if from_stage is not None:
+                if from_stage not in stages or srcs != ["/"] or dest != "/":
+                    raise ComposeError(f"{path}: cannot map COPY --from={from_stage} {srcs}")
+                img["files"].update(stages[from_stage]["files"])
+                continue
             for src in srcs:
-                if from_stage is not None:
-                    if not (src == "/build" or src.startswith("/build/")):
-                        raise ComposeError(f"{path}: cannot map COPY --from source {src}")
-                    host = os.path.join(build_dir, src[len("/build"):].lstrip("/"))
-                else:
-                    host = os.path.join(context, src)
-                target = (posixpath.join(dest, posixpath.basename(src.rstrip("/")))
-                          if dest.endswith("/") else dest)
+                target, host = _stage_files(src, dest, context, build_dir)
                 img["files"][target] = host
-    return img
+    return stages
 
 
 class Service:
@@ -144,7 +165,7 @@ def _parse_mounts(svc, spec):
 
 def load(config, context, build_dir):
     """The cluster of a parsed compose config: {"network": ..., "prefix_len",
-    "image": parsed Dockerfile, "services": {name: Service}, "nodes": [daemon
+    "images": deploy/Dockerfile's stages, "services": {name: Service}, "nodes": [daemon
     Service, ...] in the order of their addresses, "secrets": {name: file}}."""
     services = config.get("services") or {}
     networks = config.get("networks") or {}
@@ -155,22 +176,19 @@ def load(config, context, build_dir):
     if len(subnets) != 1:
         raise ComposeError(f"network {net_name}: expected one fixed subnet, found {subnets}")
     subnet = ipaddress.IPv4Network(subnets[0])
-    built = [s for s in services.values() if "build" in s]
-    if len(built) != 1:
-        raise ComposeError("expected exactly one service with a build section (the image)")
-    b = built[0]["build"]
-    image_name = built[0].get("image")
-    image = parse_dockerfile(os.path.join(b["context"], b.get("dockerfile", "Dockerfile")),
-                             b["context"], build_dir)
+    stages = parse_dockerfile(os.path.join(context, "deploy", "Dockerfile"), context, build_dir)
     model = {"network": net_name, "subnet": str(subnet), "prefix_len": subnet.prefixlen,
-             "image": image, "services": {}, "nodes": [],
+             "images": stages, "services": {}, "nodes": [],
              "secrets": {k: v["file"] for k, v in (config.get("secrets") or {}).items()}}
     seen = {}
     for name, spec in services.items():
-        if spec.get("image") != image_name:
-            raise ComposeError(f"service {name}: image {spec.get('image')} is not the built "
-                               f"image {image_name}")
+        # An image of deploy/Dockerfile: its repository is the stage's name.
+        repo = str(spec.get("image", "")).rsplit(":", 1)[0]
+        if repo not in stages:
+            raise ComposeError(f"service {name}: image {spec.get('image')} is not one of "
+                               f"deploy/Dockerfile's ({', '.join(sorted(stages))})")
         svc = Service(name, spec)
+        svc.image = image = stages[repo]
         for n, v in (spec.get("networks") or {}).items():
             if n != net_name or not v or "ipv4_address" not in v:
                 raise ComposeError(f"service {name}: needs a fixed ipv4_address on {net_name}")
@@ -234,7 +252,7 @@ def host_path(model, svc, path, run_dir):
             table[target] = src
         else:
             table[target] = os.path.join(run_dir, "secrets", svc.name, src)
-    for target, host in model["image"]["files"].items():
+    for target, host in svc.image["files"].items():
         table.setdefault(target, host)
     best = None
     for target in table:

@@ -7,8 +7,8 @@ the bridge). Every interface and address lives inside namespaces created
 here: the host's own namespace gets nothing but the namespace names, so the
 addresses can never clash with, or leak to, a real network.
 
-    netns_topology.py up --owner PID --prefix-len 24 --node 172.30.78.10 \\
-        --node 172.30.78.11,172.30.78.21        # prints the topology as JSON
+    netns_topology.py up --owner PID --prefix-len 24 --node 198.18.78.10 \\
+        --node 198.18.78.11,198.18.78.21        # prints the topology as JSON
     netns_topology.py down --owner PID           # processes, veths, namespaces
     netns_topology.py probe                      # exit 0 iff namespaces work here
 

@@ -107,18 +107,23 @@ class GlooLink : public NodeLink {
               absl::InvalidArgumentError(absl::StrCat("receive from link peer ", r.peer)));
         }
       }
+      int posting = -1;  // the link peer Gloo was given when it threw
       try {
         for (const RecvRange& r : recvs) {
+          posting = r.peer;
           Post(true, r.peer, r.data, r.bytes, Slot(tag, r.part), r.part, &posted);
         }
         for (const SendRange& s : sends) {
+          posting = s.peer;
           Post(false, s.peer, const_cast<void*>(s.data), s.bytes, Slot(tag, s.part), s.part,
                &posted);
         }
       } catch (const std::exception& e) {
-        return BreakLocked(FromGloo(e.what(), -1, "posting"));
+        // A pair whose peer died throws here: name that node, as Wait does.
+        return BreakLocked(FromGloo(e.what(), nodes_[posting], "posting"));
       } catch (...) {
-        return BreakLocked(absl::UnavailableError("posting: unknown error in Gloo"));
+        return BreakLocked(absl::UnavailableError(
+            absl::StrCat("posting to node ", nodes_[posting], ": unknown error in Gloo")));
       }
       for (Posted& p : posted) active_.push_back(&p);
     }

@@ -28,7 +28,7 @@ std::string ParseError(const std::string& yaml) {
 constexpr char kMember[] =
     "cluster:\n"
     "  coordinator: \"node0.example:7070\"\n"
-    "  listen: \"10.0.0.2:7070\"\n"
+    "  listen: \"198.18.0.2:7070\"\n"
     "  nodes: 3\n"
     "  token_file: /etc/hsdpd/token\n";
 
@@ -52,7 +52,7 @@ TEST(ClusterConfigTest, FullSectionParsesAndRoundTrips) {
       "  listen: \"[fd00::2]:7071\"\n"
       "  nodes: 4\n"
       "  node_rank: 3\n"
-      "  data_address: 192.168.1.2\n"
+      "  data_address: 198.18.1.2\n"
       "  token_file: /etc/hsdpd/token\n"
       "  tls: {ca: \"\", cert: \"\", key: \"\"}\n"
       "  insecure: false\n"
@@ -63,7 +63,7 @@ TEST(ClusterConfigTest, FullSectionParsesAndRoundTrips) {
   EXPECT_EQ(c.cluster_listen, "[fd00::2]:7071");
   EXPECT_EQ(c.cluster_nodes, 4u);
   EXPECT_EQ(c.cluster_node_rank, 3);
-  EXPECT_EQ(c.cluster_data_address, "192.168.1.2");
+  EXPECT_EQ(c.cluster_data_address, "198.18.1.2");
   EXPECT_EQ(c.cluster_token_file, "/etc/hsdpd/token");
   EXPECT_EQ(c.cluster_join_timeout_ms, 1000u);
   EXPECT_EQ(c.cluster_heartbeat_ms, 50u);
@@ -88,7 +88,7 @@ TEST(ClusterConfigTest, InsecureAndAutoRank) {
   EXPECT_TRUE(c.cluster_insecure);
   EXPECT_EQ(c.cluster_node_rank, -1);
   EXPECT_EQ(ParseOk(NodeConfigToYaml(c)), c);
-  EXPECT_EQ(ParseOk(kMember).cluster_listen, "10.0.0.2:7070");
+  EXPECT_EQ(ParseOk(kMember).cluster_listen, "198.18.0.2:7070");
 }
 
 struct Bad {

@@ -165,6 +165,25 @@ TEST(GlooTransport, APeerThatGoesAwayFailsTheOperationNamingIt) {
   EXPECT_NE(done.status(0).message().find("node 1"), std::string::npos) << done.status(0);
 }
 
+// The peer went away between two operations: Gloo throws while the next one
+// is posted (not while it waits); the error must still name the node (it said
+// "connection to a peer lost" before, found by the compose failure tests).
+TEST(GlooTransport, APeerGoneBeforeTheNextOperationIsNamed) {
+  GlooCluster cl(2);
+  Placement p = testing::Contiguous(2, 1);
+  Case c = Make(Collective::kAllReduce, DataType::kFloat32, 100);
+  ASSERT_EQ(testing::RunAndCompare(cl.engines(), c, p, "g", 1, 1), "");
+  cl.Stop(1);  // its links close
+  absl::SleepFor(absl::Milliseconds(300));  // node 0's pair has seen the close
+  RankBuffers bufs(c, 2, 1);
+  Completions done(1);
+  cl.engine(0)->Launch(testing::BuildTask(c, p, 0, &bufs, "g", 1, 2), done.Callbacks(0));
+  ASSERT_TRUE(done.Wait(absl::Seconds(10)));
+  EXPECT_EQ(done.status(0).code(), absl::StatusCode::kUnavailable) << done.status(0);
+  EXPECT_NE(done.status(0).message().find("connection to node 1 lost"), std::string::npos)
+      << done.status(0);
+}
+
 TEST(GlooTransport, AbortEndsAWaitingOperation) {
   GlooCluster cl(2);
   Placement p = testing::Contiguous(2, 1);

@@ -1,0 +1,327 @@
+#!/usr/bin/python3
+"""Builds the hsdpd Docker images from a local build, with no registry.
+
+    docker_images.py build [--build-dir build] [--tag latest]   # prints the images as JSON
+    docker_images.py remove --tag TAG                            # the images of TAG
+    docker_images.py bases                                       # only the two cached bases
+
+Three steps, the first two cached per machine by a content hash:
+
+1. hsdpd-base:<hash> -- `debootstrap --variant=minbase bookworm` with the
+   packages of deploy/docker/base-packages.txt, from the mirror this machine's
+   apt uses, then `docker import`. <hash> covers the package list and the
+   recipe (build_base below): a change makes a new base, and nothing else does.
+2. hsdpd-base-torch:<hash> -- deploy/docker/torch.Dockerfile on that base:
+   torch from deploy/docker/trainer-requirements.txt, installed from the
+   project's wheel cache (tools/scripts/python_env.sh, ~/.cache/hsdpd/wheels;
+   missing wheels are downloaded into it once), which this script serves on
+   127.0.0.1 to a `docker build --network host`.
+3. hsdpd:<tag> and hsdpd-trainer:<tag> -- deploy/Dockerfile: one layer of
+   this build's files (binaries stripped, the Python package, the demo, the
+   libraries hsdpd links from outside Debian's packages) on each base.
+
+Needs a running engine (docker_engine.py start), root for debootstrap, and a
+build (tools/scripts/build.sh). Stdlib only.
+"""
+import argparse
+import contextlib
+import fcntl
+import functools
+import hashlib
+import http.server
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from docker_engine import docker_cli  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+DOCKER_DIR = os.path.join(ROOT, "deploy", "docker")
+SUITE = "bookworm"
+CACHE = os.environ.get("HSDP_WHEEL_CACHE") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hsdpd", "wheels")
+# The files of the image, as deploy/Dockerfile's COPY lines name them.
+BINARIES = ["hsdpd", "hsdpctl", "hsdp-bench"]
+DEMO = ["tools/demo/train_demo.py", "tools/demo/transformer.py"]
+LABEL = "org.hsdpd.image"
+
+
+class ImageError(RuntimeError):
+    pass
+
+
+def log(msg):
+    print(f"docker_images: {msg}", file=sys.stderr, flush=True)
+
+
+def docker(*args, timeout=1800, check=True, capture=True):
+    # BuildKit: the legacy builder makes a container and a full (vfs) copy of
+    # the filesystem for every instruction, ENV and ENTRYPOINT included
+    # (4m40s against 26 s for the trainer image here).
+    env = dict(os.environ, DOCKER_BUILDKIT="1")
+    r = subprocess.run([docker_cli(), *args], stdout=subprocess.PIPE if capture else None,
+                       stderr=subprocess.STDOUT if capture else None, text=True,
+                       timeout=timeout, env=env)
+    if check and r.returncode != 0:
+        raise ImageError(f"docker {' '.join(args[:3])} ...: exit {r.returncode}\n"
+                         f"{(r.stdout or '')[-4000:]}")
+    return r
+
+
+def image_exists(ref):
+    return docker("image", "inspect", ref, check=False).returncode == 0
+
+
+def image_size(ref):
+    """Bytes of the image (its layers, as `docker images` counts them)."""
+    return int(docker("image", "inspect", "-f", "{{.Size}}", ref).stdout.strip())
+
+
+@contextlib.contextmanager
+def _machine_lock():
+    """One image build per machine at a time (they share the bases)."""
+    path = os.path.join(os.path.dirname(CACHE), "docker-images.lock")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _read_packages():
+    with open(os.path.join(DOCKER_DIR, "base-packages.txt")) as f:
+        return [w for line in f for w in line.split("#")[0].split()]
+
+
+def _apt_mirror():
+    """The Debian mirror this machine's apt uses (deb.debian.org by default)."""
+    for path in ("/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    w = line.split()
+                    if w[:1] == ["URIs:"] and len(w) > 1 and "security" not in w[1]:
+                        return w[1]
+                    if w[:1] == ["deb"] and len(w) > 2 and "security" not in w[-2]:
+                        return next(x for x in w[1:] if "://" in x)
+        except (OSError, StopIteration):
+            continue
+    return "http://deb.debian.org/debian"
+
+
+def build_base(tag, packages):
+    """debootstrap minbase + `packages` into a folder, then `docker import`."""
+    if shutil.which("debootstrap") is None:
+        raise ImageError("debootstrap is not installed (tools/scripts/bootstrap.sh installs it)")
+    with tempfile.TemporaryDirectory(prefix="hsdpd-base-") as tmp:
+        root = os.path.join(tmp, "root")
+        r = subprocess.run(["debootstrap", "--variant=minbase", "--include=" + ",".join(packages),
+                            SUITE, root, _apt_mirror()],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=1200)
+        if r.returncode != 0:
+            raise ImageError(f"debootstrap failed:\n{r.stdout[-3000:]}")
+        for d in ("var/cache/apt/archives", "var/lib/apt/lists", "var/log"):
+            for name in os.listdir(os.path.join(root, d)):
+                p = os.path.join(root, d, name)
+                if os.path.isfile(p) or os.path.islink(p):
+                    os.unlink(p)
+        tar = subprocess.Popen(["tar", "-C", root, "--numeric-owner", "-c", "."],
+                               stdout=subprocess.PIPE)
+        r = subprocess.run([docker_cli(), "import", "--change", "ENV LANG=C.UTF-8",
+                            "--change", f"LABEL {LABEL}=base", "-", tag], stdin=tar.stdout,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=600)
+        tar.stdout.close()
+        if tar.wait() != 0 or r.returncode != 0:
+            raise ImageError(f"docker import failed: {r.stdout[-2000:]}")
+
+
+def base_image():
+    """hsdpd-base:<hash>, built now when this machine lacks it."""
+    packages = _read_packages()
+    h = hashlib.sha256()
+    h.update("\n".join(packages).encode())
+    h.update(SUITE.encode())
+    h.update(inspect.getsource(build_base).encode())
+    tag = f"hsdpd-base:{h.hexdigest()[:16]}"
+    if not image_exists(tag):
+        log(f"building {tag} (debootstrap {SUITE} minbase; once per machine)")
+        build_base(tag, packages)
+    return tag
+
+
+def _ensure_wheels(req):
+    """The pinned wheels in the wheel cache (downloaded once when missing)."""
+    os.makedirs(CACHE, exist_ok=True)
+    # This machine's python3 is the image's (Debian bookworm's 3.11, x86_64).
+    args = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+            "-d", CACHE, "-r", req]
+    if subprocess.run(args + ["--no-index", "--find-links", CACHE], stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL, timeout=600).returncode == 0:
+        return
+    log(f"downloading the trainer's wheels into {CACHE} (once per machine)")
+    r = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=3600)
+    if r.returncode != 0:
+        raise ImageError(f"pip download failed:\n{r.stdout[-3000:]}")
+
+
+@contextlib.contextmanager
+def _serve(directory):
+    """`directory` over HTTP on 127.0.0.1 (an ephemeral port) while in the block."""
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+    handler = functools.partial(Quiet, directory=directory)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def torch_image(base):
+    """hsdpd-base-torch:<hash>, built now when this machine lacks it."""
+    req = os.path.join(DOCKER_DIR, "trainer-requirements.txt")
+    dockerfile = os.path.join(DOCKER_DIR, "torch.Dockerfile")
+    h = hashlib.sha256(base.encode())
+    for p in (req, dockerfile):
+        with open(p, "rb") as f:
+            h.update(f.read())
+    tag = f"hsdpd-base-torch:{h.hexdigest()[:16]}"
+    if image_exists(tag):
+        return tag
+    log(f"building {tag} (torch from {CACHE}; once per machine)")
+    _ensure_wheels(req)
+    with _serve(CACHE) as url:
+        docker("build", "--network", "host", "-q",
+               "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"WHEELS={url}",
+               "--label", f"{LABEL}=base", "-f", dockerfile, "-t", tag, DOCKER_DIR)
+    return tag
+
+
+def _foreign_libraries(files):
+    """Shared libraries `files` link (ldd) that no Debian package owns."""
+    libs = set()
+    for f in files:
+        r = subprocess.run(["ldd", f], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=60)
+        for line in r.stdout.splitlines():
+            if "not found" in line:
+                raise ImageError(f"{f}: {line.strip()}")
+            parts = line.split("=>")
+            if len(parts) == 2 and parts[1].strip().startswith("/"):
+                libs.add(parts[1].split()[0])
+    # The files of every installed package (dpkg's lists; `dpkg -S` per file
+    # is seconds each on a busy machine). A package names a file under the
+    # path it installed (/lib or /usr/lib, the link or its target).
+    owned = set()
+    info = "/var/lib/dpkg/info"
+    for name in os.listdir(info):
+        if name.endswith(".list"):
+            with open(os.path.join(info, name), errors="replace") as f:
+                owned.update(line.rstrip("\n") for line in f if ".so" in line)
+    owned |= {os.path.realpath(p) for p in owned}
+    return sorted(lib for lib in libs
+                  if lib not in owned and os.path.realpath(lib) not in owned)
+
+
+def stage_context(build_dir, ctx):
+    """The build context of deploy/Dockerfile: the checkout's paths."""
+    if os.path.exists(ctx):
+        shutil.rmtree(ctx)
+    bins = [os.path.join(build_dir, "bin", b) for b in BINARIES]
+    ext = [os.path.join(dp, f) for dp, _, fs in os.walk(os.path.join(build_dir, "python"))
+           for f in fs if f.endswith(".so")]
+    for p in bins:
+        if not os.path.isfile(p):
+            raise ImageError(f"{p} is missing: build first (tools/scripts/build.sh)")
+    os.makedirs(os.path.join(ctx, "build", "bin"))
+    for p in bins:
+        shutil.copy2(p, os.path.join(ctx, "build", "bin"))
+    shutil.copytree(os.path.join(build_dir, "python"), os.path.join(ctx, "build", "python"),
+                    symlinks=False, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for p in DEMO + ["deploy/node.yaml"]:
+        os.makedirs(os.path.join(ctx, os.path.dirname(p)), exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, p), os.path.join(ctx, p))
+    libdir = os.path.join(ctx, "build", "docker", "lib")
+    os.makedirs(libdir)
+    for lib in _foreign_libraries(bins + ext):
+        # deploy/Dockerfile puts them in /usr/local/cuda/lib, hsdpd's RUNPATH.
+        if os.path.dirname(os.path.realpath(lib)) != os.path.realpath("/usr/local/cuda/lib"):
+            raise ImageError(f"{lib}: linked from outside Debian's packages and outside "
+                             f"/usr/local/cuda/lib; deploy/Dockerfile has no place for it")
+        shutil.copy2(os.path.realpath(lib), os.path.join(libdir, os.path.basename(lib)))
+    to_strip = [os.path.join(ctx, "build", "bin", b) for b in BINARIES] + [
+        os.path.join(ctx, "build", "python", os.path.relpath(e, os.path.join(build_dir, "python")))
+        for e in ext]
+    subprocess.run(["strip", "--strip-debug", *to_strip], check=True, timeout=300)
+
+
+def build(build_dir, tag):
+    """Builds (bases when missing) and returns {"hsdpd": ref, "trainer": ref, ...}."""
+    with _machine_lock():
+        base = base_image()
+        torch = torch_image(base)
+    ctx = os.path.join(build_dir, "docker", "context")
+    stage_context(build_dir, ctx)
+    dockerfile = os.path.join(ROOT, "deploy", "Dockerfile")
+    refs = {"hsdpd": f"hsdpd:{tag}", "trainer": f"hsdpd-trainer:{tag}"}
+    for target, ref in (("hsdpd", refs["hsdpd"]), ("hsdpd-trainer", refs["trainer"])):
+        log(f"building {ref}")
+        docker("build", "--network", "host", "-q", "--target", target,
+               "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"TORCH_IMAGE={torch}",
+               "--label", f"{LABEL}={tag}", "-f", dockerfile, "-t", ref, ctx)
+    # Every library the daemon and the extension link resolves in the image.
+    r = docker("run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", refs["hsdpd"],
+               "-c", "ldd /usr/local/bin/hsdpd /usr/local/bin/hsdpctl /usr/local/bin/hsdp-bench "
+               "/opt/hsdp/python/hsdp/_hsdp*.so", timeout=300)
+    if "not found" in r.stdout:
+        raise ImageError(f"{refs['hsdpd']} lacks libraries:\n{r.stdout}")
+    return dict(refs, base=base, torch_base=torch,
+                sizes={k: image_size(v) for k, v in
+                       (("base", base), ("torch_base", torch), ("hsdpd", refs["hsdpd"]),
+                        ("trainer", refs["trainer"]))})
+
+
+def remove(tag):
+    """Removes the images of `tag` (never the bases); the names removed."""
+    gone = []
+    for repo in ("hsdpd-trainer", "hsdpd"):
+        if docker("rmi", "-f", f"{repo}:{tag}", check=False).returncode == 0:
+            gone.append(f"{repo}:{tag}")
+    return gone
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("command", choices=("build", "remove", "bases"))
+    ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--tag", default="latest")
+    args = ap.parse_args()
+    try:
+        if args.command == "build":
+            print(json.dumps(build(os.path.abspath(args.build_dir), args.tag), indent=1))
+        elif args.command == "bases":
+            with _machine_lock():
+                base = base_image()
+                print(json.dumps({"base": base, "torch_base": torch_image(base)}))
+        else:
+            print(json.dumps(remove(args.tag)))
+    except (ImageError, subprocess.TimeoutExpired) as e:
+        print(f"docker_images: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
