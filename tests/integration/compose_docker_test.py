@@ -603,6 +603,11 @@ def cleanup():
             with open(path) as f:
                 print(f"removed images: {docker_images.remove(json.load(f)['tag'])}")
             os.unlink(path)
+    if docker_engine.answers() and docker_engine.started_here(STATE):
+        # BuildKit keeps every build's context and layers (about 0.5 GB a run
+        # here); the bases are images and stay. Only on an engine we run.
+        out = docker("builder", "prune", "-f", timeout=600, check=False).strip()
+        print(out.splitlines()[-1] if out else "build cache: nothing to prune")
     if docker_engine.stop(STATE):
         print("stopped the dockerd that cluster.docker_setup started")
     return rc
