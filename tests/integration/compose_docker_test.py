@@ -551,6 +551,7 @@ def hold():
 def main_unittest(cls):
     if not docker_engine.answers():
         unavailable("no Docker engine answers (cluster.docker_setup starts one as root)")
+    read_state()  # the images of cluster.docker_setup (skip or fail here without them)
     suite = unittest.defaultTestLoader.loadTestsFromTestCase(cls)
     stop = {"sig": None}
 
