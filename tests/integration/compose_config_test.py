@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""deploy/docker-compose.yml is a valid two-node cluster.
+"""deploy/docker-compose.yml is a valid two-node cluster (and, with
+deploy/docker-compose.4nodes.yml, a valid four-node one).
 
 `docker-compose config` must accept the file, and the values that make it a
 cluster must hold in what it prints (every default and path resolved): two
@@ -29,6 +30,7 @@ import unittest
 SRC = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else os.getcwd()
 HSDPD = sys.argv[2] if len(sys.argv) > 2 else None
 COMPOSE = os.path.join(SRC, "deploy", "docker-compose.yml")
+COMPOSE4 = os.path.join(SRC, "deploy", "docker-compose.4nodes.yml")
 sys.path.insert(0, os.path.join(SRC, "tools", "scripts"))
 
 SECRET_DIR = "/run/secrets/"
@@ -60,9 +62,9 @@ def mounts(svc):
     return out
 
 
-def check_cluster(cfg, read_file=read):
+def check_cluster(cfg, read_file=read, n_nodes=2):
     """Every problem that keeps `cfg` (docker-compose config, parsed) from
-    being the intended two-node cluster; [] when there is none."""
+    being the intended cluster of `n_nodes` nodes; [] when there is none."""
     errs = []
     services = cfg.get("services", {})
     nets = cfg.get("networks", {})
@@ -89,11 +91,11 @@ def check_cluster(cfg, read_file=read):
     daemons = sorted(n for n, s in services.items()
                      if "/etc/hsdpd/node.yaml" in mounts(s))
     trainers = sorted(n for n in services if n not in daemons)
-    if daemons != ["hsdpd-node0", "hsdpd-node1"]:
-        errs.append(f"daemons: {daemons}, want hsdpd-node0 and hsdpd-node1")
+    if daemons != [f"hsdpd-node{i}" for i in range(n_nodes)]:
+        errs.append(f"daemons: {daemons}, want hsdpd-node0..{n_nodes - 1}")
         return errs
-    if trainers != ["trainer-node0", "trainer-node1"]:
-        errs.append(f"trainers: {trainers}, want trainer-node0 and trainer-node1")
+    if trainers != [f"trainer-node{i}" for i in range(n_nodes)]:
+        errs.append(f"trainers: {trainers}, want trainer-node0..{n_nodes - 1}")
         return errs
     addrs = {n: addr(n) for n in services}
     if len(set(addrs.values())) != len(addrs):
@@ -103,9 +105,9 @@ def check_cluster(cfg, read_file=read):
     for i, d in enumerate(daemons):
         svc = services[d]
         src = mounts(svc)["/etc/hsdpd/node.yaml"]
-        if os.path.basename(src) != f"node{i}.yaml" or not src.startswith(
-                os.path.join(SRC, "deploy", "cluster")):
-            errs.append(f"{d}: mounts {src}, want deploy/cluster/node{i}.yaml")
+        want_dir = os.path.join(SRC, "deploy", "cluster", *(["4nodes"] if n_nodes == 4 else []))
+        if os.path.basename(src) != f"node{i}.yaml" or os.path.dirname(src) != want_dir:
+            errs.append(f"{d}: mounts {src}, want {want_dir}/node{i}.yaml")
         node = load_yaml(read_file(src))
         nodes[d] = node
         c = node.get("cluster") or {}
@@ -186,6 +188,25 @@ class ComposeConfigTest(unittest.TestCase):
 
     def test_is_a_two_node_cluster(self):
         self.assertEqual(check_cluster(self.cfg), [])
+
+    def test_the_four_node_override(self):
+        r = subprocess.run(["docker-compose", "-f", COMPOSE, "-f", COMPOSE4, "config"],
+                           env=dict(os.environ, HSDP_CLUSTER_TOKEN_FILE=self.token),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        cfg = load_yaml(r.stdout)
+        self.assertEqual(check_cluster(cfg, n_nodes=4), [])
+        for i in range(4):
+            argv = cfg["services"][f"trainer-node{i}"]["entrypoint"]
+            self.assertIn("--hsdp", argv)
+            self.assertEqual(argv[argv.index("--world") + 1], "4")
+        self.assertTrue(check_cluster(cfg, n_nodes=2))  # not the two-node cluster
+        if HSDPD:
+            for i in range(4):
+                path = os.path.join(SRC, "deploy", "cluster", "4nodes", f"node{i}.yaml")
+                c = subprocess.run([HSDPD, "--check-config", path], stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, timeout=60)
+                self.assertEqual(c.returncode, 0, f"{path}: {c.stdout}")
 
     def test_expected_addresses(self):
         want = {"hsdpd-node0": "198.18.77.10", "hsdpd-node1": "198.18.77.11",

@@ -551,6 +551,7 @@ def hold():
 def main_unittest(cls):
     if not docker_engine.answers():
         unavailable("no Docker engine answers (cluster.docker_setup starts one as root)")
+    read_state()  # the images of cluster.docker_setup (skip or fail here without them)
     suite = unittest.defaultTestLoader.loadTestsFromTestCase(cls)
     stop = {"sig": None}
 
@@ -603,6 +604,11 @@ def cleanup():
             with open(path) as f:
                 print(f"removed images: {docker_images.remove(json.load(f)['tag'])}")
             os.unlink(path)
+    if docker_engine.answers() and docker_engine.started_here(STATE):
+        # BuildKit keeps every build's context and layers (about 0.5 GB a run
+        # here); the bases are images and stay. Only on an engine we run.
+        out = docker("builder", "prune", "-f", timeout=600, check=False).strip()
+        print(out.splitlines()[-1] if out else "build cache: nothing to prune")
     if docker_engine.stop(STATE):
         print("stopped the dockerd that cluster.docker_setup started")
     return rc

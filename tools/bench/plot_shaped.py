@@ -11,7 +11,12 @@ tables of docs/benchmarks.md (busbw, ratio, time at the smallest size, the
 bytes each node sent per op against the model).
 """
 import json
+import os
+import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shaped_net import bytes_model  # noqa: E402 - the model, as the script states it
 
 
 def size_label(s):
@@ -58,15 +63,19 @@ def plot(out, results):
                         label=f"hsdpd {lay}")
                 ax.plot(xs, [x["gloo_busbw"] for x in rows], "--s", color=c, ms=3,
                         label=f"Gloo {lay}")
-            ax.axhline(rate_gbytes(rate), color="grey", ls=":", lw=1, label="link rate")
+            ax.axhline(rate_gbytes(rate), color="grey", ls=":", lw=1,
+                       label="link rate (each way)")
             ax.set_xscale("log", base=2)
+            ticks = sorted({x["size"] for r in results for x in r["rows"]})
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([size_label(t).replace(" ", "") for t in ticks], fontsize=7)
             ax.set_yscale("log")
             ax.set_title(f"{op}, links {rate}", fontsize=10)
             ax.grid(True, which="both", alpha=0.3)
             if j == 0:
                 ax.set_ylabel("bus bandwidth (GB/s)")
             if i == len(rates) - 1:
-                ax.set_xlabel("size (bytes)")
+                ax.set_xlabel("size")
             if i == 0 and j == 0:
                 ax.legend(fontsize=7)
     fig.suptitle("hsdpd vs torch Gloo across nodes, shaped links (tbf), same run, alternating")
@@ -94,9 +103,9 @@ def markdown(results):
                              f"(**{x['ratio']:.2f}x**)")
             print(f"| {op} | " + " | ".join(cells) + " |")
         s0 = sizes[0]
-        print(f"\nTime per op at {size_label(s0)} (µs, median), hsdpd / Gloo: " + "; ".join(
-            f"{x['op']} {sorted(x['hsdpd_s'])[len(x['hsdpd_s']) // 2] * 1e6:.0f} / "
-            f"{sorted(x['gloo_s'])[len(x['gloo_s']) // 2] * 1e6:.0f}"
+        print(f"\nTime per op at {size_label(s0)} (ms, median), hsdpd / Gloo: " + "; ".join(
+            f"{x['op']} {statistics.median(x['hsdpd_s']) * 1e3:.2f} / "
+            f"{statistics.median(x['gloo_s']) * 1e3:.2f}"
             for x in r["rows"] if x["size"] == s0))
         print(f"\nBytes each node sent per op at {size_label(r['wire'][0]['size'])} "
               "(eth0 tx_bytes, all nodes averaged), in units of size:\n")
@@ -109,8 +118,10 @@ def markdown(results):
             hm = sum(h["measured_per_node"]) / len(h["measured_per_node"]) / h["size"]
             gm = sum(g["measured_per_node"]) / len(g["measured_per_node"]) / g["size"]
             ratio = next(x["ratio"] for x in r["rows"] if x["op"] == op and x["size"] == h["size"])
-            print(f"| {op} | {hm:.3f} | {h['model_per_node'] / h['size']:.3f} | {gm:.3f} | "
-                  f"{g['model_per_node'] / g['size']:.3f} | {gm / hm:.2f} | {ratio:.2f}x |")
+            hmod = bytes_model("hsdpd", op, h["size"], k, l) / h["size"]
+            gmod = bytes_model("gloo", op, g["size"], k, l) / g["size"]
+            print(f"| {op} | {hm:.3f} | {hmod:.3f} | {gm:.3f} | {gmod:.3f} | {gm / hm:.2f} | "
+                  f"{ratio:.2f}x |")
 
 
 def main(argv):

@@ -73,16 +73,19 @@ def bytes_model(side, op, size, k, l):
     all-gather or its partial blocks of a reduce-scatter ((K-1)/K S), the
     composite's shard group local and its L shards all-reduced across nodes
     (2(K-1)/K S). Gloo: rings over the n = K L ranks in rank order, one edge
-    per node crossing to the next node (all-reduce 2(n-1)/n S, all-gather and
-    reduce-scatter (n-1)/n S), the composite's shard group local and its
-    replicate all-reduce a ring of K ranks per local index (2(K-1)/K S)."""
+    per node crossing to the next node (all-reduce 2(n-1)/n S, all-gather
+    (n-1)/n S); torch's Gloo reduce_scatter_tensor all-reduces the whole
+    input and keeps its block (2(n-1)/n S, as the interface counters show:
+    not the (n-1)/n of a ring reduce-scatter); the composite's shard group
+    local and its replicate all-reduce a ring of K ranks per local index
+    (2(K-1)/K S)."""
     n = k * l
     if side == "hsdpd":
         f = {"all_reduce": 2 * (k - 1) / k, "all_gather": (k - 1) / k,
              "reduce_scatter": (k - 1) / k, "composite": 2 * (k - 1) / k}[op]
     else:
         f = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n,
-             "reduce_scatter": (n - 1) / n, "composite": 2 * (k - 1) / k}[op]
+             "reduce_scatter": 2 * (n - 1) / n, "composite": 2 * (k - 1) / k}[op]
     return f * size
 
 

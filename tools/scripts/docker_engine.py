@@ -98,6 +98,15 @@ def start(state_dir, timeout_s=90):
                       f"{_tail(os.path.join(state_dir, 'dockerd.log'))}")
 
 
+def started_here(state_dir):
+    """True while the dockerd that start() started with STATE_DIR runs."""
+    try:
+        with open(_pid_file(state_dir)) as f:
+            return _is_dockerd(int(f.read().strip()))
+    except (OSError, ValueError):
+        return False
+
+
 def stop(state_dir, timeout_s=30):
     """Stops the dockerd that start() started with this STATE_DIR; True if one ran."""
     try:
