@@ -14,6 +14,9 @@ PACKAGES=(
   # from PyPI into the venv of tools/scripts/python_env.sh (build/venv).
   python3 python3-dev python3-venv python3-pip pybind11-dev python3-pybind11
   iproute2 docker-compose python3-yaml  # the compose check and the netns cluster tests
+  # The sanitizer and fuzz builds (tools/scripts/run_hardening.sh): clang with
+  # its sanitizer and libFuzzer runtimes, lld, llvm-symbolizer for the stacks.
+  clang lld libclang-rt-14-dev llvm
 )
 
 missing=()
