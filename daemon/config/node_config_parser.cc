@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <span>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -26,6 +27,7 @@
 #include "daemon/config/node_config_schema.h"
 #include "hsdp/common/status_macros.h"
 #include "hsdp/common/unique_fd.h"
+#include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
 
 namespace hsdp {
@@ -33,6 +35,66 @@ namespace config_internal {
 namespace {
 
 constexpr size_t kMaxConfigFileBytes = 1 << 20;
+
+// yaml-cpp 0.7 (Debian 12) never finishes some malformed documents: a root
+// that is a flow collection or a quoted scalar followed by a ',' ("{a}, b",
+// "\"x\", b") makes its parser produce nodes without end until memory runs
+// out (found by tests/fuzz/node_config_fuzz: 40 bytes took 20 GB). So the
+// text is first parsed with a handler that only counts the events, up to far
+// more than any document of that size has, before it is loaded.
+struct TooManyEvents {
+  YAML::Mark mark;
+};
+
+class EventBudget : public YAML::EventHandler {
+ public:
+  explicit EventBudget(size_t text_bytes) : left_(16 * text_bytes + 64) {}
+  void OnDocumentStart(const YAML::Mark& m) override { Spend(m); }
+  void OnDocumentEnd() override { Spend(last_); }
+  void OnNull(const YAML::Mark& m, YAML::anchor_t) override { Spend(m); }
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { Spend(m); }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    Spend(m);
+  }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    Spend(m);
+  }
+  void OnSequenceEnd() override { Spend(last_); }
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    Spend(m);
+  }
+  void OnMapEnd() override { Spend(last_); }
+
+ private:
+  void Spend(const YAML::Mark& m) {
+    last_ = m;
+    if (left_-- == 0) throw TooManyEvents{m};
+  }
+  size_t left_;
+  YAML::Mark last_ = YAML::Mark::null_mark();
+};
+
+// INVALID_ARGUMENT when yaml-cpp would not finish `text` (see EventBudget);
+// syntax errors are left to the real load, which reports them.
+absl::Status CheckParserTerminates(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  EventBudget budget(text.size());
+  try {
+    YAML::Parser parser(in);
+    while (parser.HandleNextDocument(budget)) {
+    }
+  } catch (const TooManyEvents& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ":", e.mark.is_null() ? 1 : e.mark.line + 1,
+        ": YAML syntax error: the document does not end (a ',' after a flow collection or a "
+        "quoted scalar at the top level?)"));
+  } catch (const YAML::Exception&) {
+  }
+  return absl::OkStatus();
+}
 
 size_t EditDistance(std::string_view a, std::string_view b) {
   std::vector<size_t> row(b.size() + 1);
@@ -285,8 +347,10 @@ absl::StatusOr<std::string> ReadConfigFile(const std::string& path) {
 absl::StatusOr<NodeConfig> ParseNodeConfig(std::string_view yaml_text, std::string_view source) {
   const std::string name = source.empty() ? "<config>" : std::string(source);
   NodeConfig config;
+  const std::string text(yaml_text);
+  RETURN_IF_ERROR(config_internal::CheckParserTerminates(text, name));
   try {
-    const std::vector<YAML::Node> documents = YAML::LoadAll(std::string(yaml_text));
+    const std::vector<YAML::Node> documents = YAML::LoadAll(text);
     for (size_t i = 1; i < documents.size(); ++i) {
       if (documents[i].IsNull()) continue;  // a trailing "---" or "..."
       return absl::InvalidArgumentError(absl::StrCat(

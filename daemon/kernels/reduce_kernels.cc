@@ -9,6 +9,8 @@
 // share is in kernel_common.h.
 #include "daemon/kernels/reduce_kernels.h"
 
+#include <cpuid.h>
+
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -19,11 +21,21 @@
 namespace hsdp::cpu {
 namespace internal {
 
+namespace {
+
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does
+// not know "f16c" (GCC's does), and the sanitizer and fuzz builds use clang.
+bool HasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
+}  // namespace
+
 Isa BestIsa() {
   static const Isa isa = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? Isa::kAvx2
-                                                                            : Isa::kScalar;
+    return __builtin_cpu_supports("avx2") && HasF16c() ? Isa::kAvx2 : Isa::kScalar;
   }();
   return isa;
 }

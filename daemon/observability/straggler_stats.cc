@@ -65,7 +65,8 @@ std::vector<StragglerJobReport> StragglerStats::Report(const std::string& job_id
       rr.times_last = r.times_last;
       rr.waited_ns_total = r.waited_ns;
       rr.max_ns = r.max_ns;
-      auto percentile = [&](double p) -> int64_t {
+      // r by an init-capture: clang before 16 cannot capture a structured binding.
+      auto percentile = [&r = r](double p) -> int64_t {
         const uint64_t target = static_cast<uint64_t>(std::ceil(p * r.times_last));
         uint64_t seen = 0;
         for (int b = 0; b < kBuckets; ++b) {

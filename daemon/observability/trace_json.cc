@@ -256,7 +256,8 @@ std::string RenderChromeTrace(const TraceSnapshot& snap, int64_t from_ns, int64_
     Unit u;
     u.start = l->ts_ns;
     u.end = end;
-    u.render = [&w, &op_args, l, end, incomplete](int lane) {
+    // l by an init-capture: clang before 16 cannot capture a structured binding.
+    u.render = [&w, &op_args, l = l, end, incomplete](int lane) {
       w.Slice(kEnginePid, lane + 1,
               absl::StrCat(OpNameOf(l->collective), " group ", l->group_id, " seq ", l->seq),
               "engine", l->ts_ns, end,

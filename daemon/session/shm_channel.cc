@@ -114,7 +114,9 @@ void ShmChannel::Complete(uint64_t op_id, const absl::Status& status, uint64_t q
   c.code = static_cast<int32_t>(status.code());
   const absl::string_view msg = status.message();
   const size_t len = std::min(msg.size(), sizeof(c.message));
-  std::memcpy(c.message, msg.data(), len);
+  // An OK status has no message: data() is null, and memcpy from null is UB
+  // even for 0 bytes (UBSan, tests/fuzz/dispatcher_fuzz).
+  if (len > 0) std::memcpy(c.message, msg.data(), len);
   c.message_len = static_cast<uint32_t>(len);
   c.queued_ns = queued_ns;
   c.exec_ns = exec_ns;

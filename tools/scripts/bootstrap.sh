@@ -15,6 +15,9 @@ PACKAGES=(
   python3 python3-dev python3-venv python3-pip pybind11-dev python3-pybind11
   iproute2 docker-compose python3-yaml  # the compose check and the netns cluster tests
   docker.io debootstrap binutils  # the compose cluster on a real engine (images built locally)
+  # The sanitizer and fuzz builds (tools/scripts/run_hardening.sh): clang with
+  # its sanitizer and libFuzzer runtimes, lld, llvm-symbolizer for the stacks.
+  clang lld libclang-rt-14-dev llvm
 )
 
 missing=()

@@ -458,6 +458,27 @@ TEST(LoadNodeConfigFileTest, ErrorsNameThePath) {
               HasSubstr(file.path() + ":3: limits.max_sessions: value \"0\""));
 }
 
+// Found by tests/fuzz/node_config_fuzz: yaml-cpp 0.7 never finishes a root
+// flow collection or quoted scalar followed by ',' (it allocated 20 GB on
+// the first of these). Refused at once, naming the line.
+TEST(ParseNodeConfigTest, DocumentsYamlCppWouldNotFinishAreRefused) {
+  for (const char* text : {"{enginauto, device: fake}, 93listen36}}\n", "{a}, b", "[a], b",
+                           "\"x\", b", "'x', b", "[[a], b], c", "engine: {}\n---\n[a]\n, b\n"}) {
+    absl::StatusOr<NodeConfig> c = ParseNodeConfig(text, "bad.yaml");
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_THAT(std::string(c.status().message()),
+                AllOf(HasSubstr("bad.yaml:"), HasSubstr("does not end")))
+        << text;
+  }
+  // What the check must not refuse: commas inside flow collections and plain
+  // scalars, flow collections as values.
+  EXPECT_TRUE(ParseNodeConfig("node:\n  allowed_uids: [0, 1000]\n  name: \"a, b\"\n", "ok.yaml").ok());
+  EXPECT_TRUE(ParseNodeConfig("{engine: {kind: cpu, threads: 2}, limits: {max_sessions: 4}}\n",
+                              "ok.yaml")
+                  .ok());
+}
+
 TEST(LoadNodeConfigFileTest, DirectoryIsInvalid) {
   const absl::StatusOr<NodeConfig> config = LoadNodeConfigFile(::testing::TempDir());
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << config.status();
