@@ -8,8 +8,8 @@
 `setup` starts dockerd when no engine answers (docker_engine.py; `cleanup`
 stops the one it started), removes what earlier runs left (projects whose
 owner process is gone, images of old tags) and builds hsdpd:<tag> and
-hsdpd-trainer:<tag> from BUILD (docker_images.py; the bases are cached per
-machine). The tests then run the compose file as a user would:
+hsdpd-trainer:<tag> from BUILD (docker_images.py; the base is cached per
+machine; torch is BUILD/venv's, mounted read-only into the trainers). The tests then run the compose file as a user would:
 
 - up: `docker-compose -f deploy/docker-compose.yml up -d`; both trainers
   exit 0 within a bound, the loss fell, the member joined the coordinator,
@@ -129,13 +129,16 @@ def sweep():
 
 def sweep_images():
     """Removes hsdpd[-trainer]:ct<pid> images of setups that no longer run
-    (a setup killed before it recorded its tag); the bases stay."""
+    (a setup killed before it recorded its tag), and the torch bases that
+    earlier versions built (3.4 GB each; torch is mounted now); the base
+    stays."""
     gone = []
     out = docker("images", "--format", "{{.Repository}}:{{.Tag}}")
     for ref in out.split():
         repo, _, tag = ref.partition(":")
         m = re.match(r"^ct(\d+)$", tag)
-        if repo in ("hsdpd", "hsdpd-trainer") and m and not _alive(int(m.group(1))):
+        if repo == "hsdpd-base-torch" or (
+                repo in ("hsdpd", "hsdpd-trainer") and m and not _alive(int(m.group(1)))):
             docker("rmi", "-f", ref, check=False)
             gone.append(ref)
     return gone
@@ -148,8 +151,9 @@ class Project:
     def __init__(self, files, token, env=None, owner=None):
         self.name = f"hsdpt{owner or os.getpid()}"
         self.files = files
-        self.env = dict(os.environ, HSDP_CLUSTER_TOKEN_FILE=token,
-                        HSDP_IMAGE_TAG=read_state()["tag"], **(env or {}))
+        state = read_state()
+        self.env = dict(os.environ, HSDP_CLUSTER_TOKEN_FILE=token, HSDP_IMAGE_TAG=state["tag"],
+                        HSDP_TORCH_SITE=state["torch_site"], **(env or {}))
         self.network = f"{self.name}_cluster"
 
     def compose(self, *args, timeout=300, check=True):

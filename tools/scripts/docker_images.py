@@ -3,22 +3,21 @@
 
     docker_images.py build [--build-dir build] [--tag latest]   # prints the images as JSON
     docker_images.py remove --tag TAG                            # the images of TAG
-    docker_images.py bases                                       # only the two cached bases
+    docker_images.py bases                                       # only the cached base
 
-Three steps, the first two cached per machine by a content hash:
+Two steps, the first cached per machine by a content hash:
 
 1. hsdpd-base:<hash> -- `debootstrap --variant=minbase bookworm` with the
    packages of deploy/docker/base-packages.txt, from the mirror this machine's
    apt uses, then `docker import`. <hash> covers the package list and the
    recipe (build_base below): a change makes a new base, and nothing else does.
-2. hsdpd-base-torch:<hash> -- deploy/docker/torch.Dockerfile on that base:
-   torch from deploy/docker/trainer-requirements.txt, installed from the
-   project's wheel cache (tools/scripts/python_env.sh, ~/.cache/hsdpd/wheels;
-   missing wheels are downloaded into it once), which this script serves on
-   127.0.0.1 to a `docker build --network host`.
-3. hsdpd:<tag> and hsdpd-trainer:<tag> -- deploy/Dockerfile: one layer of
+2. hsdpd:<tag> and hsdpd-trainer:<tag> -- deploy/Dockerfile: one layer of
    this build's files (binaries stripped, the Python package, the demo, the
-   libraries hsdpd links from outside Debian's packages) on each base.
+   libraries hsdpd links from outside Debian's packages) on the base.
+
+torch is not in any image: the trainer containers mount the site-packages
+of the project's environment read-only (torch_site below; the compose files
+take it from $HSDP_TORCH_SITE, default ../build/venv/...).
 
 Needs a running engine (docker_engine.py start), root for debootstrap, and a
 build (tools/scripts/build.sh). Stdlib only.
@@ -26,9 +25,7 @@ build (tools/scripts/build.sh). Stdlib only.
 import argparse
 import contextlib
 import fcntl
-import functools
 import hashlib
-import http.server
 import inspect
 import json
 import os
@@ -36,7 +33,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from docker_engine import docker_cli  # noqa: E402
@@ -44,8 +40,8 @@ from docker_engine import docker_cli  # noqa: E402
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DOCKER_DIR = os.path.join(ROOT, "deploy", "docker")
 SUITE = "bookworm"
-CACHE = os.environ.get("HSDP_WHEEL_CACHE") or os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hsdpd", "wheels")
+CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                         "hsdpd")
 # The files of the image, as deploy/Dockerfile's COPY lines name them.
 BINARIES = ["hsdpd", "hsdpctl", "hsdp-bench"]
 DEMO = ["tools/demo/train_demo.py", "tools/demo/transformer.py"]
@@ -86,7 +82,7 @@ def image_size(ref):
 @contextlib.contextmanager
 def _machine_lock():
     """One image build per machine at a time (they share the bases)."""
-    path = os.path.join(os.path.dirname(CACHE), "docker-images.lock")
+    path = os.path.join(CACHE_DIR, "docker-images.lock")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -156,57 +152,30 @@ def base_image():
     return tag
 
 
-def _ensure_wheels(req):
-    """The pinned wheels in the wheel cache (downloaded once when missing)."""
-    os.makedirs(CACHE, exist_ok=True)
-    # This machine's python3 is the image's (Debian bookworm's 3.11, x86_64).
-    args = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-            "-d", CACHE, "-r", req]
-    if subprocess.run(args + ["--no-index", "--find-links", CACHE], stdout=subprocess.DEVNULL,
-                      stderr=subprocess.DEVNULL, timeout=600).returncode == 0:
-        return
-    log(f"downloading the trainer's wheels into {CACHE} (once per machine)")
-    r = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=3600)
-    if r.returncode != 0:
-        raise ImageError(f"pip download failed:\n{r.stdout[-3000:]}")
+def torch_site(build_dir):
+    """The site-packages with torch that the trainer containers mount read-only
+    at /usr/local/lib/python3.11/dist-packages: $HSDP_TORCH_SITE, else the
+    project's environment BUILD/venv (tools/scripts/python_env.sh), whose
+    interpreter is Debian bookworm's python3.11, the image's own.
+
+    torch stays out of the images: with the vfs storage driver every image
+    layer and every container is a full copy of its filesystem, and a
+    trainer image with torch is 3.4 GB per container (four trainers filled
+    a CI machine's disk). A read-only bind mount costs no copy."""
+    site = os.environ.get("HSDP_TORCH_SITE")
+    if not site:
+        lib = os.path.join(build_dir, "venv", "lib")
+        found = sorted(os.path.join(lib, d, "site-packages") for d in
+                       (os.listdir(lib) if os.path.isdir(lib) else []) if d.startswith("python3"))
+        site = found[0] if found else os.path.join(lib, "python3.11", "site-packages")
+    site = os.path.abspath(site)
+    if not os.path.isdir(os.path.join(site, "torch")):
+        raise ImageError(f"{site} has no torch: make the project's environment first "
+                         f"(tools/scripts/python_env.sh) or set HSDP_TORCH_SITE")
+    return site
 
 
-@contextlib.contextmanager
-def _serve(directory):
-    """`directory` over HTTP on 127.0.0.1 (an ephemeral port) while in the block."""
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-    handler = functools.partial(Quiet, directory=directory)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def torch_image(base):
-    """hsdpd-base-torch:<hash>, built now when this machine lacks it."""
-    req = os.path.join(DOCKER_DIR, "trainer-requirements.txt")
-    dockerfile = os.path.join(DOCKER_DIR, "torch.Dockerfile")
-    h = hashlib.sha256(base.encode())
-    for p in (req, dockerfile):
-        with open(p, "rb") as f:
-            h.update(f.read())
-    tag = f"hsdpd-base-torch:{h.hexdigest()[:16]}"
-    if image_exists(tag):
-        return tag
-    log(f"building {tag} (torch from {CACHE}; once per machine)")
-    _ensure_wheels(req)
-    with _serve(CACHE) as url:
-        docker("build", "--network", "host", "-q",
-               "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"WHEELS={url}",
-               "--label", f"{LABEL}=base", "-f", dockerfile, "-t", tag, DOCKER_DIR)
-    return tag
+TORCH_MOUNT = "/usr/local/lib/python3.11/dist-packages"
 
 
 def _foreign_libraries(files):
@@ -269,9 +238,9 @@ def stage_context(build_dir, ctx):
 
 def build(build_dir, tag):
     """Builds (bases when missing) and returns {"hsdpd": ref, "trainer": ref, ...}."""
+    site = torch_site(build_dir)
     with _machine_lock():
         base = base_image()
-        torch = torch_image(base)
     ctx = os.path.join(build_dir, "docker", "context")
     stage_context(build_dir, ctx)
     dockerfile = os.path.join(ROOT, "deploy", "Dockerfile")
@@ -279,7 +248,7 @@ def build(build_dir, tag):
     for target, ref in (("hsdpd", refs["hsdpd"]), ("hsdpd-trainer", refs["trainer"])):
         log(f"building {ref}")
         docker("build", "--network", "host", "-q", "--target", target,
-               "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"TORCH_IMAGE={torch}",
+               "--build-arg", f"BASE_IMAGE={base}",
                "--label", f"{LABEL}={tag}", "-f", dockerfile, "-t", ref, ctx)
     # Every library the daemon and the extension link resolves in the image.
     r = docker("run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", refs["hsdpd"],
@@ -287,10 +256,18 @@ def build(build_dir, tag):
                "/opt/hsdp/python/hsdp/_hsdp*.so", timeout=300)
     if "not found" in r.stdout:
         raise ImageError(f"{refs['hsdpd']} lacks libraries:\n{r.stdout}")
-    return dict(refs, base=base, torch_base=torch,
+    # The trainer image's python imports torch from the mounted site and the
+    # client from the image (the extension was built for this interpreter).
+    r = docker("run", "--rm", "--network", "none", "-v", f"{site}:{TORCH_MOUNT}:ro",
+               "--entrypoint", "python3", refs["trainer"], "-c",
+               "import torch, torch.distributed, hsdp.torch; print('torch', torch.__version__)",
+               timeout=300, check=False)
+    if r.returncode != 0:
+        raise ImageError(f"{refs['trainer']} with {site} at {TORCH_MOUNT} cannot import "
+                         f"torch and hsdp.torch:\n{r.stdout[-3000:]}")
+    return dict(refs, base=base, torch_site=site,
                 sizes={k: image_size(v) for k, v in
-                       (("base", base), ("torch_base", torch), ("hsdpd", refs["hsdpd"]),
-                        ("trainer", refs["trainer"]))})
+                       (("base", base), ("hsdpd", refs["hsdpd"]), ("trainer", refs["trainer"]))})
 
 
 def remove(tag):
@@ -313,8 +290,7 @@ def main():
             print(json.dumps(build(os.path.abspath(args.build_dir), args.tag), indent=1))
         elif args.command == "bases":
             with _machine_lock():
-                base = base_image()
-                print(json.dumps({"base": base, "torch_base": torch_image(base)}))
+                print(json.dumps({"base": base_image()}))
         else:
             print(json.dumps(remove(args.tag)))
     except (ImageError, subprocess.TimeoutExpired) as e:
