@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # CI's second step (.ci/run): the C++ tests and hsdpd under sanitizers, and
-# the fuzz targets, each in its own clang build (docs/security.md "Fuzzing
-# and sanitizers" says what is covered and what was left out, and why):
+# the fuzz targets, each in its own clang build (docs/security.md "Fuzzing,
+# sanitizers and the soak" says what is covered, what is left out and why):
 #
 #   1. build-asan/ (ASan + UBSan, libFuzzer coverage): every C++ test, hsdpd,
 #      hsdpctl, hsdp-bench and the fuzz targets. ctest runs the C++ unit,
-#      integration and CLI tests (the daemons they start are ASan builds too)
-#      and each fuzz target for HSDP_FUZZ_SECONDS (20) seconds.
-#   2. build-tsan/ (TSan): the data-plane, engine, cluster, job and client
-#      tests (TSAN_TESTS below) and the daemon the client tests start.
+#      integration and CLI tests (the daemons they start are ASan builds
+#      too), the soak for 60 s, each fuzz target for HSDP_FUZZ_SECONDS (20)
+#      seconds, and the self-tests that plant one bug of each kind.
+#   2. build-tsan/ (TSan): the data-plane, job, engine, cluster and client
+#      tests (TSAN_TESTS below), the daemons they start, and the self-test.
 #
 # A sanitizer report from any process, a daemon a test started included,
 # fails the step: every report goes to <build>/sanitizer-logs/ (log_path),
@@ -44,6 +45,7 @@ TSAN_TESTS=(
   kv_store_test coordinator_test cluster_member_test gloo_store_test  # cluster
   job_id_test                                                       # client
   daemon_integration_test collectives_integration_test ring_integration_test
+  cluster_membership_test cluster_kv_test cluster_datapath_test     # daemons together
 )
 
 status=0
@@ -78,13 +80,13 @@ run_asan() {
 
 run_tsan() {
   local start=$SECONDS
-  "$ROOT/tools/scripts/sanitizer_build.sh" tsan "${TSAN_TESTS[@]}" hsdpd hsdpctl
+  "$ROOT/tools/scripts/sanitizer_build.sh" tsan "${TSAN_TESTS[@]}" sanitizer_self_test hsdpd hsdpctl
   echo "run_hardening: build-tsan built in $(( SECONDS - start )) s"
   local logs="$TSAN_DIR/sanitizer-logs"
   rm -rf "$logs"
   mkdir -p "$logs"
   local regex
-  regex="^($(IFS='|'; echo "${TSAN_TESTS[*]}"))\\."
+  regex="^($(IFS='|'; echo "${TSAN_TESTS[*]}")|sanitizers)\\."
   start=$SECONDS
   (cd "$TSAN_DIR" &&
    TSAN_OPTIONS="log_path=$logs/tsan" \
