@@ -56,8 +56,10 @@ add_library(hsdp_engine STATIC
   ${CMAKE_CURRENT_LIST_DIR}/cluster/sidecar.cc)
 target_link_libraries(hsdp_engine PUBLIC hsdp_engine_api hsdp_device_engine hsdp_cpu_kernels
   hsdp_config hsdp_util absl::synchronization absl::strings)
-set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/cpu/partial_reduce.cc
-  PROPERTIES COMPILE_OPTIONS -O3)
+if(NOT HSDP_SANITIZE)  # as the kernels (kernels.cmake)
+  set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/cpu/partial_reduce.cc
+    PROPERTIES COMPILE_OPTIONS -O3)
+endif()
 
 # hsdp_engine_gloo: the transport between daemons on Gloo (TCP).
 if(HSDP_GLOO_ENABLED)

@@ -91,6 +91,13 @@ struct Daemon {
     char tmpl[] = "/tmp/hsdp-fuzz-XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) Fail("mkdtemp");
     dir = tmpl;
+    static std::string* for_cleanup = &dir;  // the daemon lives until exit
+    std::atexit([] {
+      for (const char* f : {"/hsdpd.sock", "/hsdpd.sock.lock", "/plain-file"}) {
+        ::unlink((*for_cleanup + f).c_str());
+      }
+      ::rmdir(for_cleanup->c_str());
+    });
     path = dir + "/hsdpd.sock";
     file = dir + "/plain-file";
     UniqueFd(::open(file.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600)).Reset();

@@ -119,8 +119,15 @@ TEST(LimitsTest, MemoryDoesNotFollowAClientChosenGroupSizeOrSequenceNumbers) {
   const int64_t rss0 = RssKiB(d.pid());
   for (int i = 0; i < 30; ++i) EXPECT_FALSE(raw.NewGroup(others).ok());
   const int64_t rss1 = RssKiB(d.pid());
-  // The old daemon kept each refused 4 MiB rank list: +120 MiB here.
-  EXPECT_LT(rss1 - rss0, 16 * 1024) << "KiB kept by 30 refused NewGroup calls";
+  // The old daemon kept each refused 4 MiB rank list: +120 MiB here. Under
+  // ASan freed memory waits in its quarantine and every block has redzones,
+  // so the bound is looser there (it still catches a kept list).
+#ifdef HSDP_SANITIZED
+  constexpr int64_t kBoundKiB = 64 * 1024;
+#else
+  constexpr int64_t kBoundKiB = 16 * 1024;
+#endif
+  EXPECT_LT(rss1 - rss0, kBoundKiB) << "KiB kept by 30 refused NewGroup calls";
   // A group of 2^20 ranks (within the per-job member budget) ...
   auto gid = raw.NewGroup(all);
   ASSERT_TRUE(gid.ok()) << gid.status();

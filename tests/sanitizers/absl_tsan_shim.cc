@@ -5,7 +5,7 @@
 // lock or unlock (they spin and wait on futexes inside the library) and would
 // report every access to ABSL_GUARDED_BY state as a race. This file defines
 // the public blocking members of Mutex, CondVar, ReleasableMutexLock and
-// Notification in the executable: the dynamic linker binds every call (ours,
+// Notification (and Status's reference count) in the executable: the dynamic linker binds every call (ours,
 // and gRPC's through its PLT) here; each calls the library's own definition
 // (dlsym RTLD_NEXT) and tells TSan what it did as a happens-before edge on
 // the object's address: a release before unlocking (or before waiting, which
@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 
@@ -238,6 +239,18 @@ bool Notification::WaitForNotificationWithDeadline(Time t) const {
   { Ignored i; r = real(this, t); }
   if (r) Acquire(this);
   return r;
+}
+
+// --- Status: its shared representation is reference-counted inside the
+// library; the copy whose Unref frees it must be seen after every other
+// copy's last use. Each Unref releases, and acquires what the others
+// released before it may free. ---
+void Status::UnrefNonInlined(uintptr_t rep) {
+  HSDP_REAL(void (*)(uintptr_t), "6Status15UnrefNonInlinedEm");
+  void* p = reinterpret_cast<void*>(rep);
+  Release(p);
+  Acquire(p);
+  real(rep);  // its free goes through TSan's interceptor, now ordered
 }
 
 ABSL_NAMESPACE_END

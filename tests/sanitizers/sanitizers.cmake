@@ -52,7 +52,11 @@ endif()
 set(san_objects)
 foreach(src ${san_sources})
   get_filename_component(stem ${src} NAME_WE)
-  set(obj ${CMAKE_BINARY_DIR}/sanitizers/${stem}.o)
+  # The source's hash in the name: an edited source changes every link
+  # command, so ninja relinks what uses it (link options carry no dependency).
+  file(MD5 ${src} hash)
+  string(SUBSTRING ${hash} 0 12 hash)
+  set(obj ${CMAKE_BINARY_DIR}/sanitizers/${stem}-${hash}.o)
   file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/sanitizers)
   execute_process(
     COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -O1 -g -fPIC -fsanitize=${HSDP_SANITIZE}

@@ -6,6 +6,8 @@
 // all-local tasks in hierarchical_dependencies.cc.
 #include "daemon/engine/cluster/hierarchical_engine.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <deque>
 #include <memory>
@@ -210,6 +212,10 @@ void HierarchicalEngine::Abort(uint64_t ticket, const absl::Status& why) {
   Run(std::move(act));
 }
 void HierarchicalEngine::WorkerLoop() {
+  // Named (and so are its sidecar and pool, which inherit the name), so that
+  // `top -H` and the soak test tell this on-demand pool (never more than
+  // kMaxWorkers, and it does not shrink) from the daemon's fixed threads.
+  pthread_setname_np(pthread_self(), "hsdp-xworker");
   Sidecar sidecar;
   Scratch scratch;
   std::unique_ptr<cpu::ThreadPool> pool;
