@@ -1,6 +1,7 @@
 // Node configuration: the key table (the schema) and YAML parsing and
 // validation against it, from text or from a file. Scalar values are read by
 // config_values.cc; rendering back to YAML is in node_config_yaml.cc.
+// Read whole: one table of sections and keys, each block next to its parsers.
 #include "daemon/config/node_config.h"
 
 #include <arpa/inet.h>
@@ -286,6 +287,12 @@ constexpr KeySpec kLimitsKeys[] = {
        return SetInteger(f, 1, 1000000, &c->max_groups_per_job);
      },
      &RenderNumber<&NodeConfig::max_groups_per_job>},
+};
+
+constexpr KeySpec kJobsKeys[] = {
+    {"priority_classes", "classes of service: [{name, level 0..7 (lower first), jobs: [patterns], "
+                         "uids: [owners]}]; first match; none = \"default\", level 4",
+     &ParsePriorityClasses, &RenderPriorityClasses},
 };
 
 constexpr KeySpec kDataPlaneKeys[] = {
@@ -579,6 +586,7 @@ constexpr SectionSpec kSections[] = {
     {"node", "this daemon and its control socket", kNodeKeys},
     {"engine", "the engine that runs collectives", kEngineKeys},
     {"limits", "per-session and per-node resource limits", kLimitsKeys},
+    {"jobs", "how jobs share the engine (see docs/qos.md)", kJobsKeys},
     {"data_plane", "the shared-memory submission rings", kDataPlaneKeys},
     {"timeouts", "all in milliseconds", kTimeoutsKeys},
     {"log", "daemon logging (stderr)", kLogKeys},

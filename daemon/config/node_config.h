@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "daemon/config/priority_classes.h"
 
 namespace hsdp {
 
@@ -36,6 +37,11 @@ struct NodeConfig {
   uint32_t max_sessions = 256;               // limits.max_sessions
   uint32_t max_buffers_per_session = 4096;   // limits.max_buffers_per_session
   uint32_t max_groups_per_job = 1024;        // limits.max_groups_per_job
+
+  // jobs:
+  // Classes of service between jobs (priority_classes.h): the first that
+  // matches a job is its class; none = "default", level 4.
+  std::vector<PriorityClass> priority_classes;  // jobs.priority_classes
 
   // data_plane:
   uint32_t ring_entries = 1024;  // data_plane.ring_entries: power of two, 16..65536

@@ -72,6 +72,7 @@ struct AttachParams {
   int64_t pid = 0;
   uint32_t protocol_version = 0;
   uint64_t features = 0;  // shm::Feature bits the client offers
+  std::string priority_class;  // "" = the class the job matches (priority_classes.h)
 };
 
 struct AttachResult {
@@ -191,6 +192,11 @@ class SessionManager : public SessionDirectory {
   // member (world size, rank free).
   absl::StatusOr<JobChoice> ChooseJobLocked(const AttachParams& params, const PeerCred& caller)
       const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The class of service of a new member of job `key` that asks for
+  // `requested` ("" = its own): an existing job's, or ChooseJobClass's.
+  absl::StatusOr<ResolvedClass> ChooseClassLocked(const JobKey& key,
+                                                  const std::string& requested) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckJoinLocked(const JobKey& key, const AttachParams& params) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Creates group `key` (the k-th with `ranks`) for session `s`, or returns

@@ -55,6 +55,8 @@ NodeConfig NonDefaultConfig() {
   c.max_sessions = 17;
   c.max_buffers_per_session = 99;
   c.max_groups_per_job = 3;
+  c.priority_classes = {PriorityClass{"interactive", 0, {"infer-*", "a\"b: [c]"}, {}},
+                        PriorityClass{"batch", 7, {}, {2000, 0}}};
   c.ring_entries = 65536;
   c.spin_us = 0;
   c.collective_timeout_ms = 86400000;
@@ -231,6 +233,47 @@ TEST(NodeConfigTest, ToYamlRoundTripsAwkwardValues) {
   config.engine_threads = 1024;
   config.ring_entries = 16;
   EXPECT_EQ(ParseOk(NodeConfigToYaml(config)), config) << NodeConfigToYaml(config);
+}
+
+TEST(NodeConfigTest, PriorityClassesParseInOrder) {
+  const NodeConfig c = ParseOk(
+      "jobs:\n"
+      "  priority_classes:\n"
+      "    - {name: interactive, level: 1, jobs: [\"infer-*\", eval-?]}\n"
+      "    - name: batch\n"
+      "      level: 6\n"
+      "      uids: [2000, 2001]\n");
+  ASSERT_EQ(c.priority_classes.size(), 2u);
+  EXPECT_EQ(c.priority_classes[0],
+            (PriorityClass{"interactive", 1, {"infer-*", "eval-?"}, {}}));
+  EXPECT_EQ(c.priority_classes[1], (PriorityClass{"batch", 6, {}, {2000, 2001}}));
+  EXPECT_TRUE(ParseOk("jobs: {priority_classes: []}\n").priority_classes.empty());
+}
+
+TEST(NodeConfigTest, PriorityClassErrorsNameTheEntryAndLine) {
+  auto error = [](const std::string& classes) {
+    return ParseError("jobs:\n  priority_classes:\n" + classes);
+  };
+  EXPECT_THAT(error("    - {name: a, level: 8}\n"),
+              AllOf(HasSubstr("test.yaml:3: jobs.priority_classes[0].level"), HasSubstr("8")));
+  EXPECT_THAT(error("    - {name: a}\n"), HasSubstr("a class needs a level"));
+  EXPECT_THAT(error("    - {level: 1}\n"), HasSubstr("a class needs a name"));
+  EXPECT_THAT(error("    - {name: A!, level: 1}\n"), HasSubstr("is not 1 to 32 bytes"));
+  EXPECT_THAT(error("    - {name: a, level: 1, job: [x]}\n"),
+              AllOf(HasSubstr("jobs.priority_classes[0].job"), HasSubstr("unknown key")));
+  EXPECT_THAT(error("    - {name: a, level: 1}\n    - {name: a, level: 2}\n"),
+              AllOf(HasSubstr("test.yaml:4: jobs.priority_classes[1]"),
+                    HasSubstr("listed twice")));
+  EXPECT_THAT(error("    - {name: a, level: 1, jobs: \"x*\"}\n"),
+              HasSubstr("expected a list of job name patterns"));
+  EXPECT_THAT(error("    - {name: a, level: 1, jobs: [\"\"]}\n"), HasSubstr("1 to 128 bytes"));
+  EXPECT_THAT(error("    - {name: a, level: 1, uids: [-1]}\n"),
+              HasSubstr("jobs.priority_classes[0].uids[0]"));
+  EXPECT_THAT(ParseError("jobs: {priority_classes: {name: a}}\n"),
+              HasSubstr("expected a list of classes"));
+  std::string many;
+  for (int i = 0; i <= 64; ++i) many += "    - {name: c" + std::to_string(i) + ", level: 1}\n";
+  EXPECT_THAT(error(many), HasSubstr("65 classes; at most 64"));
 }
 
 TEST(NodeConfigTest, Summary) {
