@@ -93,7 +93,7 @@ absl::StatusOr<ResolvedClass> ChooseJobClass(const std::vector<PriorityClass>& c
   }
   if (asked.level < own.level) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "priority_class: job \"", absl::CHexEscape(name), "\" of uid ", uid, " is in class \"",
+        "priority_class: job \"", absl::CHexEscape(std::string(name)), "\" of uid ", uid, " is in class \"",
         own.name, "\" (level ", own.level, ") and may only ask for a class of level ", own.level,
         " or more; \"", asked.name, "\" is level ", asked.level));
   }
