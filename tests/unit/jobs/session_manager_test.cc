@@ -107,7 +107,7 @@ TEST_F(SessionManagerTest, AJobGetsItsPriorityClassAtItsFirstAttach) {
   // A member asking for another class than the job's: refused, naming both.
   ASSERT_TRUE(attach("train", 0, 1000, "").ok());
   EXPECT_EQ(class_of("train"), "default/4");
-  r = attach("train", 1, 1000, "batch");
+  auto r = attach("train", 1, 1000, "batch");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
   EXPECT_THAT(std::string(r.status().message()),
               AllOf(HasSubstr("\"default\""), HasSubstr("\"batch\"")));
