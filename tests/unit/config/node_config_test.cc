@@ -87,6 +87,12 @@ limits:
   max_sessions: 17
   max_buffers_per_session: 99
   max_groups_per_job: 3
+jobs:
+  priority_classes:
+    - name: interactive
+      level: 0
+      jobs: ["infer-*", 'a"b: [c]']
+    - {name: batch, level: 7, uids: [2000, 0]}
 data_plane:
   ring_entries: 65536
   spin_us: 0
@@ -239,7 +245,7 @@ TEST(NodeConfigTest, PriorityClassesParseInOrder) {
   const NodeConfig c = ParseOk(
       "jobs:\n"
       "  priority_classes:\n"
-      "    - {name: interactive, level: 1, jobs: [\"infer-*\", eval-?]}\n"
+      "    - {name: interactive, level: 1, jobs: [\"infer-*\", \"eval-?\"]}\n"
       "    - name: batch\n"
       "      level: 6\n"
       "      uids: [2000, 2001]\n");
