@@ -446,7 +446,7 @@ TEST(NodeConfigTest, UnknownKeyMessageListsKnownKeys) {
   EXPECT_THAT(ParseError("engine:\n  flavour: 1\n"),
               HasSubstr("known keys: kind, device, threads, inline_max_bytes"));
   EXPECT_THAT(ParseError("colour: 1\n"),
-              HasSubstr("known sections: node, engine, limits, data_plane, timeouts, log"));
+              HasSubstr("known sections: node, engine, limits, jobs, data_plane, timeouts, log"));
 }
 
 TEST(NodeConfigTest, SourceNameAppearsInMessages) {
