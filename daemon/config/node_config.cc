@@ -287,6 +287,12 @@ constexpr KeySpec kLimitsKeys[] = {
        return SetInteger(f, 1, 1000000, &c->max_groups_per_job);
      },
      &RenderNumber<&NodeConfig::max_groups_per_job>},
+    {"max_job_bytes", "shared memory one job's sessions on this node may map; 0 = no per-job "
+                      "limit, else >= 4KiB",
+     [](const Field& f, NodeConfig* c) {
+       return SetSize(f, {.min = 4096, .max = kNoLimit, .zero_ok = true}, &c->max_job_bytes);
+     },
+     &RenderSize<&NodeConfig::max_job_bytes>},
 };
 
 constexpr KeySpec kJobsKeys[] = {

@@ -37,6 +37,9 @@ struct NodeConfig {
   uint32_t max_sessions = 256;               // limits.max_sessions
   uint32_t max_buffers_per_session = 4096;   // limits.max_buffers_per_session
   uint32_t max_groups_per_job = 1024;        // limits.max_groups_per_job
+  // Shared memory all of one job's sessions on this node may register
+  // (incl. registrations in progress); 0 = only the session and node limits.
+  uint64_t max_job_bytes = 0;                // limits.max_job_bytes
 
   // jobs:
   // Classes of service between jobs (priority_classes.h): the first that

@@ -218,6 +218,11 @@ class SessionManager : public SessionDirectory {
                                           absl::StatusOr<UniqueFd> fd, uint64_t size_bytes,
                                           const std::string& name);
   void ReleaseNode(uint64_t bytes, uint64_t mappings);
+  // RESOURCE_EXHAUSTED naming the job when `size_bytes` more would take the
+  // job of `s` over limits.max_job_bytes (all its sessions here, with their
+  // registrations in progress).
+  absl::Status CheckJobBytesLocked(const Session& s, uint64_t size_bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunSessionEndHooks(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   const NodeConfig config_;

@@ -281,6 +281,36 @@ TEST_F(SessionManagerTest, RegistrationReservesAndReleasesEveryLimit) {
   EXPECT_EQ(sm_->mappings(), 0u);
 }
 
+TEST_F(SessionManagerTest, AJobsSessionsShareItsByteLimit) {
+  config_.max_job_bytes = 12288;  // 3 pages for the whole job on this node
+  Make(limits_);
+  const uint64_t a = Attach("j", 0, 2);
+  const uint64_t b = Attach("j", 1, 2);
+  const uint64_t other = Attach("k", 0, 1);
+  ASSERT_TRUE(Register(a, 8192, 1).ok());
+  ASSERT_TRUE(Register(b, 4096, 2).ok());
+  // The job is full: its next buffer is refused naming the job and the limit,
+  // from either session; another job is not affected.
+  auto over = Register(b, 4096, 3);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over.status().message()),
+              AllOf(HasSubstr("job \"j\" of uid 1000"), HasSubstr("limits.max_job_bytes")));
+  EXPECT_EQ(Register(a, 4096, 4).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Register(other, 8192, 5).ok());
+  // A registration in progress counts against the job too.
+  absl::Notification done;
+  sm_->RegisterBuffer(other, 77, 4096, "pending", Cred(1000), [&](absl::StatusOr<uint64_t>) {
+    done.Notify();
+  });
+  EXPECT_EQ(Register(other, 4096, 6).status().code(), absl::StatusCode::kResourceExhausted);
+  sm_->FindSession(other)->ExpireFdWaiters(absl::Now() + absl::Seconds(60));
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(Register(other, 4096, 7).ok()) << "released when it failed";
+  // Freeing or ending a session gives the job its bytes back.
+  sm_->EndSession(b, "test");
+  EXPECT_TRUE(Register(a, 4096, 8).ok());
+}
+
 TEST_F(SessionManagerTest, MappingBudgetBoundsSessionsAndBuffers) {
   NodeLimits l;
   l.max_node_bytes = 1 << 30;
