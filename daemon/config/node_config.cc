@@ -255,6 +255,10 @@ constexpr KeySpec kEngineKeys[] = {
        return SetSize(f, {.min = 0, .max = 64 * kMiB, .zero_ok = false}, &c->inline_max_bytes);
      },
      &RenderSize<&NodeConfig::inline_max_bytes>},
+    {"bulk_nice", "nice increment of the threads running large ops, 0..19; small ops and "
+                  "matching keep the daemon's priority",
+     [](const Field& f, NodeConfig* c) { return SetInteger(f, 0, 19, &c->engine_bulk_nice); },
+     &RenderNumber<&NodeConfig::engine_bulk_nice>},
 };
 
 constexpr KeySpec kLimitsKeys[] = {

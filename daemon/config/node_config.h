@@ -27,6 +27,10 @@ struct NodeConfig {
   std::string engine_device = "cuda";  // engine.device: "cuda", or "fake" (tests only)
   int engine_threads = 0;           // engine.threads: 0 = all cores this process may use
   uint64_t inline_max_bytes = 64 * 1024;  // engine.inline_max_bytes: smaller ops skip the pool
+  // Nice increment of the threads that run queued (large) work, 0..19: the
+  // dispatcher thread, which matches every op and runs small ones inline,
+  // then gets the CPU first when both want it (docs/qos.md).
+  int engine_bulk_nice = 0;  // engine.bulk_nice
 
   // limits:
   // Live connections (gRPC and data, counted from accept) one uid may hold

@@ -2,9 +2,10 @@
 """Two jobs on one hsdpd: a bulk job and a latency-sensitive one, same run.
 
     PYTHONPATH=build/python build/venv/bin/python tools/bench/qos_bench.py \\
-        [--bin build/bin] [--seconds 4] [--rounds 2] [--b-sizes 4096,1048576]
+        [--bin build/bin] [--seconds 4] [--rounds 2] [--b-sizes 4096,1048576] [--bulk-nice 0,5]
 
-Starts its own hsdpd (engine threads: all cores; a private socket) with one
+For each engine.bulk_nice value, starts its own hsdpd (engine threads: all
+cores; a private socket) with one
 class of service, `interactive` (level 1) for jobs named "qos-hi-*"; every
 other job is in "default" (level 4). Job A (2 ranks) all-reduces 64 MiB
 (float32) in a loop; job B (2 ranks) all-reduces B_SIZE bytes back to back
@@ -44,16 +45,28 @@ def worker(args):
     with open(args.out + ".ready", "w"):
         pass
     lat, done = [], []
+    flag = c.array((1,), np.float32)
+    end = time.monotonic() + args.seconds
+    rank0 = args.rank == 0
+
+    def keep_going():
+        # Rank 0 decides for both (the ranks must run the same ops): an
+        # all-reduce (max) of its verdict, not timed.
+        stop = rank0 and (os.path.exists(args.stop) or time.monotonic() >= end)
+        flag[0] = 1.0 if stop else 0.0
+        c.all_reduce(flag, op="max")
+        return flag[0] == 0.0
+
     if args.mode == "idle":
-        while not os.path.exists(args.stop):
-            time.sleep(0.01)
+        while keep_going():
+            time.sleep(0.05)
     else:
-        end = time.monotonic() + args.seconds
-        while time.monotonic() < end and not os.path.exists(args.stop):
-            t0 = time.perf_counter_ns()
-            c.all_reduce(x)
-            lat.append(time.perf_counter_ns() - t0)
-            done.append(time.monotonic())
+        while keep_going():
+            for _ in range(args.batch):
+                t0 = time.perf_counter_ns()
+                c.all_reduce(x)
+                lat.append(time.perf_counter_ns() - t0)
+                done.append(time.monotonic())
     c.barrier()
     with open(args.out, "w") as f:
         json.dump({"lat_ns": lat, "done": done}, f)
@@ -68,7 +81,8 @@ def start_job(py, tmp, job, nbytes, mode, seconds, cls, stop):
         outs.append(out)
         procs.append(subprocess.Popen(
             [py, os.path.abspath(__file__), "--worker", "--job", job, "--rank", str(r),
-             "--nbytes", str(nbytes), "--mode", mode, "--seconds", str(seconds), "--cls",
+             "--nbytes", str(nbytes), "--mode", mode, "--seconds", str(seconds),
+             "--batch", str(1 if nbytes >= (1 << 20) else 64), "--cls",
              cls, "--out", out, "--stop", stop]))
     return procs, outs
 
@@ -136,6 +150,21 @@ def scenario(py, tmp, name, b_bytes, seconds, n):
     return out
 
 
+def report(results, names, size, nice, args):
+    print(f"\nengine.bulk_nice {nice}: B = {size} B all-reduce (2 ranks), A = 64 MiB all-reduce "
+          f"(2 ranks); {args.rounds} rounds of {args.seconds:g} s, medians (each round)")
+    print(f"{'scenario':<14} {'B p50 us':>10} {'B p99 us':>10} {'B ops':>7} {'A GB/s':>8}   rounds")
+    for name in names:
+        rs = results[name]
+
+        def med(key):
+            vals = sorted(r[key] for r in rs if key in r)
+            return vals[len(vals) // 2] if vals else float("nan")
+        each = "; ".join(", ".join(f"{k}={v:.1f}" for k, v in r.items()) for r in rs)
+        print(f"{name:<14} {med('b_p50_us'):>10.1f} {med('b_p99_us'):>10.1f} "
+              f"{med('b_ops'):>7.0f} {med('a_gbs'):>8.2f}   {each}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", action="store_true")
@@ -147,54 +176,46 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--stop")
     ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--b-sizes", default="4096,1048576")
+    ap.add_argument("--bulk-nice", default="0,5", help="engine.bulk_nice values, one daemon each")
     ap.add_argument("--bin", default=os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "bin"))
     args = ap.parse_args()
     if args.worker:
         return worker(args)
     tmp = tempfile.mkdtemp(prefix="hsdp-qos-")
-    cfg = os.path.join(tmp, "node.yaml")
-    with open(cfg, "w") as f:
-        f.write("jobs:\n  priority_classes:\n"
-                "    - {name: interactive, level: 1, jobs: [\"qos-hi-*\"]}\n")
-    sock = os.path.join(tmp, "hsdpd.sock")
-    daemon = subprocess.Popen([os.path.join(args.bin, "hsdpd"), "--node-config", cfg,
-                               "--socket", sock, "--log-level", "warning"])
-    os.environ["HSDPD_SOCKET"] = sock
-    try:
-        end = time.monotonic() + 10
-        while not os.path.exists(sock):
-            if time.monotonic() > end or daemon.poll() is not None:
-                raise RuntimeError("hsdpd did not start")
-            time.sleep(0.05)
-        names = ["B alone", "A alone", "A + B idle", "A + B equal", "A + B prio"]
-        n = 0
-        for size in [int(s) for s in args.b_sizes.split(",")]:
-            results = {k: [] for k in names}
-            for rnd in range(args.rounds):
-                order = names if rnd % 2 == 0 else list(reversed(names))
-                for name in order:
-                    n += 1
-                    results[name].append(scenario(sys.executable, tmp, name, size, args.seconds, n))
-            print(f"\nB = {size} B all-reduce (2 ranks), A = 64 MiB all-reduce (2 ranks); "
-                  f"{args.rounds} rounds of {args.seconds:g} s, medians (each round)")
-            print(f"{'scenario':<14} {'B p50 us':>10} {'B p99 us':>10} {'B ops':>7} "
-                  f"{'A GB/s':>8}   rounds")
-            for name in names:
-                rs = results[name]
-
-                def med(key):
-                    vals = sorted(r[key] for r in rs if key in r)
-                    return vals[len(vals) // 2] if vals else float("nan")
-                each = "; ".join(
-                    ", ".join(f"{k}={v:.1f}" for k, v in r.items()) for r in rs)
-                print(f"{name:<14} {med('b_p50_us'):>10.1f} {med('b_p99_us'):>10.1f} "
-                      f"{med('b_ops'):>7.0f} {med('a_gbs'):>8.2f}   {each}")
-    finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
+    names = ["B alone", "A alone", "A + B idle", "A + B equal", "A + B prio"]
+    n = 0
+    for nice in [int(v) for v in args.bulk_nice.split(",")]:
+        cfg = os.path.join(tmp, f"node{nice}.yaml")
+        with open(cfg, "w") as f:
+            f.write(f"engine:\n  bulk_nice: {nice}\n"
+                    "jobs:\n  priority_classes:\n"
+                    "    - {name: interactive, level: 1, jobs: [\"qos-hi-*\"]}\n")
+        sock = os.path.join(tmp, f"hsdpd{nice}.sock")
+        daemon = subprocess.Popen([os.path.join(args.bin, "hsdpd"), "--node-config", cfg,
+                                   "--socket", sock, "--log-level", "warning"])
+        os.environ["HSDPD_SOCKET"] = sock
+        try:
+            end = time.monotonic() + 10
+            while not os.path.exists(sock):
+                if time.monotonic() > end or daemon.poll() is not None:
+                    raise RuntimeError("hsdpd did not start")
+                time.sleep(0.05)
+            for size in [int(v) for v in args.b_sizes.split(",")]:
+                results = {k: [] for k in names}
+                for rnd in range(args.rounds):
+                    order = names if rnd % 2 == 0 else list(reversed(names))
+                    for name in order:
+                        n += 1
+                        results[name].append(
+                            scenario(sys.executable, tmp, name, size, args.seconds, n))
+                report(results, names, size, nice, args)
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=30)
     return 0
 
 

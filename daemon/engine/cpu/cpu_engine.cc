@@ -184,11 +184,14 @@ void CpuEngine::RunRange(const EngineTask& t, cpu::ThreadPool* pool, uint64_t be
   }
 }
 
-CpuEngine::CpuEngine(int threads, uint64_t inline_max_bytes, uint64_t slice_bytes)
+CpuEngine::CpuEngine(int threads, uint64_t inline_max_bytes, uint64_t slice_bytes, int bulk_nice)
     : inline_max_bytes_(inline_max_bytes),
       slice_bytes_(std::max<uint64_t>(slice_bytes, 64 * 1024)),
-      pool_(std::max(1, threads)) {
-  executor_ = std::thread([this] { ExecutorLoop(); });
+      pool_(std::max(1, threads), "hsdp-pool", bulk_nice) {
+  executor_ = std::thread([this, bulk_nice] {
+    cpu::ThreadPool::NameAndNice("hsdp-engine", bulk_nice);
+    ExecutorLoop();
+  });
 }
 
 CpuEngine::~CpuEngine() { Shutdown(); }

@@ -41,7 +41,10 @@ class CpuEngine : public Engine {
   // threads: total threads used for large tasks (>= 1). slice_bytes: bytes
   // per rank a queued task runs before the queue is consulted again.
   static constexpr uint64_t kDefaultSliceBytes = 4ull << 20;
-  CpuEngine(int threads, uint64_t inline_max_bytes, uint64_t slice_bytes = kDefaultSliceBytes);
+  // bulk_nice: nice increment (0..19) of the executor and pool threads, which
+  // run queued work; tasks run inline keep the caller's priority.
+  CpuEngine(int threads, uint64_t inline_max_bytes, uint64_t slice_bytes = kDefaultSliceBytes,
+            int bulk_nice = 0);
   ~CpuEngine() override;
 
   absl::Status CreateGroup(const EngineGroupSpec&) override { return absl::OkStatus(); }
