@@ -55,6 +55,8 @@ NodeConfig NonDefaultConfig() {
   c.max_sessions = 17;
   c.max_buffers_per_session = 99;
   c.max_groups_per_job = 3;
+  c.max_job_bytes = 5ull << 30;
+  c.engine_bulk_nice = 19;
   c.priority_classes = {PriorityClass{"interactive", 0, {"infer-*", "a\"b: [c]"}, {}},
                         PriorityClass{"batch", 7, {}, {2000, 0}}};
   c.ring_entries = 65536;
@@ -81,12 +83,14 @@ engine:
   kind: cpu
   threads: 12
   inline_max_bytes: 4KiB
+  bulk_nice: 19
 limits:
   max_session_bytes: 3GiB
   max_node_bytes: 1TB
   max_sessions: 17
   max_buffers_per_session: 99
   max_groups_per_job: 3
+  max_job_bytes: 5GiB
 jobs:
   priority_classes:
     - name: interactive
@@ -188,7 +192,8 @@ TEST(NodeConfigTest, DefaultYamlListsEveryKeyWithAComment) {
        {"node:", "name:", "socket:", "socket_mode: 0660", "allowed_uids: []", "engine:",
         "kind: \"cpu\"", "threads: 0", "inline_max_bytes: 64KiB", "limits:",
         "max_session_bytes: 64GiB", "max_node_bytes: 0", "max_sessions: 256",
-        "max_buffers_per_session: 4096", "max_groups_per_job: 1024", "data_plane:",
+        "max_buffers_per_session: 4096", "max_groups_per_job: 1024", "max_job_bytes: 0",
+        "bulk_nice: 0", "jobs:", "priority_classes: []", "data_plane:",
         "ring_entries: 1024", "spin_us: 50", "timeouts:", "collective_ms: 60000",
         "data_connect_ms: 10000", "shutdown_grace_ms: 5000", "log:", "level: \"info\""}) {
     EXPECT_THAT(yaml, HasSubstr(key));
