@@ -473,10 +473,14 @@ struct Blocker {
   std::shared_future<void> released = release.get_future().share();
   std::vector<float> mem = {1.0f, 0.0f};
   explicit Blocker(CpuEngine* engine) {
-    Submit(engine, SmallTask(Collective::kBroadcast, &mem), [this](absl::Status, uint64_t) {
-      entered.set_value();
-      released.wait();
-    });
+    // The callback holds its own copy of the shared future: the engine
+    // thread may still be inside wait() when the test ends and destroys this
+    // Blocker (TSan saw the promise's state freed under it).
+    Submit(engine, SmallTask(Collective::kBroadcast, &mem),
+           [this, gate = released](absl::Status, uint64_t) {
+             entered.set_value();
+             gate.wait();
+           });
     entered.get_future().wait();
   }
 };
