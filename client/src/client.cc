@@ -56,6 +56,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   v1::AttachRequest req;
   req.set_job_id(impl->options.job_id);
   if (options.owner_uid.has_value()) req.set_owner_uid(*options.owner_uid);
+  req.set_priority_class(options.priority_class);
   req.set_rank(options.rank);
   req.set_world_size(options.world_size);
   req.set_local_rank(options.local_rank);

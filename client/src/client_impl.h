@@ -170,6 +170,9 @@ class Client::Impl {
     d.tag = peering.tag;
     d.splits = {peering.splits.buffer_id, peering.splits.offset_bytes};
     d.premul_factor = d.pre_divide = d.post_divide = 1.0;
+    if (opts.latency_critical && (features & shm::kFeatureOpPriority) != 0) {
+      d.flags |= shm::kFlagLatencyCritical;
+    }
     if (opts.wait_event_id != 0) {
       d.flags |= shm::kFlagWaitEvent;
       d.event_id = opts.wait_event_id;

@@ -1,6 +1,7 @@
 // Node configuration: the key table (the schema) and YAML parsing and
 // validation against it, from text or from a file. Scalar values are read by
 // config_values.cc; rendering back to YAML is in node_config_yaml.cc.
+// Read whole: one table of sections and keys, each block next to its parsers.
 #include "daemon/config/node_config.h"
 
 #include <arpa/inet.h>
@@ -254,6 +255,10 @@ constexpr KeySpec kEngineKeys[] = {
        return SetSize(f, {.min = 0, .max = 64 * kMiB, .zero_ok = false}, &c->inline_max_bytes);
      },
      &RenderSize<&NodeConfig::inline_max_bytes>},
+    {"bulk_nice", "nice increment of the threads running large ops, 0..19; small ops and "
+                  "matching keep the daemon's priority",
+     [](const Field& f, NodeConfig* c) { return SetInteger(f, 0, 19, &c->engine_bulk_nice); },
+     &RenderNumber<&NodeConfig::engine_bulk_nice>},
 };
 
 constexpr KeySpec kLimitsKeys[] = {
@@ -286,6 +291,18 @@ constexpr KeySpec kLimitsKeys[] = {
        return SetInteger(f, 1, 1000000, &c->max_groups_per_job);
      },
      &RenderNumber<&NodeConfig::max_groups_per_job>},
+    {"max_job_bytes", "shared memory one job's sessions on this node may map; 0 = no per-job "
+                      "limit, else >= 4KiB",
+     [](const Field& f, NodeConfig* c) {
+       return SetSize(f, {.min = 4096, .max = kNoLimit, .zero_ok = true}, &c->max_job_bytes);
+     },
+     &RenderSize<&NodeConfig::max_job_bytes>},
+};
+
+constexpr KeySpec kJobsKeys[] = {
+    {"priority_classes", "classes of service: [{name, level 0..7 (lower first), jobs: [patterns], "
+                         "uids: [owners]}]; first match; none = \"default\", level 4",
+     &ParsePriorityClasses, &RenderPriorityClasses},
 };
 
 constexpr KeySpec kDataPlaneKeys[] = {
@@ -579,6 +596,7 @@ constexpr SectionSpec kSections[] = {
     {"node", "this daemon and its control socket", kNodeKeys},
     {"engine", "the engine that runs collectives", kEngineKeys},
     {"limits", "per-session and per-node resource limits", kLimitsKeys},
+    {"jobs", "how jobs share the engine (see docs/qos.md)", kJobsKeys},
     {"data_plane", "the shared-memory submission rings", kDataPlaneKeys},
     {"timeouts", "all in milliseconds", kTimeoutsKeys},
     {"log", "daemon logging (stderr)", kLogKeys},

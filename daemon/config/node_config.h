@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "daemon/config/priority_classes.h"
 
 namespace hsdp {
 
@@ -26,6 +27,10 @@ struct NodeConfig {
   std::string engine_device = "cuda";  // engine.device: "cuda", or "fake" (tests only)
   int engine_threads = 0;           // engine.threads: 0 = all cores this process may use
   uint64_t inline_max_bytes = 64 * 1024;  // engine.inline_max_bytes: smaller ops skip the pool
+  // Nice increment of the threads that run queued (large) work, 0..19: the
+  // dispatcher thread, which matches every op and runs small ones inline,
+  // then gets the CPU first when both want it (docs/qos.md).
+  int engine_bulk_nice = 0;  // engine.bulk_nice
 
   // limits:
   // Live connections (gRPC and data, counted from accept) one uid may hold
@@ -36,6 +41,14 @@ struct NodeConfig {
   uint32_t max_sessions = 256;               // limits.max_sessions
   uint32_t max_buffers_per_session = 4096;   // limits.max_buffers_per_session
   uint32_t max_groups_per_job = 1024;        // limits.max_groups_per_job
+  // Shared memory all of one job's sessions on this node may register
+  // (incl. registrations in progress); 0 = only the session and node limits.
+  uint64_t max_job_bytes = 0;                // limits.max_job_bytes
+
+  // jobs:
+  // Classes of service between jobs (priority_classes.h): the first that
+  // matches a job is its class; none = "default", level 4.
+  std::vector<PriorityClass> priority_classes;  // jobs.priority_classes
 
   // data_plane:
   uint32_t ring_entries = 1024;  // data_plane.ring_entries: power of two, 16..65536

@@ -40,6 +40,10 @@ struct SectionSpec {
   SectionCheck check = nullptr;
 };
 
+// jobs.priority_classes (priority_classes_yaml.cc): a list of maps.
+absl::Status ParsePriorityClasses(const Field& f, NodeConfig* config);
+std::string RenderPriorityClasses(const NodeConfig& config);
+
 // Every section of the node configuration, in document order.
 std::span<const SectionSpec> NodeConfigSections();
 

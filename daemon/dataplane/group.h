@@ -81,6 +81,7 @@ struct GroupSpec {
   uint32_t max_pending = 4096;          // queued operations (and sequence window)
   OpObserver* observer = nullptr;       // sees every operation (metrics, trace); may be null
   uint32_t first_epoch = 1;             // the epoch it starts in (ClusterDirectory::FirstEpoch)
+  uint32_t qos_class = 4;               // the job's priority level (EngineTask::qos_class)
   // Cross-node groups: called (without the group's lock) when an epoch fails
   // for a reason that started on this node. May be empty.
   std::function<void(uint32_t epoch, const absl::Status& why)> on_epoch_failed;

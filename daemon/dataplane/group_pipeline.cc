@@ -18,6 +18,11 @@
 namespace hsdp {
 namespace {
 
+// Within a job, a queueing engine runs a lower priority first: marked
+// latency-critical ops, then all-gathers and reduce-scatters (they gate
+// compute), then the rest.
+constexpr int kLatencyCriticalPriority = -1;
+
 int PriorityOf(Collective c) {
   return c == Collective::kAllGather || c == Collective::kReduceScatter ||
                  c == Collective::kReduceScatterAllReduce
@@ -98,8 +103,14 @@ EngineTask Group::Lower(const PendingOp& op) const {
       }
     }
   }
-  t.priority = PriorityOf(t.collective);
+  // Latency-critical when any member says so (shm::kFlagLatencyCritical):
+  // ahead of the job's other work in a queueing engine.
+  const bool critical = std::any_of(op.arrivals.begin(), op.arrivals.end(), [](const auto& a) {
+    return (a.second.desc.flags & shm::kFlagLatencyCritical) != 0;
+  });
+  t.priority = critical ? kLatencyCriticalPriority : PriorityOf(t.collective);
   t.job = job().Encoded();
+  t.qos_class = static_cast<int>(spec_.qos_class);
   return t;
 }
 

@@ -80,10 +80,11 @@ struct EngineTask {
   // 0 runs first: all-gather and reduce-scatter (they gate compute), then 1.
   int priority = 1;
   // Whose task, for engines that share their time among jobs (the CPU
-  // engine's FairQueue): the group's JobKey::Encoded(), and the job's class
-  // (a lower value is served first; 1 is the default class).
+  // engine's FairQueue): the group's JobKey::Encoded(), and the level of the
+  // job's priority class (a lower value is served first, strictly; 4 is the
+  // default class's, daemon/config/priority_classes.h).
   std::string job;
-  int qos_class = 1;
+  int qos_class = 4;
   // Tickets that must finish (successfully) before this task starts.
   std::vector<uint64_t> depends_on;
 

@@ -7,7 +7,9 @@ namespace hsdp {
 absl::StatusOr<DeviceStack> MakeEngine(const EngineOptions& options) {
   // Host memory always runs on the CPU engine (CPU tensors keep working on a
   // GPU node); the kind decides whether a device engine runs beside it.
-  auto host = std::unique_ptr<Engine>(new CpuEngine(options.threads, options.inline_max_bytes));
+  auto host = std::unique_ptr<Engine>(new CpuEngine(options.threads, options.inline_max_bytes,
+                                                        CpuEngine::kDefaultSliceBytes,
+                                                        options.bulk_nice));
   return MakeDeviceAwareEngine(options.kind, std::move(host), options.nccl, options.device);
 }
 

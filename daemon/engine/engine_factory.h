@@ -18,6 +18,7 @@ struct EngineOptions {
   std::string kind = "cpu";     // "cpu", "nccl" or "auto"
   int threads = 1;              // CPU threads for large tasks
   uint64_t inline_max_bytes = 64 * 1024;
+  int bulk_nice = 0;            // nice increment of the threads running queued work
   std::string device = "cuda";  // "cuda", or "fake" (tests only)
   nccl::NcclEngineOptions nccl;  // for the NCCL engine of kind nccl / auto
 };

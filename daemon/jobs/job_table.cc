@@ -84,7 +84,8 @@ std::vector<JobSummary> JobTable::Summaries(std::optional<uint32_t> only_uid) co
   for (const auto& [key, job] : jobs_) {
     if (only_uid.has_value() && key.owner_uid != *only_uid) continue;
     out.push_back(JobSummary{key.name, job.world_size, static_cast<int>(job.rank_to_session.size()),
-                             static_cast<uint32_t>(job.groups.size()), key.owner_uid});
+                             static_cast<uint32_t>(job.groups.size()), key.owner_uid,
+                             job.priority_class, job.priority_level});
   }
   return out;
 }

@@ -41,6 +41,9 @@ struct Job {
   // (session id, ranks) -> calls so far. Only accepted calls are counted.
   std::map<std::pair<uint64_t, std::vector<int>>, int> calls;
   uint64_t group_members = 0;  // sum of the sizes of its groups
+  // Its class of service, chosen when its first member attached.
+  std::string priority_class;
+  uint32_t priority_level = 4;
 };
 
 struct JobSummary {
@@ -49,6 +52,8 @@ struct JobSummary {
   int attached = 0;
   uint32_t groups = 0;
   uint32_t owner_uid = 0;
+  std::string priority_class;
+  uint32_t priority_level = 0;
 };
 
 // Who attaches, and whose job they name.

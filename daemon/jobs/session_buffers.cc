@@ -67,6 +67,7 @@ void SessionManager::RegisterBuffer(uint64_t session_id, uint64_t fd_tag, uint64
                                                     "vm.max_map_count is ",
                                                     limits_.max_mappings, ")")));
     }
+    if (absl::Status r = CheckJobBytesLocked(*s, size_bytes); !r.ok()) return done(r);
     if (absl::Status r = s->ReserveBuffer(size_bytes, config_.max_session_bytes,
                                           config_.max_buffers_per_session);
         !r.ok()) {
@@ -104,15 +105,19 @@ absl::StatusOr<uint64_t> SessionManager::FinishRegister(const std::shared_ptr<Se
   absl::StatusOr<std::shared_ptr<MappedBuffer>> buf =
       fd.ok() ? MappedBuffer::Map(std::move(*fd), size_bytes, name)
               : absl::StatusOr<std::shared_ptr<MappedBuffer>>(fd.status());
-  s->ReleaseReservation(size_bytes);
   if (buf.ok() && s->closed()) {
     buf = absl::NotFoundError(absl::StrCat("session_id: session ", s->id(), " ended"));
   }
   if (!buf.ok()) {
+    s->ReleaseReservation(size_bytes);
     ReleaseNode(size_bytes, 1);
     return buf.status();
   }
+  // Added before the reservation goes, so that the job's and the session's
+  // bytes never dip below what is held (another registration checking them
+  // meanwhile sees at least the truth).
   const uint64_t id = s->AddBuffer(std::move(*buf));
+  s->ReleaseReservation(size_bytes);
   if (id == 0) {  // ended while mapping: its ClearBuffers did not count this one
     ReleaseNode(size_bytes, 1);
     return absl::NotFoundError(absl::StrCat("session_id: session ", s->id(), " ended"));
@@ -120,6 +125,26 @@ absl::StatusOr<uint64_t> SessionManager::FinishRegister(const std::shared_ptr<Se
   HSDP_LOG(Debug) << "session " << s->id() << " registered buffer " << id << " (" << size_bytes
                   << " bytes)";
   return id;
+}
+
+absl::Status SessionManager::CheckJobBytesLocked(const Session& s, uint64_t size_bytes) const {
+  if (config_.max_job_bytes == 0) return absl::OkStatus();
+  const JobKey key = s.info().job();
+  uint64_t used = 0;
+  if (const Job* job = jobs_.Find(key); job != nullptr) {
+    for (const auto& [rank, session_id] : job->rank_to_session) {
+      if (auto it = sessions_.find(session_id); it != sessions_.end()) {
+        used += it->second->used_bytes();
+      }
+    }
+  }
+  if (size_bytes > config_.max_job_bytes || used > config_.max_job_bytes - size_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a buffer of ", FormatBytes(size_bytes), " would bring ", key.Describe(), " to ",
+        FormatBytes(SaturatingAdd(used, size_bytes)), " on this node, over its limit of ",
+        FormatBytes(config_.max_job_bytes), " (limits.max_job_bytes)"));
+  }
+  return absl::OkStatus();
 }
 
 void SessionManager::ReleaseNode(uint64_t bytes, uint64_t mappings) {

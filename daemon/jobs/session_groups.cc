@@ -166,6 +166,7 @@ absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
     spec.nodes = nodes;
     spec.this_node = this_node;
     spec.first_epoch = first_epoch;
+    spec.qos_class = job.priority_level;
     spec.timeout_ns = int64_t{config_.collective_timeout_ms} * 1'000'000;
     spec.max_pending = config_.ring_entries;
     spec.observer = observer_;

@@ -11,6 +11,7 @@
 #include <cctype>
 #include <random>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "hsdp/common/logging.h"
@@ -61,6 +62,10 @@ absl::Status ValidateAttach(const AttachParams& p) {
         absl::StrCat("features: the client offers 0x", absl::Hex(p.features), ", this hsdpd (",
                      kHsdpVersion, ") requires 0x", absl::Hex(shm::kFeaturesRequired),
                      "; use a client library and daemon of matching versions"));
+  }
+  if (!p.priority_class.empty() && !ValidPriorityClassName(p.priority_class)) {
+    return absl::InvalidArgumentError(
+        "priority_class: a class name is 1 to 32 bytes of a-z, 0-9, '_' and '-'");
   }
   return absl::OkStatus();
 }
@@ -126,6 +131,20 @@ absl::Status SessionManager::CheckJoinLocked(const JobKey& key, const AttachPara
   });
 }
 
+absl::StatusOr<ResolvedClass> SessionManager::ChooseClassLocked(const JobKey& key,
+                                                                 const std::string& requested) const {
+  if (const Job* job = jobs_.Find(key); job != nullptr) {
+    if (!requested.empty() && requested != job->priority_class) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "priority_class: ", key.Describe(), " is in class \"", job->priority_class,
+          "\" (its first member's); a member cannot ask for \"", absl::CHexEscape(requested),
+          "\""));
+    }
+    return ResolvedClass{job->priority_class, job->priority_level};
+  }
+  return ChooseJobClass(config_.priority_classes, key.name, key.owner_uid, requested);
+}
+
 absl::StatusOr<AttachResult> SessionManager::Attach(const AttachParams& p, const PeerCred& caller) {
   RETURN_IF_ERROR(ValidateAttach(p));
   JobChoice choice;
@@ -164,6 +183,7 @@ absl::StatusOr<AttachResult> SessionManager::AttachHere(const AttachParams& p,
         absl::StrCat("owner_uid: ", choice.key.Describe(), " is no longer attached on this node"));
   }
   RETURN_IF_ERROR(CheckJoinLocked(choice.key, p));
+  ASSIGN_OR_RETURN(const ResolvedClass qos, ChooseClassLocked(choice.key, p.priority_class));
   if (node_mappings_ >= limits_.max_mappings) {
     return absl::ResourceExhaustedError(absl::StrCat("this node already has ", node_mappings_,
                                                      " shared-memory mappings (the budget below "
@@ -180,6 +200,8 @@ absl::StatusOr<AttachResult> SessionManager::AttachHere(const AttachParams& p,
   auto session = std::make_shared<Session>(id, info, token, std::move(channel));
   Job& job = jobs_.FindOrAdd(choice.key);
   job.world_size = p.world_size;
+  job.priority_class = qos.name;
+  job.priority_level = qos.level;
   job.rank_to_session[p.rank] = id;
   sessions_[id] = session;
   ++node_mappings_;

@@ -72,6 +72,7 @@ struct AttachParams {
   int64_t pid = 0;
   uint32_t protocol_version = 0;
   uint64_t features = 0;  // shm::Feature bits the client offers
+  std::string priority_class;  // "" = the class the job matches (priority_classes.h)
 };
 
 struct AttachResult {
@@ -191,6 +192,11 @@ class SessionManager : public SessionDirectory {
   // member (world size, rank free).
   absl::StatusOr<JobChoice> ChooseJobLocked(const AttachParams& params, const PeerCred& caller)
       const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The class of service of a new member of job `key` that asks for
+  // `requested` ("" = its own): an existing job's, or ChooseJobClass's.
+  absl::StatusOr<ResolvedClass> ChooseClassLocked(const JobKey& key,
+                                                  const std::string& requested) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckJoinLocked(const JobKey& key, const AttachParams& params) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Creates group `key` (the k-th with `ranks`) for session `s`, or returns
@@ -212,6 +218,11 @@ class SessionManager : public SessionDirectory {
                                           absl::StatusOr<UniqueFd> fd, uint64_t size_bytes,
                                           const std::string& name);
   void ReleaseNode(uint64_t bytes, uint64_t mappings);
+  // RESOURCE_EXHAUSTED naming the job when `size_bytes` more would take the
+  // job of `s` over limits.max_job_bytes (all its sessions here, with their
+  // registrations in progress).
+  absl::Status CheckJobBytesLocked(const Session& s, uint64_t size_bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunSessionEndHooks(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   const NodeConfig config_;

@@ -134,6 +134,13 @@ void Observability::OnCompleted(const GroupSpec& group, const std::vector<Arriva
       ++j.ops_failed;
     }
     j.busy_ns += exec_ns;
+    if (status.ok() && exec_ns > 0 && a.first_ns > 0) {
+      // Whole life minus matching and hand-off minus running: the engine's
+      // queueing delay (what fair share and priority classes change).
+      const int64_t total = shm::NowNanos() - a.first_ns;
+      const int64_t waited = total - static_cast<int64_t>(queued_ns + exec_ns);
+      if (waited > 0) j.engine_wait_ns += static_cast<uint64_t>(waited);
+    }
   }
   if (metrics_ != nullptr) metrics_->OnCompleted(group, arrivals, status, queued_ns, exec_ns);
   if (!trace_.MaybeRecording()) return;

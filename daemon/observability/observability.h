@@ -41,6 +41,9 @@ struct JobActivity {
   uint64_t ops_failed = 0;
   uint64_t bytes = 0;    // per-rank buffer bytes of completed ops (see OpBytes)
   uint64_t busy_ns = 0;  // engine time
+  // Time its operations waited inside the engine (handed off, not running:
+  // behind other work, or between the slices of a large one), completed ones.
+  uint64_t engine_wait_ns = 0;
 };
 
 class Observability final : public OpObserver {

@@ -124,6 +124,8 @@ void HandleActivity(const Observability& obs, const SessionManager& sessions,
     pj->set_attached_ranks(j.attached);
     pj->set_world_size(j.world_size);
     pj->set_slowest_rank(-1);
+    pj->set_priority_class(j.priority_class);
+    pj->set_priority_level(j.priority_level);
     by_job[JobKey{j.owner_uid, j.job_id}] = pj;
   }
   // Totals of attached jobs (ended jobs are not shown).
@@ -134,6 +136,7 @@ void HandleActivity(const Observability& obs, const SessionManager& sessions,
     it->second->set_ops_failed(a.ops_failed);
     it->second->set_bytes(a.bytes);
     it->second->set_busy_seconds(a.busy_ns / 1e9);
+    it->second->set_engine_wait_seconds(a.engine_wait_ns / 1e9);
   }
   for (const std::shared_ptr<Group>& g : sessions.AllGroups()) {
     auto it = by_job.find(g->job());

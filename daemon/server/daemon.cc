@@ -106,6 +106,7 @@ absl::Status Daemon::Start() {
   engine_options.kind = config_.engine_kind;
   engine_options.threads = threads;
   engine_options.inline_max_bytes = config_.inline_max_bytes;
+  engine_options.bulk_nice = config_.engine_bulk_nice;
   engine_options.device = config_.engine_device;
   if (cluster_) {
     // Device groups that span nodes: NCCL unique ids through the coordinator.

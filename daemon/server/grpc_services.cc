@@ -34,6 +34,7 @@ grpc::Status NodeServiceImpl::Attach(grpc::ServerContext* ctx, const v1::AttachR
   p.pid = req->pid();
   p.protocol_version = req->protocol_version();
   p.features = req->features();
+  p.priority_class = req->priority_class();
   absl::StatusOr<AttachResult> r = sessions_->Attach(p, cred);
   if (!r.ok()) return ToGrpc(r.status());
   resp->set_session_id(r->session_id);
@@ -141,6 +142,8 @@ grpc::Status AdminServiceImpl::Status(grpc::ServerContext* ctx, const v1::Status
     ji->set_attached_ranks(j.attached);
     ji->set_groups(j.groups);
     ji->set_owner_uid(j.owner_uid);
+    ji->set_priority_class(j.priority_class);
+    ji->set_priority_level(j.priority_level);
   }
   resp->set_ops_completed(done);
   resp->set_ops_failed(failed);

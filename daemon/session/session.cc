@@ -137,6 +137,11 @@ absl::Status Session::ReserveBuffer(uint64_t bytes, uint64_t max_bytes, uint32_t
   return absl::OkStatus();
 }
 
+uint64_t Session::used_bytes() const {
+  absl::MutexLock l(&mu_);
+  return buffer_bytes_ + reserved_bytes_;
+}
+
 void Session::ReleaseReservation(uint64_t bytes) {
   absl::MutexLock l(&mu_);
   reserved_bytes_ -= bytes;

@@ -85,6 +85,8 @@ class Session {
   // RESOURCE_EXHAUSTED naming the limit when it does not fit.
   absl::Status ReserveBuffer(uint64_t bytes, uint64_t max_bytes, uint32_t max_buffers);
   void ReleaseReservation(uint64_t bytes);
+  // Registered bytes plus registrations in progress (what the limits count).
+  uint64_t used_bytes() const;
   // Operations submitted and not yet completed (bounded by the dispatcher).
   int64_t ops_in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
   void BeginOp() { in_flight_.fetch_add(1, std::memory_order_relaxed); }

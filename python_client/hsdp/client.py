@@ -93,12 +93,16 @@ class Client:
         rank, world_size, local_rank, device: the session's identity.
         owner_uid: join the job of this uid instead of the caller's own (root and the
             daemon's uid only, and only a job that exists).
+        priority_class: the job's class of service on the daemon (its node.yaml's
+            jobs.priority_classes); None: $HSDP_PRIORITY_CLASS, else the class the job
+            matches. Only a class at or below the job's own is granted.
         connect_timeout: seconds to wait for the daemon (Unavailable after).
         staging_min_bytes: the smallest staging buffer the pool allocates.
     """
 
     def __init__(self, socket_path=None, job_id=None, rank=0, world_size=1, local_rank=0,
-                 device="cpu", connect_timeout=10.0, staging_min_bytes=1 << 20, owner_uid=None):
+                 device="cpu", connect_timeout=10.0, staging_min_bytes=1 << 20, owner_uid=None,
+                 priority_class=None):
         if not isinstance(rank, int) or not isinstance(world_size, int) or world_size < 1 \
                 or not 0 <= rank < world_size:
             raise ValueError(
@@ -107,7 +111,9 @@ class Client:
         self._c = _hsdp.Client(
             socket_path=socket_path or os.environ.get("HSDPD_SOCKET", ""), job_id=job_id or "",
             rank=rank, world_size=world_size, local_rank=local_rank, device=device,
-            connect_timeout=connect_timeout, owner_uid=owner_uid)
+            connect_timeout=connect_timeout, owner_uid=owner_uid,
+            priority_class=(os.environ.get("HSDP_PRIORITY_CLASS", "")
+                            if priority_class is None else priority_class))
         self.registry = BufferRegistry()
         self.staging = StagingPool(self._alloc_staging, staging_min_bytes)
         self._world = None
@@ -184,8 +190,9 @@ class Client:
         return work if async_op else work.wait()
 
     def all_reduce(self, x, group=None, op="sum", *, premul=1.0, pre_divide=1.0,
-                   post_divide=1.0, reduce_dtype=None, async_op=False):
-        """In-place all-reduce of x over `group` (default: world)."""
+                   post_divide=1.0, reduce_dtype=None, async_op=False, latency_critical=False):
+        """In-place all-reduce of x over `group` (default: world). latency_critical: the
+        daemon runs it ahead of this job's other queued operations."""
         g = group or self.world
         dt = require_reducible(x.dtype, "all_reduce")
         rdt = None if reduce_dtype is None else require_reducible(reduce_dtype, "reduce_dtype")
@@ -194,16 +201,20 @@ class Client:
         n = _numel(x)
         return self._run(lambda: self._c.all_reduce(
             g, ref, ref, n, dt, op=op, premul=premul, pre_divide=pre_divide,
-            post_divide=post_divide, reduce_dtype=rdt), plan, x, async_op)
+            post_divide=post_divide, reduce_dtype=rdt, latency_critical=latency_critical),
+            plan, x, async_op)
 
-    def all_gather(self, out, x, group=None, async_op=False):
-        """Gathers every rank's x into out (out.numel() == x.numel() * group.size)."""
+    def all_gather(self, out, x, group=None, async_op=False, latency_critical=False):
+        """Gathers every rank's x into out (out.numel() == x.numel() * group.size).
+        latency_critical: the daemon runs it ahead of this job's other queued operations."""
         g = group or self.world
         _check_numel("all_gather", out, _numel(x) * g.size)
         plan = Plan(self)
         send, recv = plan.input(x), plan.output(out)
         dt, n = _wire(x)
-        return self._run(lambda: self._c.all_gather(g, send, recv, n, dt), plan, out, async_op)
+        return self._run(lambda: self._c.all_gather(g, send, recv, n, dt,
+                                                    latency_critical=latency_critical),
+                         plan, out, async_op)
 
     def reduce_scatter(self, out, x, group=None, op="sum", *, premul=1.0, pre_divide=1.0,
                        post_divide=1.0, reduce_dtype=None, async_op=False):

@@ -150,8 +150,9 @@ class PyClient {
  public:
   PyClient(const std::string& socket_path, const std::string& job_id, int rank, int world_size,
            int local_rank, const std::string& device, double connect_timeout,
-           std::optional<uint32_t> owner_uid) {
+           std::optional<uint32_t> owner_uid, const std::string& priority_class) {
     ClientOptions o;
+    o.priority_class = priority_class;
     o.socket_path = socket_path;
     o.job_id = job_id;
     o.owner_uid = owner_uid;
@@ -280,11 +281,11 @@ A session with the node's hsdpd. Connects on construction (GIL released);
 raises Unavailable when no daemon answers. socket_path "" means $HSDPD_SOCKET,
 else the default socket path.)doc")
       .def(py::init<const std::string&, const std::string&, int, int, int, const std::string&,
-                    double, std::optional<uint32_t>>(),
+                    double, std::optional<uint32_t>, const std::string&>(),
            py::kw_only(), py::arg("socket_path") = "", py::arg("job_id") = "",
            py::arg("rank") = 0, py::arg("world_size") = 1, py::arg("local_rank") = 0,
            py::arg("device") = "cpu", py::arg("connect_timeout") = 10.0,
-           py::arg("owner_uid") = py::none())
+           py::arg("owner_uid") = py::none(), py::arg("priority_class") = "")
       .def("alloc", &PyClient::Alloc, py::arg("nbytes"), py::arg("name") = "",
            "Allocates and registers `nbytes` of zero-filled shared memory.")
       .def("free", &PyClient::Free, py::arg("buffer"))
@@ -297,29 +298,34 @@ else the default socket path.)doc")
           "all_reduce",
           [](PyClient& c, const Group& g, py::handle send, py::handle recv, size_t count,
              const std::string& dtype, const std::string& op, double premul, double pre_divide,
-             double post_divide, const RO& reduce_dtype, uint64_t wait_event) {
+             double post_divide, const RO& reduce_dtype, uint64_t wait_event,
+             bool latency_critical) {
             BufferRef s = ToRef(send, "send"), r = ToRef(recv, "recv");
             DataType dt = ParseDtypeOrThrow(dtype, "dtype");
             ReduceOptions ro = MakeReduceOptions(op, premul, pre_divide, post_divide, reduce_dtype);
-            const SubmitOptions so{wait_event};
+            const SubmitOptions so{wait_event, latency_critical};
             return c.Submit([&](Client& cl) { return cl.AllReduce(g, s, r, count, dt, ro, so); });
           },
           py::arg("group"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
           py::kw_only(), py::arg("op") = "sum", py::arg("premul") = 1.0,
           py::arg("pre_divide") = 1.0, py::arg("post_divide") = 1.0,
           py::arg("reduce_dtype") = py::none(), py::arg("wait_event") = 0,
-          "wait_event: a producer event id (register_device_event) the daemon waits on.")
+          py::arg("latency_critical") = false,
+          "wait_event: a producer event id (register_device_event) the daemon waits on. "
+          "latency_critical: ahead of the job's other queued operations.")
       .def(
           "all_gather",
           [](PyClient& c, const Group& g, py::handle send, py::handle recv, size_t count,
-             const std::string& dtype, uint64_t wait_event) {
+             const std::string& dtype, uint64_t wait_event, bool latency_critical) {
             BufferRef s = ToRef(send, "send"), r = ToRef(recv, "recv");
             DataType dt = ParseDtypeOrThrow(dtype, "dtype");
-            const SubmitOptions so{wait_event};
+            const SubmitOptions so{wait_event, latency_critical};
             return c.Submit([&](Client& cl) { return cl.AllGather(g, s, r, count, dt, so); });
           },
           py::arg("group"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
-          py::kw_only(), py::arg("wait_event") = 0, "count = elements each rank contributes.")
+          py::kw_only(), py::arg("wait_event") = 0, py::arg("latency_critical") = false,
+          "count = elements each rank contributes; latency_critical: ahead of the job's "
+          "other queued operations.")
       .def(
           "reduce_scatter",
           [](PyClient& c, const Group& g, py::handle send, py::handle recv, size_t count,

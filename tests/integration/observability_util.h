@@ -30,6 +30,8 @@ struct Workload {
   int slow_rank = -1;  // sleeps `delay_ms` before each submission
   int delay_ms = 0;
   std::string hold_file;  // when set: after "done", wait (<= 15 s) for this file to exist
+  std::string priority_class;  // ClientOptions::priority_class
+  bool latency_critical = false;  // SubmitOptions::latency_critical on every op
 };
 
 // One rank of `w` (run inside a Child): prints "done" once its operations
@@ -40,6 +42,7 @@ inline int RunRank(const Workload& w, int rank, FILE* out) {
   o.job_id = w.job;
   o.rank = rank;
   o.world_size = w.world;
+  o.priority_class = w.priority_class;
   auto c = Client::Connect(o);
   if (!c.ok()) {
     std::fprintf(out, "FAIL connect: %s\n", c.status().ToString().c_str());
@@ -58,7 +61,10 @@ inline int RunRank(const Workload& w, int rank, FILE* out) {
   };
   for (int i = 0; i < w.all_reduces; ++i) {
     delay();
-    auto work = (*c)->AllReduce(*g, {buf->id, 0}, {buf->id, 0}, w.count, DataType::kFloat32);
+    SubmitOptions so;
+    so.latency_critical = w.latency_critical;
+    auto work =
+        (*c)->AllReduce(*g, {buf->id, 0}, {buf->id, 0}, w.count, DataType::kFloat32, {}, so);
     absl::Status s = work.ok() ? work->Wait(absl::Seconds(20)) : work.status();
     if (!s.ok()) {
       std::fprintf(out, "FAIL all_reduce %d: %s\n", i, s.ToString().c_str());

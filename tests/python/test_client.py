@@ -127,3 +127,25 @@ def test_detach_cancels_use(hsdpd):
         c.raw.barrier(g).wait(timeout=5)
     assert "detached" in str(e.value)
     assert time.monotonic() - t0 < 1.0
+
+
+def test_priority_class_from_argument_and_environment(hsdpd, monkeypatch):
+    # The session daemon lists no classes: every job is in "default" (level 4),
+    # which it may name; a class the daemon does not have is refused, from the
+    # argument and from $HSDP_PRIORITY_CLASS, naming the known ones.
+    job = f"qos-{os.getpid()}"
+    with hsdp.Client(socket_path=hsdpd.socket, job_id=job + "-a",
+                     priority_class="default") as c:
+        assert c.world.size == 1
+    with pytest.raises(hsdp.InvalidArgument) as e:
+        hsdp.Client(socket_path=hsdpd.socket, job_id=job + "-b", priority_class="gold")
+    assert "priority_class" in str(e.value) and "known: default" in str(e.value)
+    monkeypatch.setenv("HSDP_PRIORITY_CLASS", "gold")
+    with pytest.raises(hsdp.InvalidArgument):
+        hsdp.Client(socket_path=hsdpd.socket, job_id=job + "-c")
+    # An explicit argument wins over the environment.
+    with hsdp.Client(socket_path=hsdpd.socket, job_id=job + "-d", priority_class="") as c:
+        x = c.array((4,), np.float32)
+        x.fill(2.0)
+        c.all_reduce(x, latency_critical=True)
+        assert float(x[0]) == 2.0

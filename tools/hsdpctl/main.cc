@@ -90,10 +90,12 @@ void PrintSessions(const hsdp::v1::StatusResponse& r) {
 
 void PrintJobs(const hsdp::v1::StatusResponse& r) {
   // A job is its owner plus its id: root sees two users' same-named jobs as two lines.
-  std::printf("%-24s %10s %6s %9s %7s\n", "JOB", "OWNER", "WORLD", "ATTACHED", "GROUPS");
+  std::printf("%-24s %10s %6s %9s %7s %s\n", "JOB", "OWNER", "WORLD", "ATTACHED", "GROUPS",
+              "CLASS");
   for (const auto& j : r.jobs()) {
-    std::printf("%-24s %10u %6d %9d %7u\n", j.job_id().c_str(), j.owner_uid(), j.world_size(),
-                j.attached_ranks(), j.groups());
+    std::printf("%-24s %10u %6d %9d %7u %s(%u)\n", j.job_id().c_str(), j.owner_uid(),
+                j.world_size(), j.attached_ranks(), j.groups(), j.priority_class().c_str(),
+                j.priority_level());
   }
 }
 

@@ -1,7 +1,9 @@
 // hsdpctl top [--interval S] [--iterations N]: a refreshing view of the
 // node — per job: attached ranks, groups (and broken ones), operation rate,
-// bandwidth (per-rank buffer bytes per second), engine busy share, failures,
-// queued work and the most waited-for rank. When stdout is not a terminal
+// bandwidth (per-rank buffer bytes per second), its class of service, its
+// share of the engine time used in the interval and its operations' mean
+// queueing delay inside the engine, failures, queued work and the most
+// waited-for rank. When stdout is not a terminal
 // it prints one snapshot (rates over one interval) and exits.
 #include <unistd.h>
 
@@ -63,15 +65,29 @@ void Print(const Sample& prev, const Sample& now, bool clear) {
       static_cast<unsigned long long>(st.ops_failed()), st.bytes_registered() / 1048576.0,
       st.metrics_address().empty() ? "" : "  metrics http://",
       st.metrics_address().empty() ? "" : (st.metrics_address() + "/metrics").c_str());
-  std::printf("%-24s %7s %9s %9s %12s %6s %10s %8s %7s  %s\n", "JOB", "RANKS", "GROUPS", "OPS/s",
-              "BANDWIDTH", "BUSY", "OPS", "FAILED", "QUEUED", "SLOWEST RANK (waited)");
+  std::printf("%-24s %-14s %7s %9s %9s %12s %6s %10s %10s %8s %7s  %s\n", "JOB", "CLASS",
+              "RANKS", "GROUPS", "OPS/s", "BANDWIDTH", "SHARE", "WAIT/OP", "OPS", "FAILED",
+              "QUEUED", "SLOWEST RANK (waited)");
+  // SHARE: the job's part of the engine time all jobs used in the interval.
+  double busy_all = 0;
+  for (const auto& j : now.activity.jobs()) {
+    const auto it = before.find({j.job_id(), j.owner_uid()});
+    busy_all += std::max(0.0, j.busy_seconds() - (it == before.end() ? 0.0
+                                                                     : it->second->busy_seconds()));
+  }
   for (const auto& j : now.activity.jobs()) {
     const auto it = before.find({j.job_id(), j.owner_uid()});
     const hsdp::v1::JobActivity zero;
     const hsdp::v1::JobActivity& p = it == before.end() ? zero : *it->second;
     const double ops_s = (j.ops_completed() - std::min(j.ops_completed(), p.ops_completed())) / dt;
     const double bytes_s = (j.bytes() - std::min(j.bytes(), p.bytes())) / dt;
-    const double busy = std::max(0.0, j.busy_seconds() - p.busy_seconds()) / dt;
+    const double busy = std::max(0.0, j.busy_seconds() - p.busy_seconds());
+    const double share = busy_all > 0 ? busy / busy_all : 0;
+    const uint64_t ops = j.ops_completed() - std::min(j.ops_completed(), p.ops_completed());
+    // Mean engine queueing delay of the interval's operations.
+    const double wait = ops > 0 ? std::max(0.0, j.engine_wait_seconds() - p.engine_wait_seconds()) /
+                                      static_cast<double>(ops)
+                                : 0.0;
     int broken = 0;
     uint64_t queued = 0;
     for (const auto& g : j.groups()) {
@@ -87,8 +103,16 @@ void Print(const Sample& prev, const Sample& now, bool clear) {
     } else {
       std::snprintf(slowest, sizeof(slowest), "-");
     }
-    std::printf("%-24s %7s %9s %9.1f %12s %5.0f%% %10llu %8llu %7llu  %s\n", j.job_id().c_str(),
-                ranks, groups, ops_s, Rate(bytes_s).c_str(), busy * 100,
+    char cls[48], wait_s[24];
+    std::snprintf(cls, sizeof(cls), "%s(%u)", j.priority_class().c_str(), j.priority_level());
+    if (wait >= 1e-3) {
+      std::snprintf(wait_s, sizeof(wait_s), "%.2f ms", wait * 1e3);
+    } else {
+      std::snprintf(wait_s, sizeof(wait_s), "%.0f us", wait * 1e6);
+    }
+    std::printf("%-24s %-14s %7s %9s %9.1f %12s %5.0f%% %10s %10llu %8llu %7llu  %s\n",
+                j.job_id().c_str(), cls, ranks, groups, ops_s, Rate(bytes_s).c_str(), share * 100,
+                wait_s,
                 static_cast<unsigned long long>(j.ops_completed()),
                 static_cast<unsigned long long>(j.ops_failed()),
                 static_cast<unsigned long long>(queued), slowest);

@@ -30,7 +30,7 @@ TSAN_DIR="${HSDP_TSAN_BUILD_DIR:-$ROOT/build-tsan}"
 # not built with sanitizers), the network-namespace and compose tests (they
 # run in the first CI step and test deployment, not memory or threads), GPU
 # tests (no GPU in CI).
-ASAN_EXCLUDE_LABELS='netns|python|torch_suite|gpu'
+ASAN_EXCLUDE_LABELS='netns|docker|python|torch_suite|gpu'
 # Not under sanitizers: the test that runs hsdpd out of file descriptors on
 # purpose. The sanitizer runtimes need fds themselves (UBSan's vptr check
 # probes memory through a pipe, the symbolizer needs a socket pair), so at

@@ -39,6 +39,11 @@ struct ClientOptions {
   // Whose job to join: unset, the caller's own. Only root and the daemon's
   // uid may name another uid, and only for a job that already exists.
   std::optional<uint32_t> owner_uid;
+  // The job's class of service (the daemon's jobs.priority_classes). Empty:
+  // the class the job matches. A job may only ask for a class at or below
+  // its own (PERMISSION_DENIED otherwise); every member gets the class of
+  // the job's first member.
+  std::string priority_class;
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
@@ -127,6 +132,10 @@ struct SubmitOptions {
   // before the submission: the daemon's stream waits on it before the
   // collective reads anything. 0: none (the data is ready now).
   uint64_t wait_event_id = 0;
+  // Run ahead of this job's other queued operations on the daemon (for
+  // all-gathers that gate compute). A hint: a daemon that does not know it
+  // (no op-priority feature at Attach) runs the operation in order.
+  bool latency_critical = false;
 };
 
 class Client {

@@ -184,11 +184,14 @@ void CpuEngine::RunRange(const EngineTask& t, cpu::ThreadPool* pool, uint64_t be
   }
 }
 
-CpuEngine::CpuEngine(int threads, uint64_t inline_max_bytes, uint64_t slice_bytes)
+CpuEngine::CpuEngine(int threads, uint64_t inline_max_bytes, uint64_t slice_bytes, int bulk_nice)
     : inline_max_bytes_(inline_max_bytes),
       slice_bytes_(std::max<uint64_t>(slice_bytes, 64 * 1024)),
-      pool_(std::max(1, threads)) {
-  executor_ = std::thread([this] { ExecutorLoop(); });
+      pool_(std::max(1, threads), "hsdp-pool", bulk_nice) {
+  executor_ = std::thread([this, bulk_nice] {
+    cpu::ThreadPool::NameAndNice("hsdp-engine", bulk_nice);
+    ExecutorLoop();
+  });
 }
 
 CpuEngine::~CpuEngine() { Shutdown(); }
@@ -283,8 +286,18 @@ bool CpuEngine::RunSlice(uint64_t ticket, Queued& q) {
     return true;
   }
   const size_t es = DataTypeSize(task.spec.dtype);
+  const int64_t now = shm::NowNanos();
+  std::pair<int, std::string> who{task.qos_class, task.job};
+  if (who != last_served_) {
+    if (!last_served_.second.empty()) last_switch_ns_ = now;  // not the first task
+    last_served_ = std::move(who);
+  }
+  const bool shared = now - last_switch_ns_ < kSharedWindowNs && last_switch_ns_ != 0;
+  const uint64_t slice =
+      shared ? std::max<uint64_t>(64 * 1024, slice_bytes_ / kSharedSliceDivisor) : slice_bytes_;
   uint64_t end = task.count;
-  if (Sliceable(task)) end = std::min(task.count, q.next + std::max<uint64_t>(1, slice_bytes_ / es));
+  if (Sliceable(task)) end = std::min(task.count, q.next + std::max<uint64_t>(1, slice / es));
+  slices_run_.fetch_add(1, std::memory_order_relaxed);
   const int64_t start = shm::NowNanos();
   RunRange(task, &pool_, q.next, end);
   q.exec_ns += static_cast<uint64_t>(shm::NowNanos() - start);

@@ -22,7 +22,10 @@
 #ifndef HSDP_DAEMON_ENGINE_CPU_CPU_ENGINE_H_
 #define HSDP_DAEMON_ENGINE_CPU_CPU_ENGINE_H_
 
+#include <atomic>
 #include <condition_variable>
+#include <string>
+#include <utility>
 #include <map>
 #include <cstdint>
 #include <memory>
@@ -41,7 +44,16 @@ class CpuEngine : public Engine {
   // threads: total threads used for large tasks (>= 1). slice_bytes: bytes
   // per rank a queued task runs before the queue is consulted again.
   static constexpr uint64_t kDefaultSliceBytes = 4ull << 20;
-  CpuEngine(int threads, uint64_t inline_max_bytes, uint64_t slice_bytes = kDefaultSliceBytes);
+  // While the engine is shared (a task of another job or class ran within
+  // kSharedWindowNs), slices are slice_bytes / kSharedSliceDivisor (at least
+  // 64 KiB per rank): another job's op, or a higher class's, then waits for
+  // a short slice; a job alone keeps the long ones and their lower overhead.
+  static constexpr uint64_t kSharedSliceDivisor = 8;
+  static constexpr int64_t kSharedWindowNs = 20'000'000;
+  // bulk_nice: nice increment (0..19) of the executor and pool threads, which
+  // run queued work; tasks run inline keep the caller's priority.
+  CpuEngine(int threads, uint64_t inline_max_bytes, uint64_t slice_bytes = kDefaultSliceBytes,
+            int bulk_nice = 0);
   ~CpuEngine() override;
 
   absl::Status CreateGroup(const EngineGroupSpec&) override { return absl::OkStatus(); }
@@ -84,6 +96,11 @@ class CpuEngine : public Engine {
   // Runs one slice of queued task `ticket`; true when the task is finished.
   bool RunSlice(uint64_t ticket, Queued& q);
 
+ public:
+  // Slices run so far (tests: slices shrink while the engine is shared).
+  uint64_t slices_run() const { return slices_run_.load(std::memory_order_relaxed); }
+
+ private:
   const uint64_t inline_max_bytes_;
   const uint64_t slice_bytes_;
   cpu::ThreadPool pool_;
@@ -97,6 +114,11 @@ class CpuEngine : public Engine {
   // that depend on them); both bounded.
   std::map<uint64_t, absl::Status> aborted_;  // guarded by mu_
   std::map<uint64_t, absl::Status> failed_;   // guarded by mu_
+  // The executor thread's own: the (class, job) it served last, and when
+  // it last switched between two of them.
+  std::pair<int, std::string> last_served_;
+  int64_t last_switch_ns_ = 0;
+  std::atomic<uint64_t> slices_run_{0};
   std::thread executor_;
 };
 

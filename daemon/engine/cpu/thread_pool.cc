@@ -1,9 +1,34 @@
 #include "daemon/engine/cpu/thread_pool.h"
 
+#include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
 namespace hsdp::cpu {
 
-ThreadPool::ThreadPool(int threads) {
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+ThreadPool::ThreadPool(int threads, const char* name, int nice) {
+  for (int i = 1; i < threads; ++i) {
+    workers_.emplace_back([this, name, nice] {
+      NameAndNice(name, nice);
+      WorkerLoop();
+    });
+  }
+}
+
+void ThreadPool::NameAndNice(const char* name, int nice) {
+  if (name != nullptr && name[0] != '\0') pthread_setname_np(pthread_self(), name);
+  // Per thread on Linux: PRIO_PROCESS with a thread id. Lowering is always
+  // allowed; a failure leaves the thread at the daemon's priority.
+  if (nice > 0) {
+    const int tid = static_cast<int>(::syscall(SYS_gettid));
+    errno = 0;
+    const int now = ::getpriority(PRIO_PROCESS, tid);
+    if (errno == 0) ::setpriority(PRIO_PROCESS, tid, std::min(19, now + nice));
+  }
 }
 
 ThreadPool::~ThreadPool() {

@@ -19,7 +19,11 @@ namespace hsdp::cpu {
 class ThreadPool {
  public:
   // `threads` >= 1 counts the caller: threads - 1 workers are started.
-  explicit ThreadPool(int threads);
+  // `name` (at most 15 bytes, "" = unnamed) and `nice` (an increment, 0 =
+  // none) apply to the worker threads it starts.
+  explicit ThreadPool(int threads, const char* name = "", int nice = 0);
+  // Names the calling thread and lowers its priority by `nice` (0: unchanged).
+  static void NameAndNice(const char* name, int nice);
   ~ThreadPool();
 
   // Calls fn(i) for every i in [0, n), on up to threads() threads; returns

@@ -41,9 +41,11 @@ enum Feature : uint64_t {
   kFeatureEpochs = 1ull << 0,        // descriptors carry group epochs (baseline of v2)
   kFeatureDeviceMemory = 1ull << 1,  // device buffers and device events (GPU engine)
   kFeaturePointToPoint = 1ull << 2,  // peer / tag / splits fields (send, recv, all-to-all)
+  kFeatureOpPriority = 1ull << 3,    // kFlagLatencyCritical (a daemon without it never sees it)
 };
 // Features this build implements (client and daemon).
-inline constexpr uint64_t kFeaturesImplemented = kFeatureEpochs | kFeaturePointToPoint;
+inline constexpr uint64_t kFeaturesImplemented =
+    kFeatureEpochs | kFeaturePointToPoint | kFeatureOpPriority;
 // Features a peer must offer to be accepted at all.
 inline constexpr uint64_t kFeaturesRequired = kFeatureEpochs;
 
@@ -73,8 +75,13 @@ enum DescriptorFlags : uint32_t {
   kFlagNone = 0,
   // Wait for device event `event_id` before starting (needs kFeatureDeviceMemory).
   kFlagWaitEvent = 1u << 0,
+  // Latency-critical (needs kFeatureOpPriority): the engine runs the
+  // operation ahead of the job's other queued work (an FSDP all-gather that
+  // gates the next layer's compute). A hint within the job: never ahead of
+  // another job's fair share or class. Any member setting it marks the op.
+  kFlagLatencyCritical = 1u << 1,
 };
-inline constexpr uint32_t kKnownFlags = kFlagWaitEvent;
+inline constexpr uint32_t kKnownFlags = kFlagWaitEvent | kFlagLatencyCritical;
 
 // One queued collective. `count` is in elements of `dtype` (0 is allowed: the
 // members still match and agree, nothing moves):

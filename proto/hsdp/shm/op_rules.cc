@@ -60,6 +60,9 @@ absl::Status CheckDescriptorFields(const OpDescriptor& d, uint64_t features) {
   if ((d.flags & kFlagWaitEvent) != 0 && (features & kFeatureDeviceMemory) == 0) {
     return Invalid("flags", "wait-event needs the device-memory feature, not negotiated");
   }
+  if ((d.flags & kFlagLatencyCritical) != 0 && (features & kFeatureOpPriority) == 0) {
+    return Invalid("flags", "latency-critical needs the op-priority feature, not negotiated");
+  }
   if ((d.flags & kFlagWaitEvent) == 0 && d.event_id != 0) {
     return Invalid("event_id", "must be 0 without the wait-event flag");
   }

@@ -55,6 +55,10 @@ NodeConfig NonDefaultConfig() {
   c.max_sessions = 17;
   c.max_buffers_per_session = 99;
   c.max_groups_per_job = 3;
+  c.max_job_bytes = 5ull << 30;
+  c.engine_bulk_nice = 19;
+  c.priority_classes = {PriorityClass{"interactive", 0, {"infer-*", "a\"b: [c]"}, {}},
+                        PriorityClass{"batch", 7, {}, {2000, 0}}};
   c.ring_entries = 65536;
   c.spin_us = 0;
   c.collective_timeout_ms = 86400000;
@@ -79,12 +83,20 @@ engine:
   kind: cpu
   threads: 12
   inline_max_bytes: 4KiB
+  bulk_nice: 19
 limits:
   max_session_bytes: 3GiB
   max_node_bytes: 1TB
   max_sessions: 17
   max_buffers_per_session: 99
   max_groups_per_job: 3
+  max_job_bytes: 5GiB
+jobs:
+  priority_classes:
+    - name: interactive
+      level: 0
+      jobs: ["infer-*", 'a"b: [c]']
+    - {name: batch, level: 7, uids: [2000, 0]}
 data_plane:
   ring_entries: 65536
   spin_us: 0
@@ -180,7 +192,8 @@ TEST(NodeConfigTest, DefaultYamlListsEveryKeyWithAComment) {
        {"node:", "name:", "socket:", "socket_mode: 0660", "allowed_uids: []", "engine:",
         "kind: \"cpu\"", "threads: 0", "inline_max_bytes: 64KiB", "limits:",
         "max_session_bytes: 64GiB", "max_node_bytes: 0", "max_sessions: 256",
-        "max_buffers_per_session: 4096", "max_groups_per_job: 1024", "data_plane:",
+        "max_buffers_per_session: 4096", "max_groups_per_job: 1024", "max_job_bytes: 0",
+        "bulk_nice: 0", "jobs:", "priority_classes: []", "data_plane:",
         "ring_entries: 1024", "spin_us: 50", "timeouts:", "collective_ms: 60000",
         "data_connect_ms: 10000", "shutdown_grace_ms: 5000", "log:", "level: \"info\""}) {
     EXPECT_THAT(yaml, HasSubstr(key));
@@ -231,6 +244,47 @@ TEST(NodeConfigTest, ToYamlRoundTripsAwkwardValues) {
   config.engine_threads = 1024;
   config.ring_entries = 16;
   EXPECT_EQ(ParseOk(NodeConfigToYaml(config)), config) << NodeConfigToYaml(config);
+}
+
+TEST(NodeConfigTest, PriorityClassesParseInOrder) {
+  const NodeConfig c = ParseOk(
+      "jobs:\n"
+      "  priority_classes:\n"
+      "    - {name: interactive, level: 1, jobs: [\"infer-*\", \"eval-?\"]}\n"
+      "    - name: batch\n"
+      "      level: 6\n"
+      "      uids: [2000, 2001]\n");
+  ASSERT_EQ(c.priority_classes.size(), 2u);
+  EXPECT_EQ(c.priority_classes[0],
+            (PriorityClass{"interactive", 1, {"infer-*", "eval-?"}, {}}));
+  EXPECT_EQ(c.priority_classes[1], (PriorityClass{"batch", 6, {}, {2000, 2001}}));
+  EXPECT_TRUE(ParseOk("jobs: {priority_classes: []}\n").priority_classes.empty());
+}
+
+TEST(NodeConfigTest, PriorityClassErrorsNameTheEntryAndLine) {
+  auto error = [](const std::string& classes) {
+    return ParseError("jobs:\n  priority_classes:\n" + classes);
+  };
+  EXPECT_THAT(error("    - {name: a, level: 8}\n"),
+              AllOf(HasSubstr("test.yaml:3: jobs.priority_classes[0].level"), HasSubstr("8")));
+  EXPECT_THAT(error("    - {name: a}\n"), HasSubstr("a class needs a level"));
+  EXPECT_THAT(error("    - {level: 1}\n"), HasSubstr("a class needs a name"));
+  EXPECT_THAT(error("    - {name: A!, level: 1}\n"), HasSubstr("is not 1 to 32 bytes"));
+  EXPECT_THAT(error("    - {name: a, level: 1, job: [x]}\n"),
+              AllOf(HasSubstr("jobs.priority_classes[0].job"), HasSubstr("unknown key")));
+  EXPECT_THAT(error("    - {name: a, level: 1}\n    - {name: a, level: 2}\n"),
+              AllOf(HasSubstr("test.yaml:4: jobs.priority_classes[1]"),
+                    HasSubstr("listed twice")));
+  EXPECT_THAT(error("    - {name: a, level: 1, jobs: \"x*\"}\n"),
+              HasSubstr("expected a list of job name patterns"));
+  EXPECT_THAT(error("    - {name: a, level: 1, jobs: [\"\"]}\n"), HasSubstr("1 to 128 bytes"));
+  EXPECT_THAT(error("    - {name: a, level: 1, uids: [-1]}\n"),
+              HasSubstr("jobs.priority_classes[0].uids[0]"));
+  EXPECT_THAT(ParseError("jobs: {priority_classes: {name: a}}\n"),
+              HasSubstr("expected a list of classes"));
+  std::string many;
+  for (int i = 0; i <= 64; ++i) many += "    - {name: c" + std::to_string(i) + ", level: 1}\n";
+  EXPECT_THAT(error(many), HasSubstr("65 classes; at most 64"));
 }
 
 TEST(NodeConfigTest, Summary) {
@@ -397,7 +451,7 @@ TEST(NodeConfigTest, UnknownKeyMessageListsKnownKeys) {
   EXPECT_THAT(ParseError("engine:\n  flavour: 1\n"),
               HasSubstr("known keys: kind, device, threads, inline_max_bytes"));
   EXPECT_THAT(ParseError("colour: 1\n"),
-              HasSubstr("known sections: node, engine, limits, data_plane, timeouts, log"));
+              HasSubstr("known sections: node, engine, limits, jobs, data_plane, timeouts, log"));
 }
 
 TEST(NodeConfigTest, SourceNameAppearsInMessages) {

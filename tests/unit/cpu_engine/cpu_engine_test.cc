@@ -473,10 +473,14 @@ struct Blocker {
   std::shared_future<void> released = release.get_future().share();
   std::vector<float> mem = {1.0f, 0.0f};
   explicit Blocker(CpuEngine* engine) {
-    Submit(engine, SmallTask(Collective::kBroadcast, &mem), [this](absl::Status, uint64_t) {
-      entered.set_value();
-      released.wait();
-    });
+    // The callback holds its own copy of the shared future: the engine
+    // thread may still be inside wait() when the test ends and destroys this
+    // Blocker (TSan saw the promise's state freed under it).
+    Submit(engine, SmallTask(Collective::kBroadcast, &mem),
+           [this, gate = released](absl::Status, uint64_t) {
+             entered.set_value();
+             gate.wait();
+           });
     entered.get_future().wait();
   }
 };
@@ -537,6 +541,29 @@ TEST(CpuEngineQosTest, OneJobsLargeTaskDoesNotLetItsSecondGoAheadOfAnotherJob) {
   ExpectAllReduced(a1, count);
   ExpectAllReduced(a2, count);
   ExpectAllReduced(b1, count);
+}
+
+TEST(CpuEngineQosTest, SlicesShrinkWhileAnotherJobSharesTheEngine) {
+  // 1 MiB slices. Job a alone: its 8 MiB-per-rank task runs in 8 slices.
+  // Right after job b's task ran, a's next one starts in slices of 1/8 of
+  // that (while the engine counts as shared): more slices, same result.
+  CpuEngine engine(1, 0, /*slice_bytes=*/1 << 20);
+  const uint64_t count = 8 * (1 << 20) / 4;
+  std::vector<float> a_mem, b_mem;
+  auto run = [&](EngineTask t) {
+    std::promise<absl::Status> done;
+    Submit(&engine, std::move(t), [&](absl::Status s, uint64_t) { done.set_value(s); });
+    return done.get_future().get();
+  };
+  ASSERT_TRUE(run(BigAllReduce(&a_mem, count, "a")).ok());
+  ExpectAllReduced(a_mem, count);
+  EXPECT_EQ(engine.slices_run(), 8u);
+  ASSERT_TRUE(run(BigAllReduce(&b_mem, 1024, "b")).ok());
+  const uint64_t before = engine.slices_run();
+  ASSERT_TRUE(run(BigAllReduce(&a_mem, count, "a")).ok());
+  ExpectAllReduced(a_mem, count);
+  EXPECT_GT(engine.slices_run() - before, 8u);
+  engine.Shutdown();
 }
 
 TEST(CpuEngineQosTest, AHigherClassRunsFirst) {

@@ -121,6 +121,40 @@ TEST_F(GroupTest, StartsOnlyWhenAllMembersArrived) {
   EXPECT_EQ(g->stats().pending, 0u);
 }
 
+TEST_F(GroupTest, TasksCarryTheJobsClassAndALatencyCriticalMark) {
+  // The job's class level (from its priority class) reaches every task; an
+  // op any member marks latency-critical runs ahead of the job's other work.
+  GroupSpec spec;
+  spec.id = 7;
+  spec.key = GroupKey(JobKey{0, "job"}, {10, 11}, 0);
+  spec.job_id = "job";
+  spec.ranks = {10, 11};
+  spec.timeout_ns = kTimeoutNs;
+  spec.qos_class = 6;
+  auto g = std::make_shared<Group>(std::move(spec), &engine_,
+                                   [](uint32_t) { return std::shared_ptr<Group>(); });
+  ASSERT_TRUE(g->Join(0, SessionOf(10)).ok());
+  ASSERT_TRUE(g->Join(1, SessionOf(11)).ok());
+  g->Arrive(0, Make(*g, 0, 1, 1, Collective::kAllReduce));
+  g->Arrive(1, Make(*g, 1, 1, 1, Collective::kAllReduce));
+  Arrival marked = Make(*g, 1, 2, 2, Collective::kAllGather);
+  marked.desc.flags = shm::kFlagLatencyCritical;  // one member is enough
+  g->Arrive(0, Make(*g, 0, 2, 2, Collective::kAllGather));
+  g->Arrive(1, std::move(marked));
+  g->Arrive(0, Make(*g, 0, 3, 3, Collective::kAllGather));
+  g->Arrive(1, Make(*g, 1, 3, 3, Collective::kAllGather));
+  ASSERT_EQ(engine_.pending(), 3u);
+  EngineTask t = engine_.Finish();
+  EXPECT_EQ(t.qos_class, 6);
+  EXPECT_EQ(t.job, (JobKey{0, "job"}).Encoded());
+  EXPECT_EQ(t.priority, 1);  // all-reduce
+  t = engine_.Finish();
+  EXPECT_EQ(t.qos_class, 6);
+  EXPECT_EQ(t.priority, -1);  // marked: ahead of all-gathers and all-reduces
+  t = engine_.Finish();
+  EXPECT_EQ(t.priority, 0);   // an unmarked all-gather
+}
+
 TEST_F(GroupTest, LaunchesInSequenceOrderWithoutWaitingForCompletion) {
   auto g = NewGroup(1, {10, 11});
   for (uint64_t seq = 1; seq <= 3; ++seq) {

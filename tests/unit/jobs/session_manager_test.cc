@@ -78,6 +78,52 @@ TEST_F(SessionManagerTest, AttachRefusesAnotherVersionNamingBoth) {
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("features"));
 }
 
+TEST_F(SessionManagerTest, AJobGetsItsPriorityClassAtItsFirstAttach) {
+  config_.priority_classes = {{"interactive", 1, {"infer-*"}, {}}, {"batch", 6, {}, {2000}}};
+  Make(limits_);
+  auto attach = [&](const std::string& job, int rank, uint32_t uid, const std::string& cls) {
+    AttachParams p;
+    p.job_id = job;
+    p.rank = rank;
+    p.world_size = 2;
+    p.protocol_version = shm::kLayoutVersion;
+    p.features = shm::kFeaturesImplemented;
+    p.priority_class = cls;
+    return sm_->Attach(p, Cred(uid));
+  };
+  auto class_of = [&](const std::string& job) {
+    for (const JobSummary& j : sm_->Jobs(std::nullopt)) {
+      if (j.job_id == job) return absl::StrCat(j.priority_class, "/", j.priority_level);
+    }
+    return std::string("none");
+  };
+  ASSERT_TRUE(attach("infer-1", 0, 1000, "").ok());
+  EXPECT_EQ(class_of("infer-1"), "interactive/1");
+  // Asking for a lower class is granted; the job keeps it for every member.
+  ASSERT_TRUE(attach("infer-2", 0, 1000, "batch").ok());
+  EXPECT_EQ(class_of("infer-2"), "batch/6");
+  ASSERT_TRUE(attach("infer-2", 1, 1000, "").ok());
+  EXPECT_EQ(class_of("infer-2"), "batch/6");
+  // A member asking for another class than the job's: refused, naming both.
+  ASSERT_TRUE(attach("train", 0, 1000, "").ok());
+  EXPECT_EQ(class_of("train"), "default/4");
+  auto r = attach("train", 1, 1000, "batch");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_THAT(std::string(r.status().message()),
+              AllOf(HasSubstr("\"default\""), HasSubstr("\"batch\"")));
+  // Higher than its own: refused; unknown: refused; malformed: refused.
+  r = attach("bulk", 0, 2000, "interactive");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
+  r = attach("bulk", 0, 2000, "gold");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  r = attach("bulk", 0, 2000, std::string(4096, 'x'));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("priority_class"));
+  // None of the refusals created the job.
+  EXPECT_EQ(class_of("bulk"), "none");
+  EXPECT_EQ(sm_->Snapshot().size(), 4u);
+}
+
 TEST_F(SessionManagerTest, FeaturesAreTheIntersection) {
   AttachParams p;
   p.job_id = "j";
@@ -233,6 +279,36 @@ TEST_F(SessionManagerTest, RegistrationReservesAndReleasesEveryLimit) {
   sm_->EndSession(sid, "test");
   EXPECT_EQ(sm_->bytes_registered(), 0u);
   EXPECT_EQ(sm_->mappings(), 0u);
+}
+
+TEST_F(SessionManagerTest, AJobsSessionsShareItsByteLimit) {
+  config_.max_job_bytes = 12288;  // 3 pages for the whole job on this node
+  Make(limits_);
+  const uint64_t a = Attach("j", 0, 2);
+  const uint64_t b = Attach("j", 1, 2);
+  const uint64_t other = Attach("k", 0, 1);
+  ASSERT_TRUE(Register(a, 8192, 1).ok());
+  ASSERT_TRUE(Register(b, 4096, 2).ok());
+  // The job is full: its next buffer is refused naming the job and the limit,
+  // from either session; another job is not affected.
+  auto over = Register(b, 4096, 3);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over.status().message()),
+              AllOf(HasSubstr("job \"j\" of uid 1000"), HasSubstr("limits.max_job_bytes")));
+  EXPECT_EQ(Register(a, 4096, 4).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Register(other, 8192, 5).ok());
+  // A registration in progress counts against the job too.
+  absl::Notification done;
+  sm_->RegisterBuffer(other, 77, 4096, "pending", Cred(1000), [&](absl::StatusOr<uint64_t>) {
+    done.Notify();
+  });
+  EXPECT_EQ(Register(other, 4096, 6).status().code(), absl::StatusCode::kResourceExhausted);
+  sm_->FindSession(other)->ExpireFdWaiters(absl::Now() + absl::Seconds(60));
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(Register(other, 4096, 7).ok()) << "released when it failed";
+  // Freeing or ending a session gives the job its bytes back.
+  sm_->EndSession(b, "test");
+  EXPECT_TRUE(Register(a, 4096, 8).ok());
 }
 
 TEST_F(SessionManagerTest, MappingBudgetBoundsSessionsAndBuffers) {
