@@ -297,6 +297,12 @@ constexpr KeySpec kLimitsKeys[] = {
        return SetSize(f, {.min = 4096, .max = kNoLimit, .zero_ok = true}, &c->max_job_bytes);
      },
      &RenderSize<&NodeConfig::max_job_bytes>},
+    {"max_job_ops_in_flight", "operations one job's sessions on this node may have in flight, "
+                              "0..1000000000; 0 = only the rings bound them",
+     [](const Field& f, NodeConfig* c) {
+       return SetInteger(f, 0, 1000000000, &c->max_job_ops_in_flight);
+     },
+     &RenderNumber<&NodeConfig::max_job_ops_in_flight>},
 };
 
 constexpr KeySpec kJobsKeys[] = {

@@ -44,6 +44,9 @@ struct NodeConfig {
   // Shared memory all of one job's sessions on this node may register
   // (incl. registrations in progress); 0 = only the session and node limits.
   uint64_t max_job_bytes = 0;                // limits.max_job_bytes
+  // Operations all of one job's sessions on this node may have submitted and
+  // not completed; 0 = only the rings bound them (per session).
+  uint32_t max_job_ops_in_flight = 0;        // limits.max_job_ops_in_flight
 
   // jobs:
   // Classes of service between jobs (priority_classes.h): the first that

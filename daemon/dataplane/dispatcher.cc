@@ -25,7 +25,7 @@ void Dispatcher::Stop() {
 
 void Dispatcher::Handle(const std::shared_ptr<Session>& session, const shm::OpDescriptor& d) {
   const int64_t now = shm::NowNanos();
-  session->BeginOp();
+  const bool within_job_limit = session->BeginOp();
   auto fail_alone = [&](const absl::Status& s) {
     HSDP_LOG_EVERY_N_SEC(Warning, 1)
         << "session " << session->id() << " op " << d.op_id << ": " << s.message();
@@ -55,7 +55,14 @@ void Dispatcher::Handle(const std::shared_ptr<Session>& session, const shm::OpDe
   a.epoch = d.epoch;
   a.seq = d.seq;
   a.first_ns = now;
-  a.rejected = ValidateFields(d, session->info().features);
+  // Over the job's limit: refused as an arrival, so the group fails every
+  // member of this operation at once instead of leaving the others waiting.
+  a.rejected = within_job_limit
+                   ? ValidateFields(d, session->info().features)
+                   : absl::ResourceExhaustedError(absl::StrCat(
+                         session->info().job().Describe(), " has more than ",
+                         session->job_op_count()->limit,
+                         " operations in flight on this node (limits.max_job_ops_in_flight)"));
   if (a.rejected.ok() && static_cast<Collective>(d.collective) == Collective::kReduceScatterAllReduce) {
     std::shared_ptr<Group> g2 = directory_->FindGroup(d.group2_id);
     const int r2 = g2 != nullptr ? g2->RankOf(session->info().rank) : -1;

@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/session/job_key.h"
+#include "daemon/session/session.h"
 
 namespace hsdp {
 
@@ -41,6 +42,8 @@ struct Job {
   // (session id, ranks) -> calls so far. Only accepted calls are counted.
   std::map<std::pair<uint64_t, std::vector<int>>, int> calls;
   uint64_t group_members = 0;  // sum of the sizes of its groups
+  // Operations in flight of its sessions here, shared with each of them.
+  std::shared_ptr<JobOpCount> ops;
   // Its class of service, chosen when its first member attached.
   std::string priority_class;
   uint32_t priority_level = 4;

@@ -202,6 +202,10 @@ absl::StatusOr<AttachResult> SessionManager::AttachHere(const AttachParams& p,
   job.world_size = p.world_size;
   job.priority_class = qos.name;
   job.priority_level = qos.level;
+  if (job.ops == nullptr) {
+    job.ops = std::make_shared<JobOpCount>(static_cast<int64_t>(config_.max_job_ops_in_flight));
+  }
+  session->SetJobOpCount(job.ops);
   job.rank_to_session[p.rank] = id;
   sessions_[id] = session;
   ++node_mappings_;

@@ -207,6 +207,7 @@ void Session::Complete(uint64_t op_id, const absl::Status& status, uint64_t queu
                        uint64_t exec_ns, int32_t peer, uint64_t event_id) {
   (status.ok() ? ops_completed_ : ops_failed_).fetch_add(1, std::memory_order_relaxed);
   in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  if (job_ops_ != nullptr) job_ops_->in_flight.fetch_sub(1, std::memory_order_relaxed);
   channel_->Complete(op_id, status, queued_ns, exec_ns, peer, event_id);
 }
 

@@ -43,6 +43,15 @@ struct SessionInfo {
 
 using SessionToken = std::array<uint8_t, shm::kSessionTokenBytes>;
 
+// The operations in flight of all of one job's sessions on this node, and
+// their limit (limits.max_job_ops_in_flight; 0 = none). The job's sessions
+// share one (daemon/jobs hands it to each at Attach).
+struct JobOpCount {
+  explicit JobOpCount(int64_t max) : limit(max) {}
+  std::atomic<int64_t> in_flight{0};
+  const int64_t limit;
+};
+
 class Session {
  public:
   Session(uint64_t id, SessionInfo info, SessionToken token, std::unique_ptr<ShmChannel> channel);
@@ -89,7 +98,18 @@ class Session {
   uint64_t used_bytes() const;
   // Operations submitted and not yet completed (bounded by the dispatcher).
   int64_t ops_in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
-  void BeginOp() { in_flight_.fetch_add(1, std::memory_order_relaxed); }
+  // Counts one more operation, for the session and its job; false when that
+  // takes the job over its limit (the operation must then be refused; it is
+  // counted all the same, and its completion uncounts it).
+  bool BeginOp() {
+    in_flight_.fetch_add(1, std::memory_order_relaxed);
+    if (job_ops_ == nullptr) return true;
+    const int64_t n = job_ops_->in_flight.fetch_add(1, std::memory_order_relaxed) + 1;
+    return job_ops_->limit <= 0 || n <= job_ops_->limit;
+  }
+  // The job's count; set once, before the session is published.
+  void SetJobOpCount(std::shared_ptr<JobOpCount> c) { job_ops_ = std::move(c); }
+  const JobOpCount* job_op_count() const { return job_ops_.get(); }
 
   // --- buffers ---
   // Returns the new buffer's id (> 0), or 0 when the session already ended.
@@ -129,7 +149,8 @@ class Session {
   std::atomic<bool> closed_{false};
   std::atomic<uint64_t> ops_completed_{0};
   std::atomic<uint64_t> ops_failed_{0};
-  std::atomic<int64_t> in_flight_{0};  // may dip below 0 for ops completed without BeginOp (tests)
+  std::atomic<int64_t> in_flight_{0};
+  std::shared_ptr<JobOpCount> job_ops_;  // null: no job count (tests)  // may dip below 0 for ops completed without BeginOp (tests)
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<MappedBuffer>> buffers_ ABSL_GUARDED_BY(mu_);

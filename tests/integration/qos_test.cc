@@ -4,6 +4,8 @@
 // job's share of the engine and its queueing delay; a class that does not
 // exist or is above the job's own is refused with a clear error, and the
 // refused attach leaves nothing behind.
+#include <thread>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hsdp/client.h"
@@ -126,6 +128,76 @@ TEST(QosTest, AClassAboveTheJobsOwnOrUnknownIsRefusedAndLeavesNothing) {
   EXPECT_THAT(listed.output, ::testing::Not(HasSubstr("train-x")));
   // A lower class than its own is granted.
   EXPECT_TRUE(AttachAs(d.socket(), "infer-y", "batch").ok());
+}
+
+TEST(QosTest, AJobOverItsOpsInFlightIsRefusedAndItsPeersFailAtOnce) {
+  // limits.max_job_ops_in_flight 4 for a job of two ranks: rank 0 submits 3
+  // all-reduces rank 1 has not submitted yet (4 with rank 1's first), then
+  // rank 1 submits its 3 too: the job holds 6, so the operations that took it
+  // over the limit fail RESOURCE_EXHAUSTED naming the job and the limit, on
+  // both ranks and at once (no collective timeout), and another job is not
+  // affected. Once all completed the job runs again.
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start("limits:\n  max_job_ops_in_flight: 4\ntimeouts:\n  collective_ms: 60000\n"))
+      << d.Log();
+  auto connect = [&](const std::string& job, int rank, int world) {
+    ClientOptions o;
+    o.socket_path = d.socket();
+    o.job_id = job;
+    o.rank = rank;
+    o.world_size = world;
+    return Client::Connect(o);
+  };
+  auto c0 = connect("busy", 0, 2);
+  auto c1 = connect("busy", 1, 2);
+  ASSERT_TRUE(c0.ok() && c1.ok()) << c0.status() << c1.status();
+  absl::StatusOr<Group> g0, g1;
+  std::thread t([&] { g1 = (*c1)->NewGroup({0, 1}); });
+  g0 = (*c0)->NewGroup({0, 1});
+  t.join();
+  ASSERT_TRUE(g0.ok() && g1.ok()) << g0.status() << g1.status();
+  auto b0 = (*c0)->AllocateBuffer(4096);
+  auto b1 = (*c1)->AllocateBuffer(4096);
+  ASSERT_TRUE(b0.ok() && b1.ok());
+  std::vector<Work> w0, w1;
+  for (int i = 0; i < 3; ++i) {
+    auto w = (*c0)->AllReduce(*g0, {b0->id, 0}, {b0->id, 0}, 16, DataType::kFloat32);
+    ASSERT_TRUE(w.ok()) << w.status();
+    w0.push_back(*w);
+  }
+  for (int i = 0; i < 3; ++i) {
+    auto w = (*c1)->AllReduce(*g1, {b1->id, 0}, {b1->id, 0}, 16, DataType::kFloat32);
+    ASSERT_TRUE(w.ok()) << w.status();
+    w1.push_back(*w);
+  }
+  int refused = 0;
+  for (auto* works : {&w0, &w1}) {
+    for (Work& w : *works) {
+      absl::Status s = w.Wait(absl::Seconds(20));
+      if (s.ok()) continue;
+      ++refused;
+      EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+      EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("job \"busy\""),
+                                                  HasSubstr("limits.max_job_ops_in_flight")));
+    }
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_EQ(refused % 2, 0) << "an operation fails on both ranks or on neither";
+  // Another job runs meanwhile, and this one again once it is under the limit.
+  auto other = connect("other", 0, 1);
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto og = (*other)->NewGroup({0});
+  auto ob = (*other)->AllocateBuffer(4096);
+  ASSERT_TRUE(og.ok() && ob.ok());
+  auto ow = (*other)->AllReduce(*og, {ob->id, 0}, {ob->id, 0}, 16, DataType::kFloat32);
+  ASSERT_TRUE(ow.ok());
+  EXPECT_TRUE(ow->Wait(absl::Seconds(20)).ok());
+  auto a = (*c0)->AllReduce(*g0, {b0->id, 0}, {b0->id, 0}, 16, DataType::kFloat32);
+  auto b = (*c1)->AllReduce(*g1, {b1->id, 0}, {b1->id, 0}, 16, DataType::kFloat32);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(a->Wait(absl::Seconds(20)).ok());
+  EXPECT_TRUE(b->Wait(absl::Seconds(20)).ok());
 }
 
 }  // namespace

@@ -56,6 +56,7 @@ NodeConfig NonDefaultConfig() {
   c.max_buffers_per_session = 99;
   c.max_groups_per_job = 3;
   c.max_job_bytes = 5ull << 30;
+  c.max_job_ops_in_flight = 1000000000;
   c.engine_bulk_nice = 19;
   c.priority_classes = {PriorityClass{"interactive", 0, {"infer-*", "a\"b: [c]"}, {}},
                         PriorityClass{"batch", 7, {}, {2000, 0}}};
@@ -91,6 +92,7 @@ limits:
   max_buffers_per_session: 99
   max_groups_per_job: 3
   max_job_bytes: 5GiB
+  max_job_ops_in_flight: 1000000000
 jobs:
   priority_classes:
     - name: interactive
@@ -192,7 +194,7 @@ TEST(NodeConfigTest, DefaultYamlListsEveryKeyWithAComment) {
        {"node:", "name:", "socket:", "socket_mode: 0660", "allowed_uids: []", "engine:",
         "kind: \"cpu\"", "threads: 0", "inline_max_bytes: 64KiB", "limits:",
         "max_session_bytes: 64GiB", "max_node_bytes: 0", "max_sessions: 256",
-        "max_buffers_per_session: 4096", "max_groups_per_job: 1024", "max_job_bytes: 0",
+        "max_buffers_per_session: 4096", "max_groups_per_job: 1024", "max_job_bytes: 0", "max_job_ops_in_flight: 0",
         "bulk_nice: 0", "jobs:", "priority_classes: []", "data_plane:",
         "ring_entries: 1024", "spin_us: 50", "timeouts:", "collective_ms: 60000",
         "data_connect_ms: 10000", "shutdown_grace_ms: 5000", "log:", "level: \"info\""}) {
