@@ -131,12 +131,12 @@ TEST(QosTest, AClassAboveTheJobsOwnOrUnknownIsRefusedAndLeavesNothing) {
 }
 
 TEST(QosTest, AJobOverItsOpsInFlightIsRefusedAndItsPeersFailAtOnce) {
-  // limits.max_job_ops_in_flight 4 for a job of two ranks: rank 0 submits 3
-  // all-reduces rank 1 has not submitted yet (4 with rank 1's first), then
-  // rank 1 submits its 3 too: the job holds 6, so the operations that took it
-  // over the limit fail RESOURCE_EXHAUSTED naming the job and the limit, on
-  // both ranks and at once (no collective timeout), and another job is not
-  // affected. Once all completed the job runs again.
+  // limits.max_job_ops_in_flight 4 for a job of two ranks: rank 0 submits 5
+  // all-reduces before rank 1 submits any (its 5th takes the job to 5), then
+  // rank 1 submits its 5. The operations that found the job over the limit
+  // fail RESOURCE_EXHAUSTED naming the job and the limit, on both ranks and at
+  // once (no collective timeout); the others complete; another job is not
+  // affected; and once all completed the job runs again.
   TempDir dir;
   DaemonProcess d(dir);
   ASSERT_TRUE(d.Start("limits:\n  max_job_ops_in_flight: 4\ntimeouts:\n  collective_ms: 60000\n"))
@@ -161,12 +161,13 @@ TEST(QosTest, AJobOverItsOpsInFlightIsRefusedAndItsPeersFailAtOnce) {
   auto b1 = (*c1)->AllocateBuffer(4096);
   ASSERT_TRUE(b0.ok() && b1.ok());
   std::vector<Work> w0, w1;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 5; ++i) {
     auto w = (*c0)->AllReduce(*g0, {b0->id, 0}, {b0->id, 0}, 16, DataType::kFloat32);
     ASSERT_TRUE(w.ok()) << w.status();
     w0.push_back(*w);
   }
-  for (int i = 0; i < 3; ++i) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // all 5 in the daemon
+  for (int i = 0; i < 5; ++i) {
     auto w = (*c1)->AllReduce(*g1, {b1->id, 0}, {b1->id, 0}, 16, DataType::kFloat32);
     ASSERT_TRUE(w.ok()) << w.status();
     w1.push_back(*w);
