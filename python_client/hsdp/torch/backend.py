@@ -14,6 +14,7 @@ Point-to-point and all-to-all: p2p.py; reduce / gather / scatter: rooted.py;
 what torch's C++ side keeps for the group (name, device type): name_holder.py.
 """
 import datetime
+import os
 
 import torch
 import torch.distributed as dist
@@ -62,6 +63,11 @@ class ProcessGroupHsdp(PointToPointMixin, RootedMixin, ProcessGroup):
         self._timeout_s = timeout.total_seconds() if isinstance(
             timeout, datetime.timedelta) else float(timeout)
         self._completer = Completer(f"g{group.id}", self._timeout_s)
+        # $HSDP_LATENCY_CRITICAL=all_gather: this process group's all-gathers
+        # run ahead of the job's other queued work on the daemon (FSDP's
+        # parameter all-gathers gate the next layer's compute).
+        self._gather_critical = "all_gather" in os.environ.get(
+            "HSDP_LATENCY_CRITICAL", "").replace(" ", "").split(",")
 
     # -- identity ------------------------------------------------------------
     def getBackendName(self):  # noqa: N802 - torch's name
@@ -263,7 +269,8 @@ class ProcessGroupHsdp(PointToPointMixin, RootedMixin, ProcessGroup):
             recv, views = self._dense_region(plan, outs, copy_in=False)
             plan.after(lambda: [o.copy_(v) for o, v in zip(outs, views)])
         return self._submit("allgather", plan, lambda: self._client.raw.all_gather(
-            self._group, send, recv, count, dt), outs, [x])
+            self._group, send, recv, count, dt, latency_critical=self._gather_critical),
+            outs, [x])
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's name
         if input.is_cuda and output.numel() == input.numel() * self.size():
@@ -279,7 +286,8 @@ class ProcessGroupHsdp(PointToPointMixin, RootedMixin, ProcessGroup):
         plan = Plan(self._client)
         send, recv = plan.input(input), plan.output(output)
         return self._submit("all_gather_into_tensor", plan, lambda: self._client.raw.all_gather(
-            self._group, send, recv, count, dt), [output], [input])
+            self._group, send, recv, count, dt, latency_critical=self._gather_critical),
+            [output], [input])
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """output_lists[r][j] receives input_list[j] of group rank r."""
