@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/observability/op_labels.h"
+#include "hsdp/shm/doorbell.h"
 #include "hsdp/common/version.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
@@ -98,6 +99,11 @@ class Metrics::Impl {
                         .Help("From an operation's first arrival to its hand-off to the engine "
                               "(waiting for peers and for earlier operations)")
                         .Register(*registry_)),
+        engine_wait_(prometheus::BuildHistogram()
+                         .Name("hsdpd_op_engine_wait_seconds")
+                         .Help("Time a completed operation waited inside the engine, handed off "
+                               "but not running (behind other jobs' work or between slices)")
+                         .Register(*registry_)),
         arrival_lag_(prometheus::BuildHistogram()
                          .Name("hsdpd_rank_arrival_lag_seconds")
                          .Help("How long after an operation's first local arrival this rank "
@@ -192,6 +198,11 @@ class Metrics::Impl {
     s.bytes->Increment(static_cast<double>(OpBytes(group, a)));
     s.duration->Observe(exec_ns / 1e9);
     s.queue_wait->Observe(queued_ns / 1e9);
+    if (a.first_ns > 0) {
+      const int64_t waited =
+          shm::NowNanos() - a.first_ns - static_cast<int64_t>(queued_ns + exec_ns);
+      s.engine_wait->Observe(waited > 0 ? waited / 1e9 : 0.0);
+    }
   }
 
  private:
@@ -200,6 +211,7 @@ class Metrics::Impl {
     Counter* bytes;
     Histogram* duration;
     Histogram* queue_wait;
+    Histogram* engine_wait;
   };
   struct RankSeries {
     Histogram* lag;
@@ -211,7 +223,7 @@ class Metrics::Impl {
     std::string owner;  // owner_uid
     std::vector<uint64_t> op_keys, rank_keys;  // cache entries to forget
     std::set<Counter*> completed, bytes, failed, waited, last;
-    std::set<Histogram*> duration, queue_wait, lag;
+    std::set<Histogram*> duration, queue_wait, engine_wait, lag;
     absl::Time absent_since = absl::InfiniteFuture();
   };
 
@@ -304,12 +316,13 @@ class Metrics::Impl {
     JobSeries& job = JobFor(JobOf(group));
     const prometheus::Labels labels = OpLabels(job, group, a);
     OpSeries s{&completed_.Add(labels), &bytes_.Add(labels), &duration_.Add(labels, TimeBuckets()),
-               &queue_wait_.Add(labels, TimeBuckets())};
+               &queue_wait_.Add(labels, TimeBuckets()), &engine_wait_.Add(labels, TimeBuckets())};
     job.op_keys.push_back(key);
     job.completed.insert(s.completed);
     job.bytes.insert(s.bytes);
     job.duration.insert(s.duration);
     job.queue_wait.insert(s.queue_wait);
+    job.engine_wait.insert(s.engine_wait);
     return op_cache_.emplace(key, s).first->second;
   }
 
@@ -359,6 +372,7 @@ class Metrics::Impl {
       for (Counter* c : job.last) last_arrivals_.Remove(c);
       for (Histogram* h : job.duration) duration_.Remove(h);
       for (Histogram* h : job.queue_wait) queue_wait_.Remove(h);
+      for (Histogram* h : job.engine_wait) engine_wait_.Remove(h);
       for (Histogram* h : job.lag) arrival_lag_.Remove(h);
       it = jobs_.erase(it);
     }
@@ -370,6 +384,7 @@ class Metrics::Impl {
   Family<Counter>& bytes_;
   Family<Histogram>& duration_;
   Family<Histogram>& queue_wait_;
+  Family<Histogram>& engine_wait_;
   Family<Histogram>& arrival_lag_;
   Family<Counter>& waited_for_;
   Family<Counter>& last_arrivals_;

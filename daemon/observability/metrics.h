@@ -14,6 +14,7 @@
 //   hsdpd_op_bytes_total{job,group,op,dtype}          counter (per-rank buffer size)
 //   hsdpd_op_duration_seconds{job,group,op,dtype}     histogram (engine time)
 //   hsdpd_op_queue_wait_seconds{job,group,op,dtype}   histogram (first arrival -> engine)
+//   hsdpd_op_engine_wait_seconds{job,group,op,dtype}  histogram (handed off, not running)
 //   hsdpd_rank_arrival_lag_seconds{job,rank}          histogram (arrival - first arrival)
 //   hsdpd_rank_waited_for_seconds_total{job,rank}     counter (others waited for it, last)
 //   hsdpd_rank_last_arrivals_total{job,rank}          counter

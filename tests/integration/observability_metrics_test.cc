@@ -84,6 +84,7 @@ TEST(ObservabilityMetricsTest, ScrapeMatchesTheWorkloadExactly) {
   EXPECT_EQ(m[OpSeries("hsdpd_op_bytes_total", w.job, "all_reduce")], 20 * 1024 * 4);
   EXPECT_EQ(m[OpSeries("hsdpd_op_duration_seconds_count", w.job, "all_reduce")], 20);
   EXPECT_EQ(m[OpSeries("hsdpd_op_queue_wait_seconds_count", w.job, "all_reduce")], 20);
+  EXPECT_EQ(m[OpSeries("hsdpd_op_engine_wait_seconds_count", w.job, "all_reduce")], 20);
   // The +Inf bucket holds every observation.
   EXPECT_EQ(m["hsdpd_op_duration_seconds_bucket{dtype=\"float32\",group=\"world\",job_id=\"" +
               w.job + "\",op=\"all_reduce\",owner_uid=\"" + Owner() + "\",le=\"+Inf\"}"],
