@@ -97,6 +97,23 @@ absl::Status CheckDescriptorFields(const OpDescriptor& d, uint64_t features) {
     return Invalid("dtype", absl::StrCat("unknown value ", d.dtype));
   }
   if (absl::Status s = CheckCount(d.count); !s.ok()) return s;
+  // Buffers are mapped page-aligned; an offset that is a multiple of the
+  // element size keeps every element aligned, which the kernels need (an
+  // unaligned float load is undefined behaviour; the dispatcher fuzzer found
+  // one). Uneven all-to-all counts are uint64.
+  const uint64_t es = DataTypeSize(static_cast<DataType>(d.dtype));
+  if (es > 1 && d.send.offset_bytes % es != 0) {
+    return Invalid("send.offset_bytes",
+                   absl::StrCat(d.send.offset_bytes, " is not a multiple of the element size ", es));
+  }
+  if (es > 1 && d.recv.offset_bytes % es != 0) {
+    return Invalid("recv.offset_bytes",
+                   absl::StrCat(d.recv.offset_bytes, " is not a multiple of the element size ", es));
+  }
+  if (d.splits.offset_bytes % sizeof(uint64_t) != 0) {
+    return Invalid("splits.offset_bytes",
+                   absl::StrCat(d.splits.offset_bytes, " is not a multiple of 8 (uint64 counts)"));
+  }
   if (c == Collective::kReduceScatterAllReduce && d.group2_id == 0) {
     return Invalid("group2_id", "a reduce-scatter+all-reduce needs a replicate group");
   }

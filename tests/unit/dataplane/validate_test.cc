@@ -152,6 +152,29 @@ TEST(ValidateFieldsTest, Count) {
   }
 }
 
+TEST(ValidateFieldsTest, OffsetsKeepElementsAligned) {
+  // An unaligned float load in the kernels is undefined behaviour (the
+  // dispatcher fuzzer found one): offsets are multiples of the element size.
+  auto with = [](DataType dt, uint64_t send_off, uint64_t recv_off) {
+    shm::OpDescriptor d = Good();
+    d.dtype = static_cast<uint8_t>(dt);
+    d.send.offset_bytes = send_off;
+    d.recv.offset_bytes = recv_off;
+    return ValidateFields(d, shm::kFeaturesImplemented);
+  };
+  EXPECT_TRUE(with(DataType::kFloat32, 4096 + 8, 12).ok());
+  ExpectInvalid(with(DataType::kFloat32, 0x4e, 0), "send.offset_bytes");
+  ExpectInvalid(with(DataType::kFloat32, 0, 2), "recv.offset_bytes");
+  ExpectInvalid(with(DataType::kFloat64, 4, 0), "send.offset_bytes");
+  EXPECT_TRUE(with(DataType::kBFloat16, 2, 6).ok());
+  EXPECT_TRUE(with(DataType::kUInt8, 3, 5).ok());
+  shm::OpDescriptor a2a = Good();
+  a2a.collective = static_cast<uint8_t>(Collective::kAllToAll);
+  a2a.reduce_op = 0;
+  a2a.splits = {7, 12};
+  ExpectInvalid(ValidateFields(a2a, shm::kFeaturesImplemented), "splits.offset_bytes");
+}
+
 TEST(ValidateFieldsTest, ReservedFieldsAndUnknownFlagsAreRejected) {
   // So that later versions can give them meaning behind a feature bit.
   auto with = [](auto mutate) {
