@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from bench_daemon import running_hsdpd
+
 
 def size(text):
     m = re.fullmatch(r"(\d+)([KMG]?)", text.upper())
@@ -105,14 +107,7 @@ def main():
     nbytes = size(args.bytes)
     tmp = tempfile.mkdtemp(prefix="hsdp-lat-")
     sock = os.path.join(tmp, "hsdpd.sock")
-    daemon = subprocess.Popen([os.path.join(args.bin, "hsdpd"), "--socket", sock,
-                               "--log-level", "warning"])
-    try:
-        end = time.monotonic() + 10
-        while not os.path.exists(sock):
-            if time.monotonic() > end or daemon.poll() is not None:
-                raise RuntimeError("hsdpd did not start")
-            time.sleep(0.05)
+    with running_hsdpd(args.bin, sock):
         before = bench(args.bin, sock, nbytes, args.iters)
         trace = os.path.join(tmp, "trace.json")
         rec = subprocess.Popen([os.path.join(args.bin, "hsdpctl"), "--socket", sock, "trace",
@@ -122,9 +117,6 @@ def main():
         rec.wait(timeout=60)
         after = bench(args.bin, sock, nbytes, args.iters)
         ph = phases(trace)
-    finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
     print(f"all_reduce {nbytes} B, 2 ranks, float32 (hsdp-bench p50 / mean, us)")
     print(f"  alone, before      {before['p50_us']:8.2f} / {before['mean_us']:.2f}")
     print(f"  while tracing      {traced['p50_us']:8.2f} / {traced['mean_us']:.2f}")

@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+from bench_daemon import running_hsdpd
+
 A_BYTES = 64 << 20
 
 
@@ -195,15 +197,8 @@ def main():
                     "jobs:\n  priority_classes:\n"
                     "    - {name: interactive, level: 1, jobs: [\"qos-hi-*\"]}\n")
         sock = os.path.join(tmp, f"hsdpd{nice}.sock")
-        daemon = subprocess.Popen([os.path.join(args.bin, "hsdpd"), "--node-config", cfg,
-                                   "--socket", sock, "--log-level", "warning"])
         os.environ["HSDPD_SOCKET"] = sock
-        try:
-            end = time.monotonic() + 10
-            while not os.path.exists(sock):
-                if time.monotonic() > end or daemon.poll() is not None:
-                    raise RuntimeError("hsdpd did not start")
-                time.sleep(0.05)
+        with running_hsdpd(args.bin, sock, cfg):
             for size in [int(v) for v in args.b_sizes.split(",")]:
                 results = {k: [] for k in names}
                 for rnd in range(args.rounds):
@@ -213,9 +208,6 @@ def main():
                         results[name].append(
                             scenario(sys.executable, tmp, name, size, args.seconds, n))
                 report(results, names, size, nice, args)
-        finally:
-            daemon.terminate()
-            daemon.wait(timeout=30)
     return 0
 
 

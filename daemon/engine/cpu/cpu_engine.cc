@@ -287,10 +287,9 @@ bool CpuEngine::RunSlice(uint64_t ticket, Queued& q) {
   }
   const size_t es = DataTypeSize(task.spec.dtype);
   const int64_t now = shm::NowNanos();
-  std::pair<int, std::string> who{task.qos_class, task.job};
-  if (who != last_served_) {
+  if (task.qos_class != last_served_.first || task.job != last_served_.second) {
     if (!last_served_.second.empty()) last_switch_ns_ = now;  // not the first task
-    last_served_ = std::move(who);
+    last_served_ = {task.qos_class, task.job};  // copied only on a switch
   }
   const bool shared = now - last_switch_ns_ < kSharedWindowNs && last_switch_ns_ != 0;
   const uint64_t slice =

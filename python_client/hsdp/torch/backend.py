@@ -63,9 +63,8 @@ class ProcessGroupHsdp(PointToPointMixin, RootedMixin, ProcessGroup):
         self._timeout_s = timeout.total_seconds() if isinstance(
             timeout, datetime.timedelta) else float(timeout)
         self._completer = Completer(f"g{group.id}", self._timeout_s)
-        # $HSDP_LATENCY_CRITICAL=all_gather: this process group's all-gathers
-        # run ahead of the job's other queued work on the daemon (FSDP's
-        # parameter all-gathers gate the next layer's compute).
+        # $HSDP_LATENCY_CRITICAL=all_gather: this group's all-gathers go ahead of
+        # the job's other queued work on the daemon (docs/qos.md).
         self._gather_critical = "all_gather" in os.environ.get(
             "HSDP_LATENCY_CRITICAL", "").replace(" ", "").split(",")
 
