@@ -26,6 +26,10 @@
 # ./gpu-out. Exit status: non-zero when any check failed. On a GPU machine a
 # skipped GPU test is a failure.
 #
+# Environment: HSDP_STAGE_BUDGET_S (the stage's budget), HSDP_PREBUILT_EXT
+# (torch: an already built hsdp/_hsdp*.so to use instead of building one),
+# HSDP_E2E_ARGS (torch: more arguments of gpu_torch_e2e.py, e.g. --bench).
+#
 # --dry-run (what CI runs, no GPU needed): checks that everything the stage
 # needs is in the bundle and that its scripts parse, prints the commands it
 # would run, and fails when anything is missing.
@@ -242,9 +246,15 @@ torch)
   else
     cp -r "$ROOT/python_client/hsdp" "$WORK/python/"
     ln -s "$BUNDLE/bin" "$WORK/bin"
-    if run_logged "build hsdp._hsdp" 240 bash "$BUNDLE/pykit/build_ext.sh" "$WORK/python"; then
-      record "build hsdp._hsdp" "OK" "$(ls "$WORK"/python/hsdp/_hsdp* 2>/dev/null | head -1)"
-      if run_logged "gpu_torch_e2e" 240 "$PYTHON" "$ROOT/tools/bench/gpu_torch_e2e.py" --build "$WORK"; then
+    prebuilt="$(ls "${HSDP_PREBUILT_EXT:-/nonexistent}" 2>/dev/null || true)"
+    if [ -n "$prebuilt" ]; then  # built by run_gpu_all.sh while the other stages ran
+      cp "$prebuilt" "$WORK/python/hsdp/"
+      echo "=== build hsdp._hsdp: prebuilt $prebuilt" >>"$LOG"
+    fi
+    if [ -n "$prebuilt" ] || run_logged "build hsdp._hsdp" 240 bash "$BUNDLE/pykit/build_ext.sh" "$WORK/python"; then
+      record "build hsdp._hsdp" "OK" "$(ls "$WORK"/python/hsdp/_hsdp* 2>/dev/null | head -1)${prebuilt:+ (prebuilt)}"
+      # shellcheck disable=SC2086
+      if run_logged "gpu_torch_e2e" 240 "$PYTHON" "$ROOT/tools/bench/gpu_torch_e2e.py" --build "$WORK" ${HSDP_E2E_ARGS:-}; then
         record "torch backend e2e (cuda)" "OK"
       else
         record "torch backend e2e (cuda)" "FAIL" "see $LOG"

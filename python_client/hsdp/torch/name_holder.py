@@ -32,9 +32,12 @@ class _NameHolder(c10d.Backend):
 
 
 def attach_name_holder(pg):
-    """Registers a _NameHolder on `pg` for cpu, as its default backend."""
+    """Registers a _NameHolder on `pg` for cpu (and cuda where torch has a
+    GPU), as its default backend."""
     holder = _NameHolder(pg.rank(), pg.size())
     custom = ProcessGroup.BackendType.CUSTOM
     pg._register_backend(torch.device("cpu"), custom, holder)
+    if torch.cuda.is_available():
+        pg._register_backend(torch.device("cuda"), custom, holder)
     pg._set_default_backend(custom)
     pg._hsdp_name_holder = holder
