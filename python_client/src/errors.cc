@@ -16,8 +16,14 @@ std::array<PyObject*, kNumCodes> g_by_code{};
 // Creates hsdp._hsdp.<name> deriving from HsdpError and, optionally, `builtin`.
 PyObject* NewSubclass(py::module_& m, const char* name, PyObject* builtin, const char* doc) {
   const std::string qualified = std::string("hsdp._hsdp.") + name;
-  py::tuple bases = builtin != nullptr ? py::make_tuple(py::handle(g_base), py::handle(builtin))
-                                       : py::make_tuple(py::handle(g_base));
+  // Two statements, not a ?: of two make_tuple calls: newer pybind11 (3.x)
+  // gives make_tuple typed results of different types.
+  py::tuple bases;
+  if (builtin != nullptr) {
+    bases = py::make_tuple(py::handle(g_base), py::handle(builtin));
+  } else {
+    bases = py::make_tuple(py::handle(g_base));
+  }
   PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), nullptr);
   if (cls == nullptr) throw py::error_already_set();
   m.add_object(name, py::handle(cls));  // steals nothing; the module keeps a reference

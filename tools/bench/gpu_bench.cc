@@ -70,8 +70,8 @@ int main(int argc, char** argv) {
   nccl::NcclCollectives coll;
   std::printf("hsdp-gpu-bench: %d GPU rank(s), %s, %d iterations per point\n", n,
               coll.name().c_str(), iters);
-  std::printf("%-15s %10s %12s %12s %10s %10s %7s\n", "op", "bytes", "raw_us", "engine_us",
-              "raw_GB/s", "eng_GB/s", "ratio");
+  std::printf("%-15s %10s %12s %12s %14s %10s %10s %7s\n", "op", "bytes", "raw_us", "engine_us",
+              "eng_sleep_us", "raw_GB/s", "eng_GB/s", "ratio");
   // Raw baseline: one communicator set, streams, a group call per op.
   auto id = coll.NewUniqueId();
   std::vector<int> ranks(n), devs(n);
@@ -92,7 +92,10 @@ int main(int argc, char** argv) {
     streams[r] = *dev->CreateStream(r, device::StreamPriority::kDefault);
     events[r] = *dev->CreateEvent(r, false);
   }
-  nccl::NcclEngine engine(dev.get(), &coll);
+  nccl::NcclEngine engine(dev.get(), &coll);  // the daemon's options (spin window)
+  nccl::NcclEngineOptions sleeping;
+  sleeping.spin_window = absl::ZeroDuration();  // every poll a 50 us sleep (before the first GPU run)
+  nccl::NcclEngine engine_sleep(dev.get(), &coll, sleeping);
   int failures = 0;
   for (Collective c : {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {
     for (double mb : sizes_mb) {
@@ -133,7 +136,7 @@ int main(int argc, char** argv) {
         m.recv = BufferView{MemoryKind::kDevice, r, reinterpret_cast<void*>(recv[r]), total};
         t.members.push_back(m);
       }
-      auto engine_once = [&]() {
+      auto engine_once = [&](nccl::NcclEngine& engine) {
         std::promise<absl::Status> p;
         EngineCallbacks cb;
         cb.launched = [](uint64_t) {};
@@ -141,21 +144,24 @@ int main(int argc, char** argv) {
         engine.Launch(t, cb);
         return p.get_future().get().ok();
       };
-      bool ok = raw_once() && engine_once();  // warm-up (and the engine's comm init)
+      bool ok = raw_once() && engine_once(engine) && engine_once(engine_sleep);  // warm-up, comm init
       double t0 = Now();
       for (int i = 0; i < iters && ok; ++i) ok = raw_once();
       const double raw = (Now() - t0) / iters;
       t0 = Now();
-      for (int i = 0; i < iters && ok; ++i) ok = engine_once();
+      for (int i = 0; i < iters && ok; ++i) ok = engine_once(engine);
       const double eng = (Now() - t0) / iters;
+      t0 = Now();
+      for (int i = 0; i < iters && ok; ++i) ok = engine_once(engine_sleep);
+      const double eng_sleep = (Now() - t0) / iters;
       if (!ok) ++failures;
       const double factor = c == Collective::kAllReduce ? 2.0 * (n - 1) / n : double(n - 1) / n;
       const double bw_raw = n > 1 ? total * factor / raw / 1e9 : total / raw / 1e9;
       const double bw_eng = n > 1 ? total * factor / eng / 1e9 : total / eng / 1e9;
-      std::printf("%-15s %10llu %12.1f %12.1f %10.2f %10.2f %7.2f%s\n",
+      std::printf("%-15s %10llu %12.1f %12.1f %14.1f %10.2f %10.2f %7.2f%s\n",
                   c == Collective::kAllReduce ? "all_reduce"
                   : c == Collective::kAllGather ? "all_gather" : "reduce_scatter",
-                  (unsigned long long)total, raw * 1e6, eng * 1e6, bw_raw, bw_eng, eng / raw,
+                  (unsigned long long)total, raw * 1e6, eng * 1e6, eng_sleep * 1e6, bw_raw, bw_eng, eng / raw,
                   ok ? "" : "  FAILED");
       for (int r = 0; r < n; ++r) {
         (void)dev->Free(send[r]);
@@ -164,6 +170,7 @@ int main(int argc, char** argv) {
     }
   }
   engine.Shutdown();
+  engine_sleep.Shutdown();
   (void)coll.Release(*comms, /*abort=*/false);  // one group call for every local rank
   return failures == 0 ? 0 : 1;
 }

@@ -6,9 +6,9 @@ producer events, Work.wait() ordering the current stream), checked against
 expected values; then FSDP2 fully_shard for a few steps, its parameters
 compared with a single-process reference trained on the whole batch.
 
-Two trainer processes in one process group of world 2: on two GPUs one each;
-on a single GPU both on cuda:0 (hsdpd reduces within the device; in-process
-NCCL cannot run two ranks on one GPU at all).
+Trainer processes (--world, 2 by default) in one process group, spread over
+the GPUs round robin: on a single GPU all on cuda:0 (hsdpd reduces within the
+device; in-process NCCL cannot run two ranks on one GPU at all).
 
 With --bench, the same processes then time, in the same run:
   * all-reduce / all-gather / reduce-scatter through hsdpd, 4 KiB to --max-mb,
@@ -262,6 +262,7 @@ def main():
     ap.add_argument("--build", required=True, help="build dir with bin/hsdpd and python/")
     ap.add_argument("--bench", action="store_true", help="also time (see the docstring)")
     ap.add_argument("--max-mb", type=int, default=1024, help="largest size of --bench")
+    ap.add_argument("--world", type=int, default=2, help="trainer processes (one job)")
     ap.add_argument("--cpu", action="store_true",
                     help="CPU tensors and engine.kind cpu: checks this script without a GPU")
     args = ap.parse_args()
@@ -296,9 +297,9 @@ def main():
     os.environ["HSDPD_SOCKET"] = sock
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    world = 2
-    gpus = ([None, None] if args.cpu else
-            [0, 1] if torch.cuda.device_count() >= 2 else [0, 0])
+    world = args.world
+    ngpu = 0 if args.cpu else torch.cuda.device_count()
+    gpus = [None] * world if args.cpu else [r % ngpu for r in range(world)]
     init = "file://" + os.path.join(tmp, "rendezvous")
     max_mb = args.max_mb if args.bench else 0
     procs = [ctx.Process(target=worker, args=(r, world, init, results, gpus[r], "e2e", max_mb))

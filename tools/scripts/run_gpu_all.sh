@@ -8,16 +8,19 @@
 #
 #   tools/scripts/run_gpu_all.sh [--total-s 420] [--stages probe,core,daemon,torch,bench]
 #                                [--e2e-args "--bench --max-mb 1024"]
+#                                [--sizes-mb 0.00390625,1,16,64,256,1024] (bench)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 TOTAL_S=420
 STAGES="probe,core,daemon,torch,bench"
 E2E_ARGS="--bench --max-mb 1024"
+SIZES="0.00390625,1,16,64,256,1024"
 while [ $# -gt 0 ]; do
   case "$1" in
     --total-s) TOTAL_S="$2"; shift ;;
     --stages) STAGES="$2"; shift ;;
     --e2e-args) E2E_ARGS="$2"; shift ;;
+    --sizes-mb) SIZES="$2"; shift ;;
     -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "run_gpu_all.sh: unknown argument $1" >&2; exit 64 ;;
   esac
@@ -59,7 +62,7 @@ for stage in ${STAGES//,/ }; do
   fi
   s=$(date +%s)
   env "${extra[@]}" HSDP_STAGE_BUDGET_S="$budget" HSDP_E2E_ARGS="$E2E_ARGS" \
-    bash "$ROOT/tools/scripts/run_gpu_tests.sh" --stage "$stage"
+    bash "$ROOT/tools/scripts/run_gpu_tests.sh" --stage "$stage" --sizes-mb "$SIZES"
   src=$?
   [ "$src" -ne 0 ] && rc=1
   echo "$stage: exit $src in $(( $(date +%s) - s ))s (budget ${budget}s)" | tee -a "$OUT/summary.txt"

@@ -85,6 +85,13 @@ struct NcclEngineOptions {
   absl::Duration op_timeout = absl::Seconds(300);  // launch to completion
   absl::Duration init_timeout = absl::Seconds(120);
   absl::Duration poll_interval = absl::Microseconds(50);
+  // While work is in flight and the engine made progress (a task arrived,
+  // one completed) within this window, the engine thread polls without
+  // sleeping (yielding the core between queries), so a short collective's
+  // completion is seen within microseconds; past it, it polls every
+  // poll_interval. Zero: always poll_interval (a sleep of 50 us is 60-150 us
+  // on Linux: the first run on an H100 measured 130 us added at 16 MiB).
+  absl::Duration spin_window = absl::Microseconds(500);
   // After Shutdown(), tasks still running get this long before their
   // communicators are aborted.
   absl::Duration shutdown_grace = absl::Seconds(10);
