@@ -307,13 +307,21 @@ def main():
     for p in procs:
         p.start()
     failed = False
+    deadline = time.time() + 300
     for _ in range(len(procs)):
-        try:
-            rank, failures, fsdp_diff, report = results.get(timeout=300)
-        except Exception:
-            print("gpu_torch_e2e: a worker did not report within 300 s")
+        got = None
+        while got is None and time.time() < deadline:
+            try:
+                got = results.get(timeout=1)
+            except Exception:  # queue.Empty: is every worker still alive?
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    break
+        if got is None:
+            print("gpu_torch_e2e: a worker died or did not report within 300 s")
             failed = True
             break
+        rank, failures, fsdp_diff, report = got
         for f in failures:
             print(f"rank {rank}: {f}")
             failed = True

@@ -33,8 +33,15 @@ class _NameHolder(c10d.Backend):
 
 def attach_name_holder(pg):
     """Registers a _NameHolder on `pg` for cpu (and cuda where torch has a
-    GPU), as its default backend."""
-    holder = _NameHolder(pg.rank(), pg.size())
+    GPU), as its default backend. Some torch builds (2.11, seen on the GPU
+    machine) bind c10d.Backend without a Python constructor: there the group
+    runs without a holder (no group name for the flight recorder, no
+    monitored_barrier, no batch_isend_irecv); the collectives are unchanged."""
+    try:
+        holder = _NameHolder(pg.rank(), pg.size())
+    except TypeError:  # "_NameHolder: No constructor defined!"
+        pg._hsdp_name_holder = None
+        return
     custom = ProcessGroup.BackendType.CUSTOM
     pg._register_backend(torch.device("cpu"), custom, holder)
     if torch.cuda.is_available():
