@@ -508,6 +508,40 @@ absl::Status CudaDeviceApi::ReduceAsync(const std::vector<DevicePtr>& srcs, Data
   return absl::OkStatus();
 }
 
+absl::Status CudaDeviceApi::ReduceToManyAsync(const std::vector<DevicePtr>& srcs, DataType from,
+                                              const std::vector<DevicePtr>& dsts, DataType to,
+                                              uint64_t count, ReduceOp op, double in_scale,
+                                              double out_scale, StreamHandle stream) {
+  if (srcs.size() > static_cast<size_t>(kMaxReduceInputs) ||
+      dsts.size() > static_cast<size_t>(kMaxReduceInputs)) {
+    // More members than one launch takes: the composed default.
+    return DeviceApi::ReduceToManyAsync(srcs, from, dsts, to, count, op, in_scale, out_scale,
+                                        stream);
+  }
+  RETURN_IF_ERROR(CheckReduceToMany(srcs, from, dsts, to));
+  if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax &&
+      op != ReduceOp::kProduct) {
+    return absl::InvalidArgumentError("reduce: op must be sum, min, max or product");
+  }
+  if ((from != to || in_scale != 1.0 || out_scale != 1.0) &&
+      (!IsFloatingPoint(from) || !IsFloatingPoint(to))) {
+    return absl::InvalidArgumentError("reduce: a cast or a scale needs float types");
+  }
+  ASSIGN_OR_RETURN(int device, StreamDevice(stream));
+  RETURN_IF_ERROR(SetDevice(device));
+  if (count == 0) return absl::OkStatus();
+  const void* ins[kMaxReduceInputs];
+  void* outs[kMaxReduceInputs];
+  for (size_t k = 0; k < srcs.size(); ++k) ins[k] = FromHandle<const void*>(srcs[k]);
+  for (size_t j = 0; j < dsts.size(); ++j) outs[j] = FromHandle<void*>(dsts[j]);
+  const auto rc = static_cast<cudaError_t>(LaunchIntraDeviceReduceMany(
+      ins, static_cast<int>(srcs.size()), static_cast<int>(from), outs,
+      static_cast<int>(dsts.size()), static_cast<int>(to), count, static_cast<int>(op), in_scale,
+      out_scale, FromHandle<void*>(stream)));
+  if (rc != cudaSuccess) return CudaError(rc, "reduce kernel launch", __FILE__, __LINE__);
+  return absl::OkStatus();
+}
+
 absl::Status CudaDeviceApi::CopyToDevice(DevicePtr dst, const void* src, uint64_t bytes) {
   if (device_count_ == 0) return absl::FailedPreconditionError("no CUDA device");
   CUDA_RETURN_IF_ERROR(cudaMemcpy(FromHandle<void*>(dst), src, bytes, cudaMemcpyDefault));

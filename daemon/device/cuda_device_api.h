@@ -63,6 +63,10 @@ class CudaDeviceApi : public DeviceApi {
   absl::Status ReduceAsync(const std::vector<DevicePtr>& srcs, DataType from, DevicePtr dst,
                            DataType to, uint64_t count, ReduceOp op, double scale,
                            bool accumulate, StreamHandle stream) override;
+  absl::Status ReduceToManyAsync(const std::vector<DevicePtr>& srcs, DataType from,
+                                 const std::vector<DevicePtr>& dsts, DataType to, uint64_t count,
+                                 ReduceOp op, double in_scale, double out_scale,
+                                 StreamHandle stream) override;
   absl::Status CopyToDevice(DevicePtr dst, const void* src, uint64_t bytes) override;
   absl::Status CopyToHost(void* dst, DevicePtr src, uint64_t bytes) override;
 

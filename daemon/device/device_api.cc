@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "hsdp/common/status_macros.h"
 
 namespace hsdp::device {
 
@@ -42,6 +43,33 @@ absl::StatusOr<int> ResolveDevice(const DeviceApi& api, int device, const std::s
   return absl::InvalidArgumentError(absl::StrCat(
       "device_uuid: ", UuidName(want), " is not a GPU this hsdpd sees (it sees ",
       api.DeviceCount(), ": ", seen.empty() ? "none" : seen, ")"));
+}
+
+absl::Status CheckReduceToMany(const std::vector<DevicePtr>& srcs, DataType from,
+                               const std::vector<DevicePtr>& dsts, DataType to) {
+  if (srcs.empty() || dsts.empty()) return absl::InvalidArgumentError("reduce: no inputs or outputs");
+  if (DataTypeSize(from) != DataTypeSize(to)) {
+    for (DevicePtr d : dsts) {
+      for (DevicePtr s : srcs) {
+        if (d == s) return absl::InvalidArgumentError("reduce: an output in place of an input of another size");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceApi::ReduceToManyAsync(const std::vector<DevicePtr>& srcs, DataType from,
+                                          const std::vector<DevicePtr>& dsts, DataType to,
+                                          uint64_t count, ReduceOp op, double in_scale,
+                                          double out_scale, StreamHandle stream) {
+  RETURN_IF_ERROR(CheckReduceToMany(srcs, from, dsts, to));
+  RETURN_IF_ERROR(ReduceAsync(srcs, from, dsts[0], to, count, op, in_scale, /*accumulate=*/false,
+                              stream));
+  if (out_scale != 1.0) RETURN_IF_ERROR(ScaleCastAsync(dsts[0], to, dsts[0], to, count, out_scale, stream));
+  for (size_t j = 1; j < dsts.size(); ++j) {
+    if (dsts[j] != dsts[0]) RETURN_IF_ERROR(MemcpyAsync(dsts[j], dsts[0], count * DataTypeSize(to), stream));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace hsdp::device

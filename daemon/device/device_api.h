@@ -143,10 +143,24 @@ class DeviceApi {
   virtual absl::Status ReduceAsync(const std::vector<DevicePtr>& srcs, DataType from,
                                    DevicePtr dst, DataType to, uint64_t count, ReduceOp op,
                                    double scale, bool accumulate, StreamHandle stream) = 0;
+  // The reduction written where the members want it: every dsts[j][i] =
+  // (to) (op_k ((from) srcs[k][i] * in_scale) * out_scale). Each of `dsts`
+  // may be one of `srcs` (exactly, never partially), so an in-place
+  // all-reduce of members sharing a GPU reads n buffers and writes n: no
+  // scratch, no copies. The default is ReduceAsync into dsts[0], an in-place
+  // scale and copies; CudaDeviceApi runs one fused kernel.
+  virtual absl::Status ReduceToManyAsync(const std::vector<DevicePtr>& srcs, DataType from,
+                                         const std::vector<DevicePtr>& dsts, DataType to,
+                                         uint64_t count, ReduceOp op, double in_scale,
+                                         double out_scale, StreamHandle stream);
   // Synchronous copies between host and device memory (tests, tools).
   virtual absl::Status CopyToDevice(DevicePtr dst, const void* src, uint64_t bytes) = 0;
   virtual absl::Status CopyToHost(void* dst, DevicePtr src, uint64_t bytes) = 0;
 };
+
+// ReduceToManyAsync's argument rule, shared by its implementations.
+absl::Status CheckReduceToMany(const std::vector<DevicePtr>& srcs, DataType from,
+                               const std::vector<DevicePtr>& dsts, DataType to);
 
 // Names for logs and errors: "vmm_fd", "legacy_ipc", "invalid".
 const char* HandleKindName(HandleKind kind);

@@ -21,6 +21,13 @@ inline constexpr int kMaxReduceInputs = 8;
 int LaunchIntraDeviceReduce(const void* const* srcs, int n, int from, void* dst, int to,
                             uint64_t count, int op, double scale, bool accumulate, void* stream);
 
+// dsts[j][i] = (to) (op_k ((from) srcs[k][i] * in_scale) * out_scale) for
+// every j < ndst <= kMaxReduceInputs, one pass; a dst may be one of the srcs
+// (exactly, same element size). Integer types need in and out scale 1.
+int LaunchIntraDeviceReduceMany(const void* const* srcs, int n, int from, void* const* dsts,
+                                int ndst, int to, uint64_t count, int op, double in_scale,
+                                double out_scale, void* stream);
+
 }  // namespace hsdp::device
 
 #endif  // HSDP_DAEMON_DEVICE_INTRA_DEVICE_REDUCE_H_

@@ -6,7 +6,9 @@
 // engine path includes what the daemon adds per op: the group call over
 // every local rank, events recorded and polled, the launcher thread.
 //
-//   hsdp-gpu-bench [--sizes-mb 1,16,64,256] [--iters N]
+//   hsdp-gpu-bench [--sizes-mb 1,16,64,256] [--iters N] [--members N (2; 0: none)]
+// With --members N >= 2, then N members on GPU 0 through the engine's
+// intra-device path, fused and through scratch, beside a device copy.
 // Exit code 2 when no GPU is visible (the message says why).
 #include <chrono>
 #include <cstdio>
@@ -41,11 +43,92 @@ bool WaitEvents(device::DeviceApi& dev, const std::vector<device::EventHandle>& 
   }
 }
 
+// Several members on one GPU (trainers sharing it): the engine's intra-device
+// reduction, fused (straight into the outputs) and through scratch and copies,
+// against a device copy of the same bytes, same process.
+int SharedDevice(device::DeviceApi& dev, nccl::Collectives& coll, int members,
+                 const std::vector<double>& sizes_mb, int iters) {
+  nccl::NcclEngine fused(&dev, &coll);
+  nccl::NcclEngineOptions o;
+  o.fuse_shared_reduce = false;
+  nccl::NcclEngine scratch(&dev, &coll, o);
+  auto stream = dev.CreateStream(0, device::StreamPriority::kDefault);
+  auto ev = dev.CreateEvent(0, false);
+  if (!stream.ok() || !ev.ok()) return 1;
+  std::printf("\n%d members on GPU 0 (in place; GB/s = one member's bytes / time)\n", members);
+  std::printf("%-15s %10s %10s %10s %12s %10s %10s %10s\n", "op", "bytes", "copy_us", "fused_us",
+              "scratch_us", "copy_GB/s", "fused_GB/s", "x_copy");
+  int failures = 0;
+  for (Collective c : {Collective::kAllReduce, Collective::kReduceScatter}) {
+    for (double mb : sizes_mb) {
+      const uint64_t bytes = static_cast<uint64_t>(mb * (1 << 20)) / 4 * 4;
+      const bool rs = c == Collective::kReduceScatter;
+      const uint64_t count = rs ? bytes / 4 / members : bytes / 4;
+      if (count == 0) continue;
+      std::vector<device::DevicePtr> buf(members);
+      for (auto& b : buf) b = *dev.Allocate(0, bytes);
+      device::DevicePtr copy_dst = *dev.Allocate(0, bytes);
+      EngineTask t;
+      t.collective = c;
+      t.count = count;
+      t.group_key = rs ? "shared_rs" : "shared_ar";
+      t.spec.dtype = DataType::kFloat32;
+      for (int r = 0; r < members; ++r) {
+        EngineMember m;
+        m.global_rank = r;
+        m.send = BufferView{MemoryKind::kDevice, 0, reinterpret_cast<void*>(buf[r]), bytes};
+        const uint64_t off = rs ? uint64_t(r) * count * 4 : 0;
+        m.recv = BufferView{MemoryKind::kDevice, 0, reinterpret_cast<void*>(buf[r] + off),
+                            rs ? count * 4 : bytes};
+        t.members.push_back(m);
+      }
+      auto once = [&](nccl::NcclEngine& e) {
+        std::promise<absl::Status> p;
+        EngineCallbacks cb;
+        cb.launched = [](uint64_t) {};
+        cb.completed = [&p](absl::Status st, uint64_t) { p.set_value(st); };
+        e.Launch(t, cb);
+        return p.get_future().get().ok();
+      };
+      auto copy_once = [&]() {
+        return dev.MemcpyAsync(copy_dst, buf[0], bytes, *stream).ok() &&
+               dev.RecordEvent(*ev, *stream).ok() && WaitEvents(dev, {*ev});
+      };
+      bool ok = copy_once() && once(fused) && once(scratch);
+      auto time = [&](auto&& f) {
+        const double t0 = Now();
+        for (int i = 0; i < iters && ok; ++i) ok = f();
+        return (Now() - t0) / iters;
+      };
+      const double cp = time(copy_once);
+      const double fu = time([&]() { return once(fused); });
+      const double sc = time([&]() { return once(scratch); });
+      if (!ok) ++failures;
+      std::printf("%-15s %10llu %10.1f %10.1f %12.1f %10.2f %10.2f %10.2f%s\n",
+                  rs ? "reduce_scatter" : "all_reduce", (unsigned long long)bytes, cp * 1e6,
+                  fu * 1e6, sc * 1e6, bytes / cp / 1e9, bytes / fu / 1e9, cp / fu,
+                  ok ? "" : "  FAILED");
+      for (auto b : buf) (void)dev.Free(b);
+      (void)dev.Free(copy_dst);
+    }
+  }
+  if (fused.stats().fused_shared_reduces == 0) {
+    std::printf("the fused path never ran\n");
+    ++failures;
+  }
+  fused.Shutdown();
+  scratch.Shutdown();
+  dev.DestroyEvent(*ev);
+  dev.DestroyStream(*stream);
+  return failures;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<double> sizes_mb = {1, 16, 64, 256};
   int iters = 20;
+  int members = 2;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--sizes-mb" && i + 1 < argc) {
@@ -54,10 +137,12 @@ int main(int argc, char** argv) {
         double v;
         if (absl::SimpleAtod(s, &v)) sizes_mb.push_back(v);
       }
+    } else if (a == "--members" && i + 1 < argc) {
+      members = std::atoi(argv[++i]);
     } else if (a == "--iters" && i + 1 < argc) {
       iters = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: hsdp-gpu-bench [--sizes-mb 1,16,64] [--iters N]\n");
+      std::fprintf(stderr, "usage: hsdp-gpu-bench [--sizes-mb 1,16,64] [--iters N] [--members N]\n");
       return 1;
     }
   }
@@ -171,6 +256,7 @@ int main(int argc, char** argv) {
   }
   engine.Shutdown();
   engine_sleep.Shutdown();
+  if (members >= 2) failures += SharedDevice(*dev, coll, members, sizes_mb, iters);
   (void)coll.Release(*comms, /*abort=*/false);  // one group call for every local rank
   return failures == 0 ? 0 : 1;
 }

@@ -92,6 +92,10 @@ struct NcclEngineOptions {
   // poll_interval. Zero: always poll_interval (a sleep of 50 us is 60-150 us
   // on Linux: the first run on an H100 measured 130 us added at 16 MiB).
   absl::Duration spin_window = absl::Microseconds(500);
+  // Members that all share one GPU: reduce straight into their outputs
+  // (ReduceToManyAsync) instead of into scratch and copying out. Off only to
+  // measure the difference (hsdp-gpu-bench --members).
+  bool fuse_shared_reduce = true;
   // After Shutdown(), tasks still running get this long before their
   // communicators are aborted.
   absl::Duration shutdown_grace = absl::Seconds(10);
@@ -114,6 +118,7 @@ struct NcclEngineStats {
   uint64_t comm_shrinks = 0;
   uint64_t comm_aborts = 0;  // communicator sets aborted
   uint64_t shared_device_tasks = 0;  // tasks whose members share a GPU (own kernels + NCCL)
+  uint64_t fused_shared_reduces = 0;  // of those, reductions written straight into the outputs
 };
 
 class NcclEngine : public Engine {
@@ -166,6 +171,7 @@ class NcclEngine : public Engine {
   // `shared`): nccl_engine_shared.cc.
   absl::Status IssueShared(const EngineTask& t, Running& run,
                            const std::vector<device::StreamHandle>& streams);
+  static bool FusableInPlace(const EngineTask& t, uint64_t block_bytes, bool rs);
   // One group call of `calls` (each issues one rank's NCCL calls), then the
   // wait until the communicators left the in-progress state; on failure the
   // set is failed (aborted).

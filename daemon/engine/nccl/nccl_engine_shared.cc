@@ -51,6 +51,27 @@ absl::Status NcclEngine::GroupCall(Running& run, const std::function<absl::Statu
   return issued;
 }
 
+// Whether the fused reduction may write the members' outputs while it reads
+// their inputs: each output is either apart from every input or exactly the
+// range of an input that the kernel writing it reads at the same index (its
+// own block of a reduce-scatter input, a whole all-reduce input). Anything
+// else (a partial overlap) takes the scratch path, whose result does not
+// depend on the order of reads and writes.
+bool NcclEngine::FusableInPlace(const EngineTask& t, uint64_t block_bytes, bool rs) {
+  const int n = static_cast<int>(t.members.size());
+  for (int r = 0; r < n; ++r) {
+    const uint64_t o = reinterpret_cast<uint64_t>(t.members[r].recv.data);
+    for (int j = 0; j < n; ++j) {
+      const uint64_t in = reinterpret_cast<uint64_t>(t.members[j].send.data);
+      const uint64_t in_bytes = rs ? block_bytes * n : block_bytes;
+      const bool apart = o + block_bytes <= in || in + in_bytes <= o;
+      const bool same_index = o == in + (rs ? uint64_t(r) * block_bytes : 0);
+      if (!apart && !same_index) return false;
+    }
+  }
+  return true;
+}
+
 absl::Status NcclEngine::IssueShared(const EngineTask& t, Running& run,
                                      const std::vector<device::StreamHandle>& streams) {
   CommSet& set = *run.set;
@@ -101,6 +122,29 @@ absl::Status NcclEngine::IssueShared(const EngineTask& t, Running& run,
       const size_t ws = DataTypeSize(wire);
       const bool rs = t.collective == Collective::kReduceScatter;
       const uint64_t elems = rs ? t.count * n : t.count;
+      if (!nccl && wire == dt && options_.fuse_shared_reduce &&
+          FusableInPlace(t, rs ? t.count * es : elems * es, rs)) {
+        // Every member on this one GPU: the reduction goes straight into the
+        // members' outputs (n reads, n writes; no scratch, no copies).
+        std::vector<device::DevicePtr> ins(n);
+        for (int r = 0; r < n; ++r) ins[r] = send(r);
+        if (!rs) {
+          std::vector<device::DevicePtr> outs(n);
+          for (int r = 0; r < n; ++r) outs[r] = recv(r);
+          RETURN_IF_ERROR(dev_->ReduceToManyAsync(ins, dt, outs, dt, t.count, op, in_scale,
+                                                  out_scale, dstream[0]));
+        } else {
+          for (int r = 0; r < n; ++r) {  // member r's block of every input
+            std::vector<device::DevicePtr> block(n);
+            for (int j = 0; j < n; ++j) block[j] = ins[j] + uint64_t(r) * t.count * es;
+            RETURN_IF_ERROR(dev_->ReduceToManyAsync(block, dt, {recv(r)}, dt, t.count, op,
+                                                    in_scale, out_scale, dstream[0]));
+          }
+        }
+        std::lock_guard<std::mutex> l(mu_);
+        ++stats_.fused_shared_reduces;
+        return absl::OkStatus();
+      }
       std::vector<device::DevicePtr> acc(nd);
       for (int c = 0; c < nd; ++c) {
         ASSIGN_OR_RETURN(acc[c], Scratch(set, dstream[c], ddevice[c], 0, elems * ws));

@@ -9,11 +9,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <cuda_runtime.h>
 
 #include "daemon/device/cuda_device_api.h"
 #include "daemon/engine/nccl/nccl_collectives.h"
@@ -229,6 +232,137 @@ TEST(NcclEngineCudaTest, CollectivesOnRealCommunicators) {
   EXPECT_EQ(engine.stats().comm_inits, 1u);
   engine.Shutdown();
   for (auto p : buf) EXPECT_TRUE(api->Free(p).ok());
+}
+
+// A trainer's producer stream held back by a host function until release:
+// the producer event recorded behind it stays pending.
+class HeldProducer {
+ public:
+  explicit HeldProducer(CudaDeviceApi& api) : api_(api) {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaLaunchHostFunc(stream_, &HeldProducer::Hold, &released_), cudaSuccess);
+    auto ev = api_.CreateEvent(0, /*interprocess=*/true);
+    EXPECT_TRUE(ev.ok()) << ev.status();
+    event_ = *ev;
+    EXPECT_TRUE(api_.RecordEvent(event_, reinterpret_cast<device::StreamHandle>(stream_)).ok());
+  }
+  ~HeldProducer() {
+    Release();
+    (void)cudaStreamSynchronize(stream_);
+    api_.DestroyEvent(event_);
+    (void)cudaStreamDestroy(stream_);
+  }
+  void Release() { released_.store(true); }
+  device::EventHandle event() const { return event_; }
+
+ private:
+  static void CUDART_CB Hold(void* flag) {
+    auto* released = static_cast<std::atomic<bool>*>(flag);
+    while (!released->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CudaDeviceApi& api_;
+  cudaStream_t stream_{};
+  std::atomic<bool> released_{false};
+  device::EventHandle event_ = 0;
+};
+
+EngineTask OneRankAllReduce(device::DevicePtr buf, uint64_t count, const std::string& group,
+                            uint32_t epoch) {
+  EngineTask t;
+  t.collective = Collective::kAllReduce;
+  t.count = count;
+  t.group_key = group;
+  t.epoch = epoch;
+  t.spec.dtype = DataType::kFloat32;
+  EngineMember m;
+  m.global_rank = 0;
+  m.send = m.recv = BufferView{MemoryKind::kDevice, 0, reinterpret_cast<void*>(buf), count * 4};
+  t.members.push_back(m);
+  return t;
+}
+
+// Issue 27 (3, 4): work queued behind a producer that never finishes is
+// failed (abort, then the op timeout) without hanging the engine or poisoning
+// the context: the group's next epoch gets new communicators and runs, and
+// the held-back producer finishes normally once released.
+TEST(NcclEngineCudaTest, HeldBackProducerAbortTimeoutAndANewEpoch) {
+  SKIP_WITHOUT_GPU(api);
+  nccl::NcclCollectives coll;
+  nccl::NcclEngineOptions o;
+  o.op_timeout = absl::Milliseconds(500);
+  nccl::NcclEngine engine(api.get(), &coll, o);
+  const uint64_t count = 1024;
+  auto buf = api->Allocate(0, count * 4);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  std::vector<float> ones(count, 1.0f), out(count);
+  ASSERT_TRUE(api->CopyToDevice(*buf, ones.data(), count * 4).ok());
+
+  // 1. An abort of a task waiting on the held-back producer.
+  {
+    HeldProducer held(*api);
+    EngineTask t = OneRankAllReduce(*buf, count, "held", 1);
+    t.members[0].wait_event = held.event();
+    Done d;
+    const uint64_t ticket = engine.Launch(t, d.Callbacks());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    engine.Abort(ticket, absl::AbortedError("trainer left"));
+    EXPECT_EQ(d.Wait().code(), absl::StatusCode::kAborted);
+    held.Release();
+  }
+  // 2. The op timeout of a task waiting on it.
+  {
+    HeldProducer held(*api);
+    EngineTask t = OneRankAllReduce(*buf, count, "held", 1);
+    t.members[0].wait_event = held.event();
+    Done d;
+    engine.Launch(t, d.Callbacks());
+    EXPECT_EQ(d.Wait().code(), absl::StatusCode::kDeadlineExceeded);
+    held.Release();
+  }
+  // 3. The next epoch runs on the same context, with a result.
+  Done d3;
+  engine.Launch(OneRankAllReduce(*buf, count, "held", 2), d3.Callbacks());
+  ASSERT_TRUE(d3.Wait().ok());
+  ASSERT_TRUE(api->CopyToHost(out.data(), *buf, count * 4).ok());
+  EXPECT_EQ(out, ones);  // one rank: the sum is the input
+  EXPECT_GE(engine.stats().comm_inits, 1u);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the context is not poisoned";
+  engine.Shutdown();
+  EXPECT_TRUE(api->Free(*buf).ok());
+}
+
+// Shard collectives (all-gather, reduce-scatter) run on a stream of the
+// device's greatest priority, the all-reduce on a default-priority one.
+TEST(NcclEngineCudaTest, ShardCollectivesRunOnTheHighestPriorityStream) {
+  SKIP_WITHOUT_GPU(api);
+  nccl::NcclCollectives coll;
+  nccl::NcclEngine engine(api.get(), &coll);
+  const uint64_t count = 1024;
+  auto a = api->Allocate(0, count * 4);
+  auto b = api->Allocate(0, count * 4);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (Collective c : {Collective::kAllGather, Collective::kAllReduce}) {
+    EngineTask t = OneRankAllReduce(*a, count, "prio", 1);
+    t.collective = c;
+    t.members[0].recv = BufferView{MemoryKind::kDevice, 0, reinterpret_cast<void*>(*b), count * 4};
+    Done d;
+    engine.Launch(t, d.Callbacks());
+    ASSERT_TRUE(d.Wait().ok()) << static_cast<int>(c);
+  }
+  int least = 0, greatest = 0;
+  ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
+  int high = 1, normal = 1;
+  ASSERT_EQ(cudaStreamGetPriority(
+                reinterpret_cast<cudaStream_t>(engine.StreamOf("prio", 0, true)), &high),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamGetPriority(
+                reinterpret_cast<cudaStream_t>(engine.StreamOf("prio", 0, false)), &normal),
+            cudaSuccess);
+  EXPECT_EQ(high, greatest);
+  EXPECT_LT(high, normal) << "lower numbers are higher priorities";
+  engine.Shutdown();
+  EXPECT_TRUE(api->Free(*a).ok());
+  EXPECT_TRUE(api->Free(*b).ok());
 }
 
 }  // namespace

@@ -45,8 +45,13 @@ TEST_P(SharedDeviceTest, EveryCollective) {
   if (ndev == 1) {
     EXPECT_TRUE(node.coll.calls().empty()) << "one device: no NCCL at all";
     EXPECT_EQ(node.coll.inits(), 0);
+    // Reductions without a reduce dtype went straight into the outputs.
+    uint64_t fused = 0;
+    for (const Case& c : EveryCase()) fused += testing::FusedOnOneDevice(c) ? 1 : 0;
+    EXPECT_EQ(node.engine.stats().fused_shared_reduces, fused);
   } else {
     EXPECT_FALSE(node.coll.calls().empty());
+    EXPECT_EQ(node.engine.stats().fused_shared_reduces, 0u);
   }
   EXPECT_EQ(node.dev.faults(), 0) << node.dev.first_fault();
 }
@@ -62,6 +67,43 @@ INSTANTIATE_TEST_SUITE_P(Layouts, SharedDeviceTest,
                            for (int d : info.param) name += "_" + std::to_string(d);
                            return name;
                          });
+
+// An output that overlaps an input partially (not the same range) would let
+// the fused kernel read what it already wrote: such a task takes the scratch
+// path, and the result is the reduction of the inputs as they were.
+TEST(SharedDevicePlanTest, PartialOverlapTakesTheScratchPath) {
+  FakeNode node(1);
+  const device::DevicePtr a = node.Buffer<float>(0, {1, 2, 3, 4, 0, 0});
+  const device::DevicePtr b = node.Buffer<float>(0, {10, 20, 30, 40});
+  const device::DevicePtr out1 = node.Buffer<float>(0, {0, 0, 0, 0});
+  EngineTask t;
+  t.collective = Collective::kAllReduce;
+  t.count = 4;
+  t.group_key = "overlap";
+  t.spec.dtype = DataType::kFloat32;
+  t.members.push_back(testing::Member(0, 0, a, a + 2 * sizeof(float), 16, 16));  // recv = a[2..6)
+  t.members.push_back(testing::Member(1, 0, b, out1, 16, 16));
+  Pending p;
+  node.engine.Launch(t, p.Callbacks());
+  ASSERT_TRUE(p.Wait().status.ok());
+  const std::vector<float> want = {11, 22, 33, 44};
+  EXPECT_EQ(node.Read<float>(a + 2 * sizeof(float), 4), want);
+  EXPECT_EQ(node.Read<float>(out1, 4), want);
+  EXPECT_EQ(node.engine.stats().shared_device_tasks, 1u);
+  EXPECT_EQ(node.engine.stats().fused_shared_reduces, 0u);
+
+  // The same inputs, in place: fused.
+  const device::DevicePtr c = node.Buffer<float>(0, {1, 2, 3, 4});
+  const device::DevicePtr d = node.Buffer<float>(0, {10, 20, 30, 40});
+  t.members[0] = testing::Member(0, 0, c, c, 16, 16);
+  t.members[1] = testing::Member(1, 0, d, d, 16, 16);
+  Pending q;
+  node.engine.Launch(t, q.Callbacks());
+  ASSERT_TRUE(q.Wait().status.ok());
+  EXPECT_EQ(node.Read<float>(c, 4), want);
+  EXPECT_EQ(node.Read<float>(d, 4), want);
+  EXPECT_EQ(node.engine.stats().fused_shared_reduces, 1u);
+}
 
 // One member per GPU keeps NCCL directly: n ranks, no intra-device kernels.
 TEST(SharedDevicePlanTest, OneMemberPerGpuUsesNcclDirectly) {

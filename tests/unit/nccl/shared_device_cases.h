@@ -27,6 +27,8 @@ struct Case {
   uint64_t count = 6;
   int root = 0;
   bool uneven = false;  // all-to-all: member r sends (r + j) % 3 elements to j
+  // All-reduce: recv is send; reduce-scatter: recv is the member's own block of send.
+  bool in_place = false;
 };
 
 inline double Value(int r, uint64_t i) { return double(r + 1) + 0.5 * double(i % 5); }
@@ -97,8 +99,12 @@ void RunCase(Node& node, const std::vector<int>& devs, const Case& c, const std:
     for (uint64_t i = 0; i < in_n[r]; ++i) in[r].push_back(Value(r, i));
     send[r] = Fill(node, devs[r], dt, in[r]);
     in[r] = ReadAs(node, send[r], dt, in_n[r]);  // what the dtype holds
-    recv[r] = Fill(node, devs[r], dt, std::vector<double>(out_n[r], -7.0));
     const size_t es = DataTypeSize(dt);
+    if (c.in_place) {
+      recv[r] = send[r] + (c.coll == Collective::kReduceScatter ? uint64_t(r) * c.count * es : 0);
+    } else {
+      recv[r] = Fill(node, devs[r], dt, std::vector<double>(out_n[r], -7.0));
+    }
     EngineMember m = Member(r, devs[r], send[r], recv[r], in_n[r] * es, out_n[r] * es);
     if (c.uneven) {
       for (int j = 0; j < n; ++j) {
@@ -147,6 +153,12 @@ void RunCase(Node& node, const std::vector<int>& devs, const Case& c, const std:
   }
 }
 
+// Whether the engine's fused intra-device reduction (one GPU, no NCCL) takes `c`.
+inline bool FusedOnOneDevice(const Case& c) {
+  return (c.coll == Collective::kAllReduce || c.coll == Collective::kReduceScatter) &&
+         c.spec.wire_dtype == DataType::kInvalid;
+}
+
 inline std::vector<Case> EveryCase() {
   auto spec = [](ReduceOp op, DataType dt = DataType::kFloat32) {
     ReduceSpec s;
@@ -184,7 +196,11 @@ inline std::vector<Case> EveryCase() {
   add("all-reduce sum float64", Collective::kAllReduce, spec(ReduceOp::kSum, DataType::kFloat64));
   add("all-reduce sum int32", Collective::kAllReduce, spec(ReduceOp::kSum, DataType::kInt32));
   add("all-reduce max int64", Collective::kAllReduce, spec(ReduceOp::kMax, DataType::kInt64));
+  add("all-reduce avg in place", Collective::kAllReduce, spec(ReduceOp::kAvg));
+  cases.back().in_place = true;
   add("reduce-scatter sum", Collective::kReduceScatter, spec(ReduceOp::kSum));
+  add("reduce-scatter sum in place", Collective::kReduceScatter, spec(ReduceOp::kSum));
+  cases.back().in_place = true;
   add("reduce-scatter avg", Collective::kReduceScatter, spec(ReduceOp::kAvg));
   ReduceSpec rs_divide = spec(ReduceOp::kSum, DataType::kFloat16);
   rs_divide.pre_divide = 2.0;
