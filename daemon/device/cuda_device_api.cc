@@ -495,11 +495,14 @@ absl::Status CudaDeviceApi::ReduceAsync(const std::vector<DevicePtr>& srcs, Data
   ASSIGN_OR_RETURN(int device, StreamDevice(stream));
   RETURN_IF_ERROR(SetDevice(device));
   if (count == 0) return absl::OkStatus();
-  // kMaxReduceInputs per launch; later launches fold the rest into dst.
-  for (size_t k = 0; k < srcs.size(); k += kMaxReduceInputs) {
+  // kMaxReduceInputs per launch; later launches fold the rest into dst, so
+  // an input that is dst goes into the first (a 10-member in-place
+  // reduce-scatter on an H200 read its own partial sum before this).
+  const std::vector<DevicePtr> ordered = InputsDstFirst(srcs, dst);
+  for (size_t k = 0; k < ordered.size(); k += kMaxReduceInputs) {
     const int n = static_cast<int>(std::min<size_t>(kMaxReduceInputs, srcs.size() - k));
     const void* ins[kMaxReduceInputs];
-    for (int j = 0; j < n; ++j) ins[j] = FromHandle<const void*>(srcs[k + j]);
+    for (int j = 0; j < n; ++j) ins[j] = FromHandle<const void*>(ordered[k + j]);
     const auto rc = static_cast<cudaError_t>(LaunchIntraDeviceReduce(
         ins, n, static_cast<int>(from), FromHandle<void*>(dst), static_cast<int>(to), count,
         static_cast<int>(op), scale, accumulate || k > 0, FromHandle<void*>(stream)));

@@ -1,5 +1,6 @@
 #include "daemon/device/device_api.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +44,12 @@ absl::StatusOr<int> ResolveDevice(const DeviceApi& api, int device, const std::s
   return absl::InvalidArgumentError(absl::StrCat(
       "device_uuid: ", UuidName(want), " is not a GPU this hsdpd sees (it sees ",
       api.DeviceCount(), ": ", seen.empty() ? "none" : seen, ")"));
+}
+
+std::vector<DevicePtr> InputsDstFirst(std::vector<DevicePtr> srcs, DevicePtr dst) {
+  auto it = std::find(srcs.begin(), srcs.end(), dst);
+  if (it != srcs.end()) std::rotate(srcs.begin(), it, it + 1);
+  return srcs;
 }
 
 absl::Status CheckReduceToMany(const std::vector<DevicePtr>& srcs, DataType from,

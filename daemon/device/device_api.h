@@ -158,6 +158,12 @@ class DeviceApi {
   virtual absl::Status CopyToHost(void* dst, DevicePtr src, uint64_t bytes) = 0;
 };
 
+// An implementation that reduces at most kMaxReduceInputs inputs per pass
+// folds later passes into dst; when dst is one of the inputs, that input must
+// be read in the first pass, before dst is first written. Returns `srcs` with
+// the input equal to `dst` (if any) moved to the front (the ops commute).
+std::vector<DevicePtr> InputsDstFirst(std::vector<DevicePtr> srcs, DevicePtr dst);
+
 // ReduceToManyAsync's argument rule, shared by its implementations.
 absl::Status CheckReduceToMany(const std::vector<DevicePtr>& srcs, DataType from,
                                const std::vector<DevicePtr>& dsts, DataType to);

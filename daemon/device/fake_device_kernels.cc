@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/device/fake_device_api.h"
+#include "daemon/device/intra_device_reduce.h"
 #include "daemon/kernels/reduce_kernels.h"
 #include "hsdp/common/status_macros.h"
 
@@ -117,6 +118,18 @@ absl::Status FakeDeviceApi::ReduceAsync(const std::vector<DevicePtr>& srcs, Data
     if (!InArena(p, in_bytes)) return absl::InvalidArgumentError("reduce: input outside every fake device");
   }
   if (!InArena(dst, out_bytes)) return absl::InvalidArgumentError("reduce: output outside every fake device");
+  if (srcs.size() > static_cast<size_t>(kMaxReduceInputs)) {
+    // As the CUDA kernel does: passes of at most kMaxReduceInputs inputs,
+    // each later one folding into dst (so an input that is dst must come in
+    // the first pass: InputsDstFirst).
+    const std::vector<DevicePtr> ordered = InputsDstFirst(srcs, dst);
+    for (size_t k = 0; k < ordered.size(); k += kMaxReduceInputs) {
+      const size_t n = std::min<size_t>(kMaxReduceInputs, ordered.size() - k);
+      std::vector<DevicePtr> pass(ordered.begin() + k, ordered.begin() + k + n);
+      RETURN_IF_ERROR(ReduceAsync(pass, from, dst, to, count, op, scale, accumulate || k > 0, stream));
+    }
+    return absl::OkStatus();
+  }
   return EnqueueHostFn(stream, [=, this]() -> absl::Status {
     for (DevicePtr p : srcs) RETURN_IF_ERROR(CheckAccess(p, in_bytes, "reduce kernel (input)"));
     RETURN_IF_ERROR(CheckAccess(dst, out_bytes, "reduce kernel (output)"));

@@ -238,19 +238,28 @@ TEST(NcclEngineCudaTest, CollectivesOnRealCommunicators) {
 // the producer event recorded behind it stays pending.
 class HeldProducer {
  public:
+  // The stream is the API's own (it records events only on streams it made;
+  // the first H200 run of this test used a bare cudaStream_t and the record
+  // was refused).
   explicit HeldProducer(CudaDeviceApi& api) : api_(api) {
-    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
-    EXPECT_EQ(cudaLaunchHostFunc(stream_, &HeldProducer::Hold, &released_), cudaSuccess);
+    auto s = api_.CreateStream(0, device::StreamPriority::kDefault);
+    EXPECT_TRUE(s.ok()) << s.status();
+    handle_ = *s;
+    EXPECT_EQ(cudaLaunchHostFunc(reinterpret_cast<cudaStream_t>(handle_), &HeldProducer::Hold,
+                                 &released_),
+              cudaSuccess);
     auto ev = api_.CreateEvent(0, /*interprocess=*/true);
     EXPECT_TRUE(ev.ok()) << ev.status();
     event_ = *ev;
-    EXPECT_TRUE(api_.RecordEvent(event_, reinterpret_cast<device::StreamHandle>(stream_)).ok());
+    EXPECT_TRUE(api_.RecordEvent(event_, handle_).ok());
+    auto done = api_.EventDone(event_);
+    EXPECT_TRUE(done.ok() && !*done) << "the producer event must be pending";
   }
   ~HeldProducer() {
     Release();
-    (void)cudaStreamSynchronize(stream_);
+    (void)cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(handle_));
     api_.DestroyEvent(event_);
-    (void)cudaStreamDestroy(stream_);
+    api_.DestroyStream(handle_);
   }
   void Release() { released_.store(true); }
   device::EventHandle event() const { return event_; }
@@ -261,7 +270,7 @@ class HeldProducer {
     while (!released->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   CudaDeviceApi& api_;
-  cudaStream_t stream_{};
+  device::StreamHandle handle_ = 0;
   std::atomic<bool> released_{false};
   device::EventHandle event_ = 0;
 };
