@@ -251,15 +251,26 @@ class Metrics::Impl {
       prometheus::MetricFamily ring =
           GaugeFamily("hsdpd_ring_occupancy_ratio",
                       "Fullest submission ring of the job: operations in flight / ring slots");
+      // The class of each job as an info-style series (join on job_id and
+      // owner_uid): the other series keep their label sets.
+      prometheus::MetricFamily level = GaugeFamily(
+          "hsdpd_job_priority_level",
+          "The job's class of service (label) and its level (value; lower runs first)");
       for (const NodeGauges::Job& j : g.jobs) {
         const auto [label, owner] = impl_->LabelOf(JobKey{j.owner_uid, j.job_id});
         in_flight.metric.push_back(
             GaugeValue(j.ops_in_flight, {{"job_id", label}, {"owner_uid", owner}}));
         ring.metric.push_back(
             GaugeValue(j.ring_occupancy, {{"job_id", label}, {"owner_uid", owner}}));
+        if (!j.priority_class.empty()) {
+          level.metric.push_back(GaugeValue(
+              j.priority_level,
+              {{"job_id", label}, {"owner_uid", owner}, {"priority_class", j.priority_class}}));
+        }
       }
       out.push_back(std::move(in_flight));
       out.push_back(std::move(ring));
+      out.push_back(std::move(level));
       prometheus::MetricFamily info = GaugeFamily("hsdpd_build_info", "hsdpd's version");
       info.metric.push_back(GaugeValue(1, {{"version", kHsdpVersion}}));
       out.push_back(std::move(info));

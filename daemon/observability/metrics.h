@@ -50,6 +50,8 @@ struct NodeGauges {
     uint64_t ops_in_flight = 0;  // submitted, not yet completed (all its sessions)
     double ring_occupancy = 0;   // max over its sessions of in-flight / ring slots
     uint32_t owner_uid = 0;      // the job's owner (a job is its owner plus its id)
+    std::string priority_class;  // its class of service (jobs.priority_classes), "" if unknown
+    uint32_t priority_level = 0;
   };
   uint64_t sessions = 0;
   uint64_t groups = 0;

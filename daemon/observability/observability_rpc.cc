@@ -106,6 +106,12 @@ NodeGauges CollectNodeGauges(const SessionManager& sessions) {
     const uint32_t slots = s->channel().ring_entries();
     if (slots > 0) j.ring_occupancy = std::max(j.ring_occupancy, double(in_flight) / slots);
   }
+  for (const JobSummary& s : sessions.Jobs(std::nullopt)) {
+    auto it = jobs.find(JobKey{s.owner_uid, s.job_id});
+    if (it == jobs.end()) continue;
+    it->second.priority_class = s.priority_class;
+    it->second.priority_level = s.priority_level;
+  }
   for (auto& [name, j] : jobs) g.jobs.push_back(std::move(j));
   g.groups = sessions.AllGroups().size();
   g.registered_bytes = sessions.bytes_registered();

@@ -80,6 +80,10 @@ TEST(ObservabilityMetricsTest, ScrapeMatchesTheWorkloadExactly) {
   EXPECT_EQ(m["hsdpd_groups"], 1);
   EXPECT_GT(m["hsdpd_registered_bytes"], 0);
   EXPECT_EQ(m["hsdpd_ops_in_flight{job_id=\"metrics-job\",owner_uid=\"" + Owner() + "\"}"], 0);
+  // No jobs.priority_classes: the job is in the built-in class "default", level 4.
+  EXPECT_EQ(m["hsdpd_job_priority_level{job_id=\"metrics-job\",owner_uid=\"" + Owner() +
+              "\",priority_class=\"default\"}"],
+            4);
   EXPECT_EQ(m[OpSeries("hsdpd_ops_completed_total", w.job, "all_reduce")], 20);
   EXPECT_EQ(m[OpSeries("hsdpd_op_bytes_total", w.job, "all_reduce")], 20 * 1024 * 4);
   EXPECT_EQ(m[OpSeries("hsdpd_op_duration_seconds_count", w.job, "all_reduce")], 20);

@@ -182,7 +182,7 @@ TEST_F(ObserverTest, MetricsCountCompletedFailedAndLateRanks) {
   auto obs = Observability::Create(ObservabilityOptions{"127.0.0.1:0", 0}, [] {
     NodeGauges g;
     g.sessions = 3;
-    g.jobs.push_back({"job", 2, 0.25});
+    g.jobs.push_back({"job", 2, 0.25, 0, "batch", 6});
     return g;
   });
   ASSERT_TRUE(obs.ok()) << obs.status();
@@ -210,6 +210,8 @@ TEST_F(ObserverTest, MetricsCountCompletedFailedAndLateRanks) {
   EXPECT_THAT(text, HasSubstr("hsdpd_ops_in_flight{job_id=\"job\",owner_uid=\"0\"} 2\n"));
   EXPECT_THAT(text,
               HasSubstr("hsdpd_ring_occupancy_ratio{job_id=\"job\",owner_uid=\"0\"} 0.25\n"));
+  EXPECT_THAT(text, HasSubstr("hsdpd_job_priority_level{job_id=\"job\",owner_uid=\"0\","
+                              "priority_class=\"batch\"} 6\n"));
   EXPECT_THAT(text, HasSubstr("hsdpd_build_info{version="));
   // Every op had a last rank: the counts add up to the matched ops.
   int last = 0;
