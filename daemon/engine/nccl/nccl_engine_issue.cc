@@ -255,7 +255,7 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
     }
   }
   ASSIGN_OR_RETURN(run.set, CommsFor(t));
-  const bool high = HighPriority(t.collective);
+  const bool high = HighPriority(t);
   // A group's tasks run in launch order: on the same stream that is stream
   // order; on another stream (the other priority, or a stream that replaced
   // one after a failure) the device waits for the previous task.

@@ -19,8 +19,18 @@ inline bool Reduces(Collective c) {
   return c == Collective::kAllReduce || c == Collective::kReduceScatter;
 }
 // All-gather and reduce-scatter run on the high-priority streams.
-inline bool HighPriority(Collective c) {
-  return c == Collective::kAllGather || c == Collective::kReduceScatter;
+// The stream priority of a task: the job's class first (docs/qos.md), then
+// the op. A job in a class above the default (level < 4) runs every
+// collective on the high-priority stream; one below it (level > 4) never
+// does, so a batch job's shards cannot preempt an interactive job; in the
+// default class the shard collectives (all-gather, reduce-scatter: they gate
+// compute) and ops marked latency-critical (priority < 0) do.
+inline constexpr int kDefaultQosLevel = 4;
+inline bool HighPriority(const EngineTask& t) {
+  if (t.qos_class < kDefaultQosLevel) return true;
+  if (t.qos_class > kDefaultQosLevel) return false;
+  return t.priority < 0 || t.collective == Collective::kAllGather ||
+         t.collective == Collective::kReduceScatter;
 }
 inline const char* CollName(Collective c) {
   switch (c) {

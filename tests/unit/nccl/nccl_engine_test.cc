@@ -67,6 +67,40 @@ TEST(NcclEngineTest, ShardCollectivesUseHighPriorityStreamsAllReduceTheDefault) 
   }
 }
 
+// The job's class reaches the streams (docs/qos.md): above the default
+// class every collective runs on the high-priority stream, below it none
+// does; in the default class a latency-critical all-reduce does too.
+TEST(NcclEngineTest, TheJobsClassChoosesTheStreamPriority) {
+  struct Want {
+    Collective c;
+    int qos_class;
+    int priority;
+    device::StreamPriority stream;
+  };
+  const Want wants[] = {
+      {Collective::kAllReduce, 1, 1, device::StreamPriority::kHigh},
+      {Collective::kAllGather, 6, 0, device::StreamPriority::kDefault},
+      {Collective::kReduceScatter, 6, 0, device::StreamPriority::kDefault},
+      {Collective::kAllReduce, 4, -1, device::StreamPriority::kHigh},
+      {Collective::kAllReduce, 4, 1, device::StreamPriority::kDefault},
+  };
+  for (const Want& w : wants) {
+    FakeNode node(2);
+    FloatTask ft = MakeTask(node, w.c, 2, 64, [](int r, uint64_t i) { return float(r + i); });
+    ft.task.qos_class = w.qos_class;
+    ft.task.priority = w.priority;
+    Pending p;
+    node.engine.Launch(ft.task, p.Callbacks());
+    ASSERT_TRUE(p.Wait().status.ok());
+    const auto calls = node.coll.calls();
+    ASSERT_EQ(calls.size(), 2u);
+    for (const auto& c : calls) {
+      EXPECT_EQ(*node.dev.PriorityOf(c.stream), w.stream)
+          << c.kind << " class " << w.qos_class << " priority " << w.priority;
+    }
+  }
+}
+
 TEST(NcclEngineTest, AllGatherAndReduceScatterResults) {
   FakeNode node(2);
   FloatTask ag = MakeTask(node, Collective::kAllGather, 2, 4,
