@@ -135,6 +135,7 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGTERM);
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGHUP);
+  sigaddset(&sigs, SIGUSR1);  // hsdpctl drain: the Admin RPC wakes this thread with it
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -149,6 +150,7 @@ int main(int argc, char** argv) {
   }
 
   hsdp::Daemon daemon(*config, hsdp::MakeClusterEngine);
+  daemon.set_drain_notifier([] { ::kill(::getpid(), SIGUSR1); });
   // Start runs on its own thread (it may wait for the cluster's coordinator
   // for up to cluster.join_timeout_ms) while this one keeps taking signals,
   // so SIGTERM / SIGINT stop a daemon that is still joining at once.
@@ -193,6 +195,11 @@ int main(int argc, char** argv) {
     const int sig = sigtimedwait(&sigs, &info, &tick);
     if (sig == SIGTERM || sig == SIGINT) {
       HSDP_LOG(Info) << "received " << strsignal(sig) << "; shutting down";
+      break;
+    }
+    if (daemon.drain_requested()) {  // SIGUSR1 from the Drain RPC, or a missed one
+      hsdp::SdNotify("STOPPING=1\nSTATUS=draining");
+      daemon.Drain();
       break;
     }
     if (sig == SIGHUP) HSDP_LOG(Info) << "SIGHUP ignored (restart to reload the configuration)";

@@ -63,6 +63,11 @@ void Dispatcher::Handle(const std::shared_ptr<Session>& session, const shm::OpDe
                          session->info().job().Describe(), " has more than ",
                          session->job_op_count()->limit,
                          " operations in flight on this node (limits.max_job_ops_in_flight)"));
+  if (a.rejected.ok() && draining_.load(std::memory_order_relaxed)) {
+    a.rejected = absl::UnavailableError(
+        "hsdpd is draining for a restart (hsdpctl drain): this operation was not started; "
+        "submit it again once the daemon is back");
+  }
   if (a.rejected.ok() && static_cast<Collective>(d.collective) == Collective::kReduceScatterAllReduce) {
     std::shared_ptr<Group> g2 = directory_->FindGroup(d.group2_id);
     const int r2 = g2 != nullptr ? g2->RankOf(session->info().rank) : -1;

@@ -46,6 +46,10 @@ class Dispatcher {
 
   void Start();
   // Stops and joins the thread. Idempotent.
+  // hsdpctl drain: every operation that arrives from now on is refused
+  // (UNAVAILABLE) as an arrival, so its group fails it for every member at
+  // once; those already matched run to their end. Thread-safe, one way.
+  void BeginDrain() { draining_.store(true); }
   void Stop();
 
   // Handles one descriptor from `session` (exposed for tests).
@@ -65,6 +69,7 @@ class Dispatcher {
 
   const WakeFd* const wake_;
   const int64_t spin_ns_;
+  std::atomic<bool> draining_{false};
   std::atomic<bool> stop_{false};
   std::thread thread_;
   uint64_t seen_version_ = ~uint64_t{0};

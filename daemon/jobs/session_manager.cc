@@ -146,6 +146,10 @@ absl::StatusOr<ResolvedClass> SessionManager::ChooseClassLocked(const JobKey& ke
 }
 
 absl::StatusOr<AttachResult> SessionManager::Attach(const AttachParams& p, const PeerCred& caller) {
+  if (draining()) {
+    return absl::UnavailableError(
+        "hsdpd is draining for a restart (hsdpctl drain): attach again once it is back");
+  }
   RETURN_IF_ERROR(ValidateAttach(p));
   JobChoice choice;
   {
@@ -367,6 +371,12 @@ std::shared_ptr<Session> SessionManager::FindSession(uint64_t session_id) const 
 std::vector<JobSummary> SessionManager::Jobs(std::optional<uint32_t> only_uid) const {
   absl::MutexLock l(&mu_);
   return jobs_.Summaries(only_uid);
+}
+
+int64_t SessionManager::OpsInFlight() const {
+  int64_t n = 0;
+  for (const std::shared_ptr<Session>& s : Snapshot()) n += std::max<int64_t>(0, s->ops_in_flight());
+  return n;
 }
 
 }  // namespace hsdp

@@ -156,6 +156,12 @@ class SessionManager : public SessionDirectory {
 
   // Ends every session (daemon shutdown).
   void EndAll(const std::string& why);
+  // hsdpctl drain: from now on Attach is refused (UNAVAILABLE, naming the
+  // drain); sessions already attached go on. Thread-safe, one way.
+  void BeginDrain() { draining_.store(true); }
+  bool draining() const { return draining_.load(); }
+  // Operations submitted and not yet completed, over every session.
+  int64_t OpsInFlight() const;
 
   // Cluster: node `node` was lost; every group with members on it fails its
   // current epoch (Group::PeerLost). Thread-safe.
@@ -233,6 +239,7 @@ class SessionManager : public SessionDirectory {
   ClusterDirectory* const cluster_;
 
   std::atomic<uint64_t> version_{0};
+  std::atomic<bool> draining_{false};
   // NewGroup calls waiting for placement (each holds a gRPC thread).
   static constexpr int kMaxPlacementWaits = 16;
   std::atomic<int> placement_waits_{0};

@@ -6,6 +6,7 @@
 
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "daemon/cluster/cluster_node.h"
 #include "daemon/cluster/kv_cluster_directory.h"
 #include "daemon/cluster/nccl_id_exchange.h"
@@ -163,9 +164,17 @@ absl::Status Daemon::Start() {
   rpc_tracker_ = std::make_unique<RpcTracker>();
   node_service_ = std::make_unique<NodeServiceImpl>(sessions_.get(), auth_.get(), config_,
                                                     rpc_tracker_.get());
-  admin_service_ = std::make_unique<AdminServiceImpl>(sessions_.get(), auth_.get(), config_,
-                                                      engine_.get(), config_.socket_path,
-                                                      observability_.get());
+  admin_service_ = std::make_unique<AdminServiceImpl>(
+      sessions_.get(), auth_.get(), config_, engine_.get(), config_.socket_path,
+      observability_.get(), [this](absl::Duration timeout) {
+        const DrainState st = RequestDrain(timeout);
+        v1::DrainResponse r;
+        r.set_already_draining(st.already_draining);
+        r.set_sessions(st.sessions);
+        r.set_ops_in_flight(static_cast<uint64_t>(std::max<int64_t>(0, st.ops_in_flight)));
+        r.set_timeout_seconds(absl::ToDoubleSeconds(st.timeout));
+        return r;
+      });
   health_service_ = std::make_unique<HealthServiceImpl>(auth_.get());
   admin_cluster_service_ = std::make_unique<AdminClusterServiceImpl>(auth_.get(), cluster_.get());
   if (device_registration_ != nullptr) {
@@ -219,7 +228,7 @@ void Daemon::Shutdown() {
   shut_down_ = true;
   if (health_service_) health_service_->SetServing(false);
   if (listener_) listener_->Stop();  // no new connections; socket removed
-  if (sessions_) sessions_->EndAll("hsdpd is shutting down");
+  if (sessions_) sessions_->EndAll(end_reason_);
   // After the sessions: their groups' failures still reach the other nodes,
   // and their ranks are withdrawn while the coordinator answers.
   if (cluster_) cluster_->Stop();
@@ -238,6 +247,54 @@ void Daemon::Shutdown() {
   if (data_server_) data_server_->Stop();
   if (observability_) observability_->StopMetrics();
   if (started_) HSDP_LOG(Info) << "hsdpd stopped";
+}
+
+Daemon::DrainState Daemon::RequestDrain(absl::Duration timeout) {
+  DrainState st;
+  st.already_draining = drain_requested_.exchange(true);
+  {
+    absl::MutexLock l(&drain_mu_);
+    if (!st.already_draining) drain_timeout_ = timeout;
+    st.timeout = drain_timeout_;
+  }
+  if (SessionManager* s = sessions_ready_.load()) {
+    st.sessions = s->Snapshot().size();
+    st.ops_in_flight = s->OpsInFlight();
+  }
+  if (!st.already_draining) {
+    HSDP_LOG(Info) << "drain requested: " << st.sessions << " sessions, " << st.ops_in_flight
+                   << " operations in flight, timeout " << timeout;
+    if (drain_notify_) drain_notify_();
+  }
+  return st;
+}
+
+void Daemon::Drain() {
+  if (!started_ || sessions_ == nullptr) return;
+  absl::Duration timeout;
+  {
+    absl::MutexLock l(&drain_mu_);
+    timeout = drain_timeout_;
+  }
+  if (health_service_) health_service_->SetServing(false);
+  sessions_->BeginDrain();
+  dispatcher_->BeginDrain();
+  const absl::Time deadline = absl::Now() + timeout;
+  int64_t left = sessions_->OpsInFlight();
+  while (left > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+    left = sessions_->OpsInFlight();
+  }
+  if (left == 0) {
+    HSDP_LOG(Info) << "drained: no operation in flight; stopping for a restart";
+    end_reason_ = "hsdpd drained for a restart (hsdpctl drain): reconnect once it is back";
+  } else {
+    HSDP_LOG(Warning) << "drain timed out after " << timeout << " with " << left
+                      << " operations in flight; they fail now";
+    end_reason_ = absl::StrCat("hsdpd drained for a restart (hsdpctl drain); ", left,
+                               " operations still in flight after ", absl::FormatDuration(timeout),
+                               " failed");
+  }
 }
 
 }  // namespace hsdp

@@ -72,9 +72,31 @@ class Daemon {
   // Idempotent.
   void Shutdown();
 
+  // hsdpctl drain (the Admin Drain RPC, any thread): records the request and
+  // calls the notifier (main wakes its signal wait with it). The first
+  // request wins; later ones report that a drain is under way.
+  struct DrainState {
+    bool already_draining = false;
+    uint64_t sessions = 0;
+    int64_t ops_in_flight = 0;
+    absl::Duration timeout;
+  };
+  DrainState RequestDrain(absl::Duration timeout);
+  void set_drain_notifier(std::function<void()> notify) { drain_notify_ = std::move(notify); }
+  bool drain_requested() const { return drain_requested_.load(); }
+  // Runs a requested drain (main's thread): health NOT_SERVING, attaches and
+  // new operations refused, then waits until no operation is in flight or
+  // the timeout passed. Shutdown afterwards tells the sessions why.
+  void Drain();
+
   const NodeConfig& config() const { return config_; }
 
  private:
+  std::atomic<bool> drain_requested_{false};
+  absl::Mutex drain_mu_;
+  absl::Duration drain_timeout_ ABSL_GUARDED_BY(drain_mu_);
+  std::function<void()> drain_notify_;
+  std::string end_reason_ = "hsdpd is shutting down";
   NodeConfig config_;
   const ClusterEngineFactory cluster_engine_;
   // First: groups (kept alive by the engine's callbacks) point at it.

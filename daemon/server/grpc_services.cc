@@ -183,6 +183,23 @@ grpc::Status AdminServiceImpl::Activity(grpc::ServerContext* ctx, const v1::Acti
   return grpc::Status::OK;
 }
 
+grpc::Status AdminServiceImpl::Drain(grpc::ServerContext* ctx, const v1::DrainRequest* req,
+                                     v1::DrainResponse* resp) {
+  AUTHENTICATE_OR_RETURN(cred);
+  if (!auth_->IsAdmin(cred.uid)) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "only root or hsdpd's own uid may drain it");
+  }
+  if (drain_ == nullptr) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no drain here");
+  const double t = req->timeout_seconds();
+  if (!(t >= 0 && t <= 3600)) {  // NaN fails too
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "timeout_seconds: must be within [0, 3600] (0: 60)");
+  }
+  *resp = drain_(t == 0 ? absl::Seconds(60) : absl::Seconds(t));
+  return grpc::Status::OK;
+}
+
 grpc::Status AdminServiceImpl::GetConfig(grpc::ServerContext* ctx, const v1::GetConfigRequest*,
                                          v1::GetConfigResponse* resp) {
   AUTHENTICATE_OR_RETURN(cred);

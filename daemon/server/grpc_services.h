@@ -7,6 +7,7 @@
 #define HSDP_DAEMON_SERVER_GRPC_SERVICES_H_
 
 #include <atomic>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -68,13 +69,17 @@ class NodeServiceImpl final : public v1::Node::WithCallbackMethod_RegisterBuffer
 class AdminServiceImpl final : public v1::Admin::Service {
  public:
   // `observability`: null disables Trace, Stragglers and Activity.
+  // `drain`: starts a drain (Daemon::RequestDrain); null: Drain is UNIMPLEMENTED.
+  using DrainFn = std::function<v1::DrainResponse(absl::Duration timeout)>;
   AdminServiceImpl(SessionManager* sessions, const Authenticator* auth, const NodeConfig& config,
                    const Engine* engine, std::string socket_path,
-                   Observability* observability = nullptr)
+                   Observability* observability = nullptr, DrainFn drain = nullptr)
       : sessions_(sessions), auth_(auth), config_(config), engine_(engine),
         socket_path_(std::move(socket_path)), started_(absl::Now()),
-        observability_(observability) {}
+        observability_(observability), drain_(std::move(drain)) {}
   grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusResponse*) override;
+  // Root and the daemon's uid only; timeout_seconds in (0, 3600], 0: 60.
+  grpc::Status Drain(grpc::ServerContext*, const v1::DrainRequest*, v1::DrainResponse*) override;
   grpc::Status GetConfig(grpc::ServerContext*, const v1::GetConfigRequest*,
                          v1::GetConfigResponse*) override;
   // Observability (daemon/observability/observability_rpc.h). Only root and
@@ -93,6 +98,7 @@ class AdminServiceImpl final : public v1::Admin::Service {
   const std::string socket_path_;
   const absl::Time started_;
   Observability* const observability_;
+  const DrainFn drain_;
 };
 
 class HealthServiceImpl final : public grpc::health::v1::Health::Service {

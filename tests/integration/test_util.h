@@ -166,6 +166,13 @@ class DaemonProcess {
     if (rc != -1) pid_ = -1;
     return rc;
   }
+  // Waits for the daemon to exit by itself; its exit code, -1 on timeout.
+  int WaitForExit(int timeout_ms) {
+    if (pid_ <= 0) return -3;
+    const int rc = WaitExit(pid_, timeout_ms);
+    if (rc != -1) pid_ = -1;
+    return rc;
+  }
   void Kill() {
     if (pid_ <= 0) return;
     ::kill(pid_, SIGKILL);

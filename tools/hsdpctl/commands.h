@@ -18,6 +18,7 @@ struct Context {
   std::unique_ptr<hsdp::v1::Admin::Stub> admin;
   bool json = false;
   double timeout_s = 5;
+  bool timeout_given = false;  // --timeout on the command line (drain: how long to wait)
   // Command options.
   double seconds = 5;     // trace: how long to record
   std::string output;     // trace: file to write ("-" = stdout)

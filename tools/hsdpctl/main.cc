@@ -4,9 +4,14 @@
 //   COMMAND: status | sessions | jobs | config | health | trace | stragglers | top
 //
 // Exit codes: 0 success, 1 the daemon is down or refused, 2 bad usage.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <string>
 
@@ -67,10 +72,80 @@ constexpr char kUsage[] =
     "             Perfetto JSON file (default trace.json; - = stdout)\n"
     "  stragglers [--job J]\n"
     "             ranks the others waited for (arrived last), most total wait first\n"
+    "  drain [--timeout S]\n"
+    "             stop taking new work, let the operations in flight finish (at most\n"
+    "             S s, default 60), then hsdpd exits 0 for a restart or upgrade;\n"
+    "             waits for that exit (root or hsdpd's uid only)\n"
     "  top [--interval S] [--iterations N]\n"
     "             live per-job view: op rate, bandwidth, failures, slowest rank;\n"
     "             one snapshot when stdout is not a terminal\n"
     "The socket defaults to $HSDPD_SOCKET, else the daemon's default path.\n";
+
+// The pid of the process listening on `socket` (SO_PEERCRED), 0 if unknown.
+pid_t DaemonPid(const std::string& socket) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  pid_t pid = 0;
+  if (socket.size() < sizeof(addr.sun_path)) {
+    std::memcpy(addr.sun_path, socket.data(), socket.size());
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+        ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      pid = cred.pid;
+    }
+  }
+  ::close(fd);
+  return pid;
+}
+
+// Whether `pid` still runs: it exists and is not a zombie (an exited daemon
+// whose parent has not reaped it yet has stopped serving).
+bool Running(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  FILE* f = std::fopen(absl::StrFormat("/proc/%d/stat", static_cast<int>(pid)).c_str(), "r");
+  if (f == nullptr) return true;  // no /proc: kill() said it exists
+  char buf[512] = {0};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  // "pid (comm) S ...": the state follows the last ')'.
+  const char* close = std::strrchr(buf, ')');
+  return !(n > 0 && close != nullptr && close[1] == ' ' && close[2] == 'Z');
+}
+
+// hsdpctl drain: the Drain RPC, then waits until that daemon process is gone.
+int Drain(hsdpctl::Context& c) {
+  const pid_t pid = DaemonPid(c.socket);
+  const double timeout = c.timeout_given ? c.timeout_s : 0;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  hsdp::v1::DrainRequest req;
+  req.set_timeout_seconds(timeout);
+  hsdp::v1::DrainResponse resp;
+  grpc::Status s = c.admin->Drain(&ctx, req, &resp);
+  if (!s.ok()) return hsdpctl::Fail(c, s);
+  std::printf("hsdpd%s draining: %llu sessions, %llu operations in flight; it exits once they "
+              "are done or after %.0f s\n",
+              resp.already_draining() ? " was already" : " is",
+              static_cast<unsigned long long>(resp.sessions()),
+              static_cast<unsigned long long>(resp.ops_in_flight()), resp.timeout_seconds());
+  std::fflush(stdout);
+  // The drain's timeout, then the shutdown's own grace.
+  const absl::Time until = absl::Now() + absl::Seconds(resp.timeout_seconds() + 30);
+  while (absl::Now() < until) {
+    const bool gone = pid > 0 ? !Running(pid) : ::access(c.socket.c_str(), F_OK) != 0;
+    if (gone) {
+      std::printf("hsdpd stopped\n");
+      return 0;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  std::fprintf(stderr, "hsdpctl: hsdpd (pid %d) still runs %.0f s after the drain began\n",
+               static_cast<int>(pid), resp.timeout_seconds() + 30);
+  return 1;
+}
 
 void PrintSessions(const hsdp::v1::StatusResponse& r) {
   // OWNER: the job's owner (a job is its owner plus its id); UID: the session's.
@@ -170,6 +245,7 @@ int main(int argc, char** argv) {
       c.json = true;
     } else if (a == "--timeout") {
       ok = take_number(&c.timeout_s);
+      c.timeout_given = true;
     } else if (a == "--seconds") {
       ok = take_number(&c.seconds);
     } else if (a == "-o" || a == "--output") {
@@ -201,7 +277,7 @@ int main(int argc, char** argv) {
   }
   if (command != "status" && command != "sessions" && command != "jobs" && command != "config" &&
       command != "health" && command != "trace" && command != "stragglers" && command != "top" &&
-      command != "nodes") {
+      command != "nodes" && command != "drain") {
     std::cerr << "hsdpctl: unknown command \"" << command << "\"\n" << kUsage;
     return 2;
   }
@@ -220,6 +296,7 @@ int main(int argc, char** argv) {
   if (command == "stragglers") return hsdpctl::RunStragglers(c);
   if (command == "top") return hsdpctl::RunTop(c);
   if (command == "nodes") return Nodes(c, deadline);
+  if (command == "drain") return Drain(c);
 
   if (command == "health") {
     auto stub = grpc::health::v1::Health::NewStub(channel);

@@ -1,0 +1,137 @@
+// hsdpctl drain through a real hsdpd (issue 23): the daemon stops taking new
+// work, lets the operations in flight finish (or fails them after the
+// timeout), tells its sessions why and exits 0, so a service manager starts
+// the new binary; attaching during the drain is refused with a clear error;
+// only root or the daemon's uid may drain it.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "hardening_util.h"
+#include "hsdp/client.h"
+#include "observability_util.h"
+
+namespace hsdp {
+namespace {
+
+using testing::Child;
+using testing::DaemonProcess;
+using ::testing::HasSubstr;
+using testing::TempDir;
+using testing::Workload;
+
+TEST(DrainTest, ADrainWithNothingInFlightExitsZeroAndTellsTheSessions) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start()) << d.Log();
+  Workload w;
+  w.socket = d.socket();
+  w.job = "drain-idle";
+  w.all_reduces = 5;
+  w.hold_file = dir.File("release");
+  std::vector<std::unique_ptr<Child>> ranks;
+  std::string why;
+  ASSERT_TRUE(testing::RunWorkload(w, &ranks, &why)) << why << d.Log();
+
+  const auto r = testing::RunCommand(testing::Hsdpctl(d.socket(), "drain --timeout 10"));
+  EXPECT_EQ(r.exit_code, 0) << r.output << d.Log();
+  EXPECT_THAT(r.output, HasSubstr("is draining: 2 sessions, 0 operations in flight"));
+  EXPECT_THAT(r.output, HasSubstr("hsdpd stopped"));
+  EXPECT_EQ(d.WaitForExit(5000), 0) << d.Log();
+  EXPECT_THAT(d.Log(), HasSubstr("drained: no operation in flight"));
+  testing::WriteFile(dir.File("release"), "");
+  for (auto& c : ranks) EXPECT_EQ(c->Finish(20000), 0) << c->output();
+}
+
+TEST(DrainTest, OpsStillInFlightAfterTheTimeoutFailAndAttachIsRefusedMeanwhile) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start()) << d.Log();
+  // Rank 0 submits at once; rank 1 only after 4 s: rank 0's op stays in
+  // flight through a 1.5 s drain.
+  Workload w;
+  w.socket = d.socket();
+  w.job = "drain-busy";
+  w.all_reduces = 1;
+  w.slow_rank = 1;
+  w.delay_ms = 4000;
+  std::vector<std::unique_ptr<Child>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(std::make_unique<Child>([w, r](FILE* out) { return testing::RunRank(w, r, out); }));
+  }
+  ASSERT_TRUE(testing::Eventually([&] { return testing::CountSessions(d.socket()) == 2; }, 10000))
+      << d.Log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // rank 0's op is submitted
+
+  testing::CommandResult drained;
+  std::thread drain([&] {
+    drained = testing::RunCommand(testing::Hsdpctl(d.socket(), "drain --timeout 1.5"));
+  });
+  // While it drains: a new attach is refused, naming the drain.
+  absl::StatusOr<std::unique_ptr<Client>> late;
+  ASSERT_TRUE(testing::Eventually(
+      [&] {
+        ClientOptions o;
+        o.socket_path = d.socket();
+        o.job_id = "late";
+        late = Client::Connect(o);
+        return !late.ok();
+      },
+      1000));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable) << late.status();
+  EXPECT_THAT(std::string(late.status().message()), HasSubstr("draining"));
+  drain.join();
+  EXPECT_EQ(drained.exit_code, 0) << drained.output << d.Log();
+  EXPECT_THAT(drained.output, HasSubstr("1 operations in flight"));
+  EXPECT_EQ(d.WaitForExit(5000), 0) << d.Log();
+  EXPECT_THAT(d.Log(), HasSubstr("drain timed out"));
+  // Rank 0's operation failed with the reason, not a hang.
+  EXPECT_EQ(ranks[0]->Finish(20000), 1);
+  EXPECT_THAT(ranks[0]->output(), HasSubstr("FAIL all_reduce 0"));
+  EXPECT_THAT(ranks[0]->output(), HasSubstr("drained for a restart"));
+  EXPECT_NE(ranks[1]->Finish(20000), 0);  // its daemon is gone
+}
+
+TEST(DrainTest, OnlyRootOrTheDaemonsUidMayDrain) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another uid";
+  TempDir dir;
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);  // other users may reach the socket
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start("node:\n  socket_mode: 0666\n  allowed_uids: [0, 65534]\n")) << d.Log();
+  const std::string ctl = testing::BinDir() + "/hsdpctl";
+  const std::string sock = d.socket();
+  const std::string out = dir.File("nobody.out");
+  testing::WriteFile(out, "");
+  ASSERT_EQ(::chmod(out.c_str(), 0666), 0);
+  const int rc = testing::RunAsNobody([&] {
+    const int fd = ::open(out.c_str(), O_WRONLY | O_APPEND);
+    if (fd < 0) return 98;
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execl(ctl.c_str(), ctl.c_str(), "--socket", sock.c_str(), "drain", "--timeout", "1",
+            static_cast<char*>(nullptr));
+    return 127;
+  });
+  EXPECT_EQ(rc, 1) << d.Log();
+  EXPECT_TRUE(d.Alive());
+  EXPECT_THAT(testing::ReadFile(out), HasSubstr("only root or hsdpd's own uid may drain it"));
+  EXPECT_THAT(d.Log(), ::testing::Not(HasSubstr("drain requested")));
+  EXPECT_EQ(d.Stop(), 0);
+}
+
+TEST(DrainTest, ATimeoutOutsideItsRangeIsRefused) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start()) << d.Log();
+  const auto r = testing::RunCommand(testing::Hsdpctl(d.socket(), "drain --timeout 7200"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("timeout_seconds"));
+  EXPECT_TRUE(d.Alive());
+  EXPECT_EQ(d.Stop(), 0);
+}
+
+}  // namespace
+}  // namespace hsdp
