@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_join.h"
 #include "daemon/config/node_config.h"
 #include "daemon/server/cluster_engine.h"
 #include "daemon/server/daemon.h"
@@ -90,6 +91,32 @@ bool ParseFlags(int argc, char** argv, Flags* f, int* exit_code) {
   return true;
 }
 
+// SIGHUP: reads --node-config again and applies what a running daemon can
+// (Daemon::Reload); an invalid file changes nothing. Flags given on the
+// command line keep winning over the file, as at start.
+void Reload(const Flags& flags, const hsdp::NodeConfig& started, hsdp::Daemon* daemon) {
+  if (flags.node_config.empty()) {
+    HSDP_LOG(Info) << "SIGHUP: no --node-config file; nothing to reload";
+    return;
+  }
+  absl::StatusOr<hsdp::NodeConfig> next = hsdp::LoadNodeConfigFile(flags.node_config);
+  if (!next.ok()) {
+    HSDP_LOG(Warning) << "SIGHUP: " << flags.node_config
+                      << " is invalid, nothing changed: " << next.status().message();
+    return;
+  }
+  next->socket_path = started.socket_path;  // resolved at start (--socket or the default)
+  if (!flags.log_level.empty() && next->log_level != flags.log_level) {
+    HSDP_LOG(Info) << "SIGHUP: log.level \"" << next->log_level << "\" ignored: --log-level "
+                   << flags.log_level << " was given on the command line";
+    next->log_level = flags.log_level;
+  }
+  const hsdp::Daemon::ReloadReport r = daemon->Reload(*next);
+  HSDP_LOG(Info) << "SIGHUP: reloaded " << flags.node_config << ": applied ["
+                 << absl::StrJoin(r.applied, ", ") << "]; needs a restart ["
+                 << absl::StrJoin(r.need_restart, ", ") << "]";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -149,6 +176,7 @@ int main(int argc, char** argv) {
     }
   }
 
+  bool reload_pending = false;
   hsdp::Daemon daemon(*config, hsdp::MakeClusterEngine);
   daemon.set_drain_notifier([] { ::kill(::getpid(), SIGUSR1); });
   // Start runs on its own thread (it may wait for the cluster's coordinator
@@ -166,6 +194,9 @@ int main(int argc, char** argv) {
     while (!started.load()) {
       siginfo_t info;
       const int sig = sigtimedwait(&sigs, &info, &poll);
+      // A SIGHUP while starting is not lost: the file is read again once
+      // serving (the socket may accept before this loop sees the start end).
+      if (sig == SIGHUP) reload_pending = true;
       if ((sig == SIGTERM || sig == SIGINT) && !stop_requested) {
         HSDP_LOG(Info) << "received " << strsignal(sig) << " while starting; stopping";
         stop_requested = true;
@@ -183,6 +214,7 @@ int main(int argc, char** argv) {
     }
   }
   hsdp::SdNotify("READY=1\nSTATUS=serving on " + config->socket_path);
+  if (reload_pending) Reload(flags, *config, &daemon);
 
   const int64_t watchdog_usec = hsdp::SdWatchdogUsec();
   struct timespec tick{1, 0};
@@ -202,7 +234,7 @@ int main(int argc, char** argv) {
       daemon.Drain();
       break;
     }
-    if (sig == SIGHUP) HSDP_LOG(Info) << "SIGHUP ignored (restart to reload the configuration)";
+    if (sig == SIGHUP) Reload(flags, *config, &daemon);
     if (watchdog_usec > 0) hsdp::SdNotify("WATCHDOG=1");
   }
   hsdp::SdNotify("STOPPING=1");

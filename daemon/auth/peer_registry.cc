@@ -53,8 +53,8 @@ void ConnectionLimiter::Release(uid_t uid) {
   if (--it->second == 0) live_.erase(it);
 }
 
-PeerRegistry::PeerRegistry(std::vector<uint32_t> allowed_uids) : allowed_(std::move(allowed_uids)) {
-  if (allowed_.empty()) allowed_ = {static_cast<uint32_t>(::getuid()), 0};
+PeerRegistry::PeerRegistry(std::vector<uint32_t> allowed_uids) {
+  SetAllowed(std::move(allowed_uids));
 }
 
 void PeerRegistry::Add(int fd, const PeerCred& cred, ConnectionSlot slot) {
@@ -103,7 +103,14 @@ std::optional<PeerCred> PeerRegistry::Lookup(const std::string& peer) const {
 }
 
 bool PeerRegistry::Allowed(uint32_t uid) const {
+  absl::MutexLock l(&mu_);
   return std::find(allowed_.begin(), allowed_.end(), uid) != allowed_.end();
+}
+
+void PeerRegistry::SetAllowed(std::vector<uint32_t> allowed_uids) {
+  if (allowed_uids.empty()) allowed_uids = {static_cast<uint32_t>(::getuid()), 0};
+  absl::MutexLock l(&mu_);
+  allowed_ = std::move(allowed_uids);
 }
 
 size_t PeerRegistry::size() const {

@@ -93,7 +93,10 @@ class PeerRegistry {
   size_t Sweep() ABSL_LOCKS_EXCLUDED(mu_);
   // The credentials behind a gRPC peer string ("fd:12"), if known.
   std::optional<PeerCred> Lookup(const std::string& grpc_peer) const ABSL_LOCKS_EXCLUDED(mu_);
-  bool Allowed(uint32_t uid) const;
+  bool Allowed(uint32_t uid) const ABSL_LOCKS_EXCLUDED(mu_);
+  // SIGHUP (node.allowed_uids): from now on only these uids (empty: the
+  // daemon's own uid and root) may connect and call.
+  void SetAllowed(std::vector<uint32_t> allowed_uids) ABSL_LOCKS_EXCLUDED(mu_);
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -104,8 +107,8 @@ class PeerRegistry {
     ConnectionSlot slot;
   };
 
-  std::vector<uint32_t> allowed_;
   mutable absl::Mutex mu_;
+  std::vector<uint32_t> allowed_ ABSL_GUARDED_BY(mu_);
   std::map<int, Entry> by_fd_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,5 +1,6 @@
 # hsdp_config: node configuration parsing and validation.
 add_library(hsdp_config STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/config_diff.cc
   ${CMAKE_CURRENT_LIST_DIR}/config_values.cc
   ${CMAKE_CURRENT_LIST_DIR}/node_config.cc
   ${CMAKE_CURRENT_LIST_DIR}/node_config_parser.cc

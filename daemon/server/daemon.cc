@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/cluster/cluster_node.h"
+#include "daemon/config/config_diff.h"
 #include "daemon/cluster/kv_cluster_directory.h"
 #include "daemon/cluster/nccl_id_exchange.h"
 #include "daemon/dataplane/dispatcher.h"
@@ -166,7 +167,12 @@ absl::Status Daemon::Start() {
                                                     rpc_tracker_.get());
   admin_service_ = std::make_unique<AdminServiceImpl>(
       sessions_.get(), auth_.get(), config_, engine_.get(), config_.socket_path,
-      observability_.get(), [this](absl::Duration timeout) {
+      observability_.get(),
+      [this] {
+        absl::MutexLock l(&config_mu_);
+        return NodeConfigToYaml(config_);
+      },
+      [this](absl::Duration timeout) {
         const DrainState st = RequestDrain(timeout);
         v1::DrainResponse r;
         r.set_already_draining(st.already_draining);
@@ -276,9 +282,9 @@ void Daemon::Drain() {
     absl::MutexLock l(&drain_mu_);
     timeout = drain_timeout_;
   }
-  if (health_service_) health_service_->SetServing(false);
   sessions_->BeginDrain();
   dispatcher_->BeginDrain();
+  if (health_service_) health_service_->SetServing(false);  // after: NOT_SERVING means refusing
   const absl::Time deadline = absl::Now() + timeout;
   int64_t left = sessions_->OpsInFlight();
   while (left > 0 && absl::Now() < deadline) {
@@ -295,6 +301,36 @@ void Daemon::Drain() {
                                " operations still in flight after ", absl::FormatDuration(timeout),
                                " failed");
   }
+}
+
+Daemon::ReloadReport Daemon::Reload(const NodeConfig& next) {
+  ReloadReport r;
+  absl::MutexLock l(&config_mu_);
+  for (const std::string& key : ChangedKeys(config_, next)) {
+    if (key == "log.level") {
+      LogLevel level;
+      if (!ParseLogLevel(next.log_level, &level)) continue;  // the parser checked it
+      SetLogLevel(level);
+      config_.log_level = next.log_level;
+      r.applied.push_back(key);
+    } else if (key == "node.allowed_uids" && peers_ != nullptr) {
+      peers_->SetAllowed(next.allowed_uids);
+      config_.allowed_uids = next.allowed_uids;
+      r.applied.push_back(key);
+      // A uid no longer allowed: its new calls and connections are refused
+      // (the peer registry); its sessions end now.
+      if (sessions_ != nullptr) {
+        for (const std::shared_ptr<Session>& s : sessions_->Snapshot()) {
+          if (!peers_->Allowed(s->info().uid)) {
+            sessions_->EndSession(s->id(), "its uid was removed from node.allowed_uids");
+          }
+        }
+      }
+    } else {
+      r.need_restart.push_back(key);
+    }
+  }
+  return r;
 }
 
 }  // namespace hsdp

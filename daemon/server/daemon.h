@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -89,10 +90,22 @@ class Daemon {
   // the timeout passed. Shutdown afterwards tells the sessions why.
   void Drain();
 
+  // SIGHUP: applies what a running daemon can take from `next` (the keys of
+  // ReloadableKeys(): the log level; node.allowed_uids, ending the sessions
+  // of uids no longer allowed) and names every other changed key as needing
+  // a restart. Thread-safe against the RPCs (hsdpctl config shows the
+  // reloaded values).
+  struct ReloadReport {
+    std::vector<std::string> applied, need_restart;
+  };
+  ReloadReport Reload(const NodeConfig& next);
+
   const NodeConfig& config() const { return config_; }
 
  private:
   std::atomic<bool> drain_requested_{false};
+  // Guards the reloadable fields of config_ against GetConfig's rendering.
+  mutable absl::Mutex config_mu_;
   absl::Mutex drain_mu_;
   absl::Duration drain_timeout_ ABSL_GUARDED_BY(drain_mu_);
   std::function<void()> drain_notify_;

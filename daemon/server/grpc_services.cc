@@ -204,7 +204,7 @@ grpc::Status AdminServiceImpl::GetConfig(grpc::ServerContext* ctx, const v1::Get
                                          v1::GetConfigResponse* resp) {
   AUTHENTICATE_OR_RETURN(cred);
   (void)cred;
-  resp->set_yaml(NodeConfigToYaml(config_));
+  resp->set_yaml(config_yaml_ ? config_yaml_() : NodeConfigToYaml(config_));
   return grpc::Status::OK;
 }
 

@@ -70,13 +70,18 @@ class AdminServiceImpl final : public v1::Admin::Service {
  public:
   // `observability`: null disables Trace, Stragglers and Activity.
   // `drain`: starts a drain (Daemon::RequestDrain); null: Drain is UNIMPLEMENTED.
+  // `config_yaml`: the current configuration (it changes on SIGHUP); null:
+  // `config` as it was at start.
   using DrainFn = std::function<v1::DrainResponse(absl::Duration timeout)>;
+  using ConfigYamlFn = std::function<std::string()>;
   AdminServiceImpl(SessionManager* sessions, const Authenticator* auth, const NodeConfig& config,
                    const Engine* engine, std::string socket_path,
-                   Observability* observability = nullptr, DrainFn drain = nullptr)
+                   Observability* observability = nullptr, ConfigYamlFn config_yaml = nullptr,
+                   DrainFn drain = nullptr)
       : sessions_(sessions), auth_(auth), config_(config), engine_(engine),
         socket_path_(std::move(socket_path)), started_(absl::Now()),
-        observability_(observability), drain_(std::move(drain)) {}
+        observability_(observability), config_yaml_(std::move(config_yaml)),
+        drain_(std::move(drain)) {}
   grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusResponse*) override;
   // Root and the daemon's uid only; timeout_seconds in (0, 3600], 0: 60.
   grpc::Status Drain(grpc::ServerContext*, const v1::DrainRequest*, v1::DrainResponse*) override;
@@ -98,6 +103,7 @@ class AdminServiceImpl final : public v1::Admin::Service {
   const std::string socket_path_;
   const absl::Time started_;
   Observability* const observability_;
+  const ConfigYamlFn config_yaml_;
   const DrainFn drain_;
 };
 

@@ -4,7 +4,7 @@
 // SessionManager (fake engine, fake device). Callers are any of three uids:
 // root (an admin), 1000 and 1001, all allowed.
 //
-// Records (fuzz_input.h): payload [uid: u8][request bytes], op % 18:
+// Records (fuzz_input.h): payload [uid: u8][request bytes], op % 19:
 //   0 Attach 1 Detach 2 RegisterBuffer 3 FreeBuffer 4 NewGroup 5 Status
 //   6 GetConfig 7 Trace 8 Stragglers 9 Activity 10 Health.Check
 //   11 RegisterDeviceBuffer 12 FreeDeviceBuffer 13 RegisterDeviceEvent
@@ -13,13 +13,15 @@
 //      [uid][session: u8][fd_tag: u64][bytes: u16][device: u8] (a sealed
 //      memfd of that size, or with device odd a device-memory handle)
 //   17 a session's data connection says hello (ClaimSession with its token)
+//   18 Admin.Drain (the drain itself is recorded, not run)
 // Sessions are named by the ids Attach returned (1, 2, ... in order).
 //
 // Oracles beyond "no crash, no sanitizer report": every call finishes exactly
 // once (callback methods by the end, when every session has ended); a
 // non-admin caller's Status lists only its own sessions and its own jobs'
 // (isolation, docs/security.md); an Attach that succeeded made a session of
-// the caller's uid.
+// the caller's uid; Drain reaches the daemon only from root, with a timeout
+// within (0, 3600] s.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -105,7 +107,13 @@ class Node {
         registry_(&fx->dev),
         registration_(&sm_, &registry_, absl::Milliseconds(50)),
         node_(&sm_, &fx->auth, fx->config, &tracker_),
-        admin_(&sm_, &fx->auth, fx->config, &engine_, "/fuzz/hsdpd.sock", Obs()),
+        admin_(&sm_, &fx->auth, fx->config, &engine_, "/fuzz/hsdpd.sock", Obs(), nullptr,
+               [this](absl::Duration timeout) {
+                 HSDP_FUZZ_CHECK(timeout > absl::ZeroDuration() && timeout <= absl::Hours(1),
+                                 absl::StrCat("drain with timeout ", absl::FormatDuration(timeout)));
+                 ++drains_;
+                 return v1::DrainResponse();
+               }),
         health_(&fx->auth),
         device_(&registration_, &fx->auth, &tracker_) {
     sm_.EnableFeatures(shm::kFeatureDeviceMemory);
@@ -122,7 +130,7 @@ class Node {
 
   void Run(uint8_t op, uint32_t uid, std::string_view bytes) {
     g_uid = uid;
-    switch (op % 18) {
+    switch (op % 19) {
       case 0:
         if (auto* c = Decode<v1::AttachRequest, v1::AttachResponse>(bytes)) {
           if (node_.Attach(&c->ctx, &c->req, &c->resp).ok()) {
@@ -186,6 +194,17 @@ class Node {
         }
         break;
       }
+      case 18:
+        if (auto* c = Decode<v1::DrainRequest, v1::DrainResponse>(bytes)) {
+          const int before = drains_;
+          const grpc::Status st = admin_.Drain(&c->ctx, &c->req, &c->resp);
+          if (uid != 0) {
+            HSDP_FUZZ_CHECK(st.error_code() == grpc::StatusCode::PERMISSION_DENIED &&
+                                drains_ == before,
+                            absl::StrCat("uid ", uid, " drained hsdpd"));
+          }
+        }
+        break;
       case 17: {
         const uint64_t id = bytes.empty() ? 1 : static_cast<uint8_t>(bytes[0]) % 8 + 1;
         auto it = tokens_.find(id);
@@ -244,6 +263,7 @@ class Node {
   HealthServiceImpl health_;
   DeviceMemoryServiceImpl device_;
   std::map<uint64_t, std::string> tokens_;
+  int drains_ = 0;
   std::deque<std::unique_ptr<CallBase>> calls_;  // alive until every callback ran
 };
 

@@ -1,9 +1,12 @@
-// hsdpctl drain through a real hsdpd (issue 23): the daemon stops taking new
-// work, lets the operations in flight finish (or fails them after the
-// timeout), tells its sessions why and exits 0, so a service manager starts
-// the new binary; attaching during the drain is refused with a clear error;
-// only root or the daemon's uid may drain it.
+// hsdpctl drain and SIGHUP through a real hsdpd (issue 23). Drain: the daemon
+// stops taking new work, lets the operations in flight finish (or fails them
+// after the timeout), tells its sessions why and exits 0, so a service
+// manager starts the new binary; attaching during the drain is refused with a
+// clear error; only root or the daemon's uid may drain it. SIGHUP: the
+// reloadable keys apply at once, the others are named as needing a restart,
+// an invalid file changes nothing.
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <thread>
@@ -70,17 +73,14 @@ TEST(DrainTest, OpsStillInFlightAfterTheTimeoutFailAndAttachIsRefusedMeanwhile) 
   std::thread drain([&] {
     drained = testing::RunCommand(testing::Hsdpctl(d.socket(), "drain --timeout 1.5"));
   });
-  // While it drains: a new attach is refused, naming the drain.
-  absl::StatusOr<std::unique_ptr<Client>> late;
+  // While it drains (health NOT_SERVING): a new attach is refused, naming the drain.
   ASSERT_TRUE(testing::Eventually(
-      [&] {
-        ClientOptions o;
-        o.socket_path = d.socket();
-        o.job_id = "late";
-        late = Client::Connect(o);
-        return !late.ok();
-      },
+      [&] { return testing::RunCommand(testing::Hsdpctl(d.socket(), "health")).exit_code == 1; },
       1000));
+  ClientOptions o;
+  o.socket_path = d.socket();
+  o.job_id = "late";
+  absl::StatusOr<std::unique_ptr<Client>> late = Client::Connect(o);
   EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable) << late.status();
   EXPECT_THAT(std::string(late.status().message()), HasSubstr("draining"));
   drain.join();
@@ -129,6 +129,51 @@ TEST(DrainTest, ATimeoutOutsideItsRangeIsRefused) {
   const auto r = testing::RunCommand(testing::Hsdpctl(d.socket(), "drain --timeout 7200"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("timeout_seconds"));
+  EXPECT_TRUE(d.Alive());
+  EXPECT_EQ(d.Stop(), 0);
+}
+
+TEST(ReloadTest, SighupAppliesAllowedUidsNamesWhatNeedsARestartAndKeepsAnInvalidFileOut) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another uid";
+  TempDir dir;
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start("node:\n  socket_mode: 0666\n")) << d.Log();
+  const std::string ctl = testing::BinDir() + "/hsdpctl";
+  const std::string sock = d.socket();
+  auto status_as_nobody = [&] {
+    return testing::RunAsNobody([&] {
+      const int fd = ::open("/dev/null", O_WRONLY);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::execl(ctl.c_str(), ctl.c_str(), "--socket", sock.c_str(), "status",
+              static_cast<char*>(nullptr));
+      return 127;
+    });
+  };
+  EXPECT_EQ(status_as_nobody(), 1) << "65534 is not allowed yet";
+
+  testing::WriteFile(dir.File("node.yaml"),
+                     "node:\n  socket_mode: 0666\n  allowed_uids: [0, 65534]\n"
+                     "data_plane:\n  ring_entries: 2048\n");
+  ASSERT_EQ(::kill(d.pid(), SIGHUP), 0);
+  ASSERT_TRUE(testing::Eventually(
+      [&] { return d.Log().find("SIGHUP: reloaded") != std::string::npos; }, 5000))
+      << d.Log();
+  EXPECT_THAT(d.Log(), HasSubstr("applied [node.allowed_uids]; needs a restart "
+                                 "[data_plane.ring_entries]"));
+  EXPECT_EQ(status_as_nobody(), 0) << d.Log();
+  const auto config = testing::RunCommand(testing::Hsdpctl(sock, "config"));
+  EXPECT_THAT(config.output, HasSubstr("allowed_uids: [0, 65534]"));
+  EXPECT_THAT(config.output, HasSubstr("ring_entries: 1024")) << "needs a restart: unchanged";
+
+  // An invalid file: nothing changes, the daemon goes on.
+  testing::WriteFile(dir.File("node.yaml"), "node:\n  allowed_uids: [0]\n  bogus: 1\n");
+  ASSERT_EQ(::kill(d.pid(), SIGHUP), 0);
+  ASSERT_TRUE(testing::Eventually(
+      [&] { return d.Log().find("is invalid, nothing changed") != std::string::npos; }, 5000))
+      << d.Log();
+  EXPECT_EQ(status_as_nobody(), 0) << "65534 is still allowed";
   EXPECT_TRUE(d.Alive());
   EXPECT_EQ(d.Stop(), 0);
 }
