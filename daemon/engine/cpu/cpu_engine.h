@@ -48,7 +48,7 @@ class CpuEngine : public Engine {
   // kSharedWindowNs), slices are slice_bytes / kSharedSliceDivisor (at least
   // 64 KiB per rank): another job's op, or a higher class's, then waits for
   // a short slice; a job alone keeps the long ones and their lower overhead.
-  static constexpr uint64_t kSharedSliceDivisor = 8;
+  static constexpr uint64_t kSharedSliceDivisor = 32;
   static constexpr int64_t kSharedWindowNs = 20'000'000;
   // bulk_nice: nice increment (0..19) of the executor and pool threads, which
   // run queued work; tasks run inline keep the caller's priority.

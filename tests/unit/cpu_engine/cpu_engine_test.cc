@@ -545,7 +545,7 @@ TEST(CpuEngineQosTest, OneJobsLargeTaskDoesNotLetItsSecondGoAheadOfAnotherJob) {
 
 TEST(CpuEngineQosTest, SlicesShrinkWhileAnotherJobSharesTheEngine) {
   // 1 MiB slices. Job a alone: its 8 MiB-per-rank task runs in 8 slices.
-  // Right after job b's task ran, a's next one starts in slices of 1/8 of
+  // Right after job b's task ran, a's next one starts in slices of 1/32 of
   // that (while the engine counts as shared): more slices, same result.
   CpuEngine engine(1, 0, /*slice_bytes=*/1 << 20);
   const uint64_t count = 8 * (1 << 20) / 4;
