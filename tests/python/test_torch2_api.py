@@ -283,3 +283,33 @@ def test_a_killed_peer_fails_dtensor_and_funcol(hsdpd, tmp_path):
         assert outcome.startswith("raised"), f"{name}: {outcome}"
         assert "rank 1" in outcome, f"{name}: {outcome}"
         assert seconds < 60, f"{name}: took {seconds:.1f} s (the group's timeout)"
+
+
+def no_holder_worker(rank, world):
+    """A torch build whose c10d.Backend has no Python constructor (torch 2.11,
+    seen on the GPU machine: "_NameHolder: No constructor defined!"): the
+    group runs without the holder and its collectives are unchanged."""
+    import torch
+    import torch.distributed as dist
+    from hsdp.torch import name_holder
+
+    class NoConstructor:
+        def __init__(self, *args):
+            raise TypeError("_NameHolder: No constructor defined!")
+
+    real = name_holder._NameHolder
+    name_holder._NameHolder = NoConstructor
+    try:
+        group = dist.new_group(list(range(world)), backend="hsdpd")
+    finally:
+        name_holder._NameHolder = real
+    x = torch.full((4,), float(rank + 1))
+    dist.all_reduce(x, group=group)
+    return {"sum": x.tolist(), "holder": getattr(group, "_hsdp_name_holder", "missing")}
+
+
+def test_a_torch_without_a_backend_constructor_runs_without_the_holder(run):
+    world = 2
+    for r in run(no_holder_worker, world):
+        assert r["sum"] == [3.0] * 4
+        assert r["holder"] is None
