@@ -484,14 +484,7 @@ absl::Status CudaDeviceApi::ScaleCastAsync(DevicePtr src, DataType from, DeviceP
 absl::Status CudaDeviceApi::ReduceAsync(const std::vector<DevicePtr>& srcs, DataType from,
                                         DevicePtr dst, DataType to, uint64_t count, ReduceOp op,
                                         double scale, bool accumulate, StreamHandle stream) {
-  if (srcs.empty()) return absl::InvalidArgumentError("reduce: no inputs");
-  if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax &&
-      op != ReduceOp::kProduct) {
-    return absl::InvalidArgumentError("reduce: op must be sum, min, max or product");
-  }
-  if ((from != to || scale != 1.0) && (!IsFloatingPoint(from) || !IsFloatingPoint(to))) {
-    return absl::InvalidArgumentError("reduce: a cast or a scale needs float types");
-  }
+  RETURN_IF_ERROR(CheckReduceArgs(srcs.size(), op, from, to, scale != 1.0));
   ASSIGN_OR_RETURN(int device, StreamDevice(stream));
   RETURN_IF_ERROR(SetDevice(device));
   if (count == 0) return absl::OkStatus();
@@ -522,14 +515,8 @@ absl::Status CudaDeviceApi::ReduceToManyAsync(const std::vector<DevicePtr>& srcs
                                         stream);
   }
   RETURN_IF_ERROR(CheckReduceToMany(srcs, from, dsts, to));
-  if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax &&
-      op != ReduceOp::kProduct) {
-    return absl::InvalidArgumentError("reduce: op must be sum, min, max or product");
-  }
-  if ((from != to || in_scale != 1.0 || out_scale != 1.0) &&
-      (!IsFloatingPoint(from) || !IsFloatingPoint(to))) {
-    return absl::InvalidArgumentError("reduce: a cast or a scale needs float types");
-  }
+  RETURN_IF_ERROR(
+      CheckReduceArgs(srcs.size(), op, from, to, in_scale != 1.0 || out_scale != 1.0));
   ASSIGN_OR_RETURN(int device, StreamDevice(stream));
   RETURN_IF_ERROR(SetDevice(device));
   if (count == 0) return absl::OkStatus();

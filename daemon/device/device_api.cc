@@ -46,6 +46,18 @@ absl::StatusOr<int> ResolveDevice(const DeviceApi& api, int device, const std::s
       api.DeviceCount(), ": ", seen.empty() ? "none" : seen, ")"));
 }
 
+absl::Status CheckReduceArgs(size_t inputs, ReduceOp op, DataType from, DataType to, bool scaled) {
+  if (inputs == 0) return absl::InvalidArgumentError("reduce: no inputs");
+  if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax &&
+      op != ReduceOp::kProduct) {
+    return absl::InvalidArgumentError("reduce: op must be sum, min, max or product");
+  }
+  if ((from != to || scaled) && (!IsFloatingPoint(from) || !IsFloatingPoint(to))) {
+    return absl::InvalidArgumentError("reduce: a cast or a scale needs float types");
+  }
+  return absl::OkStatus();
+}
+
 std::vector<DevicePtr> InputsDstFirst(std::vector<DevicePtr> srcs, DevicePtr dst) {
   auto it = std::find(srcs.begin(), srcs.end(), dst);
   if (it != srcs.end()) std::rotate(srcs.begin(), it, it + 1);

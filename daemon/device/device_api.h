@@ -164,6 +164,11 @@ class DeviceApi {
 // the input equal to `dst` (if any) moved to the front (the ops commute).
 std::vector<DevicePtr> InputsDstFirst(std::vector<DevicePtr> srcs, DevicePtr dst);
 
+// The reduce kernels' argument rule, shared by every implementation of
+// ReduceAsync and ReduceToManyAsync: at least one input, a combining op (sum,
+// min, max, product), and float types wherever a cast or a scale is asked for.
+absl::Status CheckReduceArgs(size_t inputs, ReduceOp op, DataType from, DataType to, bool scaled);
+
 // ReduceToManyAsync's argument rule, shared by its implementations.
 absl::Status CheckReduceToMany(const std::vector<DevicePtr>& srcs, DataType from,
                                const std::vector<DevicePtr>& dsts, DataType to);

@@ -104,15 +104,8 @@ absl::Status FakeDeviceApi::ReduceAsync(const std::vector<DevicePtr>& srcs, Data
                                         double scale, bool accumulate, StreamHandle stream) {
   std::shared_ptr<Stream> s = FindStream(stream);
   if (s == nullptr) return absl::NotFoundError("reduce: unknown stream");
-  if (srcs.empty()) return absl::InvalidArgumentError("reduce: no inputs");
-  if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax &&
-      op != ReduceOp::kProduct) {
-    return absl::InvalidArgumentError("reduce: op must be sum, min, max or product");
-  }
+  RETURN_IF_ERROR(CheckReduceArgs(srcs.size(), op, from, to, scale != 1.0));
   const bool same = from == to && scale == 1.0;
-  if (!same && (!IsFloatingPoint(from) || !IsFloatingPoint(to))) {
-    return absl::InvalidArgumentError("reduce: a cast or a scale needs float types");
-  }
   const size_t in_bytes = count * DataTypeSize(from), out_bytes = count * DataTypeSize(to);
   for (DevicePtr p : srcs) {
     if (!InArena(p, in_bytes)) return absl::InvalidArgumentError("reduce: input outside every fake device");

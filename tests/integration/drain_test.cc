@@ -9,7 +9,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -25,6 +27,27 @@ using testing::DaemonProcess;
 using ::testing::HasSubstr;
 using testing::TempDir;
 using testing::Workload;
+
+// Runs `hsdpctl --socket SOCKET ARGS...` as uid 65534 (no gRPC in the forked
+// child: it execs); its output goes to `out` (a file it may write, or
+// /dev/null). Returns its exit code.
+int HsdpctlAsNobody(const std::string& socket, const std::vector<std::string>& args,
+                    const std::string& out) {
+  const std::string ctl = testing::BinDir() + "/hsdpctl";
+  std::vector<std::string> argv = {ctl, "--socket", socket};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return testing::RunAsNobody([&] {
+    const int fd = ::open(out.c_str(), O_WRONLY | O_APPEND);
+    if (fd < 0) return 98;
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::vector<char*> a;
+    for (const std::string& x : argv) a.push_back(const_cast<char*>(x.c_str()));
+    a.push_back(nullptr);
+    ::execv(a[0], a.data());
+    return 127;
+  });
+}
 
 TEST(DrainTest, ADrainWithNothingInFlightExitsZeroAndTellsTheSessions) {
   TempDir dir;
@@ -101,21 +124,10 @@ TEST(DrainTest, OnlyRootOrTheDaemonsUidMayDrain) {
   ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);  // other users may reach the socket
   DaemonProcess d(dir);
   ASSERT_TRUE(d.Start("node:\n  socket_mode: 0666\n  allowed_uids: [0, 65534]\n")) << d.Log();
-  const std::string ctl = testing::BinDir() + "/hsdpctl";
-  const std::string sock = d.socket();
   const std::string out = dir.File("nobody.out");
   testing::WriteFile(out, "");
   ASSERT_EQ(::chmod(out.c_str(), 0666), 0);
-  const int rc = testing::RunAsNobody([&] {
-    const int fd = ::open(out.c_str(), O_WRONLY | O_APPEND);
-    if (fd < 0) return 98;
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execl(ctl.c_str(), ctl.c_str(), "--socket", sock.c_str(), "drain", "--timeout", "1",
-            static_cast<char*>(nullptr));
-    return 127;
-  });
-  EXPECT_EQ(rc, 1) << d.Log();
+  EXPECT_EQ(HsdpctlAsNobody(d.socket(), {"drain", "--timeout", "1"}, out), 1) << d.Log();
   EXPECT_TRUE(d.Alive());
   EXPECT_THAT(testing::ReadFile(out), HasSubstr("only root or hsdpd's own uid may drain it"));
   EXPECT_THAT(d.Log(), ::testing::Not(HasSubstr("drain requested")));
@@ -139,18 +151,8 @@ TEST(ReloadTest, SighupAppliesAllowedUidsNamesWhatNeedsARestartAndKeepsAnInvalid
   ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
   DaemonProcess d(dir);
   ASSERT_TRUE(d.Start("node:\n  socket_mode: 0666\n")) << d.Log();
-  const std::string ctl = testing::BinDir() + "/hsdpctl";
   const std::string sock = d.socket();
-  auto status_as_nobody = [&] {
-    return testing::RunAsNobody([&] {
-      const int fd = ::open("/dev/null", O_WRONLY);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::execl(ctl.c_str(), ctl.c_str(), "--socket", sock.c_str(), "status",
-              static_cast<char*>(nullptr));
-      return 127;
-    });
-  };
+  auto status_as_nobody = [&] { return HsdpctlAsNobody(sock, {"status"}, "/dev/null"); };
   EXPECT_EQ(status_as_nobody(), 1) << "65534 is not allowed yet";
 
   testing::WriteFile(dir.File("node.yaml"),

@@ -43,6 +43,16 @@ bool WaitEvents(device::DeviceApi& dev, const std::vector<device::EventHandle>& 
   }
 }
 
+// Launches `t` on `engine` and waits for it; whether it succeeded.
+bool RunTask(nccl::NcclEngine& engine, const EngineTask& t) {
+  std::promise<absl::Status> p;
+  EngineCallbacks cb;
+  cb.launched = [](uint64_t) {};
+  cb.completed = [&p](absl::Status s, uint64_t) { p.set_value(s); };
+  engine.Launch(t, cb);
+  return p.get_future().get().ok();
+}
+
 // Several members on one GPU (trainers sharing it): the engine's intra-device
 // reduction, fused (straight into the outputs) and through scratch and copies,
 // against a device copy of the same bytes, same process.
@@ -82,14 +92,7 @@ int SharedDevice(device::DeviceApi& dev, nccl::Collectives& coll, int members,
                             rs ? count * 4 : bytes};
         t.members.push_back(m);
       }
-      auto once = [&](nccl::NcclEngine& e) {
-        std::promise<absl::Status> p;
-        EngineCallbacks cb;
-        cb.launched = [](uint64_t) {};
-        cb.completed = [&p](absl::Status st, uint64_t) { p.set_value(st); };
-        e.Launch(t, cb);
-        return p.get_future().get().ok();
-      };
+      auto once = [&](nccl::NcclEngine& e) { return RunTask(e, t); };
       auto copy_once = [&]() {
         return dev.MemcpyAsync(copy_dst, buf[0], bytes, *stream).ok() &&
                dev.RecordEvent(*ev, *stream).ok() && WaitEvents(dev, {*ev});
@@ -221,14 +224,7 @@ int main(int argc, char** argv) {
         m.recv = BufferView{MemoryKind::kDevice, r, reinterpret_cast<void*>(recv[r]), total};
         t.members.push_back(m);
       }
-      auto engine_once = [&](nccl::NcclEngine& engine) {
-        std::promise<absl::Status> p;
-        EngineCallbacks cb;
-        cb.launched = [](uint64_t) {};
-        cb.completed = [&p](absl::Status s, uint64_t) { p.set_value(s); };
-        engine.Launch(t, cb);
-        return p.get_future().get().ok();
-      };
+      auto engine_once = [&](nccl::NcclEngine& engine) { return RunTask(engine, t); };
       bool ok = raw_once() && engine_once(engine) && engine_once(engine_sleep);  // warm-up, comm init
       double t0 = Now();
       for (int i = 0; i < iters && ok; ++i) ok = raw_once();

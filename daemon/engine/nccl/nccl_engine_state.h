@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "daemon/config/priority_classes.h"
 #include "daemon/engine/nccl/nccl_engine.h"
 
 namespace hsdp::nccl {
@@ -25,10 +26,10 @@ inline bool Reduces(Collective c) {
 // does, so a batch job's shards cannot preempt an interactive job; in the
 // default class the shard collectives (all-gather, reduce-scatter: they gate
 // compute) and ops marked latency-critical (priority < 0) do.
-inline constexpr int kDefaultQosLevel = 4;
 inline bool HighPriority(const EngineTask& t) {
-  if (t.qos_class < kDefaultQosLevel) return true;
-  if (t.qos_class > kDefaultQosLevel) return false;
+  constexpr int kDefault = static_cast<int>(kDefaultPriorityLevel);
+  if (t.qos_class < kDefault) return true;
+  if (t.qos_class > kDefault) return false;
   return t.priority < 0 || t.collective == Collective::kAllGather ||
          t.collective == Collective::kReduceScatter;
 }

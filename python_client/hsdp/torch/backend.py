@@ -596,8 +596,7 @@ def register():
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     from hsdp.torch import _compat
-    # CUDA tensors run on the daemon's device path (cuda_ops.py); "cuda" is
-    # named only where torch can use a GPU, so CPU-only machines are unchanged.
+    # "cuda" (cuda_ops.py) only where torch has a GPU: CPU-only machines unchanged.
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     kwargs = {"devices": devices} if _compat.register_backend_takes_devices() else {}
     dist.Backend.register_backend(BACKEND_NAME, create_process_group, **kwargs)
