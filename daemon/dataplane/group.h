@@ -234,6 +234,10 @@ class Group : public std::enable_shared_from_this<Group> {
   // arrivals and returns the arrivals to notify.
   std::vector<Arrival> FailLocked(OpKey key, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `session`'s arrivals out of the operations queued for an epoch that
+  // has not started (the others' stay queued) and returns them to notify.
+  std::vector<Arrival> TakeQueuedLocked(const Session* session)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the current epoch: returns what to notify and the tickets to abort.
   // Returns false when the epoch had already failed.
   bool FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to_fail,

@@ -148,22 +148,55 @@ void Group::FailEpoch(const absl::Status& status, uint32_t epoch, bool report,
   if (!to_fail.empty()) Notify(std::move(to_fail), status, 0, 0);
 }
 
+std::vector<Arrival> Group::TakeQueuedLocked(const Session* session) {
+  std::vector<Arrival> out;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    PendingOp& op = it->second;
+    if (it->first.first != epoch_) {
+      for (auto a = op.arrivals.begin(); a != op.arrivals.end();) {
+        if (a->second.session.get() == session) {
+          out.push_back(std::move(a->second));
+          a = op.arrivals.erase(a);
+          --op.arrived;
+        } else {
+          ++a;
+        }
+      }
+    }
+    it = op.arrivals.empty() ? pending_.erase(it) : std::next(it);
+  }
+  return out;
+}
+
 void Group::MemberLeft(const Session* session, const std::string& why) {
   absl::Status status;
+  std::vector<Arrival> queued;
+  absl::Status queued_status;
   {
     absl::MutexLock l(&mu_);
+    // Its submissions queued for an epoch that has not started yet: failing
+    // the current epoch does not reach them, and a complete set of them
+    // waits for the epoch without a timeout, so they end here.
+    queued = TakeQueuedLocked(session);
+    if (!queued.empty()) {
+      queued_status = absl::AbortedError(absl::StrCat(
+          "the member left the job (", why, ") before group ", spec_.id, " (job \"",
+          spec_.job_id, "\") entered epoch ", epoch_ + 1));
+    }
     int rank = -1;
     for (int r : local_ranks_) {
       if (members_[r].get() == session) rank = r;
     }
-    if (rank < 0) return;
-    members_[rank].reset();
-    joined_epoch_[rank] = 0;
-    status = absl::AbortedError(absl::StrCat(
-        "rank ", spec_.ranks[rank], " left the job (", why, "); epoch ", epoch_, " of group ",
-        spec_.id, " (job \"", spec_.job_id, "\") ended: join the group again to continue"));
+    if (rank >= 0) {
+      members_[rank].reset();
+      joined_epoch_[rank] = 0;
+      status = absl::AbortedError(absl::StrCat(
+          "rank ", spec_.ranks[rank], " left the job (", why, "); epoch ", epoch_, " of group ",
+          spec_.id, " (job \"", spec_.job_id, "\") ended: join the group again to continue"));
+    }
   }
-  FailEpoch(status, 0, /*report=*/true);
+  if (!queued.empty()) Notify(std::move(queued), queued_status, 0, 0);
+  if (!status.ok()) FailEpoch(status, 0, /*report=*/true);
 }
 
 void Group::PeerLost(int node, const std::string& why) {

@@ -21,8 +21,10 @@ void Group::CheckTimeouts(int64_t now_ns) {
     absl::MutexLock l(&mu_);
     std::vector<OpKey> expired;
     for (auto& [key, op] : pending_) {
-      if (op.arrived < static_cast<int>(local_ranks_.size()) &&
-          now_ns - op.first_ns > spec_.timeout_ns) {
+      // Complete ones of an epoch that has not started wait for members to
+      // join it: bounded by the same timeout.
+      const bool waiting = op.arrived < static_cast<int>(local_ranks_.size()) || key.first != epoch_;
+      if (waiting && now_ns - op.first_ns > spec_.timeout_ns) {
         expired.push_back(key);
       }
     }
@@ -32,9 +34,19 @@ void Group::CheckTimeouts(int64_t now_ns) {
       for (int r : local_ranks_) {
         (op.arrivals.count(local_index_[r]) > 0 ? arrived : missing).push_back(r);
       }
-      absl::Status s = absl::DeadlineExceededError(absl::StrCat(
-          Describe(op), ": timed out after ", spec_.timeout_ns / 1000000,
-          " ms waiting for rank(s) ", RanksList(missing), "; arrived: ", RanksList(arrived)));
+      if (missing.empty()) {  // every local member is in: who has not joined the epoch
+        for (int r = 0; r < size(); ++r) {
+          if (joined_epoch_[r] < key.first) missing.push_back(r);
+        }
+      }
+      absl::Status s = absl::DeadlineExceededError(
+          op.arrived < static_cast<int>(local_ranks_.size())
+              ? absl::StrCat(Describe(op), ": timed out after ", spec_.timeout_ns / 1000000,
+                             " ms waiting for rank(s) ", RanksList(missing),
+                             "; arrived: ", RanksList(arrived))
+              : absl::StrCat(Describe(op), ": timed out after ", spec_.timeout_ns / 1000000,
+                             " ms waiting for rank(s) ", RanksList(missing), " to join epoch ",
+                             key.first));
       // Across nodes the others already run this operation: the epoch ends
       // everywhere (and they hear who was missing).
       if (spans_nodes() && key.first == epoch_ && !epoch_missing.has_value()) {

@@ -413,6 +413,79 @@ TEST_F(GroupTest, MemberLeftEndsTheEpochAndTheGroupReformsInTheNext) {
   EXPECT_THAT(std::string(Result(10, 5)->message()), HasSubstr("epoch 1"));
 }
 
+// Found by the dispatcher fuzzer: a member queued work for the next epoch,
+// then left before that epoch started; failing the (already failed) current
+// epoch did not reach it, so its operation never completed.
+TEST_F(GroupTest, WorkQueuedForTheNextEpochEndsWhenItsMemberLeaves) {
+  auto g = NewGroup(1, {10, 11, 12});
+  g->MemberLeft(SessionOf(11).get(), "client process exited");
+  ASSERT_TRUE(g->stats().broken);
+  ASSERT_EQ(*g->Join(0, SessionOf(10)), 2u);
+  ASSERT_EQ(*g->Join(2, SessionOf(12)), 2u);
+  for (int r : {0, 2}) {
+    Arrival a = Make(*g, r, 7, 1);
+    a.epoch = a.desc.epoch = 2;
+    g->Arrive(r, std::move(a));
+  }
+  EXPECT_EQ(g->stats().pending, 1u);
+  g->MemberLeft(SessionOf(12).get(), "killed");
+  ASSERT_TRUE(Result(12, 7).has_value());
+  EXPECT_EQ(Result(12, 7)->code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(Result(12, 7)->message()),
+              AllOf(HasSubstr("killed"), HasSubstr("before group 1"), HasSubstr("epoch 2")));
+  // The other member's submission stays queued for epoch 2, and runs once
+  // both others are back.
+  EXPECT_FALSE(Result(10, 7).has_value());
+  EXPECT_EQ(g->stats().pending, 1u);
+  auto back11 = MakeSession(201, 11, 14);
+  auto back12 = MakeSession(202, 12, 14);
+  ASSERT_EQ(*g->Join(1, back11), 2u);
+  ASSERT_EQ(*g->Join(2, back12), 2u);
+  EXPECT_EQ(g->stats().epoch, 2u);
+  for (auto [r, s] : {std::pair{1, back11}, std::pair{2, back12}}) {
+    Arrival a = Make(*g, r, 1, 1);
+    a.session = s;
+    a.epoch = a.desc.epoch = 2;
+    g->Arrive(r, std::move(a));
+  }
+  ASSERT_EQ(engine_.pending(), 1u);
+  engine_.Finish();
+  EXPECT_TRUE(Result(10, 7).value_or(absl::UnknownError("none")).ok());
+}
+
+TEST_F(GroupTest, CompleteWorkWaitingForAnEpochThatNeverStartsTimesOut) {
+  // Rank 10 here (node 0), rank 11 on node 1, which is lost and never back:
+  // the local member's submission for epoch 2 is complete here but can
+  // never run, so it ends at the collective timeout naming who is missing.
+  GroupSpec spec;
+  spec.id = 1;
+  spec.key = GroupKey(JobKey{0, "job"}, {10, 11}, 0);
+  spec.job_id = "job";
+  spec.ranks = {10, 11};
+  spec.nodes = {0, 1};
+  spec.this_node = 0;
+  spec.timeout_ns = kTimeoutNs;
+  spec.max_pending = 64;
+  auto g = std::make_shared<Group>(std::move(spec), &engine_, nullptr);
+  ASSERT_EQ(*g->Join(0, SessionOf(10)), 1u);
+  g->PeerLost(1, "no heartbeat");
+  ASSERT_TRUE(g->stats().broken);
+  ASSERT_EQ(*g->Join(0, SessionOf(10)), 2u);
+  Arrival a = Make(*g, 0, 3, 1);
+  a.epoch = a.desc.epoch = 2;
+  const int64_t t0 = a.first_ns;
+  g->Arrive(0, std::move(a));
+  g->CheckTimeouts(t0 + kTimeoutNs / 2);
+  EXPECT_FALSE(Result(10, 3).has_value()) << "not yet expired";
+  g->CheckTimeouts(t0 + 2 * kTimeoutNs);
+  ASSERT_TRUE(Result(10, 3).has_value());
+  EXPECT_EQ(Result(10, 3)->code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(Result(10, 3)->message()),
+              AllOf(HasSubstr("rank(s) [11]"), HasSubstr("to join epoch 2")));
+  EXPECT_EQ(g->stats().pending, 0u);
+  EXPECT_EQ(engine_.launched(), 0);
+}
+
 TEST_F(GroupTest, MemberLeavingDuringExecutionAbortsTheRunningOp) {
   auto g = NewGroup(1, {10, 11});
   g->Arrive(0, Make(*g, 0, 1, 1));
