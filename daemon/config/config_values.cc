@@ -177,6 +177,16 @@ absl::StatusOr<uint64_t> IntegerInRange(const Field& f, uint64_t min, uint64_t m
   return value;
 }
 
+absl::Status SetBool(const Field& f, bool* out) {
+  RETURN_IF_ERROR(CheckScalar(f, "true or false"));
+  const std::string& text = f.value.Scalar();
+  if (f.value.Tag() != "!" && (text == "true" || text == "false")) {
+    *out = text == "true";
+    return absl::OkStatus();
+  }
+  return f.Error(absl::StrCat("expected true or false, got ", Describe(f.value)));
+}
+
 absl::StatusOr<uint64_t> SizeValue(const Field& f) {
   static constexpr char kExpected[] = "a size such as 65536, 512KiB, 64MiB or 8GiB";
   RETURN_IF_ERROR(CheckScalar(f, kExpected));

@@ -71,6 +71,10 @@ absl::Status CheckScalar(const Field& f, const std::string& expected);
 // An unquoted decimal integer in [min, max].
 absl::StatusOr<uint64_t> IntegerInRange(const Field& f, uint64_t min, uint64_t max);
 
+// An unquoted `true` or `false` (nothing else: not yes/no/on/off, which YAML
+// 1.1 readers disagree on) stored into `*out`.
+absl::Status SetBool(const Field& f, bool* out);
+
 // IntegerInRange stored into `*out`.
 template <typename T>
 absl::Status SetInteger(const Field& f, uint64_t min, uint64_t max, T* out) {

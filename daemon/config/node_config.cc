@@ -214,6 +214,10 @@ std::string RenderNumber(const NodeConfig& config) {
   return absl::StrCat(config.*kMember);
 }
 template <auto kMember>
+std::string RenderBool(const NodeConfig& config) {
+  return config.*kMember ? "true" : "false";
+}
+template <auto kMember>
 std::string RenderSize(const NodeConfig& config) {
   return FormatSize(config.*kMember);
 }
@@ -259,6 +263,10 @@ constexpr KeySpec kEngineKeys[] = {
                   "matching keep the daemon's priority",
      [](const Field& f, NodeConfig* c) { return SetInteger(f, 0, 19, &c->engine_bulk_nice); },
      &RenderNumber<&NodeConfig::engine_bulk_nice>},
+    {"idle_lower_classes", "while a higher priority class is active, threads computing a lower "
+                           "class's slices yield the CPU (SCHED_IDLE); true or false",
+     [](const Field& f, NodeConfig* c) { return SetBool(f, &c->engine_idle_lower_classes); },
+     &RenderBool<&NodeConfig::engine_idle_lower_classes>},
 };
 
 constexpr KeySpec kLimitsKeys[] = {

@@ -31,6 +31,7 @@ struct NodeConfig {
   // dispatcher thread, which matches every op and runs small ones inline,
   // then gets the CPU first when both want it (docs/qos.md).
   int engine_bulk_nice = 0;  // engine.bulk_nice
+  bool engine_idle_lower_classes = true;  // engine.idle_lower_classes
 
   // limits:
   // Live connections (gRPC and data, counted from accept) one uid may hold

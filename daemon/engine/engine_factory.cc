@@ -9,7 +9,8 @@ absl::StatusOr<DeviceStack> MakeEngine(const EngineOptions& options) {
   // GPU node); the kind decides whether a device engine runs beside it.
   auto host = std::unique_ptr<Engine>(new CpuEngine(options.threads, options.inline_max_bytes,
                                                         CpuEngine::kDefaultSliceBytes,
-                                                        options.bulk_nice));
+                                                        options.bulk_nice,
+                                                        options.idle_lower_classes));
   return MakeDeviceAwareEngine(options.kind, std::move(host), options.nccl, options.device);
 }
 

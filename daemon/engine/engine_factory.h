@@ -19,6 +19,7 @@ struct EngineOptions {
   int threads = 1;              // CPU threads for large tasks
   uint64_t inline_max_bytes = 64 * 1024;
   int bulk_nice = 0;            // nice increment of the threads running queued work
+  bool idle_lower_classes = false;  // CpuEngine: lower classes yield the CPU to higher ones
   std::string device = "cuda";  // "cuda", or "fake" (tests only)
   nccl::NcclEngineOptions nccl;  // for the NCCL engine of kind nccl / auto
 };

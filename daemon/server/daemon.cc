@@ -109,6 +109,7 @@ absl::Status Daemon::Start() {
   engine_options.threads = threads;
   engine_options.inline_max_bytes = config_.inline_max_bytes;
   engine_options.bulk_nice = config_.engine_bulk_nice;
+  engine_options.idle_lower_classes = config_.engine_idle_lower_classes;
   engine_options.device = config_.engine_device;
   if (cluster_) {
     // Device groups that span nodes: NCCL unique ids through the coordinator.

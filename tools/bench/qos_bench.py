@@ -2,9 +2,10 @@
 """Two jobs on one hsdpd: a bulk job and a latency-sensitive one, same run.
 
     PYTHONPATH=build/python build/venv/bin/python tools/bench/qos_bench.py \\
-        [--bin build/bin] [--seconds 4] [--rounds 2] [--b-sizes 4096,1048576] [--bulk-nice 0,5]
+        [--bin build/bin] [--seconds 4] [--rounds 2] [--b-sizes 4096,1048576] [--bulk-nice 0]
+        [--idle-lower-classes false,true]
 
-For each engine.bulk_nice value, starts its own hsdpd (engine threads: all
+For each engine.bulk_nice and engine.idle_lower_classes value, starts its own hsdpd (engine threads: all
 cores; a private socket) with one
 class of service, `interactive` (level 1) for jobs named "qos-hi-*"; every
 other job is in "default" (level 4). Job A (2 ranks) all-reduces 64 MiB
@@ -181,7 +182,9 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--b-sizes", default="4096,1048576")
-    ap.add_argument("--bulk-nice", default="0,5", help="engine.bulk_nice values, one daemon each")
+    ap.add_argument("--bulk-nice", default="0", help="engine.bulk_nice values, one daemon each")
+    ap.add_argument("--idle-lower-classes", default="false,true",
+                    help="engine.idle_lower_classes values, one daemon each (with each bulk_nice)")
     ap.add_argument("--bin", default=os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "bin"))
     args = ap.parse_args()
@@ -190,13 +193,15 @@ def main():
     tmp = tempfile.mkdtemp(prefix="hsdp-qos-")
     names = ["B alone", "A alone", "A + B idle", "A + B equal", "A + B prio"]
     n = 0
-    for nice in [int(v) for v in args.bulk_nice.split(",")]:
-        cfg = os.path.join(tmp, f"node{nice}.yaml")
+    daemons = [(int(nice), idle) for nice in args.bulk_nice.split(",")
+               for idle in args.idle_lower_classes.split(",")]
+    for nice, idle in daemons:
+        cfg = os.path.join(tmp, f"node{nice}-{idle}.yaml")
         with open(cfg, "w") as f:
-            f.write(f"engine:\n  bulk_nice: {nice}\n"
+            f.write(f"engine:\n  bulk_nice: {nice}\n  idle_lower_classes: {idle}\n"
                     "jobs:\n  priority_classes:\n"
                     "    - {name: interactive, level: 1, jobs: [\"qos-hi-*\"]}\n")
-        sock = os.path.join(tmp, f"hsdpd{nice}.sock")
+        sock = os.path.join(tmp, f"hsdpd{nice}-{idle}.sock")
         os.environ["HSDPD_SOCKET"] = sock
         with running_hsdpd(args.bin, sock, cfg):
             for size in [int(v) for v in args.b_sizes.split(",")]:
@@ -207,7 +212,7 @@ def main():
                         n += 1
                         results[name].append(
                             scenario(sys.executable, tmp, name, size, args.seconds, n))
-                report(results, names, size, nice, args)
+                report(results, names, size, f"{nice}, engine.idle_lower_classes {idle}", args)
     return 0
 
 

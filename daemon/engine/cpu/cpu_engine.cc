@@ -1,10 +1,12 @@
 #include "daemon/engine/cpu/cpu_engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/kernels/reduce_kernels.h"
+#include "hsdp/common/logging.h"
 
 #include "hsdp/shm/doorbell.h"
 
@@ -184,9 +186,29 @@ void CpuEngine::RunRange(const EngineTask& t, cpu::ThreadPool* pool, uint64_t be
   }
 }
 
-CpuEngine::CpuEngine(int threads, uint64_t inline_max_bytes, uint64_t slice_bytes, int bulk_nice)
+namespace {
+
+bool IdleAllowed(bool wanted) {
+  if (!wanted) return false;
+  static const bool can = cpu::ThreadPool::CanLeaveIdle();
+  if (!can) {
+    HSDP_LOG(Warning) << "engine: lower classes cannot yield the CPU to higher ones (SCHED_IDLE "
+                         "could not be left again: run hsdpd as root or with CAP_SYS_NICE)";
+  }
+  return can;
+}
+
+int ClassIndex(int qos_class) {
+  return std::clamp(qos_class, 0, CpuEngine::kClassLevels - 1);
+}
+
+}  // namespace
+
+CpuEngine::CpuEngine(int threads, uint64_t inline_max_bytes, uint64_t slice_bytes, int bulk_nice,
+                     bool idle_lower_classes)
     : inline_max_bytes_(inline_max_bytes),
       slice_bytes_(std::max<uint64_t>(slice_bytes, 64 * 1024)),
+      idle_lower_classes_(IdleAllowed(idle_lower_classes)),
       pool_(std::max(1, threads), "hsdp-pool", bulk_nice) {
   executor_ = std::thread([this, bulk_nice] {
     cpu::ThreadPool::NameAndNice("hsdp-engine", bulk_nice);
@@ -194,13 +216,22 @@ CpuEngine::CpuEngine(int threads, uint64_t inline_max_bytes, uint64_t slice_byte
   });
 }
 
+bool CpuEngine::BetterClassActive(int qos_class, int64_t now, int64_t window_ns) const {
+  for (int level = 0; level < ClassIndex(qos_class); ++level) {
+    const int64_t t = class_active_ns_[level].load(std::memory_order_relaxed);
+    if (t != 0 && now - t < window_ns) return true;
+  }
+  return false;
+}
+
 CpuEngine::~CpuEngine() { Shutdown(); }
 
 uint64_t CpuEngine::Launch(EngineTask task, EngineCallbacks cb) {
-  uint64_t ticket;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    ticket = next_ticket_++;
+  // No lock on the inline path: the dispatcher never waits for the executor.
+  const uint64_t ticket = next_ticket_.fetch_add(1, std::memory_order_relaxed);
+  if (idle_lower_classes_) {
+    class_active_ns_[ClassIndex(task.qos_class)].store(shm::NowNanos(),
+                                                       std::memory_order_relaxed);
   }
   if (!task.AllLocal() || !task.AllHost()) {
     cb.launched(ticket);
@@ -218,6 +249,7 @@ uint64_t CpuEngine::Launch(EngineTask task, EngineCallbacks cb) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (!stopping_) {
+      queued_by_class_[ClassIndex(task.qos_class)].fetch_add(1, std::memory_order_relaxed);
       queue_.Push(cpu::FairQueue::Entry{task.qos_class, task.job, task.priority, ticket});
       queued_.emplace(ticket, Queued{std::make_shared<EngineTask>(std::move(task)),
                                      std::make_shared<EngineCallbacks>(std::move(cb))});
@@ -260,7 +292,9 @@ void CpuEngine::Finish(uint64_t ticket, absl::Status status, uint64_t exec_ns,
 
 void CpuEngine::Execute(uint64_t ticket, const EngineTask& task, const EngineCallbacks& cb,
                         cpu::ThreadPool* pool) {
-  absl::Status status = Precondition(task, ticket);
+  // Inline, just launched: nobody can have aborted it yet, so only a
+  // dependency needs the lock.
+  absl::Status status = task.depends_on.empty() ? absl::OkStatus() : Precondition(task, ticket);
   const int64_t start = shm::NowNanos();
   if (status.ok()) Run(task, pool);
   Finish(ticket, std::move(status), static_cast<uint64_t>(shm::NowNanos() - start), cb);
@@ -296,10 +330,29 @@ bool CpuEngine::RunSlice(uint64_t ticket, Queued& q) {
       shared ? std::max<uint64_t>(64 * 1024, slice_bytes_ / kSharedSliceDivisor) : slice_bytes_;
   uint64_t end = task.count;
   if (Sliceable(task)) end = std::min(task.count, q.next + std::max<uint64_t>(1, slice / es));
+  // Only the wait and the computation yield: no lock is held in them but
+  // the pool's own, which only this task's threads take.
+  const bool idle = idle_lower_classes_ && BetterClassActive(task.qos_class, now, kSharedWindowNs);
+  if (idle) {
+    cpu::ThreadPool::SetIdle(0, true);
+    pool_.SetWorkersIdle(true);
+    if (!AwaitQuietGap(task.qos_class, now)) {
+      // A better class queued work meanwhile: it goes first, this slice
+      // back into the queue.
+      pool_.SetWorkersIdle(false);
+      cpu::ThreadPool::SetIdle(0, false);
+      return false;
+    }
+    idle_slices_.fetch_add(1, std::memory_order_relaxed);
+  }
   slices_run_.fetch_add(1, std::memory_order_relaxed);
   const int64_t start = shm::NowNanos();
   RunRange(task, &pool_, q.next, end);
   q.exec_ns += static_cast<uint64_t>(shm::NowNanos() - start);
+  if (idle) {
+    pool_.SetWorkersIdle(false);
+    cpu::ThreadPool::SetIdle(0, false);
+  }
   const uint64_t done_bytes = (end - q.next) * es * std::max<size_t>(1, task.members.size());
   q.next = end;
   {
@@ -311,12 +364,30 @@ bool CpuEngine::RunSlice(uint64_t ticket, Queued& q) {
   return true;
 }
 
+bool CpuEngine::AwaitQuietGap(int qos_class, int64_t now) {
+  // A core left truly idle pulls a waiting thread over at once, where one
+  // busy with SCHED_IDLE work does not: so wait for a gap in the better
+  // class's launches first, but never longer than kMaxYieldNs.
+  bool waited = false;
+  const int64_t give_up = now + kMaxYieldNs;
+  for (int64_t t = now; BetterClassActive(qos_class, t, kQuietGapNs) && t < give_up;
+       t = shm::NowNanos()) {
+    for (int level = 0; level < ClassIndex(qos_class); ++level) {
+      if (queued_by_class_[level].load(std::memory_order_relaxed) > 0) return false;
+    }
+    waited = true;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  if (waited) yield_waits_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 void CpuEngine::Abort(uint64_t ticket, const absl::Status& why) {
   // A running slice cannot be interrupted (it only touches memory this
   // process keeps mapped); a queued task, or the next slice of a running
   // one, is failed when the executor takes it.
   std::lock_guard<std::mutex> l(mu_);
-  if (ticket == 0 || ticket >= next_ticket_) return;
+  if (ticket == 0 || ticket >= next_ticket_.load(std::memory_order_relaxed)) return;
   aborted_[ticket] = why;
   while (aborted_.size() > kMaxRememberedTickets) aborted_.erase(aborted_.begin());
 }
@@ -331,6 +402,7 @@ void CpuEngine::ExecutorLoop() {
       std::optional<cpu::FairQueue::Entry> next = queue_.Pop();
       if (!next) return;  // stopping and drained
       e = std::move(*next);
+      queued_by_class_[ClassIndex(e.qos_class)].fetch_sub(1, std::memory_order_relaxed);
       q = &queued_.at(e.order);  // map nodes are stable; only this thread erases
     }
     if (RunSlice(e.order, *q)) {
@@ -338,6 +410,7 @@ void CpuEngine::ExecutorLoop() {
       queued_.erase(e.order);
     } else {
       std::lock_guard<std::mutex> l(mu_);
+      queued_by_class_[ClassIndex(e.qos_class)].fetch_add(1, std::memory_order_relaxed);
       queue_.Push(e);  // after the slice: other jobs' work goes first
     }
   }

@@ -12,6 +12,17 @@
 // at most one slice. Tasks of at most `inline_max_bytes` per rank run inline
 // in the submitting thread, single-threaded, for latency.
 //
+// CPU between classes (idle_lower_classes): while a task of a higher class
+// (a lower qos_class value) was launched within kSharedWindowNs, a lower
+// class's slice first waits for a gap of kQuietGapNs in the higher class's
+// launches (at most kMaxYieldNs, so it is never starved), then computes; the
+// engine's threads are in SCHED_IDLE for both. The higher class's inline ops,
+// its trainers and the dispatcher then find a core free the moment they want
+// one (a core busy with SCHED_IDLE work does not pull spinning threads over;
+// an idle one does). The executor is back in SCHED_OTHER before it takes any
+// lock others share (the queue, the groups' and the metrics' locks in the
+// completion), so a demoted thread never holds up a better class.
+//
 // Ordering: a task is reported `launched` only once it has run (just before
 // `completed`), so a group never has two CPU tasks in flight and dependent
 // tasks (the composite's second phase) always start after their dependency.
@@ -50,10 +61,14 @@ class CpuEngine : public Engine {
   // a short slice; a job alone keeps the long ones and their lower overhead.
   static constexpr uint64_t kSharedSliceDivisor = 32;
   static constexpr int64_t kSharedWindowNs = 20'000'000;
+  static constexpr int64_t kQuietGapNs = 200'000;
+  static constexpr int64_t kMaxYieldNs = 5'000'000;
   // bulk_nice: nice increment (0..19) of the executor and pool threads, which
   // run queued work; tasks run inline keep the caller's priority.
+  // idle_lower_classes: see above; off when the process could not leave
+  // SCHED_IDLE again (not root, no CAP_SYS_NICE), with a log line.
   CpuEngine(int threads, uint64_t inline_max_bytes, uint64_t slice_bytes = kDefaultSliceBytes,
-            int bulk_nice = 0);
+            int bulk_nice = 0, bool idle_lower_classes = false);
   ~CpuEngine() override;
 
   absl::Status CreateGroup(const EngineGroupSpec&) override { return absl::OkStatus(); }
@@ -99,16 +114,35 @@ class CpuEngine : public Engine {
  public:
   // Slices run so far (tests: slices shrink while the engine is shared).
   uint64_t slices_run() const { return slices_run_.load(std::memory_order_relaxed); }
+  // Of those, the ones computed in SCHED_IDLE (idle_lower_classes), and the
+  // ones that first waited for a quiet gap in a higher class's traffic.
+  uint64_t idle_slices() const { return idle_slices_.load(std::memory_order_relaxed); }
+  uint64_t yield_waits() const { return yield_waits_.load(std::memory_order_relaxed); }
+  bool idle_lower_classes() const { return idle_lower_classes_; }
+  static constexpr int kClassLevels = 8;  // qos_class 0..7
 
  private:
+  // Whether a class better than `qos_class` launched a task within
+  // kSharedWindowNs of `now`.
+  bool BetterClassActive(int qos_class, int64_t now, int64_t window_ns) const;
+  // Waits (the executor) until a better class than `qos_class` launched
+  // nothing for kQuietGapNs, or for kMaxYieldNs: true. False at once when
+  // a better class's task is queued (it runs first).
+  bool AwaitQuietGap(int qos_class, int64_t now);
+
   const uint64_t inline_max_bytes_;
   const uint64_t slice_bytes_;
+  const bool idle_lower_classes_;
+  // When each class level last launched a task (inline or queued).
+  std::atomic<int64_t> class_active_ns_[kClassLevels] = {};
+  // Tasks in queue_ per class level, read without mu_ while waiting.
+  std::atomic<int> queued_by_class_[kClassLevels] = {};
+  std::atomic<uint64_t> next_ticket_{1};
   cpu::ThreadPool pool_;
   std::mutex mu_;
   std::condition_variable cv_;
   cpu::FairQueue queue_;                // guarded by mu_
   std::map<uint64_t, Queued> queued_;   // by ticket; guarded by mu_
-  uint64_t next_ticket_ = 1;           // guarded by mu_
   bool stopping_ = false;              // guarded by mu_
   // Aborted tickets not yet run, and recently failed tickets (for tasks
   // that depend on them); both bounded.
@@ -119,6 +153,8 @@ class CpuEngine : public Engine {
   std::pair<int, std::string> last_served_;
   int64_t last_switch_ns_ = 0;
   std::atomic<uint64_t> slices_run_{0};
+  std::atomic<uint64_t> idle_slices_{0};
+  std::atomic<uint64_t> yield_waits_{0};
   std::thread executor_;
 };
 

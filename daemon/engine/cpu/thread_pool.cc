@@ -1,6 +1,7 @@
 #include "daemon/engine/cpu/thread_pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -11,12 +12,38 @@
 namespace hsdp::cpu {
 
 ThreadPool::ThreadPool(int threads, const char* name, int nice) {
-  for (int i = 1; i < threads; ++i) {
-    workers_.emplace_back([this, name, nice] {
+  const size_t workers = threads > 1 ? static_cast<size_t>(threads - 1) : 0;
+  tids_.assign(workers, 0);
+  for (size_t i = 0; i < workers; ++i) {
+    workers_.emplace_back([this, name, nice, i] {
       NameAndNice(name, nice);
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        tids_[i] = static_cast<int>(::syscall(SYS_gettid));
+      }
+      done_cv_.notify_one();
       WorkerLoop();
     });
   }
+  std::unique_lock<std::mutex> l(mu_);
+  done_cv_.wait(l, [&] { return std::find(tids_.begin(), tids_.end(), 0) == tids_.end(); });
+}
+
+bool ThreadPool::SetIdle(int tid, bool idle) {
+  sched_param p{};
+  p.sched_priority = 0;
+  return ::sched_setscheduler(tid, idle ? SCHED_IDLE : SCHED_OTHER, &p) == 0;
+}
+
+bool ThreadPool::CanLeaveIdle() {
+  bool ok = false;
+  std::thread t([&ok] { ok = SetIdle(0, true) && SetIdle(0, false); });
+  t.join();
+  return ok;
+}
+
+void ThreadPool::SetWorkersIdle(bool idle) {
+  for (int tid : tids_) SetIdle(tid, idle);
 }
 
 void ThreadPool::NameAndNice(const char* name, int nice) {

@@ -26,6 +26,16 @@ class ThreadPool {
   static void NameAndNice(const char* name, int nice);
   ~ThreadPool();
 
+  // Scheduling class of a thread (`tid` 0: the caller): SCHED_IDLE runs only
+  // on a core nothing else wants, SCHED_OTHER is the normal one (its nice
+  // value is kept). False when the kernel refused.
+  static bool SetIdle(int tid, bool idle);
+  // Whether this process may leave SCHED_IDLE again once in it (root,
+  // CAP_SYS_NICE or RLIMIT_NICE): checked on a throwaway thread.
+  static bool CanLeaveIdle();
+  // SetIdle for every worker (not the caller).
+  void SetWorkersIdle(bool idle);
+
   // Calls fn(i) for every i in [0, n), on up to threads() threads; returns
   // when all calls returned.
   void ParallelFor(size_t n, const std::function<void(size_t)>& fn);
@@ -36,6 +46,7 @@ class ThreadPool {
   void RunChunks(const std::function<void(size_t)>& fn, size_t n);
 
   std::vector<std::thread> workers_;
+  std::vector<int> tids_;    // the workers' kernel thread ids, set before the constructor returns
   std::mutex mu_;
   std::condition_variable start_cv_;
   std::condition_variable done_cv_;

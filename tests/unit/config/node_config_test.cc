@@ -58,6 +58,7 @@ NodeConfig NonDefaultConfig() {
   c.max_job_bytes = 5ull << 30;
   c.max_job_ops_in_flight = 1000000000;
   c.engine_bulk_nice = 19;
+  c.engine_idle_lower_classes = false;
   c.priority_classes = {PriorityClass{"interactive", 0, {"infer-*", "a\"b: [c]"}, {}},
                         PriorityClass{"batch", 7, {}, {2000, 0}}};
   c.ring_entries = 65536;
@@ -85,6 +86,7 @@ engine:
   threads: 12
   inline_max_bytes: 4KiB
   bulk_nice: 19
+  idle_lower_classes: false
 limits:
   max_session_bytes: 3GiB
   max_node_bytes: 1TB
@@ -195,7 +197,7 @@ TEST(NodeConfigTest, DefaultYamlListsEveryKeyWithAComment) {
         "kind: \"cpu\"", "threads: 0", "inline_max_bytes: 64KiB", "limits:",
         "max_session_bytes: 64GiB", "max_node_bytes: 0", "max_sessions: 256",
         "max_buffers_per_session: 4096", "max_groups_per_job: 1024", "max_job_bytes: 0", "max_job_ops_in_flight: 0",
-        "bulk_nice: 0", "jobs:", "priority_classes: []", "data_plane:",
+        "bulk_nice: 0", "idle_lower_classes: true", "jobs:", "priority_classes: []", "data_plane:",
         "ring_entries: 1024", "spin_us: 50", "timeouts:", "collective_ms: 60000",
         "data_connect_ms: 10000", "shutdown_grace_ms: 5000", "log:", "level: \"info\""}) {
     EXPECT_THAT(yaml, HasSubstr(key));
@@ -334,6 +336,12 @@ const InvalidCase kInvalidCases[] = {
     {"StringForInteger", "engine:\n  threads: eight\n", "engine.threads", "\"eight\"", 2},
     {"QuotedInteger", "limits:\n  max_sessions: \"8\"\n", "limits.max_sessions", "\"8\"", 2},
     {"BoolForInteger", "data_plane:\n  spin_us: true\n", "data_plane.spin_us", "\"true\"", 2},
+    {"IntegerForBool", "engine:\n  idle_lower_classes: 1\n", "engine.idle_lower_classes",
+     "expected true or false, got \"1\"", 2},
+    {"YesForBool", "engine:\n  idle_lower_classes: yes\n", "engine.idle_lower_classes",
+     "\"yes\"", 2},
+    {"QuotedBool", "engine:\n  idle_lower_classes: \"true\"\n", "engine.idle_lower_classes",
+     "\"true\"", 2},
     {"FloatForInteger", "timeouts:\n  collective_ms: 1.5\n", "timeouts.collective_ms",
      "\"1.5\"", 2},
     {"MapForScalar", "data_plane:\n  spin_us:\n    a: 1\n", "data_plane.spin_us", "a map", 3},

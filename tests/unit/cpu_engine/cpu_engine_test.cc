@@ -4,12 +4,19 @@
 // engine's queue order (all-gather / reduce-scatter before all-reduce).
 #include "daemon/engine/cpu/cpu_engine.h"
 
+#include <sched.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <future>
+#include <sstream>
+#include <thread>
 #include <string>
 #include <mutex>
 #include <vector>
@@ -619,6 +626,106 @@ TEST(CpuEngineQosTest, AnAbortEndsARunningTaskAtItsNextSlice) {
   EXPECT_EQ(a_mem[2 * count + slice - 1], float((slice - 1) % 7) + 1.0f);
   EXPECT_EQ(a_mem[2 * count + slice], 0.0f) << "the second slice did not";
   EXPECT_EQ(a_mem[3 * count - 1], 0.0f);
+}
+
+// Scheduling policy of thread `tid` of this process (field 41 of its stat).
+int PolicyOf(const std::string& tid) {
+  std::ifstream f("/proc/self/task/" + tid + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');  // the name may hold spaces
+  if (paren == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(paren + 2));
+  std::string field;
+  for (int i = 3; i <= 41 && rest >> field; ++i) {
+    if (i == 41) return std::stoi(field);
+  }
+  return -1;
+}
+
+// Ids of this process's threads named `name`.
+std::vector<std::string> ThreadsNamed(const std::string& name) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream f(e.path() / "comm");
+    std::string comm;
+    std::getline(f, comm);
+    if (comm == name) out.push_back(e.path().filename().string());
+  }
+  return out;
+}
+
+TEST(CpuEngineQosTest, ALowerClassComputesInIdleTimeWhileAHigherOneIsActive) {
+  CpuEngine engine(2, /*inline_max_bytes=*/4096, /*slice_bytes=*/64 << 10, /*bulk_nice=*/0,
+                   /*idle_lower_classes=*/true);
+  if (!engine.idle_lower_classes()) GTEST_SKIP() << "this process cannot leave SCHED_IDLE";
+  const uint64_t count = 16 * (64 << 10) / 4;  // 16 slices
+  std::vector<float> low, high;
+  auto run = [&](EngineTask t) {
+    std::promise<int> done;
+    Submit(&engine, std::move(t), [&](absl::Status s, uint64_t) {
+      EXPECT_TRUE(s.ok()) << s;
+      done.set_value(sched_getscheduler(0));  // on the executor, after the last slice
+    });
+    return done.get_future().get();
+  };
+  // Alone: no slice yields.
+  EXPECT_EQ(run(BigAllReduce(&low, count, "batch", /*qos_class=*/6)), SCHED_OTHER);
+  EXPECT_EQ(engine.idle_slices(), 0u);
+  // A higher class's small (inline) op ran just now: the lower class's
+  // slices compute in SCHED_IDLE, and the executor is back in SCHED_OTHER
+  // before it reports (the completion takes locks others share).
+  run(BigAllReduce(&high, 16, "urgent", /*qos_class=*/1));
+  const uint64_t before = engine.slices_run();
+  EXPECT_EQ(run(BigAllReduce(&low, count, "batch", 6)), SCHED_OTHER);
+  ExpectAllReduced(low, count);
+  EXPECT_GE(engine.idle_slices(), 1u);
+  EXPECT_LE(engine.idle_slices(), engine.slices_run() - before);
+  // The same class, or a lower one, never makes a task yield.
+  const uint64_t idle = engine.idle_slices();
+  run(BigAllReduce(&high, 16, "other-batch", 6));
+  run(BigAllReduce(&high, 16, "bulk", 7));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // class 1's window is over
+  run(BigAllReduce(&low, count, "batch", 6));
+  EXPECT_EQ(engine.idle_slices(), idle);
+  engine.Shutdown();
+}
+
+TEST(CpuEngineQosTest, ALowerClassWaitsInSchedIdleWhileAHigherOneKeepsLaunchingButIsNotStarved) {
+  CpuEngine engine(2, 4096, /*slice_bytes=*/64 << 10, 0, /*idle_lower_classes=*/true);
+  if (!engine.idle_lower_classes()) GTEST_SKIP() << "this process cannot leave SCHED_IDLE";
+  const std::vector<std::string> engine_tids = ThreadsNamed("hsdp-engine");
+  const std::vector<std::string> pool_tids = ThreadsNamed("hsdp-pool");
+  ASSERT_EQ(engine_tids.size(), 1u);
+  ASSERT_EQ(pool_tids.size(), 1u);
+  EXPECT_EQ(PolicyOf(engine_tids[0]), SCHED_OTHER);
+  // A low-class task of 16 slices while class 1 launches small ops without
+  // a pause: its slices wait for a quiet gap that never comes, each at most
+  // kMaxYieldNs, so it still ends (16 x 5 ms); both engine threads are seen
+  // in SCHED_IDLE meanwhile.
+  const uint64_t count = 16 * (64 << 10) / 4;
+  std::vector<float> low, high;
+  std::atomic<bool> done{false};
+  Submit(&engine, BigAllReduce(&high, 16, "urgent", 1), [](absl::Status, uint64_t) {});
+  Submit(&engine, BigAllReduce(&low, count, "batch", 6), [&](absl::Status s, uint64_t) {
+    EXPECT_TRUE(s.ok()) << s;
+    done = true;
+  });
+  bool engine_idle = false, pool_idle = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    Submit(&engine, BigAllReduce(&high, 16, "urgent", 1), [](absl::Status, uint64_t) {});
+    engine_idle = engine_idle || PolicyOf(engine_tids[0]) == SCHED_IDLE;
+    pool_idle = pool_idle || PolicyOf(pool_tids[0]) == SCHED_IDLE;
+  }
+  ASSERT_TRUE(done) << "the lower class was starved";
+  // Back to normal before the completion was reported.
+  EXPECT_EQ(PolicyOf(engine_tids[0]), SCHED_OTHER);
+  EXPECT_EQ(PolicyOf(pool_tids[0]), SCHED_OTHER);
+  EXPECT_GE(engine.yield_waits(), 1u);
+  engine.Shutdown();
+  ExpectAllReduced(low, count);
+  EXPECT_TRUE(engine_idle);
+  EXPECT_TRUE(pool_idle);
 }
 
 }  // namespace
