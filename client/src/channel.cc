@@ -226,6 +226,14 @@ absl::Status SessionChannel::WaitOnStream(WorkState* w, const Work::StreamWaitFn
   return s;
 }
 
+absl::Status SessionChannel::Health() {
+  {
+    absl::MutexLock l(&mu_);
+    if (!closed_.ok()) return closed_;
+  }
+  return CheckAlive();
+}
+
 void SessionChannel::Close(const absl::Status& why) {
   absl::MutexLock l(&mu_);
   if (closed_.ok()) closed_ = why;

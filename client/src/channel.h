@@ -64,6 +64,10 @@ class SessionChannel : public std::enable_shared_from_this<SessionChannel> {
   absl::Status WaitOnStream(WorkState* w, const Work::StreamWaitFn& stream_wait,
                             absl::Duration timeout);
 
+  // OK while the session lives; otherwise why not (UNAVAILABLE when the
+  // daemon ended it or went away).
+  absl::Status Health();
+
   // Marks the channel dead: pending and future ops fail with `why`.
   void Close(const absl::Status& why);
   int data_fd() const { return data_conn_.get(); }

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <algorithm>
 #include <map>
+#include <tuple>
 #include <random>
 
 #include "absl/strings/str_join.h"
@@ -52,9 +54,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   impl->stub = v1::Node::NewStub(impl->grpc_channel);
   impl->device_stub = v1::DeviceMemory::NewStub(impl->grpc_channel);
+  RETURN_IF_ERROR(impl->AttachAndMap());
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
 
+absl::Status Client::Impl::AttachAndMap() {
+  const bool first = session_id.load() == 0 && ReconnectCount() == 0;
   v1::AttachRequest req;
-  req.set_job_id(impl->options.job_id);
+  req.set_job_id(options.job_id);
   if (options.owner_uid.has_value()) req.set_owner_uid(*options.owner_uid);
   req.set_priority_class(options.priority_class);
   req.set_rank(options.rank);
@@ -71,19 +78,24 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
-    RETURN_IF_ERROR(FromGrpc(impl->stub->Attach(&ctx, req, &resp), "Attach"));
+    RETURN_IF_ERROR(FromGrpc(stub->Attach(&ctx, req, &resp), "Attach"));
   }
-  impl->session_id = resp.session_id();
-  impl->features = resp.features();
-  if ((impl->features & ~(shm::kFeaturesImplemented | shm::kFeatureDeviceMemory)) != 0 ||
-      (impl->features & shm::kFeaturesRequired) != shm::kFeaturesRequired) {
+  if ((resp.features() & ~(shm::kFeaturesImplemented | shm::kFeatureDeviceMemory)) != 0 ||
+      (resp.features() & shm::kFeaturesRequired) != shm::kFeaturesRequired) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "hsdpd ", resp.daemon_version(), " negotiated features 0x", absl::Hex(impl->features),
+        "hsdpd ", resp.daemon_version(), " negotiated features 0x", absl::Hex(resp.features()),
         " that this client (", kHsdpVersion, ") cannot use"));
+  }
+  if (!first && resp.features() != features) {
+    // The caller's groups and buffers were set up for the first set.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the restarted hsdpd ", resp.daemon_version(), " negotiated features 0x",
+        absl::Hex(resp.features()), " where the first session had 0x", absl::Hex(features),
+        "; connect anew"));
   }
 
   // Claim the session's shared-memory channel over a data connection.
-  ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(path));
+  ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(socket_path));
   shm::DataHello hello{};
   std::memcpy(hello.magic, shm::kDataHelloMagic, sizeof(hello.magic));
   hello.version = shm::kLayoutVersion;
@@ -105,16 +117,156 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (fds.size() != 2) {
     return absl::InternalError(absl::StrCat("hsdpd sent ", fds.size(), " fds, expected 2"));
   }
-  ASSIGN_OR_RETURN(impl->channel,
-                   internal::SessionChannel::Map(std::move(fds[0]), reply.channel_bytes,
-                                                 std::move(fds[1]), std::move(conn),
-                                                 resp.session_id(), impl->features));
-  return std::unique_ptr<Client>(new Client(std::move(impl)));
+  ASSIGN_OR_RETURN(auto mapped, internal::SessionChannel::Map(
+                                    std::move(fds[0]), reply.channel_bytes, std::move(fds[1]),
+                                    std::move(conn), resp.session_id(), resp.features()));
+  absl::MutexLock l(&mu);
+  features = resp.features();
+  session_id = resp.session_id();
+  channel = std::move(mapped);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Client::Impl::RegisterFd(int fd, size_t bytes, const std::string& name) {
+  uint64_t tag;
+  {
+    absl::MutexLock l(&mu);
+    tag = next_fd_tag++;
+  }
+  shm::FdMessage msg{shm::kFdMessageMagic, 0, tag};
+  RETURN_IF_ERROR(SendWithFds(Channel()->data_fd(), &msg, sizeof(msg), {fd}));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::RegisterBufferRequest req;
+  req.set_session_id(session_id);
+  req.set_fd_tag(tag);
+  req.set_size_bytes(bytes);
+  req.set_name(name);
+  v1::RegisterBufferResponse resp;
+  RETURN_IF_ERROR(FromGrpc(stub->RegisterBuffer(&ctx, req, &resp), "RegisterBuffer"));
+  return resp.buffer_id();
+}
+
+bool Client::Impl::DaemonGone() {
+  auto ch = Channel();
+  return ch != nullptr && absl::IsUnavailable(ch->Health());
+}
+
+absl::Status Client::Impl::EnsureConnected() {
+  if (!options.reconnect) return absl::OkStatus();
+  const uint64_t seen = ReconnectCount();
+  if (!DaemonGone()) return absl::OkStatus();
+  return Reconnect(seen);
+}
+
+absl::Status Client::Impl::Reconnect(uint64_t seen) {
+  absl::MutexLock serial(&reconnect_mu);
+  if (ReconnectCount() != seen) return absl::OkStatus();  // another thread did it
+  {
+    absl::MutexLock l(&mu);
+    if (detached) return absl::FailedPreconditionError("the client detached");
+    if (!device_buffers.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "hsdpd went away, and this client has ", device_buffers.size(),
+          " registered device buffers, which are not re-registered by themselves: connect anew"));
+    }
+  }
+  // Wait for a daemon on the same socket (a drained one refuses attaching
+  // with UNAVAILABLE until its successor runs).
+  const absl::Time deadline = absl::Now() + options.reconnect_timeout;
+  absl::Status attached;
+  for (;;) {
+    attached = AttachAndMap();
+    if (attached.ok() || !absl::IsUnavailable(attached) || absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  if (!attached.ok()) {
+    return absl::Status(attached.code(),
+                        absl::StrCat("hsdpd went away and did not take this client back within ",
+                                     absl::FormatDuration(options.reconnect_timeout), ": ",
+                                     attached.message()));
+  }
+  // Buffers, in the order they were registered; then groups in creation
+  // order, so each gets the global key it had.
+  std::vector<std::tuple<uint64_t, int, size_t, std::string>> bufs;
+  std::vector<std::pair<uint32_t, std::vector<int>>> grps;
+  {
+    absl::MutexLock l(&mu);
+    for (const auto& [id, b] : buffers) bufs.emplace_back(b.daemon_id, b.fd.get(), b.size, b.name);
+    for (const auto& [id, g] : groups) grps.emplace_back(g.daemon_id, g.ranks);
+  }
+  std::sort(bufs.begin(), bufs.end());
+  std::sort(grps.begin(), grps.end());
+  std::map<uint64_t, uint64_t> new_buffer_ids;
+  for (const auto& [old_id, fd, size, name] : bufs) {
+    absl::StatusOr<uint64_t> id = RegisterFd(fd, size, name);
+    if (!id.ok()) {
+      return absl::Status(id.status().code(),
+                          absl::StrCat("re-registering a buffer after a reconnect: ",
+                                       id.status().message()));
+    }
+    new_buffer_ids[old_id] = *id;
+  }
+  std::map<uint32_t, std::pair<uint32_t, uint32_t>> new_groups;  // old daemon id -> (id, epoch)
+  for (const auto& [old_id, ranks] : grps) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::NewGroupRequest req;
+    req.set_session_id(session_id);
+    for (int r : ranks) req.add_ranks(r);
+    v1::NewGroupResponse resp;
+    absl::Status s = FromGrpc(stub->NewGroup(&ctx, req, &resp), "NewGroup");
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("re-creating a group after a reconnect: ",
+                                                 s.message()));
+    }
+    new_groups[old_id] = {resp.group_id(), resp.epoch()};
+  }
+  absl::MutexLock l(&mu);
+  for (auto& [id, b] : buffers) b.daemon_id = new_buffer_ids.at(b.daemon_id);
+  for (auto& [id, g] : groups) {
+    const auto [gid, epoch] = new_groups.at(g.daemon_id);
+    g.daemon_id = gid;
+    g.daemon_epoch = epoch;  // the caller's Group keeps its epoch: mapped at submission
+  }
+  ++reconnects;
+  return absl::OkStatus();
+}
+
+absl::Status Client::Impl::TranslateGroup(const Group& g, uint32_t* id, uint32_t* epoch) {
+  absl::MutexLock l(&mu);
+  auto it = groups.find(g.id);
+  if (it == groups.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group: id ", g.id, " was not created by this client's NewGroup"));
+  }
+  *id = it->second.daemon_id;
+  // The caller's current epoch maps to the daemon's; an older one stays
+  // older, so the daemon refuses it as over.
+  *epoch = g.epoch == it->second.client_epoch
+               ? it->second.daemon_epoch
+               : it->second.daemon_epoch - std::min(it->second.daemon_epoch,
+                                                    it->second.client_epoch - g.epoch);
+  return absl::OkStatus();
+}
+
+uint64_t Client::Impl::TranslateBuffer(uint64_t id) {
+  if (shm::IsDeviceBufferId(id)) return id;
+  absl::MutexLock l(&mu);
+  auto it = buffers.find(id);
+  return it == buffers.end() ? id : it->second.daemon_id;  // unknown ones fail in CheckRange
+}
+
+uint64_t Client::reconnects() const { return impl_->ReconnectCount(); }
+absl::Status Client::Reconnect() {
+  const uint64_t seen = impl_->ReconnectCount();
+  return impl_->Reconnect(seen);
 }
 
 absl::StatusOr<Buffer> Client::AllocateBuffer(size_t bytes, const std::string& name) {
   if (bytes == 0) return absl::InvalidArgumentError("AllocateBuffer: size must be > 0");
   Impl& im = *impl_;
+  RETURN_IF_ERROR(im.EnsureConnected());
   // Ask the daemon first, so an impossible request fails before we reserve memory.
   {
     grpc::ClientContext ctx;
@@ -138,34 +290,18 @@ absl::StatusOr<Buffer> Client::AllocateBuffer(size_t bytes, const std::string& n
   SYSCALL_OR_RETURN(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
   void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (data == MAP_FAILED) return ErrnoStatus(errno, "mmap(buffer)", __FILE__, __LINE__);
-
-  uint64_t tag;
-  {
-    absl::MutexLock l(&im.mu);
-    tag = im.next_fd_tag++;
-  }
-  shm::FdMessage msg{shm::kFdMessageMagic, 0, tag};
-  absl::Status sent = SendWithFds(im.channel->data_fd(), &msg, sizeof(msg), {fd.get()});
-  if (!sent.ok()) {
+  absl::StatusOr<uint64_t> daemon_id = im.RegisterFd(fd.get(), bytes, name);
+  if (!daemon_id.ok()) {
     ::munmap(data, bytes);
-    return sent;
-  }
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  v1::RegisterBufferRequest req;
-  req.set_session_id(im.session_id);
-  req.set_fd_tag(tag);
-  req.set_size_bytes(bytes);
-  req.set_name(name);
-  v1::RegisterBufferResponse resp;
-  absl::Status reg = FromGrpc(im.stub->RegisterBuffer(&ctx, req, &resp), "RegisterBuffer");
-  if (!reg.ok()) {
-    ::munmap(data, bytes);
-    return reg;
+    return daemon_id.status();
   }
   absl::MutexLock l(&im.mu);
-  im.buffers[resp.buffer_id()] = LocalBuffer{std::move(fd), data, bytes};
-  return Buffer{resp.buffer_id(), data, bytes};
+  // The caller's id is the daemon's, unless a reconnect gave that number
+  // to another buffer of this client already.
+  uint64_t id = *daemon_id;
+  if (im.buffers.count(id) > 0) id = im.buffers.rbegin()->first + 1;
+  im.buffers[id] = LocalBuffer{std::move(fd), data, bytes, *daemon_id, name};
+  return Buffer{id, data, bytes};
 }
 
 absl::Status Client::FreeBuffer(uint64_t buffer_id) {
@@ -184,7 +320,7 @@ absl::Status Client::FreeBuffer(uint64_t buffer_id) {
   SetDeadline(&ctx);
   v1::FreeBufferRequest req;
   req.set_session_id(im.session_id);
-  req.set_buffer_id(buffer_id);
+  req.set_buffer_id(local.daemon_id);
   v1::FreeBufferResponse resp;
   absl::Status s = FromGrpc(im.stub->FreeBuffer(&ctx, req, &resp), "FreeBuffer");
   ::munmap(local.data, local.size);
@@ -201,26 +337,44 @@ absl::StatusOr<Buffer> Client::GetBuffer(uint64_t buffer_id) const {
 }
 
 absl::StatusOr<Group> Client::NewGroup(const std::vector<int>& ranks) {
+  Impl& im = *impl_;
+  RETURN_IF_ERROR(im.EnsureConnected());
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   v1::NewGroupRequest req;
-  req.set_session_id(impl_->session_id);
+  req.set_session_id(im.session_id);
   for (int r : ranks) req.add_ranks(r);
   v1::NewGroupResponse resp;
-  RETURN_IF_ERROR(FromGrpc(impl_->stub->NewGroup(&ctx, req, &resp), "NewGroup"));
-  return Group{resp.group_id(), resp.group_rank(), resp.group_size(), ranks, resp.epoch()};
+  RETURN_IF_ERROR(FromGrpc(im.stub->NewGroup(&ctx, req, &resp), "NewGroup"));
+  absl::MutexLock l(&im.mu);
+  // The caller's id is the daemon's, unless a reconnect gave that number to
+  // another group of this client already.
+  uint32_t id = resp.group_id();
+  if (im.groups.count(id) > 0) id = im.groups.rbegin()->first + 1;
+  im.groups[id] = internal::GroupRecord{ranks, resp.group_id(), resp.epoch(), resp.epoch()};
+  return Group{id, resp.group_rank(), resp.group_size(), ranks, resp.epoch()};
 }
 
 absl::StatusOr<Group> Client::RejoinGroup(const Group& group) {
+  Impl& im = *impl_;
+  RETURN_IF_ERROR(im.EnsureConnected());
+  uint32_t daemon_id, daemon_epoch;
+  RETURN_IF_ERROR(im.TranslateGroup(group, &daemon_id, &daemon_epoch));
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   v1::NewGroupRequest req;
-  req.set_session_id(impl_->session_id);
-  req.set_rejoin_group_id(group.id);
+  req.set_session_id(im.session_id);
+  req.set_rejoin_group_id(daemon_id);
   for (int r : group.ranks) req.add_ranks(r);
   v1::NewGroupResponse resp;
-  RETURN_IF_ERROR(FromGrpc(impl_->stub->NewGroup(&ctx, req, &resp), "NewGroup(rejoin)"));
-  return Group{resp.group_id(), resp.group_rank(), resp.group_size(), group.ranks, resp.epoch()};
+  RETURN_IF_ERROR(FromGrpc(im.stub->NewGroup(&ctx, req, &resp), "NewGroup(rejoin)"));
+  absl::MutexLock l(&im.mu);
+  internal::GroupRecord& g = im.groups.at(group.id);
+  // The caller's epochs keep counting from its own; the daemon's from its.
+  const uint32_t client_epoch = g.client_epoch + (resp.epoch() - g.daemon_epoch);
+  g.daemon_epoch = resp.epoch();
+  g.client_epoch = client_epoch;
+  return Group{group.id, resp.group_rank(), resp.group_size(), group.ranks, client_epoch};
 }
 
 absl::StatusOr<Work> Client::AllReduce(const Group& g, BufferRef send, BufferRef recv,

@@ -71,7 +71,7 @@ absl::StatusOr<uint64_t> Client::RegisterDeviceBuffer(const DeviceBufferSpec& sp
       }
       // Passed as a device handle: only RegisterDeviceBuffer can claim it.
       shm::FdMessage msg{shm::kFdMessageMagic, shm::kFdKindDeviceHandle, tag};
-      RETURN_IF_ERROR(SendWithFds(im.channel->data_fd(), &msg, sizeof(msg), {spec.fd}));
+      RETURN_IF_ERROR(SendWithFds(im.Channel()->data_fd(), &msg, sizeof(msg), {spec.fd}));
       req.set_handle_kind(v1::DEVICE_HANDLE_VMM_FD);
       req.set_fd_tag(tag);
       req.set_allocation_bytes(spec.allocation_bytes);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -52,6 +53,16 @@ struct LocalBuffer {
   UniqueFd fd;
   void* data = nullptr;
   size_t size = 0;
+  uint64_t daemon_id = 0;  // the id the daemon knows it by (changes on a reconnect)
+  std::string name;
+};
+
+// A group this client created, kept to re-create it after a reconnect.
+struct GroupRecord {
+  std::vector<int> ranks;
+  uint32_t daemon_id = 0;     // the daemon's id (changes on a reconnect)
+  uint32_t daemon_epoch = 0;  // the daemon's epoch of it, for submissions
+  uint32_t client_epoch = 0;  // the epoch the caller's Group holds
 };
 
 }  // namespace internal
@@ -63,12 +74,24 @@ class Client::Impl {
   std::shared_ptr<grpc::Channel> grpc_channel;
   std::unique_ptr<v1::Node::Stub> stub;
   std::unique_ptr<v1::DeviceMemory::Stub> device_stub;
-  uint64_t session_id = 0;
-  uint64_t features = 0;  // negotiated at Attach
-  std::shared_ptr<internal::SessionChannel> channel;
+  std::atomic<uint64_t> session_id{0};
+  uint64_t features = 0;  // negotiated at the first Attach; a reconnect must get the same
+
+  // The live session's channel (replaced by a reconnect).
+  std::shared_ptr<internal::SessionChannel> Channel() {
+    absl::MutexLock l(&mu);
+    return channel;
+  }
 
   absl::Mutex mu;
+  std::shared_ptr<internal::SessionChannel> channel ABSL_GUARDED_BY(mu);
+  // By the id the caller knows (the daemon's id when it was registered).
   std::map<uint64_t, internal::LocalBuffer> buffers ABSL_GUARDED_BY(mu);
+  // By the id the caller knows (the daemon's id when it was created).
+  std::map<uint32_t, internal::GroupRecord> groups ABSL_GUARDED_BY(mu);
+  uint64_t reconnects ABSL_GUARDED_BY(mu) = 0;
+  // Serialises reconnects (held across RPCs; never while holding mu).
+  absl::Mutex reconnect_mu;
   // Registered device buffers: id -> size in bytes (ranges are checked here
   // before a submission, as for host buffers).
   std::map<uint64_t, uint64_t> device_buffers ABSL_GUARDED_BY(mu);
@@ -96,9 +119,37 @@ class Client::Impl {
       v1::DetachResponse resp;
       rpc = internal::FromGrpc(stub->Detach(&ctx, req, &resp), "Detach");
     }
-    if (channel != nullptr) channel->Close(absl::CancelledError("the client detached"));
+    if (auto ch = Channel(); ch != nullptr) ch->Close(absl::CancelledError("the client detached"));
     return rpc;
   }
+
+  // Attach (with options), the data connection and the channel's mapping:
+  // sets session_id and channel (and features, the first time).
+  absl::Status AttachAndMap();
+  // Sends `fd` over the data connection and registers it: the daemon's id.
+  absl::StatusOr<uint64_t> RegisterFd(int fd, size_t bytes, const std::string& name);
+  // After the daemon went away: waits (options.reconnect_timeout) for one to
+  // answer on the same socket, attaches again, registers every host buffer
+  // again and re-creates every group in creation order (so each gets the
+  // same global key), each in the daemon's first epoch. `seen` is the
+  // reconnect count the caller saw fail: when another thread already
+  // reconnected since, returns OK at once.
+  absl::Status Reconnect(uint64_t seen);
+  // Whether the live session's channel is closed because the daemon went
+  // away (UNAVAILABLE), so a reconnect may help.
+  bool DaemonGone();
+  uint64_t ReconnectCount() {
+    absl::MutexLock l(&mu);
+    return reconnects;
+  }
+  // Before an RPC: reconnects first when the daemon went away (and
+  // options.reconnect is set).
+  absl::Status EnsureConnected();
+  // The daemon's group id and epoch for the caller's group (INVALID_ARGUMENT
+  // for a group this client did not create).
+  absl::Status TranslateGroup(const Group& g, uint32_t* id, uint32_t* epoch);
+  // The daemon's buffer id for the caller's (device ids pass through).
+  uint64_t TranslateBuffer(uint64_t id);
 
   // Checks that [ref.offset, ref.offset + bytes) lies in a buffer of this client.
   absl::Status CheckRange(const char* field, BufferRef ref, uint64_t bytes) {
@@ -150,25 +201,38 @@ class Client::Impl {
     return shm::OpExtents{send * es, recv * es};
   }
 
+  // Submits; when the daemon went away (the op fails UNAVAILABLE at once)
+  // and options.reconnect is set, reconnects and submits it once more.
   absl::StatusOr<Work> Submit(Collective kind, const Group& g, const Group* g2, BufferRef send,
                               BufferRef recv, size_t count, DataType dtype,
                               const ReduceOptions& reduce, int root, internal::Peering peering = {},
                               const SubmitOptions& opts = {}) {
+    const uint64_t seen = ReconnectCount();
+    absl::StatusOr<Work> w =
+        SubmitOnce(kind, g, g2, send, recv, count, dtype, reduce, root, peering, opts);
+    if (w.ok() || !absl::IsUnavailable(w.status()) || !options.reconnect || !DaemonGone()) {
+      return w;
+    }
+    RETURN_IF_ERROR(Reconnect(seen));
+    return SubmitOnce(kind, g, g2, send, recv, count, dtype, reduce, root, peering, opts);
+  }
+
+  absl::StatusOr<Work> SubmitOnce(Collective kind, const Group& g, const Group* g2,
+                                  BufferRef send, BufferRef recv, size_t count, DataType dtype,
+                                  const ReduceOptions& reduce, int root,
+                                  internal::Peering peering, const SubmitOptions& opts) {
     if (g.size <= 0 || (g2 != nullptr && g2->size <= 0)) {
       return absl::InvalidArgumentError("group: not created by NewGroup");
     }
     shm::OpDescriptor d{};
     d.collective = static_cast<uint8_t>(kind);
-    d.group_id = g.id;
-    d.epoch = g.epoch;
-    if (g2 != nullptr) {
-      d.group2_id = g2->id;
-      d.epoch2 = g2->epoch;
-    }
+    RETURN_IF_ERROR(TranslateGroup(g, &d.group_id, &d.epoch));
+    if (g2 != nullptr) RETURN_IF_ERROR(TranslateGroup(*g2, &d.group2_id, &d.epoch2));
     d.root = root;
     d.peer = peering.peer;
     d.tag = peering.tag;
-    d.splits = {peering.splits.buffer_id, peering.splits.offset_bytes};
+    d.splits = {peering.splits.buffer_id == 0 ? 0 : TranslateBuffer(peering.splits.buffer_id),
+                peering.splits.offset_bytes};
     d.premul_factor = d.pre_divide = d.post_divide = 1.0;
     if (opts.latency_critical && (features & shm::kFeatureOpPriority) != 0) {
       d.flags |= shm::kFlagLatencyCritical;
@@ -180,8 +244,8 @@ class Client::Impl {
     if (kind != Collective::kBarrier) {
       d.count = count;
       d.dtype = static_cast<uint8_t>(dtype);
-      d.send = {send.buffer_id, send.offset_bytes};
-      d.recv = {recv.buffer_id, recv.offset_bytes};
+      d.send = {send.buffer_id == 0 ? 0 : TranslateBuffer(send.buffer_id), send.offset_bytes};
+      d.recv = {recv.buffer_id == 0 ? 0 : TranslateBuffer(recv.buffer_id), recv.offset_bytes};
     }
     if (shm::IsReducing(kind)) {
       d.reduce_op = static_cast<uint8_t>(reduce.op);
@@ -206,7 +270,7 @@ class Client::Impl {
       RETURN_IF_ERROR(CheckRange("send", send, ext.send_bytes));
       RETURN_IF_ERROR(CheckRange("recv", recv, ext.recv_bytes));
     }
-    return channel->Submit(d, g2 != nullptr);
+    return Channel()->Submit(d, g2 != nullptr);
   }
 };
 

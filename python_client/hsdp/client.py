@@ -97,12 +97,17 @@ class Client:
             jobs.priority_classes); None: $HSDP_PRIORITY_CLASS, else the class the job
             matches. Only a class at or below the job's own is granted.
         connect_timeout: seconds to wait for the daemon (Unavailable after).
+        reconnect: when the daemon goes away (drained or killed, then restarted), the
+            operations in flight raise Unavailable and the next call connects again by
+            itself: buffers registered again, groups re-created in creation order, the
+            same Buffer and Group objects keep working. reconnect_timeout: seconds that
+            call waits for a daemon on the same socket.
         staging_min_bytes: the smallest staging buffer the pool allocates.
     """
 
     def __init__(self, socket_path=None, job_id=None, rank=0, world_size=1, local_rank=0,
                  device="cpu", connect_timeout=10.0, staging_min_bytes=1 << 20, owner_uid=None,
-                 priority_class=None):
+                 priority_class=None, reconnect=True, reconnect_timeout=60.0):
         if not isinstance(rank, int) or not isinstance(world_size, int) or world_size < 1 \
                 or not 0 <= rank < world_size:
             raise ValueError(
@@ -113,7 +118,8 @@ class Client:
             rank=rank, world_size=world_size, local_rank=local_rank, device=device,
             connect_timeout=connect_timeout, owner_uid=owner_uid,
             priority_class=(os.environ.get("HSDP_PRIORITY_CLASS", "")
-                            if priority_class is None else priority_class))
+                            if priority_class is None else priority_class),
+            reconnect=reconnect, reconnect_timeout=reconnect_timeout)
         self.registry = BufferRegistry()
         self.staging = StagingPool(self._alloc_staging, staging_min_bytes)
         self._world = None
@@ -123,6 +129,7 @@ class Client:
     rank = property(lambda self: self._c.rank)
     world_size = property(lambda self: self._c.world_size)
     job_id = property(lambda self: self._c.job_id)
+    reconnects = property(lambda self: self._c.reconnects)
     session_id = property(lambda self: self._c.session_id)
     socket_path = property(lambda self: self._c.socket_path)
     raw = property(lambda self: self._c, doc="The underlying hsdp._hsdp.Client.")

@@ -150,8 +150,11 @@ class PyClient {
  public:
   PyClient(const std::string& socket_path, const std::string& job_id, int rank, int world_size,
            int local_rank, const std::string& device, double connect_timeout,
-           std::optional<uint32_t> owner_uid, const std::string& priority_class) {
+           std::optional<uint32_t> owner_uid, const std::string& priority_class, bool reconnect,
+           double reconnect_timeout) {
     ClientOptions o;
+    o.reconnect = reconnect;
+    o.reconnect_timeout = SecondsOrInfinite(reconnect_timeout);
     o.priority_class = priority_class;
     o.socket_path = socket_path;
     o.job_id = job_id;
@@ -281,11 +284,12 @@ A session with the node's hsdpd. Connects on construction (GIL released);
 raises Unavailable when no daemon answers. socket_path "" means $HSDPD_SOCKET,
 else the default socket path.)doc")
       .def(py::init<const std::string&, const std::string&, int, int, int, const std::string&,
-                    double, std::optional<uint32_t>, const std::string&>(),
+                    double, std::optional<uint32_t>, const std::string&, bool, double>(),
            py::kw_only(), py::arg("socket_path") = "", py::arg("job_id") = "",
            py::arg("rank") = 0, py::arg("world_size") = 1, py::arg("local_rank") = 0,
            py::arg("device") = "cpu", py::arg("connect_timeout") = 10.0,
-           py::arg("owner_uid") = py::none(), py::arg("priority_class") = "")
+           py::arg("owner_uid") = py::none(), py::arg("priority_class") = "",
+           py::arg("reconnect") = true, py::arg("reconnect_timeout") = 60.0)
       .def("alloc", &PyClient::Alloc, py::arg("nbytes"), py::arg("name") = "",
            "Allocates and registers `nbytes` of zero-filled shared memory.")
       .def("free", &PyClient::Free, py::arg("buffer"))
@@ -516,6 +520,9 @@ else the default socket path.)doc")
            "Ends the session now; outstanding Work fails with Cancelled. Buffers stay mapped "
            "until their Python objects are gone.")
       .def_property_readonly("session_id", [](PyClient& c) { return c.client().session_id(); })
+      .def_property_readonly("reconnects", [](PyClient& c) { return c.client().reconnects(); },
+                             "How many times the client connected again after its daemon went "
+                             "away (ClientOptions::reconnect).")
       .def_property_readonly("socket_path", [](PyClient& c) { return c.client().socket_path(); })
       .def_property_readonly("rank", [](PyClient& c) { return c.client().options().rank; })
       .def_property_readonly("world_size",

@@ -53,6 +53,17 @@ struct ClientOptions {
   bool offer_device_memory = true;
   // How long Connect waits for the daemon to answer.
   absl::Duration connect_timeout = absl::Seconds(10);
+  // When the daemon goes away (restarted after `hsdpctl drain`, or killed
+  // and restarted by its service manager), the client connects again by
+  // itself: the operations in flight fail with UNAVAILABLE (retry them), the
+  // next call waits up to `reconnect_timeout` for a daemon on the same
+  // socket, attaches again, registers every host buffer again (same memory,
+  // same Buffer ids for the caller) and re-creates every group in creation
+  // order (same Group values work on). Every member of a group must
+  // reconnect for its collectives to match again. Not with device buffers
+  // (FAILED_PRECONDITION: connect anew).
+  bool reconnect = true;
+  absl::Duration reconnect_timeout = absl::Seconds(60);
 };
 
 // The job id a client uses when ClientOptions::job_id is empty: one that
@@ -247,6 +258,10 @@ class Client {
 
   // Ends the session now (the daemon frees its buffers and groups).
   absl::Status Detach();
+  // Connects again now (see ClientOptions::reconnect); the calls that need
+  // it do so by themselves. reconnects(): how many times it did.
+  absl::Status Reconnect();
+  uint64_t reconnects() const;
 
   uint64_t session_id() const;
   const ClientOptions& options() const;

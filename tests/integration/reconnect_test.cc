@@ -1,0 +1,234 @@
+// The client reconnects by itself when its daemon comes back on the same
+// socket (issue 23): after SIGKILL and a restart, and after `hsdpctl drain`
+// and a restart, a two-rank training loop keeps running with the Buffer and
+// Group values it had; only the operations in flight fail (UNAVAILABLE), the
+// loop retries its step after the ranks agree which one that is, and the
+// result equals an uninterrupted run's. Without ClientOptions::reconnect the
+// client stays failed; a daemon that does not come back within the timeout
+// is reported as such.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "hsdp/client.h"
+#include "test_util.h"
+
+namespace hsdp {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::DaemonProcess;
+using testing::TempDir;
+
+constexpr int kSteps = 600;
+
+ClientOptions Options(const std::string& socket, const std::string& job, int rank) {
+  ClientOptions o;
+  o.socket_path = socket;
+  o.job_id = job;
+  o.rank = rank;
+  o.world_size = 2;
+  o.reconnect_timeout = absl::Seconds(20);
+  return o;
+}
+
+// One rank's loop: step s all-reduces 4 floats of value rank + 1 + s and
+// adds the result to its history. An op that fails UNAVAILABLE (the daemon
+// went away under it) is not counted: the ranks then all-reduce (min) how
+// many steps each completed, roll back to that and go on, since one rank may
+// have seen a step complete that the other did not.
+struct RankResult {
+  absl::Status status;
+  double total = 0;
+  int failed_ops = 0;
+  uint64_t reconnects = 0;
+  uint64_t first_buffer_id = 0, last_buffer_id = 0;
+};
+
+RankResult RunRank(const std::string& socket, const std::string& job, int rank,
+                   std::atomic<int>* progress) {
+  RankResult out;
+  auto c = Client::Connect(Options(socket, job, rank));
+  if (!c.ok()) {
+    out.status = c.status();
+    return out;
+  }
+  Client& client = **c;
+  auto x = client.AllocateBuffer(4 * sizeof(float), "x");
+  auto agree = client.AllocateBuffer(sizeof(float), "agree");
+  auto g = client.NewGroup({0, 1});
+  if (!x.ok() || !agree.ok() || !g.ok()) {
+    out.status = !x.ok() ? x.status() : !agree.ok() ? agree.status() : g.status();
+    return out;
+  }
+  out.first_buffer_id = x->id;
+  std::vector<double> history = {0.0};
+  auto* v = static_cast<float*>(x->data);
+  auto* a = static_cast<float*>(agree->data);
+  int step = 0;
+  while (step < kSteps) {
+    for (int i = 0; i < 4; ++i) v[i] = float(rank + 1 + step);
+    absl::StatusOr<Work> op = client.AllReduce(*g, {x->id, 0}, {x->id, 0}, 4, DataType::kFloat32);
+    absl::Status s = op.ok() ? op->Wait(absl::Seconds(30)) : op.status();
+    if (s.ok()) {
+      history.push_back(history.back() + v[0]);
+      ++step;
+      progress->fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+      continue;
+    }
+    if (!absl::IsUnavailable(s)) {
+      out.status = s;
+      return out;
+    }
+    ++out.failed_ops;
+    // While a drain runs, new operations are refused (UNAVAILABLE) until the
+    // daemon ends the sessions and its successor starts: retry, bounded.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      a[0] = float(step);
+      absl::StatusOr<Work> w = client.AllReduce(*g, {agree->id, 0}, {agree->id, 0}, 1,
+                                                DataType::kFloat32, ReduceOptions{ReduceOp::kMin});
+      s = w.ok() ? w->Wait(absl::Seconds(30)) : w.status();
+      if (s.ok()) break;
+      if (!absl::IsUnavailable(s) || std::chrono::steady_clock::now() > give_up) {
+        out.status = s;
+        return out;
+      }
+      ++out.failed_ops;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    step = static_cast<int>(a[0]);
+    history.resize(step + 1);
+  }
+  out.total = history.back();
+  out.reconnects = client.reconnects();
+  out.last_buffer_id = x->id;
+  out.status = client.Detach();
+  return out;
+}
+
+double Expected() {
+  double sum = 0;
+  for (int s = 0; s < kSteps; ++s) sum += (1 + s) + (2 + s);
+  return sum;
+}
+
+// Runs both ranks; `disrupt` is called once they have done 100 steps.
+std::vector<RankResult> RunLoop(const std::string& socket, const std::string& job,
+                                const std::function<void()>& disrupt) {
+  std::atomic<int> progress{0};
+  std::vector<RankResult> results(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] { results[r] = RunRank(socket, job, r, &progress); });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (progress.load() < 200 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  disrupt();
+  for (auto& t : ranks) t.join();
+  return results;
+}
+
+void ExpectUninterruptedResult(const std::vector<RankResult>& results) {
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(r);
+    EXPECT_TRUE(results[r].status.ok()) << results[r].status;
+    EXPECT_EQ(results[r].total, Expected());
+    EXPECT_EQ(results[r].reconnects, 1u);
+    EXPECT_EQ(results[r].last_buffer_id, results[r].first_buffer_id);
+  }
+}
+
+TEST(ReconnectTest, ATrainingLoopKeepsRunningAcrossSigkillAndARestartOfTheDaemon) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start()) << d.Log();
+  const auto results = RunLoop(d.socket(), "reconnect-kill", [&] {
+    d.Kill();
+    ASSERT_TRUE(d.Start()) << d.Log();
+  });
+  ExpectUninterruptedResult(results);
+  // At most the op in flight and the first agreement on the dead daemon.
+  for (const RankResult& r : results) EXPECT_LE(r.failed_ops, 3);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST(ReconnectTest, ATrainingLoopKeepsRunningAcrossADrainAndARestart) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start()) << d.Log();
+  const auto results = RunLoop(d.socket(), "reconnect-drain", [&] {
+    const auto r = testing::RunCommand(testing::Hsdpctl(d.socket(), "drain --timeout 10"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(d.WaitForExit(10000), 0) << d.Log();
+    ASSERT_TRUE(d.Start()) << d.Log();
+  });
+  ExpectUninterruptedResult(results);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST(ReconnectTest, WithoutReconnectTheClientStaysFailed) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start()) << d.Log();
+  ClientOptions o = Options(d.socket(), "no-reconnect", 0);
+  o.world_size = 1;
+  o.reconnect = false;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto x = (*c)->AllocateBuffer(16);
+  auto g = (*c)->NewGroup({0});
+  ASSERT_TRUE(x.ok() && g.ok());
+  ASSERT_TRUE((*c)->AllReduce(*g, {x->id, 0}, {x->id, 0}, 4, DataType::kFloat32)->Wait().ok());
+  d.Kill();
+  ASSERT_TRUE(d.Start()) << d.Log();
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<Work> w = (*c)->AllReduce(*g, {x->id, 0}, {x->id, 0}, 4, DataType::kFloat32);
+    const absl::Status s = w.ok() ? w->Wait(absl::Seconds(10)) : w.status();
+    EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  }
+  EXPECT_EQ((*c)->reconnects(), 0u);
+  // Asked for explicitly, it works.
+  ASSERT_TRUE((*c)->Reconnect().ok());
+  EXPECT_EQ((*c)->reconnects(), 1u);
+  ASSERT_TRUE((*c)->AllReduce(*g, {x->id, 0}, {x->id, 0}, 4, DataType::kFloat32)->Wait().ok());
+}
+
+TEST(ReconnectTest, ADaemonThatDoesNotComeBackIsReportedAfterTheTimeout) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start()) << d.Log();
+  ClientOptions o = Options(d.socket(), "gone", 0);
+  o.world_size = 1;
+  o.reconnect_timeout = absl::Milliseconds(300);
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto g = (*c)->NewGroup({0});
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE((*c)->Barrier(*g)->Wait().ok());
+  d.Kill();
+  absl::StatusOr<Work> w = (*c)->Barrier(*g);
+  absl::Status s = w.ok() ? w->Wait(absl::Seconds(10)) : w.status();
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;  // the op in flight
+  w = (*c)->Barrier(*g);  // reconnects, and gives up after 300 ms
+  s = w.ok() ? w->Wait(absl::Seconds(10)) : w.status();
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("did not take this client back within"));
+  EXPECT_EQ((*c)->reconnects(), 0u);
+}
+
+}  // namespace
+}  // namespace hsdp

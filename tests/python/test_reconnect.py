@@ -1,0 +1,76 @@
+"""A torch process group over hsdpd survives a restart of the daemon (issue 23).
+
+Two ranks all-reduce through the "hsdpd" backend; the test kills the daemon
+and starts a new one on the same socket; the ranks' next all-reduce fails
+(it went to the dead daemon), and their retry runs on the new daemon with
+the same process group and the right result: the client library connected
+again, registered the buffers again and re-created the groups by itself.
+"""
+import os
+import threading
+import time
+
+import mp_runner
+from conftest import BUILD, Daemon
+
+
+def _wait_for(path, timeout=60):
+    end = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > end:
+            raise TimeoutError(path)
+        time.sleep(0.01)
+
+
+def reconnect_worker(rank, world, marks):
+    import torch
+    import torch.distributed as dist
+    x = torch.full((8,), float(rank + 1))
+    dist.all_reduce(x)
+    before = x.tolist()
+    open(os.path.join(marks, f"ready.{rank}"), "w").close()
+    _wait_for(os.path.join(marks, "restarted"))
+    y = torch.full((8,), float(10 * (rank + 1)))
+    first_error = None
+    try:
+        dist.all_reduce(y)  # submitted to the daemon that was killed
+    except Exception as e:  # noqa: BLE001
+        first_error = str(e)
+    y = torch.full((8,), float(10 * (rank + 1)))
+    dist.all_reduce(y)  # the retry: reconnected
+    z = torch.full((8,), float(rank))
+    dist.all_reduce(z)  # and later ones need nothing more
+    return before, first_error, y.tolist(), z.tolist()
+
+
+def test_a_torch_process_group_survives_a_daemon_restart(tmp_path):
+    binary = os.path.join(BUILD, "bin", "hsdpd")
+    os.makedirs(tmp_path / "d")
+    d = Daemon(binary, str(tmp_path / "d"))
+    marks = str(tmp_path)
+    env = [{"HSDPD_SOCKET": d.socket, "HSDP_JOB_ID": "torch-reconnect"}] * 2
+    out = {}
+
+    def launch():
+        out["results"] = mp_runner.launch(reconnect_worker, 2, (marks,), "hsdpd", marks, 120,
+                                          env=env)
+
+    t = threading.Thread(target=launch)
+    t.start()
+    try:
+        for r in range(2):
+            _wait_for(os.path.join(marks, f"ready.{r}"))
+        d.proc.kill()
+        d.proc.wait()
+        d = Daemon(binary, d.dir)  # the same socket path
+        open(os.path.join(marks, "restarted"), "w").close()
+        t.join(150)
+        assert not t.is_alive()
+    finally:
+        d.stop()
+    for before, first_error, y, z in out["results"]:
+        assert before == [3.0] * 8
+        assert first_error is not None and "lost the connection to hsdpd" in first_error, \
+            first_error
+        assert y == [30.0] * 8
+        assert z == [1.0] * 8
