@@ -179,6 +179,12 @@ class Client:
         ranks = [int(r) for r in ranks]
         return self._c.new_group(ranks)
 
+    def rejoin_group(self, group):
+        """Joins `group` again after its epoch ended (a member left): returns it in the
+        next epoch, which starts once every member joined it (a restarted member joins
+        by creating the group anew)."""
+        return self._c.rejoin_group(group)
+
     @property
     def world(self):
         """The group of all ranks of the job (created on first use)."""

@@ -17,15 +17,25 @@ _compat.require_supported_torch()
 from hsdp.torch import backend, session  # noqa: E402
 from hsdp.torch.backend import BACKEND_NAME, ProcessGroupHsdp  # noqa: F401
 from hsdp.torch.monitored import monitored_barrier  # noqa: F401
-from hsdp.torch.fsdp2 import (  # noqa: F401
-    HsdpAllGather,
-    HsdpReduceScatter,
-    all_reduce_hook,
-    allocate_shared,
-    use_hsdp_comm_buffers,
-)
 
 backend.register()
+
+# The FSDP2 helpers load torch.distributed.fsdp (half a second) when first
+# used, not with the backend: every trainer's start, and a restarted one's,
+# stays that much shorter.
+_FSDP2_NAMES = ("HsdpAllGather", "HsdpReduceScatter", "all_reduce_hook", "allocate_shared",
+                "use_hsdp_comm_buffers")
+
+
+def __getattr__(name):
+    if name in _FSDP2_NAMES:
+        from hsdp.torch import fsdp2
+        return getattr(fsdp2, name)
+    raise AttributeError(f"module 'hsdp.torch' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_FSDP2_NAMES))
 
 
 def client():

@@ -63,6 +63,14 @@ class ProcessGroupHsdp(PointToPointMixin, RootedMixin, ProcessGroup):
         self._timeout_s = timeout.total_seconds() if isinstance(
             timeout, datetime.timedelta) else float(timeout)
         self._completer = Completer(f"g{group.id}", self._timeout_s)
+        # $HSDP_WARM_RESTART=1: when a member left (its trainer died), the group's
+        # epoch ended and its ops failed; the next op joins the group's next
+        # epoch first, which starts when the restarted member creates the group
+        # anew (so it waits for it, up to the collective timeout). Unset: every
+        # later op fails at once, naming the member that left.
+        self._rejoin = False
+        if os.environ.get("HSDP_WARM_RESTART", "") == "1":
+            self._completer.on_failure = self._note_failure
         # $HSDP_LATENCY_CRITICAL=all_gather: this group's all-gathers go ahead of
         # the job's other queued work on the daemon (docs/qos.md).
         self._gather_critical = "all_gather" in os.environ.get(
@@ -107,8 +115,16 @@ class ProcessGroupHsdp(PointToPointMixin, RootedMixin, ProcessGroup):
                 f"ranks={self._group.ranks} hsdpd_group={self._group.id}>")
 
     # -- plumbing ------------------------------------------------------------
+    def _note_failure(self, error):
+        if "join the group again" in str(error):
+            self._rejoin = True
+
     def _submit(self, what, plan, submit, result, inputs=()):
         """Submits one hsdpd operation; `inputs` are the tensors the profiler shows."""
+        if self._rejoin:
+            self._rejoin = False
+            self._group = self._client.rejoin_group(self._group)
+            self._cuda_path = None  # made again for the group's new epoch
         try:
             raw = submit()
         except BaseException:

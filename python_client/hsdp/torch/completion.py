@@ -130,6 +130,7 @@ class Completer:
         self._thread = None
         self._lock = threading.Lock()
         self._stats = {"ops": 0, "failed": 0, "exec_ns": 0, "queued_ns": 0}
+        self.on_failure = None  # called (on the helper thread) with hsdpd's error of a failed op
 
     def set_timeout(self, timeout_s):
         """The bound on the waits for operations added from now on."""
@@ -194,6 +195,8 @@ class Completer:
             return
         except BaseException as e:  # noqa: B902 - every failure reaches the waiter
             self._count(raw, True)
+            if self.on_failure is not None:
+                self.on_failure(e)
             plan.release()
             _deliver(fut, _Failure(failed_error(what, e)))
             return
