@@ -54,11 +54,19 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   impl->stub = v1::Node::NewStub(impl->grpc_channel);
   impl->device_stub = v1::DeviceMemory::NewStub(impl->grpc_channel);
-  RETURN_IF_ERROR(impl->AttachAndMap());
+  ASSIGN_OR_RETURN(Impl::NewSession session, impl->AttachAndMap());
+  impl->Publish(std::move(session));
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
-absl::Status Client::Impl::AttachAndMap() {
+void Client::Impl::Publish(NewSession s) {
+  absl::MutexLock l(&mu);
+  features = s.features;
+  session_id = s.id;
+  channel = std::move(s.channel);
+}
+
+absl::StatusOr<Client::Impl::NewSession> Client::Impl::AttachAndMap() {
   const bool first = session_id.load() == 0 && ReconnectCount() == 0;
   v1::AttachRequest req;
   req.set_job_id(options.job_id);
@@ -117,28 +125,28 @@ absl::Status Client::Impl::AttachAndMap() {
   if (fds.size() != 2) {
     return absl::InternalError(absl::StrCat("hsdpd sent ", fds.size(), " fds, expected 2"));
   }
-  ASSIGN_OR_RETURN(auto mapped, internal::SessionChannel::Map(
+  NewSession out;
+  ASSIGN_OR_RETURN(out.channel, internal::SessionChannel::Map(
                                     std::move(fds[0]), reply.channel_bytes, std::move(fds[1]),
                                     std::move(conn), resp.session_id(), resp.features()));
-  absl::MutexLock l(&mu);
-  features = resp.features();
-  session_id = resp.session_id();
-  channel = std::move(mapped);
-  return absl::OkStatus();
+  out.id = resp.session_id();
+  out.features = resp.features();
+  return out;
 }
 
-absl::StatusOr<uint64_t> Client::Impl::RegisterFd(int fd, size_t bytes, const std::string& name) {
+absl::StatusOr<uint64_t> Client::Impl::RegisterFd(uint64_t session, int data_fd, int fd,
+                                                  size_t bytes, const std::string& name) {
   uint64_t tag;
   {
     absl::MutexLock l(&mu);
     tag = next_fd_tag++;
   }
   shm::FdMessage msg{shm::kFdMessageMagic, 0, tag};
-  RETURN_IF_ERROR(SendWithFds(Channel()->data_fd(), &msg, sizeof(msg), {fd}));
+  RETURN_IF_ERROR(SendWithFds(data_fd, &msg, sizeof(msg), {fd}));
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   v1::RegisterBufferRequest req;
-  req.set_session_id(session_id);
+  req.set_session_id(session);
   req.set_fd_tag(tag);
   req.set_size_bytes(bytes);
   req.set_name(name);
@@ -173,19 +181,25 @@ absl::Status Client::Impl::Reconnect(uint64_t seen) {
   }
   // Wait for a daemon on the same socket (a drained one refuses attaching
   // with UNAVAILABLE until its successor runs).
+  // Nothing is published before the buffers and groups exist in the new
+  // session: other threads' ops meanwhile fail on the old channel and wait
+  // for this reconnect (reconnect_mu), never reach a half-made session.
   const absl::Time deadline = absl::Now() + options.reconnect_timeout;
-  absl::Status attached;
+  absl::StatusOr<NewSession> attached;
   for (;;) {
     attached = AttachAndMap();
-    if (attached.ok() || !absl::IsUnavailable(attached) || absl::Now() >= deadline) break;
+    if (attached.ok() || !absl::IsUnavailable(attached.status()) || absl::Now() >= deadline) {
+      break;
+    }
     absl::SleepFor(absl::Milliseconds(50));
   }
   if (!attached.ok()) {
-    return absl::Status(attached.code(),
+    return absl::Status(attached.status().code(),
                         absl::StrCat("hsdpd went away and did not take this client back within ",
                                      absl::FormatDuration(options.reconnect_timeout), ": ",
-                                     attached.message()));
+                                     attached.status().message()));
   }
+  const uint64_t new_session = attached->id;
   // Buffers, in the order they were registered; then groups in creation
   // order, so each gets the global key it had.
   std::vector<std::tuple<uint64_t, int, size_t, std::string>> bufs;
@@ -199,7 +213,8 @@ absl::Status Client::Impl::Reconnect(uint64_t seen) {
   std::sort(grps.begin(), grps.end());
   std::map<uint64_t, uint64_t> new_buffer_ids;
   for (const auto& [old_id, fd, size, name] : bufs) {
-    absl::StatusOr<uint64_t> id = RegisterFd(fd, size, name);
+    absl::StatusOr<uint64_t> id =
+        RegisterFd(new_session, attached->channel->data_fd(), fd, size, name);
     if (!id.ok()) {
       return absl::Status(id.status().code(),
                           absl::StrCat("re-registering a buffer after a reconnect: ",
@@ -212,7 +227,7 @@ absl::Status Client::Impl::Reconnect(uint64_t seen) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     v1::NewGroupRequest req;
-    req.set_session_id(session_id);
+    req.set_session_id(new_session);
     for (int r : ranks) req.add_ranks(r);
     v1::NewGroupResponse resp;
     absl::Status s = FromGrpc(stub->NewGroup(&ctx, req, &resp), "NewGroup");
@@ -223,11 +238,21 @@ absl::Status Client::Impl::Reconnect(uint64_t seen) {
     new_groups[old_id] = {resp.group_id(), resp.epoch()};
   }
   absl::MutexLock l(&mu);
-  for (auto& [id, b] : buffers) b.daemon_id = new_buffer_ids.at(b.daemon_id);
+  features = attached->features;
+  session_id = new_session;
+  channel = std::move(attached->channel);
+  // (A buffer or group another thread made meanwhile went to the old
+  // session and failed there; it is not in the maps and stays as it is.)
+  for (auto& [id, b] : buffers) {
+    if (auto it = new_buffer_ids.find(b.daemon_id); it != new_buffer_ids.end()) {
+      b.daemon_id = it->second;
+    }
+  }
   for (auto& [id, g] : groups) {
-    const auto [gid, epoch] = new_groups.at(g.daemon_id);
-    g.daemon_id = gid;
-    g.daemon_epoch = epoch;  // the caller's Group keeps its epoch: mapped at submission
+    if (auto it = new_groups.find(g.daemon_id); it != new_groups.end()) {
+      g.daemon_id = it->second.first;
+      g.daemon_epoch = it->second.second;  // the caller's Group keeps its epoch
+    }
   }
   ++reconnects;
   return absl::OkStatus();
@@ -290,7 +315,8 @@ absl::StatusOr<Buffer> Client::AllocateBuffer(size_t bytes, const std::string& n
   SYSCALL_OR_RETURN(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
   void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (data == MAP_FAILED) return ErrnoStatus(errno, "mmap(buffer)", __FILE__, __LINE__);
-  absl::StatusOr<uint64_t> daemon_id = im.RegisterFd(fd.get(), bytes, name);
+  absl::StatusOr<uint64_t> daemon_id =
+      im.RegisterFd(im.session_id, im.Channel()->data_fd(), fd.get(), bytes, name);
   if (!daemon_id.ok()) {
     ::munmap(data, bytes);
     return daemon_id.status();

@@ -123,11 +123,20 @@ class Client::Impl {
     return rpc;
   }
 
-  // Attach (with options), the data connection and the channel's mapping:
-  // sets session_id and channel (and features, the first time).
-  absl::Status AttachAndMap();
-  // Sends `fd` over the data connection and registers it: the daemon's id.
-  absl::StatusOr<uint64_t> RegisterFd(int fd, size_t bytes, const std::string& name);
+  // A session attached and mapped, not yet in use.
+  struct NewSession {
+    uint64_t id = 0;
+    uint64_t features = 0;
+    std::shared_ptr<internal::SessionChannel> channel;
+  };
+  // Attach (with options), the data connection and the channel's mapping.
+  absl::StatusOr<NewSession> AttachAndMap();
+  // Makes `s` the session in use.
+  void Publish(NewSession s);
+  // Sends `fd` over session `session_id`'s data connection `data_fd` and
+  // registers it: the daemon's id.
+  absl::StatusOr<uint64_t> RegisterFd(uint64_t session_id, int data_fd, int fd, size_t bytes,
+                                      const std::string& name);
   // After the daemon went away: waits (options.reconnect_timeout) for one to
   // answer on the same socket, attaches again, registers every host buffer
   // again and re-creates every group in creation order (so each gets the

@@ -180,6 +180,72 @@ TEST(ReconnectTest, ATrainingLoopKeepsRunningAcrossADrainAndARestart) {
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
+TEST(ReconnectTest, ThreadsSharingAClientReconnectItOnce) {
+  // Four threads of one client (world 1) run barriers and all-reduces on
+  // their own buffers; the daemon is killed and started again under them.
+  // Each thread's next op after a failure works; the client reconnected
+  // once, not once per thread, and every buffer kept its id and memory.
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start()) << d.Log();
+  ClientOptions o = Options(d.socket(), "threads", 0);
+  o.world_size = 1;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  Client& client = **c;
+  auto g = client.NewGroup({0});
+  ASSERT_TRUE(g.ok()) << g.status();
+  constexpr int kThreads = 4;
+  std::atomic<int> progress{0};
+  std::atomic<bool> stop{false};
+  std::vector<absl::Status> errors(kThreads);
+  std::vector<int> done_after(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto b = client.AllocateBuffer(64);
+      if (!b.ok()) {
+        errors[t] = b.status();
+        return;
+      }
+      auto* v = static_cast<float*>(b->data);
+      int restarted_ops = 0;
+      bool failed_once = false;
+      while (!stop.load() || restarted_ops < 20) {
+        for (int i = 0; i < 16; ++i) v[i] = float(t);
+        absl::StatusOr<Work> w = client.AllReduce(*g, {b->id, 0}, {b->id, 0}, 16,
+                                                  DataType::kFloat32);
+        const absl::Status s = w.ok() ? w->Wait(absl::Seconds(30)) : w.status();
+        if (absl::IsUnavailable(s) && !failed_once) {
+          failed_once = true;  // in flight when the daemon died
+          continue;
+        }
+        if (!s.ok() || v[0] != float(t) || v[15] != float(t)) {
+          errors[t] = s.ok() ? absl::DataLossError("wrong result") : s;
+          return;
+        }
+        progress.fetch_add(1);
+        if (stop.load()) ++restarted_ops;
+      }
+      done_after[t] = restarted_ops;
+      if (b->id != client.GetBuffer(b->id)->id || client.GetBuffer(b->id)->data != b->data) {
+        errors[t] = absl::DataLossError("the buffer changed");
+      }
+    });
+  }
+  ASSERT_TRUE(testing::Eventually([&] { return progress.load() > 200; }, 20000));
+  d.Kill();
+  ASSERT_TRUE(d.Start()) << d.Log();
+  stop = true;
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_TRUE(errors[t].ok()) << t << ": " << errors[t];
+    EXPECT_EQ(done_after[t], 20) << t;
+  }
+  EXPECT_EQ(client.reconnects(), 1u);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
 TEST(ReconnectTest, WithoutReconnectTheClientStaysFailed) {
   TempDir dir;
   DaemonProcess d(dir);
