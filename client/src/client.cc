@@ -285,6 +285,7 @@ uint64_t Client::Impl::TranslateBuffer(uint64_t id) {
 uint64_t Client::reconnects() const { return impl_->ReconnectCount(); }
 absl::Status Client::Reconnect() {
   const uint64_t seen = impl_->ReconnectCount();
+  if (!impl_->DaemonGone()) return absl::OkStatus();  // the session is fine
   return impl_->Reconnect(seen);
 }
 

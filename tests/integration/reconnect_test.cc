@@ -259,6 +259,9 @@ TEST(ReconnectTest, WithoutReconnectTheClientStaysFailed) {
   auto g = (*c)->NewGroup({0});
   ASSERT_TRUE(x.ok() && g.ok());
   ASSERT_TRUE((*c)->AllReduce(*g, {x->id, 0}, {x->id, 0}, 4, DataType::kFloat32)->Wait().ok());
+  // While the session is fine, Reconnect() does nothing.
+  ASSERT_TRUE((*c)->Reconnect().ok());
+  EXPECT_EQ((*c)->reconnects(), 0u);
   d.Kill();
   ASSERT_TRUE(d.Start()) << d.Log();
   for (int i = 0; i < 2; ++i) {

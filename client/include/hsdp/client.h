@@ -258,8 +258,9 @@ class Client {
 
   // Ends the session now (the daemon frees its buffers and groups).
   absl::Status Detach();
-  // Connects again now (see ClientOptions::reconnect); the calls that need
-  // it do so by themselves. reconnects(): how many times it did.
+  // Connects again now if the daemon went away (see ClientOptions::reconnect;
+  // OK and nothing done while the session is fine); the calls that need it
+  // do so by themselves. reconnects(): how many times it did.
   absl::Status Reconnect();
   uint64_t reconnects() const;
 
