@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hsdp/client.h"
+#include "hardening_util.h"
 #include "test_util.h"
 
 namespace hsdp {
@@ -243,6 +245,115 @@ TEST(ReconnectTest, ThreadsSharingAClientReconnectItOnce) {
     EXPECT_EQ(done_after[t], 20) << t;
   }
   EXPECT_EQ(client.reconnects(), 1u);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// Resident memory of `pid` in KiB (the kernel's own accounting).
+int64_t RssKiB(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+
+TEST(ReconnectTest, AFloodOfReconnectsLeavesTheDaemonAsItWasAndAnImpostorChangesNothing) {
+  // Eight clients (four jobs of two ranks) reconnect at once after a
+  // restart, 11 times over (SIGKILL and start again each time). Meanwhile an
+  // impostor attaching as a rank that already re-attached is refused
+  // (ALREADY_EXISTS) and the others never notice. Then, on one daemon, the
+  // trainers come and go 20 times: its fds, sessions and RSS end where they
+  // were.
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start()) << d.Log();
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<Group> groups;
+  std::vector<Buffer> buffers;
+  for (int job = 0; job < 4; ++job) {
+    for (int r = 0; r < 2; ++r) {
+      auto c = Client::Connect(Options(d.socket(), "flood-" + std::to_string(job), r));
+      ASSERT_TRUE(c.ok()) << c.status();
+      clients.push_back(std::move(*c));
+    }
+  }
+  for (auto& c : clients) {
+    auto b = c->AllocateBuffer(1024);
+    auto g = c->NewGroup({0, 1});
+    ASSERT_TRUE(b.ok() && g.ok());
+    buffers.push_back(*b);
+    groups.push_back(*g);
+  }
+  // One op per client, both ranks of a job at once; true when all match.
+  auto round = [&](bool expect_ok) {
+    std::vector<std::thread> ts;
+    std::atomic<int> ok{0};
+    for (size_t i = 0; i < clients.size(); ++i) {
+      ts.emplace_back([&, i] {
+        for (int attempt = 0; attempt < 2; ++attempt) {  // the first may meet the dead daemon
+          auto* v = static_cast<float*>(buffers[i].data);
+          v[0] = 1.0f;
+          absl::StatusOr<Work> w = clients[i]->AllReduce(groups[i], {buffers[i].id, 0},
+                                                         {buffers[i].id, 0}, 1,
+                                                         DataType::kFloat32);
+          const absl::Status s = w.ok() ? w->Wait(absl::Seconds(30)) : w.status();
+          if (s.ok() && v[0] == 2.0f) {
+            ok.fetch_add(1);
+            return;
+          }
+          if (!absl::IsUnavailable(s) || expect_ok) return;
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    return ok.load() == static_cast<int>(clients.size());
+  };
+  ASSERT_TRUE(round(true));
+  d.Kill();
+  ASSERT_TRUE(d.Start()) << d.Log();
+  ASSERT_TRUE(round(false));  // everyone reconnected
+  for (int i = 0; i < 10; ++i) {
+    d.Kill();
+    ASSERT_TRUE(d.Start()) << d.Log();
+    ASSERT_TRUE(round(false)) << "restart " << i;
+    // The impostor: rank 1 of job flood-0, which just re-attached.
+    auto impostor = Client::Connect(Options(d.socket(), "flood-0", 1));
+    ASSERT_FALSE(impostor.ok());
+    EXPECT_EQ(impostor.status().code(), absl::StatusCode::kAlreadyExists) << impostor.status();
+    ASSERT_TRUE(round(true)) << "after the impostor, restart " << i;
+  }
+  for (const auto& c : clients) EXPECT_EQ(c->reconnects(), 11u);
+  EXPECT_EQ(testing::CountSessions(d.socket()), 8);
+  // On this one daemon: every trainer goes and comes back 20 times (a new
+  // session each time, as a restarted trainer's); then its fds, sessions and
+  // RSS are where they were (RSS within 16 MiB: allocator pages, not state
+  // per session).
+  const int fds0 = testing::CountOpenFds(d.pid());
+  const int64_t rss0 = RssKiB(d.pid());
+  for (int cycle = 0; cycle < 20; ++cycle) {
+    for (size_t i = 0; i < clients.size(); ++i) {
+      const ClientOptions o = clients[i]->options();
+      clients[i].reset();  // detaches
+      auto c = Client::Connect(o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      clients[i] = std::move(*c);
+      auto b = clients[i]->AllocateBuffer(1024);
+      auto g = clients[i]->NewGroup({0, 1});
+      ASSERT_TRUE(b.ok() && g.ok());
+      buffers[i] = *b;
+      groups[i] = *g;
+    }
+    ASSERT_TRUE(round(true)) << "cycle " << cycle;
+  }
+  EXPECT_EQ(testing::CountSessions(d.socket()), 8);
+  // (A dropped client's gRPC connection closes on the daemon's side a moment later.)
+  EXPECT_TRUE(
+      testing::Eventually([&] { return testing::CountOpenFds(d.pid()) == fds0; }, 5000))
+      << testing::CountOpenFds(d.pid()) << " fds, " << fds0 << " before";
+  EXPECT_LT(RssKiB(d.pid()) - rss0, 16 * 1024);
+  clients.clear();  // detach
+  EXPECT_TRUE(testing::Eventually([&] { return testing::CountSessions(d.socket()) == 0; }, 10000));
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
