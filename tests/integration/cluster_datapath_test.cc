@@ -324,6 +324,79 @@ TEST_F(ClusterDatapathTest, ARestartedTrainerRejoinsTheGroupInTheNextEpoch) {
   EXPECT_THAT(second.output(), HasSubstr("EPOCH 2"));
 }
 
+// Node 1's daemon is killed and started again under its trainer (issue 23):
+// the cluster sees node 1 lost and back; node 1's trainer reconnects by
+// itself (ClientOptions::reconnect) and creates the group again, node 0's
+// trainer, which never restarts, joins the group's next epoch; they run.
+TEST_F(ClusterDatapathTest, ADaemonRestartedUnderItsTrainerAndTheOtherNodesRankGoOn) {
+  StartCluster(2, /*collective_ms=*/20000);
+  const std::string ready = shared_.File("ready");
+  const std::string restarted = shared_.File("restarted");
+  const std::string job = job_;
+  std::vector<std::unique_ptr<Child>> children;
+  for (int r = 0; r < 2; ++r) {
+    const std::string socket = Socket(r);
+    children.push_back(std::make_unique<Child>([=](FILE* out) {
+      Trainer T;
+      T.out = out;
+      T.world = 2;
+      if (!Attach(&T, socket, job, r, 2)) return 2;
+      Group g;
+      if (!MakeGroup(&T, {0, 1}, &g)) return 2;
+      AllReduceCase(&T, g, DataType::kFloat32, {}, 1000);
+      WriteFile(ready + std::to_string(r), "");
+      if (!WaitFile(restarted, kChildMs)) return 4;
+      // Until one all-reduce works: node 1's trainer retries (its client
+      // reconnects on the way), node 0's joins the group's next epoch after
+      // each failure that says the epoch ended.
+      absl::Status s = absl::UnknownError("not run");
+      const absl::Time give_up = absl::Now() + absl::Seconds(60);
+      while (absl::Now() < give_up) {
+        Fill(&T, DataType::kFloat32, 100);
+        absl::StatusOr<Work> w =
+            T.client->AllReduce(g, {T.send.id, 0}, {T.recv.id, 0}, 100, DataType::kFloat32);
+        s = w.ok() ? w->Wait(absl::Seconds(25)) : w.status();
+        std::fprintf(out, "TRY %s\n", s.ToString().c_str());
+        if (s.ok()) break;
+        if (r == 0 && !absl::IsUnavailable(s)) {
+          absl::StatusOr<Group> next = T.client->RejoinGroup(g);
+          std::fprintf(out, "REJOIN %s\n",
+                       next.ok() ? ("epoch " + std::to_string(next->epoch)).c_str()
+                                 : next.status().ToString().c_str());
+          if (next.ok()) g = *next;
+        }
+        absl::SleepFor(absl::Milliseconds(100));
+      }
+      if (!s.ok()) {
+        T.Fail("never ran again: " + s.ToString());
+        return Report(&T);
+      }
+      AllReduceCase(&T, g, DataType::kFloat32, {}, 1000);
+      AllGatherCase(&T, g, DataType::kFloat32, 100);
+      std::fprintf(out, "RECONNECTS %llu\n",
+                   static_cast<unsigned long long>(T.client->reconnects()));
+      WriteFile(shared_.File("done") + std::to_string(r), "");
+      if (!WaitFile(shared_.File("done") + std::to_string(1 - r), kChildMs)) return 5;
+      return Report(&T);
+    }));
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(WaitFile(ready + std::to_string(r), kChildMs))
+        << children[r]->output() << Logs();
+  }
+  const std::string yaml = ReadFile(daemons_[1]->dir.File("node.yaml"));
+  daemons_[1]->process.Kill();
+  ASSERT_TRUE(daemons_[1]->process.Start(yaml, {}, {}, /*wait_ready=*/true)) << Logs();
+  WriteFile(restarted, "");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(children[r]->Finish(kChildMs), 0) << "rank " << r << ":\n"
+                                                << children[r]->output() << Logs();
+  }
+  EXPECT_THAT(children[1]->output(), HasSubstr("RECONNECTS 1"));
+  EXPECT_THAT(children[0]->output(), HasSubstr("RECONNECTS 0"));
+  EXPECT_THAT(children[0]->output(), HasSubstr("REJOIN epoch"));
+}
+
 // A daemon still waiting for its coordinator stops at once on SIGTERM
 // (it used to ignore it until cluster.join_timeout_ms).
 TEST_F(ClusterDatapathTest, ADaemonStillJoiningStopsPromptlyOnSigterm) {
