@@ -54,8 +54,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   impl->stub = v1::Node::NewStub(impl->grpc_channel);
   impl->device_stub = v1::DeviceMemory::NewStub(impl->grpc_channel);
-  ASSIGN_OR_RETURN(Impl::NewSession session, impl->AttachAndMap());
-  impl->Publish(std::move(session));
+  absl::StatusOr<Impl::NewSession> session = impl->AttachAndMap();
+  if (!session.ok() && absl::IsUnavailable(session.status())) {
+    // gRPC shares connections between channels to one address: one this
+    // process made to an earlier daemon on this socket fails the first call
+    // ("Broken pipe") and is then replaced. Once more, shortly after.
+    absl::SleepFor(absl::Milliseconds(100));
+    session = impl->AttachAndMap();
+  }
+  if (!session.ok()) return session.status();
+  impl->Publish(*std::move(session));
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 

@@ -9,7 +9,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -23,6 +25,9 @@
 #include "gtest/gtest.h"
 #include "hsdp/client.h"
 #include "hardening_util.h"
+#include "hsdp/common/unix_socket.h"
+#include "hsdp/shm/data_conn.h"
+#include "raw_session.h"
 #include "test_util.h"
 
 namespace hsdp {
@@ -355,6 +360,61 @@ TEST(ReconnectTest, AFloodOfReconnectsLeavesTheDaemonAsItWasAndAnImpostorChanges
   clients.clear();  // detach
   EXPECT_TRUE(testing::Eventually([&] { return testing::CountSessions(d.socket()) == 0; }, 10000));
   EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// Sends a data-connection hello naming (session, token); the daemon's reply
+// code (0: accepted) and message.
+std::pair<int, std::string> Hello(const std::string& socket, uint64_t session,
+                                  const std::string& token) {
+  auto conn = ConnectUnix(socket);
+  if (!conn.ok()) return {-1, conn.status().ToString()};
+  shm::DataHello hello{};
+  std::memcpy(hello.magic, shm::kDataHelloMagic, sizeof(hello.magic));
+  hello.version = shm::kLayoutVersion;
+  hello.session_id = session;
+  std::memcpy(hello.token, token.data(), std::min(token.size(), sizeof(hello.token)));
+  if (!SendWithFds(conn->get(), &hello, sizeof(hello), {}).ok()) return {-1, "send"};
+  shm::DataHelloReply reply{};
+  std::vector<UniqueFd> fds;
+  if (!RecvWithFds(conn->get(), &reply, sizeof(reply), &fds, 10000).ok()) return {-1, "recv"};
+  return {static_cast<int>(reply.code),
+          std::string(reply.message, std::min<size_t>(reply.message_len, sizeof(reply.message)))};
+}
+
+TEST(ReconnectTest, AStaleSessionTokenOrAnotherSessionsIsRefusedAndChangesNothing) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start()) << d.Log();
+  // A session attached (not yet claimed) before the restart: its id and token.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  auto stub = v1::Node::NewStub(
+      grpc::CreateCustomChannel("unix:" + d.socket(), grpc::InsecureChannelCredentials(), args));
+  v1::AttachResponse old;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Attach(&ctx, testing::RawAttachRequest("stale", 0, 1), &old).ok());
+  }
+  d.Kill();
+  ASSERT_TRUE(d.Start()) << d.Log();
+  // A live client on the new daemon.
+  ClientOptions o = Options(d.socket(), "live", 0);
+  o.world_size = 1;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto g = (*c)->NewGroup({0});
+  ASSERT_TRUE(g.ok());
+  // The old session's token on the new daemon: refused.
+  auto [code, message] = Hello(d.socket(), old.session_id(), old.session_token());
+  EXPECT_NE(code, 0) << message;
+  // The live session's id with the stale token: refused, and the live
+  // session goes on.
+  auto [code2, message2] = Hello(d.socket(), (*c)->session_id(), old.session_token());
+  EXPECT_EQ(code2, static_cast<int>(absl::StatusCode::kPermissionDenied)) << message2;
+  EXPECT_THAT(message2, HasSubstr("token"));
+  ASSERT_TRUE((*c)->Barrier(*g)->Wait(absl::Seconds(10)).ok());
+  EXPECT_EQ((*c)->reconnects(), 0u);
+  EXPECT_EQ(testing::CountSessions(d.socket()), 1);
 }
 
 TEST(ReconnectTest, WithoutReconnectTheClientStaysFailed) {
