@@ -1,12 +1,13 @@
 // The client reconnects by itself when its daemon comes back on the same
 // socket (issue 23): after SIGKILL and a restart, and after `hsdpctl drain`
-// and a restart, a two-rank training loop keeps running with the Buffer and
+// and a restart, a training loop of two trainer processes keeps running with the Buffer and
 // Group values it had; only the operations in flight fail (UNAVAILABLE), the
 // loop retries its step after the ranks agree which one that is, and the
 // result equals an uninterrupted run's. Without ClientOptions::reconnect the
 // client stays failed; a daemon that does not come back within the timeout
 // is reported as such.
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -131,21 +132,59 @@ double Expected() {
   return sum;
 }
 
-// Runs both ranks; `disrupt` is called once they have done 100 steps.
+// Runs both ranks, each in its own process (a trainer); `disrupt` is called
+// once they have done 100 steps each. Progress and results travel through a
+// shared anonymous mapping made before the fork.
 std::vector<RankResult> RunLoop(const std::string& socket, const std::string& job,
                                 const std::function<void()>& disrupt) {
-  std::atomic<int> progress{0};
-  std::vector<RankResult> results(2);
-  std::vector<std::thread> ranks;
+  struct Shared {
+    std::atomic<int> progress{0};
+    struct {
+      double total;
+      int failed_ops;
+      uint64_t reconnects, first_buffer_id, last_buffer_id;
+      int code;
+      char message[256];
+    } rank[2];
+  };
+  void* mem = ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return {};
+  auto* shared = new (mem) Shared();
+  std::vector<std::unique_ptr<testing::Child>> ranks;
   for (int r = 0; r < 2; ++r) {
-    ranks.emplace_back([&, r] { results[r] = RunRank(socket, job, r, &progress); });
+    ranks.push_back(std::make_unique<testing::Child>([=](FILE*) {
+      const RankResult res = RunRank(socket, job, r, &shared->progress);
+      auto& out = shared->rank[r];
+      out.total = res.total;
+      out.failed_ops = res.failed_ops;
+      out.reconnects = res.reconnects;
+      out.first_buffer_id = res.first_buffer_id;
+      out.last_buffer_id = res.last_buffer_id;
+      out.code = static_cast<int>(res.status.code());
+      std::snprintf(out.message, sizeof(out.message), "%s",
+                    std::string(res.status.message()).c_str());
+      return 0;
+    }));
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (progress.load() < 200 && std::chrono::steady_clock::now() < deadline) {
+  while (shared->progress.load() < 200 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   disrupt();
-  for (auto& t : ranks) t.join();
+  std::vector<RankResult> results(2);
+  for (int r = 0; r < 2; ++r) {
+    const int rc = ranks[r]->Finish(120000);
+    const auto& in = shared->rank[r];
+    results[r].status = rc != 0 ? absl::InternalError("rank process exit " + std::to_string(rc))
+                                : absl::Status(static_cast<absl::StatusCode>(in.code), in.message);
+    results[r].total = in.total;
+    results[r].failed_ops = in.failed_ops;
+    results[r].reconnects = in.reconnects;
+    results[r].first_buffer_id = in.first_buffer_id;
+    results[r].last_buffer_id = in.last_buffer_id;
+  }
+  ::munmap(mem, sizeof(Shared));
   return results;
 }
 
