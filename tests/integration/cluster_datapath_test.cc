@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cluster_fixture.h"
+#include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hsdp/client.h"
@@ -396,6 +397,103 @@ TEST_F(ClusterDatapathTest, ADaemonRestartedUnderItsTrainerAndTheOtherNodesRankG
   EXPECT_THAT(children[0]->output(), HasSubstr("RECONNECTS 0"));
   EXPECT_THAT(children[0]->output(), HasSubstr("REJOIN epoch"));
 }
+
+// A two-node training loop (rank 0 on node 0, rank 1 on node 1) across a
+// restart of node 1's daemon, by `hsdpctl drain` or by SIGKILL (issue 23):
+// step s all-reduces 4 floats of rank + 1 + s. A failed step is not
+// counted; the ranks then agree (all-reduce min of the steps each
+// completed) where to go on, node 0's trainer joining the group's next
+// epoch whenever a failure says the epoch ended, node 1's reconnecting by
+// itself. The sums equal an uninterrupted run's; nobody restarted.
+class ClusterRestartLoopTest : public ClusterFixture,
+                               public ::testing::WithParamInterface<bool /*drain*/> {};
+
+TEST_P(ClusterRestartLoopTest, TheLoopGoesOnAcrossARestartOfOneNodesDaemon) {
+  const bool drain = GetParam();
+  StartCluster(2, /*collective_ms=*/20000);
+  constexpr int kSteps = 300;
+  const std::string progress = shared_.File("progress");
+  const std::string job = job_ + (drain ? "-drain" : "-kill");
+  std::vector<std::unique_ptr<Child>> children;
+  for (int r = 0; r < 2; ++r) {
+    const std::string socket = Socket(r);
+    children.push_back(std::make_unique<Child>([=](FILE* out) {
+      Trainer T;
+      T.out = out;
+      T.world = 2;
+      if (!Attach(&T, socket, job, r, 2)) return 2;
+      Group g;
+      if (!MakeGroup(&T, {0, 1}, &g)) return 2;
+      auto* v = static_cast<float*>(T.send.data);
+      auto* a = static_cast<float*>(T.recv.data);
+      auto run = [&](BufferRef buf, uint64_t n, ReduceOp op) {
+        absl::StatusOr<Work> w = T.client->AllReduce(g, buf, buf, n, DataType::kFloat32,
+                                                     ReduceOptions{op});
+        const absl::Status s = w.ok() ? w->Wait(absl::Seconds(25)) : w.status();
+        if (!s.ok() && r == 0 && !absl::IsUnavailable(s) &&
+            absl::StrContains(s.message(), "ended")) {
+          absl::StatusOr<Group> next = T.client->RejoinGroup(g);
+          if (next.ok()) g = *next;
+        }
+        return s;
+      };
+      std::vector<double> history = {0.0};
+      int step = 0, failures = 0;
+      const absl::Time give_up = absl::Now() + absl::Seconds(90);
+      while (step < kSteps && absl::Now() < give_up) {
+        for (int i = 0; i < 4; ++i) v[i] = float(r + 1 + step);
+        absl::Status s = run({T.send.id, 0}, 4, ReduceOp::kSum);
+        if (s.ok()) {
+          history.push_back(history.back() + v[0]);
+          if (++step == 100) WriteFile(progress + std::to_string(r), "");
+          absl::SleepFor(absl::Milliseconds(1));
+          continue;
+        }
+        ++failures;
+        std::fprintf(out, "STEP %d %s\n", step, s.ToString().c_str());
+        for (;;) {  // agree where to go on
+          a[0] = float(step);
+          s = run({T.recv.id, 0}, 1, ReduceOp::kMin);
+          if (s.ok() || absl::Now() > give_up) break;
+          absl::SleepFor(absl::Milliseconds(20));
+        }
+        if (!s.ok()) break;
+        step = static_cast<int>(a[0]);
+        history.resize(step + 1);
+      }
+      double want = 0;
+      for (int s = 0; s < kSteps; ++s) want += (1 + s) + (2 + s);
+      std::fprintf(out, "TOTAL %.1f WANT %.1f FAILURES %d RECONNECTS %llu\n", history.back(),
+                   want, failures, static_cast<unsigned long long>(T.client->reconnects()));
+      if (step != kSteps || history.back() != want) T.Fail("the loop did not finish right");
+      WriteFile(shared_.File("done") + std::to_string(r), "");
+      if (!WaitFile(shared_.File("done") + std::to_string(1 - r), kChildMs)) return 5;
+      return Report(&T);
+    }));
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(WaitFile(progress + std::to_string(r), kChildMs))
+        << children[r]->output() << Logs();
+  }
+  const std::string yaml = ReadFile(daemons_[1]->dir.File("node.yaml"));
+  if (drain) {
+    const auto d = RunCommand(Hsdpctl(Socket(1), "drain --timeout 10"));
+    EXPECT_EQ(d.exit_code, 0) << d.output;
+    EXPECT_EQ(daemons_[1]->process.WaitForExit(10000), 0) << Logs();
+  } else {
+    daemons_[1]->process.Kill();
+  }
+  ASSERT_TRUE(daemons_[1]->process.Start(yaml, {}, {}, /*wait_ready=*/true)) << Logs();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(children[r]->Finish(120000), 0) << "rank " << r << ":\n"
+                                              << children[r]->output() << Logs();
+  }
+  EXPECT_THAT(children[1]->output(), HasSubstr("RECONNECTS 1"));
+  EXPECT_THAT(children[0]->output(), HasSubstr("RECONNECTS 0"));
+}
+
+INSTANTIATE_TEST_SUITE_P(DrainOrKill, ClusterRestartLoopTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Drain" : "Sigkill"; });
 
 // A daemon still waiting for its coordinator stops at once on SIGTERM
 // (it used to ignore it until cluster.join_timeout_ms).
