@@ -69,6 +69,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 
 void Client::Impl::Publish(NewSession s) {
   absl::MutexLock l(&mu);
+  daemon_uid = s.daemon_uid;
   features = s.features;
   session_id = s.id;
   channel = std::move(s.channel);
@@ -112,6 +113,7 @@ absl::StatusOr<Client::Impl::NewSession> Client::Impl::AttachAndMap() {
 
   // Claim the session's shared-memory channel over a data connection.
   ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(socket_path));
+  ASSIGN_OR_RETURN(const PeerCred peer, GetPeerCred(conn.get()));
   shm::DataHello hello{};
   std::memcpy(hello.magic, shm::kDataHelloMagic, sizeof(hello.magic));
   hello.version = shm::kLayoutVersion;
@@ -139,6 +141,7 @@ absl::StatusOr<Client::Impl::NewSession> Client::Impl::AttachAndMap() {
                                     std::move(conn), resp.session_id(), resp.features()));
   out.id = resp.session_id();
   out.features = resp.features();
+  out.daemon_uid = peer.uid;
   return out;
 }
 
@@ -208,6 +211,14 @@ absl::Status Client::Impl::Reconnect(uint64_t seen) {
                                      attached.status().message()));
   }
   const uint64_t new_session = attached->id;
+  {
+    absl::MutexLock l(&mu);
+    if (attached->daemon_uid != daemon_uid) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "the process now serving ", socket_path, " runs as uid ", attached->daemon_uid,
+          ", hsdpd ran as uid ", daemon_uid, ": not handing it this client's buffers"));
+    }
+  }
   // Buffers, in the order they were registered; then groups in creation
   // order, so each gets the global key it had.
   std::vector<std::tuple<uint64_t, int, size_t, std::string>> bufs;

@@ -90,6 +90,10 @@ class Client::Impl {
   // By the id the caller knows (the daemon's id when it was created).
   std::map<uint32_t, internal::GroupRecord> groups ABSL_GUARDED_BY(mu);
   uint64_t reconnects ABSL_GUARDED_BY(mu) = 0;
+  // The uid of the daemon this client first connected to: a reconnect hands
+  // its memory (memfds) only to a daemon of the same uid, never to another
+  // user's process that took the socket path while hsdpd was down.
+  uint32_t daemon_uid ABSL_GUARDED_BY(mu) = 0;
   // Serialises reconnects (held across RPCs; never while holding mu).
   absl::Mutex reconnect_mu;
   // Registered device buffers: id -> size in bytes (ranges are checked here
@@ -127,6 +131,7 @@ class Client::Impl {
   struct NewSession {
     uint64_t id = 0;
     uint64_t features = 0;
+    uint32_t daemon_uid = 0;  // SO_PEERCRED of the data connection
     std::shared_ptr<internal::SessionChannel> channel;
   };
   // Attach (with options), the data connection and the channel's mapping.

@@ -6,7 +6,10 @@
 // result equals an uninterrupted run's. Without ClientOptions::reconnect the
 // client stays failed; a daemon that does not come back within the timeout
 // is reported as such.
+#include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -34,6 +37,7 @@
 namespace hsdp {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::DaemonProcess;
 using testing::TempDir;
@@ -454,6 +458,63 @@ TEST(ReconnectTest, AStaleSessionTokenOrAnotherSessionsIsRefusedAndChangesNothin
   ASSERT_TRUE((*c)->Barrier(*g)->Wait(absl::Seconds(10)).ok());
   EXPECT_EQ((*c)->reconnects(), 0u);
   EXPECT_EQ(testing::CountSessions(d.socket()), 1);
+}
+
+TEST(ReconnectTest, AnotherUsersProcessOnTheSocketGetsNoBuffers) {
+  // While hsdpd is down, another user's process takes its socket path (here:
+  // an hsdpd run as nobody, once the directory became nobody's). The client
+  // does not reconnect to it: its memory (memfds) goes only to a daemon of
+  // the uid it first connected to.
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (to run a daemon as nobody)";
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start()) << d.Log();
+  ClientOptions o = Options(d.socket(), "impostor", 0);
+  o.world_size = 1;
+  o.reconnect_timeout = absl::Seconds(10);
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto x = (*c)->AllocateBuffer(4096);
+  auto g = (*c)->NewGroup({0});
+  ASSERT_TRUE(x.ok() && g.ok());
+  ASSERT_TRUE((*c)->Barrier(*g)->Wait(absl::Seconds(10)).ok());
+  d.Kill();
+  ::unlink(d.socket().c_str());
+  ::unlink((d.socket() + ".lock").c_str());
+  ASSERT_EQ(::chown(dir.path().c_str(), 65534, 65534), 0);
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
+  const std::string log = dir.File("impostor.log");
+  const pid_t impostor = ::fork();
+  if (impostor == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) _exit(90);
+    const std::string bin = testing::BinDir() + "/hsdpd";
+    const std::string sock = d.socket();
+    ::execl(bin.c_str(), bin.c_str(), "--socket", sock.c_str(), "--log-level", "info",
+            static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ASSERT_TRUE(testing::Eventually([&] { return ConnectUnix(d.socket()).ok(); }, 10000))
+      << testing::ReadFile(log);
+  absl::StatusOr<Work> w = (*c)->Barrier(*g);
+  absl::Status s = w.ok() ? w->Wait(absl::Seconds(10)) : w.status();
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;  // the op in flight
+  w = (*c)->Barrier(*g);
+  s = w.ok() ? w->Wait(absl::Seconds(10)) : w.status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("runs as uid 65534"),
+                                               HasSubstr("hsdpd ran as uid 0")));
+  EXPECT_EQ((*c)->reconnects(), 0u);
+  // The impostor holds no session of this client (its attach there ended
+  // before any buffer was sent).
+  EXPECT_TRUE(testing::Eventually([&] { return testing::CountSessions(d.socket()) == 0; }, 5000))
+      << testing::CountSessions(d.socket()) << " sessions";
+  ::kill(impostor, SIGKILL);
+  testing::WaitExit(impostor, 5000);
 }
 
 TEST(ReconnectTest, WithoutReconnectTheClientStaysFailed) {
