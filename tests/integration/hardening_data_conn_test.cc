@@ -161,7 +161,7 @@ TEST(HardeningDataConnTest, TooManyFdsInOneMessageAreAllClosed) {
   TempDir dir;
   DaemonProcess d(dir);
   ASSERT_TRUE(d.Start()) << d.Log();
-  const int baseline_fds = testing::CountOpenFds(d.pid());
+  const int baseline_fds = testing::SettledFdCount(d.pid(), d.socket());
   std::unique_ptr<Child> c = AttachedChild(d.socket(), "flood", [](int conn, FILE* out) {
     std::vector<int> fds;
     for (int i = 0; i < 12; ++i) fds.push_back(::memfd_create("x", MFD_CLOEXEC));

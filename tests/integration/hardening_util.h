@@ -13,9 +13,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -59,6 +61,23 @@ inline int CountOpenFds(pid_t pid) {
   const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
   CommandResult r = RunCommand("ls " + dir + " | wc -l");
   return r.exit_code == 0 ? std::stoi(r.output) : -1;
+}
+
+// The fds of a daemon that just started, once it has settled: its gRPC
+// server makes its pollers' eventfds on the first calls, after the socket
+// already accepts, so a count taken at once can be low. Makes one call
+// (hsdpctl status), then waits for three equal counts 100 ms apart (3 s at
+// most).
+inline int SettledFdCount(pid_t pid, const std::string& socket) {
+  (void)RunCommand(Hsdpctl(socket, "status") + " >/dev/null 2>&1");
+  int last = CountOpenFds(pid), same = 0;
+  for (int i = 0; i < 30 && same < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const int now = CountOpenFds(pid);
+    same = now == last ? same + 1 : 0;
+    last = now;
+  }
+  return last;
 }
 
 // Connects and writes `bytes` (may be empty). Invalid fd on failure.
