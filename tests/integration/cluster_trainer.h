@@ -44,9 +44,12 @@ struct Trainer {
   }
 };
 
+// `reconnect`: ClientOptions::reconnect (off: a trainer whose daemon goes
+// away fails at once instead of waiting for it to come back).
 inline bool Attach(Trainer* T, const std::string& socket, const std::string& job, int rank,
-                   int world) {
+                   int world, bool reconnect = true) {
   ClientOptions o;
+  o.reconnect = reconnect;
   o.socket_path = socket;
   o.job_id = job;
   o.rank = rank;
