@@ -296,6 +296,21 @@ TEST(ReconnectTest, ThreadsSharingAClientReconnectItOnce) {
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
+// RSS a daemon may keep after churn: allocator pages, not state per session.
+// Under AddressSanitizer its quarantine keeps freed memory resident (18 MiB
+// after this test's churn in CI), so the bound is wider there.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int64_t kRssSlackKiB = 64 * 1024;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr int64_t kRssSlackKiB = 64 * 1024;
+#else
+constexpr int64_t kRssSlackKiB = 16 * 1024;
+#endif
+#else
+constexpr int64_t kRssSlackKiB = 16 * 1024;
+#endif
+
 // Resident memory of `pid` in KiB (the kernel's own accounting).
 int64_t RssKiB(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/status");
@@ -399,7 +414,7 @@ TEST(ReconnectTest, AFloodOfReconnectsLeavesTheDaemonAsItWasAndAnImpostorChanges
   EXPECT_TRUE(
       testing::Eventually([&] { return testing::CountOpenFds(d.pid()) == fds0; }, 5000))
       << testing::CountOpenFds(d.pid()) << " fds, " << fds0 << " before";
-  EXPECT_LT(RssKiB(d.pid()) - rss0, 16 * 1024);
+  EXPECT_LT(RssKiB(d.pid()) - rss0, kRssSlackKiB);
   clients.clear();  // detach
   EXPECT_TRUE(testing::Eventually([&] { return testing::CountSessions(d.socket()) == 0; }, 10000));
   EXPECT_EQ(d.Stop(), 0) << d.Log();
