@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -55,6 +56,16 @@ inline double CpuDuring(pid_t pid, int ms) {
   const double before = CpuSeconds(pid);
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   return CpuSeconds(pid) - before;
+}
+
+// Resident memory of `pid` in KiB (the kernel's own accounting).
+inline int64_t RssKiB(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
 }
 
 inline int CountOpenFds(pid_t pid) {

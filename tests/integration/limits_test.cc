@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "hsdp/client.h"
 #include "hsdp/v1/node.grpc.pb.h"
+#include "hardening_util.h"
 #include "raw_session.h"
 #include "test_util.h"
 
@@ -26,17 +27,8 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::DaemonProcess;
 using testing::RawSession;
+using testing::RssKiB;
 using testing::TempDir;
-
-// Resident memory of `pid` in KiB (the kernel's own accounting).
-int64_t RssKiB(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
-  }
-  return -1;
-}
 
 int Threads(pid_t pid) {
   int n = 0;

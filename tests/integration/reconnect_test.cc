@@ -40,6 +40,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::DaemonProcess;
+using testing::RssKiB;
 using testing::TempDir;
 
 constexpr int kSteps = 600;
@@ -310,16 +311,6 @@ constexpr int64_t kRssSlackKiB = 16 * 1024;
 #else
 constexpr int64_t kRssSlackKiB = 16 * 1024;
 #endif
-
-// Resident memory of `pid` in KiB (the kernel's own accounting).
-int64_t RssKiB(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
-  }
-  return -1;
-}
 
 TEST(ReconnectTest, AFloodOfReconnectsLeavesTheDaemonAsItWasAndAnImpostorChangesNothing) {
   // Eight clients (four jobs of two ranks) reconnect at once after a
