@@ -1,11 +1,14 @@
-# hsdp_cluster: the multi-node control plane — membership, the coordinator,
-# the key/value store, peer authentication, NCCL id exchange.
+# hsdp_cluster: the multi-node control plane — membership and the key/value
+# store (embedded: the coordinator; or in etcd), peer authentication, NCCL id
+# exchange.
 add_library(hsdp_cluster STATIC
   ${CMAKE_CURRENT_LIST_DIR}/cluster_client.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster_member.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster_node.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster_service.cc
   ${CMAKE_CURRENT_LIST_DIR}/coordinator.cc
+  ${CMAKE_CURRENT_LIST_DIR}/etcd/etcd_member.cc
+  ${CMAKE_CURRENT_LIST_DIR}/etcd/etcd_store.cc
   ${CMAKE_CURRENT_LIST_DIR}/kv_cluster_directory.cc
   ${CMAKE_CURRENT_LIST_DIR}/kv_store.cc
   ${CMAKE_CURRENT_LIST_DIR}/nccl_id_exchange.cc
@@ -20,3 +23,6 @@ if(HSDP_GLOO_ENABLED)
   add_library(hsdp_cluster_gloo STATIC ${CMAKE_CURRENT_LIST_DIR}/gloo_store.cc)
   target_link_libraries(hsdp_cluster_gloo PUBLIC hsdp_cluster hsdp_engine_gloo gloo)
 endif()
+
+# The etcd v3 client (stubs generated from etcd's own proto files).
+include(${CMAKE_CURRENT_LIST_DIR}/etcd/etcd.cmake)

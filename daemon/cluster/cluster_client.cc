@@ -27,6 +27,10 @@ ClusterClient::ClusterClient(const std::string& coordinator, std::string token,
           coordinator, credentials ? credentials : grpc::InsecureChannelCredentials(), args));
 }
 
+std::string ClusterClient::name() const {
+  return absl::StrCat("the cluster coordinator ", coordinator_);
+}
+
 void ClusterClient::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   if (!token_.empty()) ctx->AddMetadata(kClusterTokenMetadata, token_);

@@ -1,4 +1,5 @@
-// This daemon's membership in the cluster: joins the coordinator at start
+// This daemon's membership through the coordinator (cluster.store: embedded;
+// the Membership interface): joins the coordinator at start
 // (retrying until cluster.join_timeout_ms), heartbeats every
 // cluster.heartbeat_ms, and keeps the latest view of the nodes and the
 // epoch. Differences between successive views become PeerEvents (a node
@@ -32,22 +33,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/cluster/cluster_client.h"
+#include "daemon/cluster/membership.h"
 #include "hsdp/v1/admin.pb.h"
 #include "hsdp/v1/cluster.pb.h"
 
 namespace hsdp {
 
-struct PeerEvent {
-  enum class Kind { kJoined, kLost };
-  Kind kind;
-  int node;
-  std::string why;
-};
-using PeerEvents = std::function<void(const PeerEvent&)>;
-// A group event another node reported (relayed by the coordinator).
-using GroupEvents = std::function<void(const v1::GroupEvent&)>;
-
-class ClusterMember {
+class ClusterMember : public Membership {
  public:
   struct Options {
     std::string coordinator;  // HOST:PORT
@@ -65,26 +57,26 @@ class ClusterMember {
   };
 
   ClusterMember(Options options, PeerEvents events, GroupEvents group_events = nullptr);
-  ~ClusterMember();  // Stop()
+  ~ClusterMember() override;  // Stop()
 
   // Joins, retrying transient failures until join_timeout; then starts the
   // heartbeat thread. UNAUTHENTICATED / PERMISSION_DENIED / FAILED_PRECONDITION
   // / ALREADY_EXISTS / RESOURCE_EXHAUSTED from the coordinator end it at
   // once; DEADLINE_EXCEEDED names the last error when time runs out.
-  absl::Status Start() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Start() override ABSL_LOCKS_EXCLUDED(mu_);
   // Idempotent; also ends a Start in progress (CANCELLED). Sends what is
   // still queued for the coordinator once more (bounded by one call's timeout).
-  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  void Stop() override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Queues `event` for the coordinator (never blocks; the oldest queued
   // event is dropped beyond kMaxOutbox, with a log line).
-  void ReportGroupEvent(v1::GroupEvent event) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReportGroupEvent(v1::GroupEvent event) override ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr size_t kMaxOutbox = 1024;
 
   // The view for `hsdpctl nodes`.
-  v1::NodesResponse View() const ABSL_LOCKS_EXCLUDED(mu_);
-  uint64_t epoch() const ABSL_LOCKS_EXCLUDED(mu_);
-  int node_rank() const ABSL_LOCKS_EXCLUDED(mu_);
+  v1::NodesResponse View() const override ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t epoch() const override ABSL_LOCKS_EXCLUDED(mu_);
+  int node_rank() const override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::Status JoinOnce(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);

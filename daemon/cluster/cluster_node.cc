@@ -2,10 +2,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/cluster/cluster_member.h"
 #include "daemon/cluster/cluster_service.h"
+#include "daemon/cluster/etcd/etcd_client.h"
+#include "daemon/cluster/etcd/etcd_member.h"
+#include "daemon/cluster/etcd/etcd_store.h"
 #include "daemon/cluster/coordinator.h"
 #include "daemon/cluster/kv_store.h"
 #include "daemon/cluster/token_authenticator.h"
@@ -27,6 +32,76 @@ void ClusterNode::Cancel() {
 ClusterNode::~ClusterNode() { Stop(); }
 
 absl::Status ClusterNode::Start() {
+  return config_.cluster_store == "etcd" ? StartEtcd() : StartEmbedded();
+}
+
+absl::Status ClusterNode::StartMember(std::unique_ptr<Membership> member) {
+  {
+    absl::MutexLock l(&cancel_mu_);
+    member_ = std::move(member);
+    if (cancelled_) return absl::CancelledError("cluster: stopped while starting");
+  }
+  return member_->Start();
+}
+
+absl::Status ClusterNode::StartEtcd() {
+  etcd::EtcdOptions options;
+  options.endpoints = config_.cluster_etcd_endpoints;
+  options.user = config_.cluster_etcd_user;
+  if (!config_.cluster_etcd_password_file.empty()) {
+    absl::StatusOr<std::string> password = ReadClusterToken(config_.cluster_etcd_password_file);
+    if (!password.ok()) {
+      return absl::Status(password.status().code(),
+                          absl::StrCat("cluster.etcd.password_file: ", password.status().message()));
+    }
+    options.password = *password;
+  }
+  if (!config_.cluster_etcd_tls_ca.empty()) {
+    ASSIGN_OR_RETURN(options.tls_ca, ReadPemFile("cluster.etcd.tls.ca", config_.cluster_etcd_tls_ca));
+  }
+  if (!config_.cluster_etcd_tls_cert.empty()) {
+    ASSIGN_OR_RETURN(options.tls_cert,
+                     ReadPemFile("cluster.etcd.tls.cert", config_.cluster_etcd_tls_cert));
+    ASSIGN_OR_RETURN(options.tls_key,
+                     ReadPemFile("cluster.etcd.tls.key", config_.cluster_etcd_tls_key));
+  }
+  if (options.user.empty() && options.tls_ca.empty()) {
+    HSDP_LOG(Warning) << "cluster.insecure: the connection to etcd is NOT authenticated; anyone "
+                         "who can reach etcd can join this cluster and read or write its keys";
+  }
+  // Connect authenticates: wrong credentials end the start here, clearly.
+  absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> client = etcd::EtcdClient::Connect(
+      std::move(options), absl::Milliseconds(std::min<uint32_t>(config_.cluster_join_timeout_ms, 10000)));
+  if (!client.ok()) {
+    return absl::Status(client.status().code(),
+                        absl::StrCat("cluster.etcd: ", client.status().message()));
+  }
+  etcd_ = std::move(*client);
+  auto store = std::make_unique<EtcdStore>(etcd_.get(), config_.cluster_etcd_prefix);
+  EtcdStore* etcd_store = store.get();
+  store_ = std::move(store);
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  HSDP_LOG(Info) << "cluster: store etcd " << etcd_->name() << " under \""
+                 << config_.cluster_etcd_prefix << "\" for " << config_.cluster_nodes << " nodes";
+  return StartMember(std::make_unique<EtcdMember>(
+      etcd_.get(), etcd_store,
+      EtcdMember::Options{
+          .prefix = config_.cluster_etcd_prefix,
+          .address = config_.cluster_listen,
+          .data_address = config_.cluster_data_address.empty()
+                              ? config_.cluster_listen.substr(0, config_.cluster_listen.rfind(':'))
+                              : config_.cluster_data_address,
+          .name = config_.node_name.empty() ? host : config_.node_name,
+          .nodes = config_.cluster_nodes,
+          .node_rank = config_.cluster_node_rank,
+          .join_timeout = absl::Milliseconds(config_.cluster_join_timeout_ms),
+          .heartbeat = absl::Milliseconds(config_.cluster_heartbeat_ms),
+          .missed_heartbeats = config_.cluster_missed_heartbeats},
+      events_, group_events_));
+}
+
+absl::Status ClusterNode::StartEmbedded() {
   const bool is_coordinator = config_.cluster_listen == config_.cluster_coordinator;
   std::string token;
   if (!config_.cluster_token_file.empty()) {
@@ -86,8 +161,8 @@ absl::Status ClusterNode::Start() {
 
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
-  client_ = std::make_unique<ClusterClient>(config_.cluster_coordinator, token,
-                                            channel_credentials);
+  store_ = std::make_unique<ClusterClient>(config_.cluster_coordinator, token,
+                                           channel_credentials);
   const std::string listen_host =
       config_.cluster_listen.substr(0, config_.cluster_listen.rfind(':'));
   auto member = std::make_unique<ClusterMember>(
@@ -106,12 +181,7 @@ absl::Status ClusterNode::Start() {
           .heartbeat = absl::Milliseconds(config_.cluster_heartbeat_ms),
           .missed_heartbeats = config_.cluster_missed_heartbeats},
       events_, group_events_);
-  {
-    absl::MutexLock l(&cancel_mu_);
-    member_ = std::move(member);
-    if (cancelled_) return absl::CancelledError("cluster: stopped while starting");
-  }
-  return member_->Start();
+  return StartMember(std::move(member));
 }
 
 void ClusterNode::Stop() {

@@ -1,10 +1,10 @@
-// A gloo::rendezvous::Store over the coordinator's key/value store, for Gloo
+// A gloo::rendezvous::Store over the cluster's key/value store, for Gloo
 // contexts (and, later, NCCL unique ids) across daemons. Keys are prefixed
 // with `prefix` so several contexts share one coordinator.
 //
 // Gloo's Store interface reports failures by throwing: every failed call
 // throws gloo::IoException with the coordinator's message. get() waits for
-// the key like Gloo's own stores. Thread-safe (ClusterClient is).
+// the key like Gloo's own stores. Thread-safe (ClusterStore is).
 #ifndef HSDP_DAEMON_CLUSTER_GLOO_STORE_H_
 #define HSDP_DAEMON_CLUSTER_GLOO_STORE_H_
 
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/cluster/cluster_client.h"
+#include "daemon/cluster/cluster_store.h"
 #include "gloo/rendezvous/store.h"
 
 namespace hsdp {
@@ -20,7 +20,7 @@ namespace hsdp {
 class GlooStore : public gloo::rendezvous::Store {
  public:
   // `client` must outlive the store.
-  GlooStore(ClusterClient* client, std::string prefix,
+  GlooStore(ClusterStore* client, std::string prefix,
             std::chrono::milliseconds timeout = kDefaultTimeout)
       : client_(client), prefix_(std::move(prefix)), timeout_(timeout) {}
 
@@ -31,7 +31,7 @@ class GlooStore : public gloo::rendezvous::Store {
             const std::chrono::milliseconds& timeout) override;
 
  private:
-  ClusterClient* const client_;
+  ClusterStore* const client_;
   const std::string prefix_;
   const std::chrono::milliseconds timeout_;
 };

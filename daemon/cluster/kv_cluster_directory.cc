@@ -33,7 +33,7 @@ std::string GroupEpochKey(const std::string& group_key) {
   return absl::StrCat("hsdp/epoch/", group_key);
 }
 
-KvClusterDirectory::KvClusterDirectory(ClusterClient* client, ClusterMember* member, int nodes)
+KvClusterDirectory::KvClusterDirectory(ClusterStore* client, Membership* member, int nodes)
     : client_(client), member_(member), nodes_(nodes) {
   worker_ = std::thread([this] { Worker(); });
 }
@@ -50,9 +50,8 @@ int KvClusterDirectory::this_node() const { return member_->node_rank(); }
 
 absl::Status KvClusterDirectory::Named(const absl::Status& s, const std::string& what) const {
   if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(what, ": the cluster coordinator ",
-                                             client_->coordinator(), " failed (", s.message(),
-                                             "); see docs/cluster.md, coordinator loss"));
+  return absl::Status(s.code(), absl::StrCat(what, ": ", client_->name(), " failed (", s.message(),
+                                             "); see docs/cluster.md, losing the store"));
 }
 
 void KvClusterDirectory::Worker() {
@@ -82,8 +81,8 @@ absl::Status KvClusterDirectory::Publish(const JobKey& job, int rank, int world_
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && !busy_; };
     if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "rank ", rank, " of ", job.Describe(), ": earlier withdrawals from the cluster coordinator ",
-          client_->coordinator(), " did not finish in time"));
+          "rank ", rank, " of ", job.Describe(), ": earlier withdrawals from ",
+          client_->name(), " did not finish in time"));
     }
   }
   const std::string what = absl::StrCat("placing rank ", rank, " of ", job.Describe());
@@ -187,7 +186,7 @@ absl::StatusOr<std::vector<int>> KvClusterDirectory::Resolve(const JobKey& job,
     for (const std::string& v : *values) {
       int node = -1;
       if (!absl::SimpleAtoi(v, &node) || node < 0 || node >= nodes_) {
-        return absl::InternalError(absl::StrCat("the cluster coordinator ", client_->coordinator(),
+        return absl::InternalError(absl::StrCat(client_->name(),
                                                 " holds an invalid node \"", v.substr(0, 32),
                                                 "\" for a rank of ", job.Describe()));
       }
@@ -209,7 +208,7 @@ absl::StatusOr<uint32_t> KvClusterDirectory::FirstEpoch(const std::string& key,
   if (!absl::SimpleAtoi(*v, &epoch) || epoch < 1 || epoch > kMaxGroupEpoch) {
     // Only a peer that wrote the key by hand gets here: refuse rather than
     // start an epoch the other daemons do not share (or one that wraps).
-    return absl::InternalError(absl::StrCat("the cluster coordinator ", client_->coordinator(),
+    return absl::InternalError(absl::StrCat(client_->name(),
                                             " holds an invalid epoch \"", v->substr(0, 32),
                                             "\" for group ", key.substr(0, 64)));
   }

@@ -1,5 +1,5 @@
-// ClusterDirectory over the coordinator's key/value store and this node's
-// ClusterMember. Placement keys, for job J of owner uid U (JobKey::Encoded:
+// ClusterDirectory over the cluster's key/value store (embedded or etcd) and
+// this node's membership. Placement keys, for job J of owner uid U (JobKey::Encoded:
 // the name length-prefixed, so any job id is unambiguous) and rank R:
 //   hsdp/job/U/<len>:J/world    the job's world size (first writer wins)
 //   hsdp/job/U/<len>:J/rank/R   the node rank hosting R (first writer wins)
@@ -11,7 +11,7 @@
 // network); Publish waits for queued withdrawals first, so a trainer that
 // re-attaches at once is not un-placed by its predecessor's withdrawal.
 //
-// Thread-safe. Errors name the coordinator.
+// Thread-safe. Errors name the store.
 #ifndef HSDP_DAEMON_CLUSTER_KV_CLUSTER_DIRECTORY_H_
 #define HSDP_DAEMON_CLUSTER_KV_CLUSTER_DIRECTORY_H_
 
@@ -23,8 +23,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/cluster/cluster_client.h"
-#include "daemon/cluster/cluster_member.h"
+#include "daemon/cluster/cluster_store.h"
+#include "daemon/cluster/membership.h"
 #include "daemon/jobs/cluster_directory.h"
 #include "daemon/util/shortened_key.h"
 
@@ -37,7 +37,7 @@ std::string GroupEpochKey(const std::string& group_key);
 class KvClusterDirectory : public ClusterDirectory {
  public:
   // `client` and `member` must outlive this; `nodes` is cluster.nodes.
-  KvClusterDirectory(ClusterClient* client, ClusterMember* member, int nodes);
+  KvClusterDirectory(ClusterStore* client, Membership* member, int nodes);
   ~KvClusterDirectory() override;  // finishes queued withdrawals (bounded by their deadlines)
 
   int this_node() const override;
@@ -57,8 +57,8 @@ class KvClusterDirectory : public ClusterDirectory {
   void WithdrawNow(const JobKey& job, const std::vector<int>& ranks, absl::Time deadline);
   void Worker() ABSL_LOCKS_EXCLUDED(mu_);
 
-  ClusterClient* const client_;
-  ClusterMember* const member_;
+  ClusterStore* const client_;
+  Membership* const member_;
   const int nodes_;
 
   absl::Mutex mu_;

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/cluster/cluster_client.h"
+#include "daemon/cluster/cluster_store.h"
 #include "daemon/cluster/kv_cluster_directory.h"
 #include "hsdp/common/logging.h"
 
@@ -24,7 +24,7 @@ std::string NcclIdKey(const std::string& key) {
   return ShortenedKey(absl::StrCat("hsdp/nccl/", key.substr(0, key.size() - tail.size())), tail);
 }
 
-decltype(nccl::NcclEngineOptions::exchange_id) MakeNcclIdExchange(ClusterClient* coordinator) {
+decltype(nccl::NcclEngineOptions::exchange_id) MakeNcclIdExchange(ClusterStore* coordinator) {
   return [coordinator](const std::string& key, bool creator, const nccl::UniqueId& mine, int nodes,
                        absl::Time deadline) -> absl::StatusOr<nccl::UniqueId> {
     const std::string k = NcclIdKey(key);
@@ -44,15 +44,13 @@ decltype(nccl::NcclEngineOptions::exchange_id) MakeNcclIdExchange(ClusterClient*
     }
     if (!value.ok()) {
       return absl::Status(value.status().code(),
-                          absl::StrCat("the NCCL unique id of ", key,
-                                       " through the cluster "
-                                       "coordinator ",
-                                       coordinator->coordinator(), ": ", value.status().message()));
+                          absl::StrCat("the NCCL unique id of ", key, " through ",
+                                       coordinator->name(), ": ", value.status().message()));
     }
     nccl::UniqueId id;
     if (value->size() != id.bytes.size()) {
       return absl::InternalError(absl::StrCat(
-          "the cluster coordinator ", coordinator->coordinator(), " holds a NCCL unique id of ",
+          coordinator->name(), " holds a NCCL unique id of ",
           value->size(), " bytes for ", key, " (", id.bytes.size(), " expected)"));
     }
     std::memcpy(id.bytes.data(), value->data(), id.bytes.size());

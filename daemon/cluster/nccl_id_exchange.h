@@ -16,14 +16,14 @@
 
 namespace hsdp {
 
-class ClusterClient;
+class ClusterStore;
 
 // The store key for the exchange `key` (at most 200 bytes).
 std::string NcclIdKey(const std::string& key);
 
 // An NcclEngineOptions::exchange_id over `coordinator` (which must outlive
 // the engine).
-decltype(nccl::NcclEngineOptions::exchange_id) MakeNcclIdExchange(ClusterClient* coordinator);
+decltype(nccl::NcclEngineOptions::exchange_id) MakeNcclIdExchange(ClusterStore* coordinator);
 
 }  // namespace hsdp
 

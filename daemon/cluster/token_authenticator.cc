@@ -74,15 +74,13 @@ absl::StatusOr<PeerCred> TlsPeerAuthenticator::Authenticate(
   return TokenAuthenticator(token_).Authenticate(ctx);
 }
 
-namespace {
-
-absl::StatusOr<std::string> ReadPem(const std::string& key, const std::string& path) {
+absl::StatusOr<std::string> ReadPemFile(const std::string& key, const std::string& path) {
   constexpr size_t kMaxPemBytes = 1 << 20;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
     const std::string what =
-        absl::StrCat("cannot open cluster.tls.", key, " \"", path, "\": ", std::strerror(err));
+        absl::StrCat("cannot open ", key, " \"", path, "\": ", std::strerror(err));
     if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(what);
     return absl::NotFoundError(what);
   }
@@ -98,19 +96,17 @@ absl::StatusOr<std::string> ReadPem(const std::string& key, const std::string& p
   ::close(fd);
   if (text.size() > kMaxPemBytes || text.find("-----BEGIN ") == std::string::npos) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cluster.tls.", key, " \"", path, "\" is not a PEM file"));
+        absl::StrCat(key, " \"", path, "\" is not a PEM file"));
   }
   return text;
 }
 
-}  // namespace
-
 absl::StatusOr<ClusterTlsFiles> ReadClusterTls(const std::string& ca, const std::string& cert,
                                                const std::string& key) {
   ClusterTlsFiles files;
-  ASSIGN_OR_RETURN(files.ca, ReadPem("ca", ca));
-  ASSIGN_OR_RETURN(files.cert, ReadPem("cert", cert));
-  ASSIGN_OR_RETURN(files.key, ReadPem("key", key));
+  ASSIGN_OR_RETURN(files.ca, ReadPemFile("cluster.tls.ca", ca));
+  ASSIGN_OR_RETURN(files.cert, ReadPemFile("cluster.tls.cert", cert));
+  ASSIGN_OR_RETURN(files.key, ReadPemFile("cluster.tls.key", key));
   return files;
 }
 

@@ -53,6 +53,11 @@ class TlsPeerAuthenticator : public Authenticator {
   const std::string token_;
 };
 
+// A PEM file (at most 1 MiB): NOT_FOUND / PERMISSION_DENIED /
+// INVALID_ARGUMENT naming `key` (the config key, e.g. "cluster.tls.ca") and
+// the path.
+absl::StatusOr<std::string> ReadPemFile(const std::string& key, const std::string& path);
+
 // PEM files of cluster.tls, read once at start.
 struct ClusterTlsFiles {
   std::string ca, cert, key;

@@ -93,6 +93,20 @@ struct NodeConfig {
   uint32_t cluster_join_timeout_ms = 60000;  // cluster.join_timeout_ms: 1..3600000
   uint32_t cluster_heartbeat_ms = 1000;      // cluster.heartbeat_ms: 10..60000
   uint32_t cluster_missed_heartbeats = 5;    // cluster.missed_heartbeats: 1..1000
+  // cluster.store: where membership and the key/value store live.
+  //   "embedded": the coordinator inside node 0's daemon (cluster.coordinator);
+  //   "etcd": an etcd cluster (cluster.etcd), no coordinator.
+  std::string cluster_store = "embedded";
+  std::vector<std::string> cluster_etcd_endpoints;  // cluster.etcd.endpoints: HOST:PORT each
+  std::string cluster_etcd_prefix = "/hsdp/";       // cluster.etcd.prefix: this cluster's keys
+  std::string cluster_etcd_user;                    // cluster.etcd.user: "" = no etcd auth
+  std::string cluster_etcd_password_file;           // cluster.etcd.password_file: absolute path
+  std::string cluster_etcd_tls_ca;    // cluster.etcd.tls.ca: CA bundle (PEM); "" = plaintext
+  std::string cluster_etcd_tls_cert;  // cluster.etcd.tls.cert: client certificate (optional)
+  std::string cluster_etcd_tls_key;   // cluster.etcd.tls.key: its private key
+
+  // Whether this daemon is one node of a cluster (either store).
+  bool multi_node() const { return !cluster_coordinator.empty() || cluster_store == "etcd"; }
 
   // Field-by-field equality (used by tests and round-trip checks).
   friend bool operator==(const NodeConfig&, const NodeConfig&) = default;

@@ -17,7 +17,7 @@
 namespace hsdp {
 
 absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(std::unique_ptr<Engine> local,
-                                                          ClusterClient* coordinator,
+                                                          ClusterStore* coordinator,
                                                           const NodeConfig& config, int threads) {
 #if HSDP_HAVE_CLUSTER_ENGINE
   const std::string listen_host = config.cluster_listen.substr(0, config.cluster_listen.rfind(':'));

@@ -16,11 +16,11 @@
 
 namespace hsdp {
 
-class ClusterClient;
+class ClusterStore;
 
 // `coordinator` must outlive the engine. Matches ClusterEngineFactory.
 absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(std::unique_ptr<Engine> local,
-                                                          ClusterClient* coordinator,
+                                                          ClusterStore* coordinator,
                                                           const NodeConfig& config, int threads);
 
 }  // namespace hsdp

@@ -75,7 +75,7 @@ absl::Status Daemon::Start() {
   ASSIGN_OR_RETURN(listener_, Listener::Bind(config_.socket_path, config_.socket_mode));
   auth_ = std::make_unique<UnixPeerAuthenticator>(peers_.get());
   ASSIGN_OR_RETURN(wake_, WakeFd::Create());
-  if (!config_.cluster_coordinator.empty()) {
+  if (config_.multi_node()) {
     // Joined first: the cross-node engine rendezvous through the coordinator.
     // Events reach the session manager once it exists (none can concern a
     // group before).

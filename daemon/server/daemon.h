@@ -25,7 +25,7 @@ class Server;
 namespace hsdp {
 
 class Authenticator;
-class ClusterClient;
+class ClusterStore;
 class ClusterDirectory;
 class AdminClusterServiceImpl;
 class ClusterNode;
@@ -52,7 +52,7 @@ class DeviceApi;
 // Wraps the node's engine into one that also reaches other nodes, with the
 // coordinator's client for rendezvous (daemon/server/cluster_engine.h).
 using ClusterEngineFactory = std::function<absl::StatusOr<std::unique_ptr<Engine>>(
-    std::unique_ptr<Engine> local, ClusterClient* coordinator, const NodeConfig& config,
+    std::unique_ptr<Engine> local, ClusterStore* coordinator, const NodeConfig& config,
     int threads)>;
 
 class Daemon {

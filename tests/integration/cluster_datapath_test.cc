@@ -29,6 +29,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class ClusterDatapathTest : public ClusterFixture {};
 
@@ -499,13 +500,17 @@ INSTANTIATE_TEST_SUITE_P(DrainOrKill, ClusterRestartLoopTest, ::testing::Bool(),
 // (it used to ignore it until cluster.join_timeout_ms).
 TEST_F(ClusterDatapathTest, ADaemonStillJoiningStopsPromptlyOnSigterm) {
   ClusterDaemon d;
-  const std::string nobody = Loopback(FreePort());  // no coordinator there
-  ASSERT_TRUE(d.process.Start(ClusterYaml(nobody, Loopback(FreePort()), 2, token_,
-                                          /*join_timeout_ms=*/60000),
-                              {}, {}, /*wait_ready=*/false));
-  ASSERT_TRUE(Eventually([&] { return d.log().find("waiting for the coordinator") !=
-                                      std::string::npos; },
-                         kFormMs))
+  const std::string nobody = Loopback(FreePort());  // no coordinator (or etcd) there
+  std::string yaml = ClusterYaml(nobody, Loopback(FreePort()), 2, token_,
+                                 /*join_timeout_ms=*/60000);
+  if (OnEtcd()) {
+    yaml = absl::StrCat("cluster:\n  store: etcd\n  etcd:\n    endpoints: [\"", nobody,
+                        "\"]\n  insecure: true\n  listen: \"", Loopback(FreePort()),
+                        "\"\n  nodes: 2\n  join_timeout_ms: 60000\n");
+  }
+  ASSERT_TRUE(d.process.Start(yaml, {}, {}, /*wait_ready=*/false));
+  const std::string waiting = OnEtcd() ? "waiting for etcd" : "waiting for the coordinator";
+  ASSERT_TRUE(Eventually([&] { return d.log().find(waiting) != std::string::npos; }, kFormMs))
       << d.log();
   const int64_t start = NowMs();
   EXPECT_EQ(d.process.Stop(/*timeout_ms=*/5000), 0) << d.log();
@@ -546,13 +551,24 @@ TEST_F(ClusterDatapathTest, WithoutTheCoordinatorNewPlacementFailsNamingIt) {
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(WaitFile(formed + std::to_string(r), kChildMs)) << children[r]->output() << Logs();
   }
-  daemons_[0]->process.Kill();  // the coordinator
+#ifdef HSDP_ETCD_BIN
+  if (OnEtcd()) {
+    // etcd: no coordinator; the store is gone when etcd loses its quorum.
+    SharedEtcd().Kill(1);
+    SharedEtcd().Kill(2);
+  } else
+#endif
+    daemons_[0]->process.Kill();  // the coordinator
   WriteFile(gone, "");
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(children[r]->Finish(kChildMs), 0) << children[r]->output() << Logs();
   }
+  // The embedded store is unreachable (UNAVAILABLE); etcd without a leader
+  // answers UNAVAILABLE or lets the call run out (DEADLINE_EXCEEDED).
+  const std::string failed = OnEtcd() ? "" : "UNAVAILABLE";
   EXPECT_THAT(children[1]->output(),
-              AllOf(HasSubstr("NEWGROUP UNAVAILABLE"), HasSubstr(coordinator_)))
+              AllOf(HasSubstr("NEWGROUP " + failed), Not(HasSubstr("NEWGROUP OK")),
+                    HasSubstr(StoreName(coordinator_))))
       << children[1]->output();
   // A new trainer on node 1 cannot be placed: the error names the coordinator.
   Child late([&](FILE* out) {
@@ -566,8 +582,28 @@ TEST_F(ClusterDatapathTest, WithoutTheCoordinatorNewPlacementFailsNamingIt) {
     return 0;
   });
   EXPECT_EQ(late.Finish(kChildMs), 0);
-  EXPECT_THAT(late.output(), AllOf(HasSubstr("ATTACH UNAVAILABLE"), HasSubstr(coordinator_)))
+  EXPECT_THAT(late.output(), AllOf(HasSubstr("ATTACH " + failed), Not(HasSubstr("ATTACH OK")),
+                                   HasSubstr(StoreName(coordinator_))))
       << late.output();
+#ifdef HSDP_ETCD_BIN
+  if (OnEtcd()) {
+    // Quorum back: placement works again, with no daemon restarted.
+    ASSERT_TRUE(SharedEtcd().Restart(1));
+    ASSERT_TRUE(SharedEtcd().Restart(2));
+    ASSERT_TRUE(SharedEtcd().WaitHealthy(absl::Seconds(30)).ok()) << SharedEtcd().Logs();
+    Child again([&](FILE* out) {
+      ClientOptions o;
+      o.socket_path = Socket(1);
+      o.job_id = "after";
+      o.rank = 0;
+      o.world_size = 2;
+      auto c = Client::Connect(o);
+      std::fprintf(out, "ATTACH %s\n", c.status().ToString().c_str());
+      return c.ok() ? 0 : 1;
+    });
+    EXPECT_EQ(again.Finish(kChildMs), 0) << again.output() << Logs();
+  }
+#endif
 }
 
 }  // namespace

@@ -6,7 +6,10 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -47,9 +50,65 @@ inline std::string WriteToken(const TempDir& dir, const std::string& name,
 constexpr int kHeartbeatMs = 200;
 constexpr int kMissed = 5;
 
+}  // namespace hsdp::testing
+
+// The store the cluster tests run on (cluster.store): the embedded
+// coordinator, or, with HSDP_TEST_CLUSTER_STORE=etcd in the environment
+// (ctest runs the cluster tests both ways: tests/integration/etcd.cmake), a
+// real 3-member etcd cluster started once per test process.
+#ifdef HSDP_ETCD_BIN
+#include "etcd_test_cluster.h"
+#endif
+
+namespace hsdp::testing {
+
+inline bool OnEtcd() {
+  const char* store = std::getenv("HSDP_TEST_CLUSTER_STORE");
+  return store != nullptr && std::string(store) == "etcd";
+}
+
+#ifdef HSDP_ETCD_BIN
+// The etcd cluster of this test process (OnEtcd()): started on first use,
+// stopped at exit. A start that fails aborts the process loudly.
+inline EtcdTestCluster& SharedEtcd() {
+  static EtcdTestCluster* cluster = [] {
+    auto* c = new EtcdTestCluster(3);
+    if (absl::Status s = c->Start(); !s.ok()) {
+      std::fprintf(stderr, "cannot start the tests' etcd cluster: %s\n", s.ToString().c_str());
+      std::abort();
+    }
+    std::atexit([] { delete cluster; });
+    return c;
+  }();
+  return *cluster;
+}
+#endif
+
+// What the cluster's store is called in errors and `hsdpctl nodes`: the
+// coordinator's address, or "etcd (" + endpoints.
+inline std::string StoreName(const std::string& coordinator) {
+  return OnEtcd() ? std::string("etcd (") : coordinator;
+}
+
+// A daemon's cluster section. On etcd, `coordinator` (unique per test) names
+// the cluster's key prefix and `token_file` is not used.
 inline std::string ClusterYaml(const std::string& coordinator, const std::string& listen,
                                int nodes, const std::string& token_file,
                                int join_timeout_ms = 8000) {
+#ifdef HSDP_ETCD_BIN
+  if (OnEtcd()) {
+    std::string endpoints;
+    for (const std::string& e : SharedEtcd().endpoints()) {
+      absl::StrAppend(&endpoints, endpoints.empty() ? "" : ", ", "\"", e, "\"");
+    }
+    std::string prefix = absl::StrCat("/hsdp-test/", ::getpid(), "/", coordinator, "/");
+    return absl::StrCat("cluster:\n  store: etcd\n  etcd:\n    endpoints: [", endpoints,
+                        "]\n    prefix: \"", prefix, "\"\n  insecure: true\n  listen: \"",
+                        listen, "\"\n  nodes: ", nodes, "\n  heartbeat_ms: ", kHeartbeatMs,
+                        "\n  missed_heartbeats: ", kMissed,
+                        "\n  join_timeout_ms: ", join_timeout_ms, "\n");
+  }
+#endif
   return absl::StrCat("cluster:\n  coordinator: \"", coordinator, "\"\n  listen: \"", listen,
                       "\"\n  nodes: ", nodes, "\n  token_file: \"", token_file,
                       "\"\n  heartbeat_ms: ", kHeartbeatMs, "\n  missed_heartbeats: ", kMissed,

@@ -192,9 +192,12 @@ int Nodes(const hsdpctl::Context& c, std::chrono::system_clock::time_point deadl
     std::printf("single node (no cluster.coordinator configured)\n");
     return 0;
   }
-  std::printf("cluster %s, epoch %llu, this node %d of %u, coordinator %s%s\n", r.state().c_str(),
+  // cluster.store: etcd names etcd where the embedded store names its coordinator.
+  const bool etcd = r.coordinator().rfind("etcd (", 0) == 0;
+  std::printf("cluster %s, epoch %llu, this node %d of %u, %s %s%s\n", r.state().c_str(),
               static_cast<unsigned long long>(r.epoch()), r.node_rank(), r.expected_nodes(),
-              r.coordinator().c_str(), r.is_coordinator() ? " (this node)" : "");
+              etcd ? "store" : "coordinator", r.coordinator().c_str(),
+              r.is_coordinator() ? " (this node)" : "");
   if (!r.detail().empty()) std::printf("%s\n", r.detail().c_str());
   std::printf("%-5s %-24s %-16s %-20s %-6s %10s\n", "NODE", "ADDRESS", "DATA", "NAME", "STATE",
               "HEARTBEAT");

@@ -6,6 +6,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 "$ROOT/tools/scripts/bootstrap.sh"
 BUILD_DIR="${HSDP_BUILD_DIR:-$ROOT/build}"
+# etcd's protos and binaries (the etcd client's stubs, its tests' cluster).
+"$ROOT/tools/scripts/etcd_env.sh" "$BUILD_DIR/third_party/etcd"
 # ccache (optional) hashes paths relative to the parent of the checkout, so
 # several worktrees of one repository share the cache. Exported on every build:
 # the compiler launcher reads it at compile time, not at configure time.

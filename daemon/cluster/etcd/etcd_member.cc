@@ -1,0 +1,656 @@
+#include "daemon/cluster/etcd/etcd_member.h"
+
+#include <algorithm>
+#include <random>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "daemon/cluster/kv_cluster_directory.h"
+#include "hsdp/common/logging.h"
+#include "hsdp/common/status_macros.h"
+
+namespace hsdp {
+namespace {
+
+using etcd::Compare;
+using etcd::Op;
+
+std::string RandomInstance() {
+  std::random_device rd;
+  return absl::StrFormat("%08x%08x", rd(), rd());
+}
+
+absl::Duration Left(absl::Time deadline) {
+  return std::max(absl::Milliseconds(1), deadline - absl::Now());
+}
+
+// Errors that retrying cannot fix.
+bool Permanent(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kInvalidArgument:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// "the compare held the key at this revision" (0: absent).
+Compare At(const std::string& key, int64_t mod_revision) {
+  if (mod_revision == 0) return Compare{key, Compare::Target::kCreate, Compare::Result::kEqual, 0, ""};
+  return Compare{key, Compare::Target::kMod, Compare::Result::kEqual, mod_revision, ""};
+}
+
+constexpr int kRankDigits = 5;  // ranks < 4096
+
+}  // namespace
+
+EtcdMember::EtcdMember(etcd::EtcdClient* etcd, EtcdStore* store, Options options,
+                       PeerEvents events, GroupEvents group_events)
+    : etcd_(etcd), store_(store), options_(std::move(options)), events_(std::move(events)),
+      group_events_(std::move(group_events)), instance_(RandomInstance()) {}
+
+EtcdMember::~EtcdMember() { Stop(); }
+
+std::string EtcdMember::NodeKey(int rank) const {
+  return Key(absl::StrFormat("nodes/%0*d", kRankDigits, rank));
+}
+
+absl::Status EtcdMember::CheckNodes(absl::Time deadline) {
+  const std::string key = Key("config");
+  const std::string mine = absl::StrCat("nodes=", options_.nodes);
+  absl::StatusOr<etcd::TxnResult> t =
+      etcd_->Txn({At(key, 0)}, {Op::Put(key, mine)}, {Op::Get(key)}, Left(deadline));
+  if (!t.ok()) return t.status();
+  if (t->succeeded || t->ranges.empty() || t->ranges[0].empty()) return absl::OkStatus();
+  const std::string& theirs = t->ranges[0][0].value;
+  if (theirs != mine) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cluster.nodes is ", options_.nodes, " here, but the cluster under ", options_.prefix,
+        " in ", etcd_->name(), " was formed with ", theirs.substr(0, 32),
+        " (a wrong cluster.etcd.prefix, or a cluster.nodes that differs between nodes)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  RETURN_IF_ERROR(CheckNodes(deadline));
+  int64_t lease;
+  {
+    absl::MutexLock l(&mu_);
+    lease = lease_;
+  }
+  if (lease == 0) {
+    absl::StatusOr<int64_t> granted = etcd_->LeaseGrant(
+        options_.heartbeat * static_cast<int64_t>(options_.missed_heartbeats), Left(deadline));
+    if (!granted.ok()) return granted.status();
+    lease = *granted;
+    absl::MutexLock l(&mu_);
+    lease_ = lease;
+  }
+  v1::ClusterNode me;
+  me.set_address(options_.address);
+  me.set_data_address(options_.data_address);
+  me.set_name(options_.name);
+  me.set_instance(instance_);
+  me.set_state("alive");
+  for (int attempt = 0; absl::Now() < deadline; ++attempt) {
+    absl::StatusOr<etcd::RangeResult> all =
+        etcd_->Range(Key(""), etcd::PrefixEnd(Key("")), Left(deadline));
+    if (!all.ok()) return all.status();
+    std::map<int, std::pair<v1::ClusterNode, const etcd::KeyValue*>> live;
+    std::map<int, std::string> history;
+    int64_t epoch = 0, epoch_mod = 0;
+    for (const etcd::KeyValue& kv : all->kvs) {
+      const std::string rest = kv.key.substr(Key("").size());
+      int rank = -1;
+      if (rest == "epoch") {
+        (void)absl::SimpleAtoi(kv.value, &epoch);
+        epoch_mod = kv.mod_revision;
+      } else if (absl::StartsWith(rest, "nodes/") && absl::SimpleAtoi(rest.substr(6), &rank) &&
+                 rank >= 0 && rank < static_cast<int>(options_.nodes)) {
+        v1::ClusterNode n;
+        if (kv.value.size() <= kMaxNodeValue && n.ParseFromString(kv.value)) {
+          live[rank] = {n, &kv};
+        }
+      } else if (absl::StartsWith(rest, "ranks/") && absl::SimpleAtoi(rest.substr(6), &rank)) {
+        history[rank] = kv.value;
+      }
+    }
+    int rank = options_.node_rank;
+    if (rank >= 0) {
+      auto it = live.find(rank);
+      if (it != live.end() && it->second.first.address() != options_.address) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "node rank ", rank, " is held by the live node ", it->second.first.address(),
+            " (cluster.node_rank must differ between nodes)"));
+      }
+    } else {
+      for (const auto& [r, n] : live) {
+        if (n.first.address() == options_.address) rank = r;  // this node's last instance
+      }
+      for (const auto& [r, address] : history) {
+        if (rank < 0 && address == options_.address && !live.contains(r)) rank = r;
+      }
+      for (int r = 0; rank < 0 && r < static_cast<int>(options_.nodes); ++r) {
+        if (!live.contains(r) && !history.contains(r)) rank = r;
+      }
+      for (int r = 0; rank < 0 && r < static_cast<int>(options_.nodes); ++r) {
+        if (!live.contains(r)) rank = r;  // a node that is gone for good
+      }
+      if (rank < 0) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "all ", options_.nodes, " node ranks are held by live nodes (cluster.nodes)"));
+      }
+    }
+    me.set_node_rank(rank);
+    const auto held = live.find(rank);
+    const int64_t held_mod = held == live.end() ? 0 : held->second.second->mod_revision;
+    const int64_t old_lease = held == live.end() ? 0 : held->second.second->lease;
+    absl::StatusOr<etcd::TxnResult> t = etcd_->Txn(
+        {At(NodeKey(rank), held_mod), At(Key("epoch"), epoch_mod)},
+        // The epoch first: watchers see it before the node it counts.
+        {Op::Put(Key("epoch"), absl::StrCat(epoch + 1)),
+         Op::Put(NodeKey(rank), me.SerializeAsString(), lease),
+         Op::Put(Key(absl::StrFormat("ranks/%0*d", kRankDigits, rank)), options_.address)},
+        {}, Left(deadline));
+    if (!t.ok()) return t.status();
+    if (!t->succeeded) continue;  // someone joined or left meanwhile: read again
+    if (old_lease != 0 && old_lease != lease) {
+      // This node's previous instance: its keys (rendezvous, events) go now.
+      (void)etcd_->LeaseRevoke(old_lease, absl::Seconds(1));
+    }
+    store_->SetLease(lease);
+    std::vector<PeerEvent> fired;
+    {
+      absl::MutexLock l(&mu_);
+      rank_ = rank;
+      epoch_ = std::max<uint64_t>(epoch_, epoch + 1);
+      state_ = "ok";
+      detail_.clear();
+      last_contact_ = absl::Now();
+      for (auto& [r, n] : live) {
+        if (r == rank) continue;
+        auto it = peers_.find(r);
+        if (it == peers_.end() || it->second.node.state() != "alive" ||
+            it->second.node.instance() != n.first.instance()) {
+          fired.push_back({PeerEvent::Kind::kJoined, r,
+                           absl::StrCat("node ", r, " (", n.first.address(),
+                                        ") joined; cluster epoch ", epoch + 1)});
+        }
+        n.first.set_node_rank(r);
+        n.first.set_state("alive");
+        peers_[r] = Peer{n.first, absl::Now()};
+      }
+      peers_[rank] = Peer{me, absl::Now()};
+      // Changes after the read are replayed by the watch (idempotently).
+      watch_from_ = all->revision + 1;
+    }
+    Fire(fired);
+    return absl::OkStatus();
+  }
+  return absl::DeadlineExceededError("the membership kept changing while joining");
+}
+
+absl::Status EtcdMember::Start() {
+  const absl::Time deadline = absl::Now() + options_.join_timeout;
+  absl::Status last;
+  for (int attempt = 0;; ++attempt) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) break;
+    {
+      absl::MutexLock l(&mu_);
+      if (stopping_) return absl::CancelledError("cluster: stopped while joining");
+    }
+    last = JoinOnce(std::min(left, absl::Seconds(2)));
+    if (last.ok()) break;
+    if (Permanent(last)) {
+      absl::MutexLock l(&mu_);
+      state_ = "failed";
+      detail_ = std::string(last.message());
+      const std::string hint =
+          last.code() == absl::StatusCode::kPermissionDenied
+              ? absl::StrCat(" (the etcd user needs read-write access to the keys under "
+                             "cluster.etcd.prefix \"", options_.prefix, "\")")
+              : "";
+      return absl::Status(last.code(), absl::StrCat("cannot join the cluster in ", etcd_->name(),
+                                                    ": ", last.message(), hint));
+    }
+    if (attempt % 10 == 0) {
+      HSDP_LOG(Info) << "cluster: waiting for " << etcd_->name() << " (" << last.message() << ")";
+    }
+    absl::MutexLock l(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                         std::min(absl::Milliseconds(200), std::max(absl::ZeroDuration(), left)));
+  }
+  if (!last.ok()) {
+    absl::MutexLock l(&mu_);
+    state_ = "failed";
+    detail_ = std::string(last.message());
+    return absl::DeadlineExceededError(absl::StrCat(
+        "cannot join the cluster: ", etcd_->name(),
+        " did not take this node within cluster.join_timeout_ms (",
+        absl::ToInt64Milliseconds(options_.join_timeout), " ms); last error: ", last.message()));
+  }
+  HSDP_LOG(Info) << "cluster: joined through " << etcd_->name() << " as node " << node_rank()
+                 << " of " << options_.nodes << " (epoch " << epoch() << ")";
+  absl::MutexLock l(&mu_);
+  if (stopping_) return absl::CancelledError("cluster: stopped while joining");
+  const int64_t from = watch_from_;
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  watcher_ = std::thread([this, from] { WatchLoop(from); });
+  return absl::OkStatus();
+}
+
+void EtcdMember::Stop() {
+  int64_t lease;
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    if (state_ != "failed") state_ = "stopped";
+    if (watch_ != nullptr) watch_->Cancel();
+    lease = lease_;
+  }
+  if (heartbeat_.joinable()) {
+    heartbeat_.join();
+    FlushOutbox();  // a last try (bounded by one call's timeout)
+  }
+  if (watcher_.joinable()) watcher_.join();
+  if (lease != 0) {
+    // Leave at once rather than when the lease runs out.
+    (void)etcd_->LeaseRevoke(lease, absl::Seconds(1));
+  }
+}
+
+void EtcdMember::Fire(const std::vector<PeerEvent>& events) {
+  for (const PeerEvent& e : events) {
+    if (e.kind == PeerEvent::Kind::kLost) {
+      HSDP_LOG(Warning) << "cluster: " << e.why;
+    } else {
+      HSDP_LOG(Info) << "cluster: " << e.why;
+    }
+    if (events_) events_(e);
+  }
+}
+
+void EtcdMember::ReportGroupEvent(v1::GroupEvent event) {
+  absl::MutexLock l(&mu_);
+  if (outbox_.size() >= kMaxOutbox) {
+    HSDP_LOG_EVERY_N_SEC(Warning, 5) << "cluster: dropping a group event for \""
+                                     << outbox_.front().group_key() << "\": " << etcd_->name()
+                                     << " has not taken " << kMaxOutbox << " queued events";
+    outbox_.pop_front();
+  }
+  outbox_.push_back(std::move(event));
+}
+
+bool EtcdMember::WakeLocked() const { return stopping_ || (!outbox_blocked_ && !outbox_.empty()); }
+
+bool EtcdMember::FlushOutbox() {
+  const absl::Duration timeout = std::max(options_.heartbeat, absl::Milliseconds(500));
+  for (;;) {
+    v1::ReportRequest req;
+    int64_t lease;
+    {
+      absl::MutexLock l(&mu_);
+      if (outbox_.empty()) return true;
+      if (rank_ < 0) return false;
+      req.set_node_rank(rank_);
+      req.set_instance(instance_);
+      lease = lease_;
+      for (size_t i = 0; i < outbox_.size() && i < kMaxReportEvents; ++i) {
+        v1::GroupEvent* e = req.add_events();
+        *e = outbox_[i];
+        e->set_origin_node(rank_);
+        e->mutable_group_key()->resize(std::min(e->group_key().size(), kMaxEventField));
+        e->mutable_why()->resize(std::min(e->why().size(), kMaxEventField));
+      }
+    }
+    absl::StatusOr<int64_t> put =
+        etcd_->Put(Key(absl::StrFormat("events/%0*d", kRankDigits, req.node_rank())),
+                   req.SerializeAsString(), lease, timeout);
+    if (!put.ok()) {
+      HSDP_LOG_EVERY_N_SEC(Error, 5) << "cluster: cannot report " << req.events_size()
+                                     << " group event(s): " << put.status().message();
+      return false;
+    }
+    // One past each failed epoch, so a group created again later starts in
+    // line with the others (as the coordinator does on Report).
+    for (const v1::GroupEvent& e : req.events()) {
+      const std::string key = GroupEpochKey(e.group_key());
+      uint32_t known = 0;
+      if (absl::StatusOr<std::string> v = store_->Get(key, timeout); v.ok()) {
+        (void)absl::SimpleAtoi(*v, &known);
+      }
+      if (e.epoch() >= known) {
+        (void)store_->PutUnleased(key, absl::StrCat(e.epoch() + 1), timeout);
+      }
+    }
+    absl::MutexLock l(&mu_);
+    for (int i = 0; i < req.events_size() && !outbox_.empty(); ++i) outbox_.pop_front();
+  }
+}
+
+void EtcdMember::Rejoin(const std::string& why) {
+  std::vector<PeerEvent> lost;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& [r, p] : peers_) {
+      if (r == rank_ || p.node.state() != "alive") continue;
+      lost.push_back({PeerEvent::Kind::kLost, r,
+                      absl::StrCat("this node lost its membership in ", etcd_->name(), " (", why,
+                                   ") and joins again; node ", r, " (", p.node.address(),
+                                   ") is treated as lost meanwhile")});
+      p.node.set_state("lost");
+      p.since = absl::Now();
+    }
+    lease_ = 0;
+    rank_ = -1;
+  }
+  store_->SetLease(0);
+  Fire(lost);
+}
+
+void EtcdMember::HeartbeatLoop() {
+  int failures = 0;
+  bool degraded = false;
+  bool joined = true;
+  absl::Time next = absl::Now() + options_.heartbeat;
+  for (;;) {
+    {
+      absl::MutexLock l(&mu_);
+      mu_.AwaitWithDeadline(absl::Condition(this, &EtcdMember::WakeLocked), next);
+      if (stopping_) return;
+    }
+    const bool sent = joined && FlushOutbox();
+    if (absl::Now() < next) {
+      absl::MutexLock l(&mu_);
+      outbox_blocked_ = !sent;
+      continue;
+    }
+    next = absl::Now() + options_.heartbeat;
+    int64_t lease;
+    {
+      absl::MutexLock l(&mu_);
+      outbox_blocked_ = false;
+      lease = lease_;
+    }
+    absl::Status status;
+    const absl::Duration timeout = std::max(options_.heartbeat, absl::Milliseconds(200));
+    if (joined) {
+      status = etcd_->LeaseKeepAlive(lease, timeout).status();
+      if (status.code() == absl::StatusCode::kNotFound) {
+        HSDP_LOG(Warning) << "cluster: this node's lease in " << etcd_->name()
+                          << " expired (no heartbeat reached etcd in time); joining again";
+        Rejoin("its lease expired");
+        joined = false;
+      }
+    }
+    if (!joined) {
+      status = JoinOnce(timeout);
+      joined = status.ok();
+    }
+    if (status.ok()) {
+      if (degraded) {
+        HSDP_LOG(Info) << "cluster: " << etcd_->name()
+                       << " answers again; the cluster is no longer degraded";
+      }
+      failures = 0;
+      degraded = false;
+      absl::MutexLock l(&mu_);
+      state_ = "ok";
+      detail_.clear();
+      last_contact_ = absl::Now();
+      continue;
+    }
+    ++failures;
+    if (failures >= static_cast<int>(options_.missed_heartbeats) && !degraded) {
+      degraded = true;
+      const std::string detail = absl::StrCat(
+          etcd_->name(), " has not answered ", failures, " heartbeats (", status.message(),
+          "); membership is frozen, node losses are not detected, and new cross-node groups "
+          "and attaches fail until etcd has a quorum again (see docs/cluster.md)");
+      HSDP_LOG(Error) << "cluster degraded: " << detail;
+      absl::MutexLock l(&mu_);
+      state_ = "degraded";
+      detail_ = detail;
+    }
+  }
+}
+
+void EtcdMember::AdvanceEpochPast(int64_t revision) {
+  const std::string key = Key("epoch");
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    absl::StatusOr<etcd::RangeResult> r = etcd_->Range(key, "", absl::Seconds(2));
+    if (!r.ok()) return;  // the next loss or join moves it on
+    int64_t epoch = 0, mod = 0;
+    if (!r->kvs.empty()) {
+      (void)absl::SimpleAtoi(r->kvs.front().value, &epoch);
+      mod = r->kvs.front().mod_revision;
+    }
+    if (mod > revision) return;  // another member did it
+    absl::StatusOr<etcd::TxnResult> t =
+        etcd_->Txn({At(key, mod)}, {Op::Put(key, absl::StrCat(epoch + 1))}, {}, absl::Seconds(2));
+    if (!t.ok() || t->succeeded) return;
+  }
+}
+
+void EtcdMember::Apply(const etcd::WatchEvent& e, std::vector<PeerEvent>* out,
+                       std::vector<v1::GroupEvent>* group_out, int64_t* lost_at) {
+  const std::string base = Key("");
+  if (!absl::StartsWith(e.kv.key, base)) return;
+  const std::string rest = e.kv.key.substr(base.size());
+  const bool put = e.type == etcd::WatchEvent::Type::kPut;
+  int rank = -1;
+  absl::MutexLock l(&mu_);
+  if (rest == "epoch") {
+    uint64_t epoch = 0;
+    if (put && absl::SimpleAtoi(e.kv.value, &epoch)) epoch_ = std::max(epoch_, epoch);
+    return;
+  }
+  if (absl::StartsWith(rest, "nodes/")) {
+    if (!absl::SimpleAtoi(rest.substr(6), &rank) || rank < 0 ||
+        rank >= static_cast<int>(options_.nodes)) {
+      return;
+    }
+    auto it = peers_.find(rank);
+    const bool was_alive = it != peers_.end() && it->second.node.state() == "alive";
+    if (!put) {
+      if (rank == rank_) return;  // this node's own key: the heartbeat finds out and rejoins
+      if (!was_alive) return;
+      it->second.node.set_state("lost");
+      it->second.since = absl::Now();
+      out->push_back({PeerEvent::Kind::kLost, rank,
+                      absl::StrCat("node ", rank, " (", it->second.node.address(),
+                                   ") was lost (its lease in etcd expired: no heartbeat for ",
+                                   absl::FormatDuration(options_.heartbeat *
+                                                        static_cast<int64_t>(
+                                                            options_.missed_heartbeats)),
+                                   ", or it left); cluster epoch ", epoch_ + 1)});
+      *lost_at = std::max(*lost_at, e.kv.mod_revision);
+      return;
+    }
+    v1::ClusterNode n;
+    if (e.kv.value.size() > kMaxNodeValue || !n.ParseFromString(e.kv.value)) {
+      HSDP_LOG_EVERY_N_SEC(Error, 5) << "cluster: ignoring a malformed entry for node " << rank
+                                     << " in " << etcd_->name();
+      return;
+    }
+    n.set_node_rank(rank);
+    n.set_state("alive");
+    if (rank == rank_) {
+      if (n.instance() != instance_) {
+        HSDP_LOG_EVERY_N_SEC(Error, 5)
+            << "cluster: node rank " << rank << " was taken by " << n.address()
+            << " (instance " << n.instance() << "); this node joins again";
+      }
+      return;
+    }
+    const bool restarted = was_alive && it->second.node.instance() != n.instance();
+    if (restarted) {
+      out->push_back({PeerEvent::Kind::kLost, rank,
+                      absl::StrCat("node ", rank, " (", n.address(), ") restarted; cluster epoch ",
+                                   epoch_)});
+    }
+    if (!was_alive || restarted) {
+      out->push_back({PeerEvent::Kind::kJoined, rank,
+                      absl::StrCat("node ", rank, " (", n.address(), ") joined; cluster epoch ",
+                                   epoch_)});
+    }
+    peers_[rank] = Peer{n, absl::Now()};
+    return;
+  }
+  if (absl::StartsWith(rest, "events/") && put) {
+    if (!absl::SimpleAtoi(rest.substr(7), &rank) || rank == rank_ || rank < 0 ||
+        rank >= static_cast<int>(options_.nodes)) {
+      return;
+    }
+    v1::ReportRequest req;
+    if (e.kv.value.size() > kMaxEventsValue || !req.ParseFromString(e.kv.value) ||
+        static_cast<size_t>(req.events_size()) > kMaxReportEvents) {
+      HSDP_LOG_EVERY_N_SEC(Error, 5) << "cluster: ignoring malformed group events from node "
+                                     << rank << " in " << etcd_->name();
+      return;
+    }
+    for (v1::GroupEvent& g : *req.mutable_events()) {
+      if (g.group_key().empty() || g.group_key().size() > kMaxEventField ||
+          g.why().size() > kMaxEventField || g.epoch() < 1 || g.epoch() >= kMaxGroupEpoch) {
+        continue;
+      }
+      g.set_origin_node(rank);
+      group_out->push_back(std::move(g));
+    }
+  }
+}
+
+void EtcdMember::WatchLoop(int64_t from) {
+  while (true) {
+    {
+      absl::MutexLock l(&mu_);
+      if (stopping_) return;
+    }
+    absl::StatusOr<std::unique_ptr<etcd::Watch>> watch =
+        etcd_->StartWatch(Key(""), etcd::PrefixEnd(Key("")), from, absl::Seconds(2));
+    absl::Status status = watch.status();
+    if (watch.ok()) {
+      {
+        absl::MutexLock l(&mu_);
+        if (stopping_) return;
+        watch_ = watch->get();
+      }
+      std::vector<etcd::WatchEvent> events;
+      while (status.ok()) {
+        events.clear();
+        status = (*watch)->Next(&events, absl::Now() + absl::Milliseconds(500));
+        std::vector<PeerEvent> fired;
+        std::vector<v1::GroupEvent> groups;
+        int64_t lost_at = 0;
+        for (const etcd::WatchEvent& e : events) {
+          Apply(e, &fired, &groups, &lost_at);
+          from = std::max(from, e.kv.mod_revision + 1);
+        }
+        if (lost_at != 0) AdvanceEpochPast(lost_at);
+        Fire(fired);
+        for (const v1::GroupEvent& g : groups) {
+          if (group_events_) group_events_(g);
+        }
+        absl::MutexLock l(&mu_);
+        if (stopping_) status = absl::CancelledError("stopping");
+      }
+      absl::MutexLock l(&mu_);
+      watch_ = nullptr;
+      if (stopping_) return;
+    }
+    if (status.code() == absl::StatusCode::kOutOfRange) {
+      // Compacted past what this node saw: start from now. Losses in the gap
+      // still show (the node keys are gone); group events in it are lost and
+      // their groups fail at their deadline instead.
+      HSDP_LOG(Error) << "cluster: missed membership changes in " << etcd_->name() << " ("
+                      << status.message() << "); reading the membership again";
+      absl::StatusOr<etcd::RangeResult> all =
+          etcd_->Range(Key("nodes/"), etcd::PrefixEnd(Key("nodes/")), absl::Seconds(2));
+      if (all.ok()) {
+        std::vector<PeerEvent> fired;
+        std::vector<v1::GroupEvent> ignored;
+        int64_t lost_at = 0;
+        std::set<int> present;
+        for (const etcd::KeyValue& kv : all->kvs) {
+          int rank = -1;
+          if (absl::SimpleAtoi(kv.key.substr(Key("nodes/").size()), &rank)) present.insert(rank);
+          Apply(etcd::WatchEvent{etcd::WatchEvent::Type::kPut, kv}, &fired, &ignored, &lost_at);
+        }
+        std::vector<int> gone;
+        {
+          absl::MutexLock l(&mu_);
+          for (const auto& [r, p] : peers_) {
+            if (r != rank_ && p.node.state() == "alive" && !present.contains(r)) gone.push_back(r);
+          }
+        }
+        for (int r : gone) {
+          etcd::KeyValue kv;
+          kv.key = NodeKey(r);
+          kv.mod_revision = all->revision;
+          Apply(etcd::WatchEvent{etcd::WatchEvent::Type::kDelete, kv}, &fired, &ignored, &lost_at);
+        }
+        if (lost_at != 0) AdvanceEpochPast(lost_at);
+        Fire(fired);
+        from = all->revision + 1;
+      }
+    }
+    absl::MutexLock l(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(200));
+  }
+}
+
+v1::NodesResponse EtcdMember::View() const {
+  absl::MutexLock l(&mu_);
+  v1::NodesResponse r;
+  r.set_enabled(true);
+  r.set_state(state_);
+  r.set_detail(detail_);
+  r.set_epoch(epoch_);
+  r.set_node_rank(rank_);
+  r.set_coordinator(etcd_->name());
+  r.set_is_coordinator(false);
+  r.set_expected_nodes(options_.nodes);
+  r.set_coordinator_contact_age_s(last_contact_ == absl::InfinitePast()
+                                      ? -1
+                                      : absl::ToDoubleSeconds(absl::Now() - last_contact_));
+  const double since_contact =
+      last_contact_ == absl::InfinitePast() ? 0 : absl::ToDoubleSeconds(absl::Now() - last_contact_);
+  for (const auto& [rank, p] : peers_) {
+    v1::NodeStatus* s = r.add_nodes();
+    s->set_node_rank(rank);
+    s->set_address(p.node.address());
+    s->set_data_address(p.node.data_address());
+    s->set_name(p.node.name());
+    s->set_state(p.node.state());
+    // Alive: its key is in etcd (its lease renewed), as of the last contact.
+    s->set_last_heartbeat_age_s(p.node.state() == "alive"
+                                    ? since_contact
+                                    : absl::ToDoubleSeconds(absl::Now() - p.since));
+    s->set_self(rank == rank_);
+  }
+  return r;
+}
+
+uint64_t EtcdMember::epoch() const {
+  absl::MutexLock l(&mu_);
+  return epoch_;
+}
+
+int EtcdMember::node_rank() const {
+  absl::MutexLock l(&mu_);
+  return rank_;
+}
+
+}  // namespace hsdp

@@ -1,0 +1,131 @@
+// This daemon's membership kept in etcd (cluster.store: etcd): no
+// coordinator, so no single machine whose loss stops joins.
+//
+// Keys, under the cluster's prefix P (cluster.etcd.prefix):
+//   P m/config        "nodes=N": every node must agree on cluster.nodes
+//   P m/epoch         the cluster epoch (decimal)
+//   P m/nodes/<r>     node rank r's ClusterNode (address, instance, ...),
+//                     under the node's lease: it lives while the node
+//                     heartbeats (LeaseKeepAlive every heartbeat_ms; the
+//                     lease's TTL is heartbeat_ms x missed_heartbeats)
+//   P m/ranks/<r>     the address that last held rank r (no lease), so a
+//                     restarted node gets its rank back
+//   P m/events/<r>    the group events node r reported last (its lease)
+//
+// Join: one transaction claims a rank (by request, by address, else the
+// lowest free one) and advances the epoch, compared against the revisions
+// it read, so two nodes never take one rank. A loss: the node's key goes
+// with its lease; every member's watch on P m/ sees the deletion, and the
+// first to run a transaction "epoch last written before the deletion" moves
+// the epoch on (the others' compare fails: one step per loss).
+//
+// Like ClusterMember: PeerEvents for differences between views (on the
+// watch thread), group events relayed to every other node, "degraded" when
+// etcd has not answered for missed_heartbeats intervals (membership
+// frozen), and a node whose lease expired reports every other node lost and
+// joins again.
+//
+// Thread-safe. Start blocks until joined, failed or stopped.
+#ifndef HSDP_DAEMON_CLUSTER_ETCD_ETCD_MEMBER_H_
+#define HSDP_DAEMON_CLUSTER_ETCD_ETCD_MEMBER_H_
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/cluster/etcd/etcd_client.h"
+#include "daemon/cluster/etcd/etcd_store.h"
+#include "daemon/cluster/membership.h"
+
+namespace hsdp {
+
+class EtcdMember : public Membership {
+ public:
+  struct Options {
+    std::string prefix;  // cluster.etcd.prefix, ends with '/'
+    std::string address;
+    std::string data_address;
+    std::string name;
+    uint32_t nodes = 1;
+    int node_rank = -1;
+    absl::Duration join_timeout = absl::Seconds(60);
+    absl::Duration heartbeat = absl::Seconds(1);
+    uint32_t missed_heartbeats = 5;
+  };
+
+  // `etcd` and `store` (the cluster's key/value store in the same etcd, for
+  // the lease of its keys and the group epoch hints) must outlive this.
+  EtcdMember(etcd::EtcdClient* etcd, EtcdStore* store, Options options, PeerEvents events,
+             GroupEvents group_events = nullptr);
+  ~EtcdMember() override;  // Stop()
+
+  absl::Status Start() override ABSL_LOCKS_EXCLUDED(mu_);
+  // Also revokes the lease: the others see this node leave at once.
+  void Stop() override ABSL_LOCKS_EXCLUDED(mu_);
+  void ReportGroupEvent(v1::GroupEvent event) override ABSL_LOCKS_EXCLUDED(mu_);
+  v1::NodesResponse View() const override ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t epoch() const override ABSL_LOCKS_EXCLUDED(mu_);
+  int node_rank() const override ABSL_LOCKS_EXCLUDED(mu_);
+
+  static constexpr size_t kMaxOutbox = 1024;
+  static constexpr size_t kMaxReportEvents = 64;
+  static constexpr size_t kMaxEventField = 1024;
+  static constexpr size_t kMaxNodeValue = 4096;
+  static constexpr size_t kMaxEventsValue = 256 << 10;
+
+ private:
+  struct Peer {
+    v1::ClusterNode node;  // state "alive" or "lost"
+    absl::Time since;      // when it was last seen alive, or lost
+  };
+
+  absl::Status JoinOnce(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CheckNodes(absl::Time deadline);
+  void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void WatchLoop(int64_t from) ABSL_LOCKS_EXCLUDED(mu_);
+  // Applies one watched change; fills `out` with the PeerEvents to fire.
+  void Apply(const etcd::WatchEvent& e, std::vector<PeerEvent>* out,
+             std::vector<v1::GroupEvent>* group_out, int64_t* lost_at) ABSL_LOCKS_EXCLUDED(mu_);
+  // Moves the epoch on past the membership change at `revision`.
+  void AdvanceEpochPast(int64_t revision);
+  // Lease gone: every other node counts as lost until this one joined again.
+  void Rejoin(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  bool FlushOutbox() ABSL_LOCKS_EXCLUDED(mu_);
+  bool WakeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Fire(const std::vector<PeerEvent>& events);
+  std::string Key(const std::string& suffix) const { return options_.prefix + "m/" + suffix; }
+  std::string NodeKey(int rank) const;
+
+  etcd::EtcdClient* const etcd_;
+  EtcdStore* const store_;
+  const Options options_;
+  const PeerEvents events_;
+  const GroupEvents group_events_;
+  const std::string instance_;
+
+  mutable absl::Mutex mu_;
+  std::string state_ ABSL_GUARDED_BY(mu_) = "joining";
+  std::string detail_ ABSL_GUARDED_BY(mu_);
+  int rank_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_contact_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::map<int, Peer> peers_ ABSL_GUARDED_BY(mu_);  // every node seen, by rank (self included)
+  int64_t watch_from_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<v1::GroupEvent> outbox_ ABSL_GUARDED_BY(mu_);
+  bool outbox_blocked_ ABSL_GUARDED_BY(mu_) = false;
+  etcd::Watch* watch_ ABSL_GUARDED_BY(mu_) = nullptr;  // the watch in use, for Stop
+  std::thread heartbeat_;
+  std::thread watcher_;
+};
+
+}  // namespace hsdp
+
+#endif  // HSDP_DAEMON_CLUSTER_ETCD_ETCD_MEMBER_H_

@@ -1,0 +1,286 @@
+// A real etcd cluster for tests: N members (default 3) of the etcd binary
+// that tools/scripts/etcd_env.sh extracted (HSDP_ETCD_BIN), on 127.0.0.1
+// with free ports, each in its own data directory under a temporary
+// directory, with fast raft timings (heartbeat 50 ms, election 500 ms) and
+// its log in <dir>/m<i>.log. Members can be killed (SIGKILL) and restarted on
+// the same ports and data. The destructor kills every member and never hangs
+// (members started from the main thread also die with the test process:
+// PR_SET_PDEATHSIG).
+#ifndef HSDP_TESTS_INTEGRATION_ETCD_TEST_CLUSTER_H_
+#define HSDP_TESTS_INTEGRATION_ETCD_TEST_CLUSTER_H_
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "daemon/cluster/etcd/etcd_client.h"
+#include "test_util.h"
+
+namespace hsdp::testing {
+
+inline std::string EtcdBinary() { return HSDP_ETCD_BIN; }
+
+inline std::string EtcdLoopback(int port) { return absl::StrCat("127.0.0.1:", port); }
+
+// A TCP port on 127.0.0.1 that was free a moment ago, never one this
+// function handed out before in this process. (Not cluster_test_util.h's
+// FreePort: that header includes this one.)
+inline int EtcdFreePort() {
+  static std::set<int> used;
+  for (;;) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    ::close(fd);
+    const int port = ntohs(addr.sin_port);
+    if (port != 0 && used.insert(port).second) return port;
+  }
+}
+#ifdef HSDP_ETCDCTL_BIN
+inline std::string EtcdctlBinary() { return HSDP_ETCDCTL_BIN; }
+#endif
+
+class EtcdTestCluster {
+ public:
+  explicit EtcdTestCluster(int members = 3) : members_(members) {}
+  ~EtcdTestCluster() { Stop(); }
+  EtcdTestCluster(const EtcdTestCluster&) = delete;
+  EtcdTestCluster& operator=(const EtcdTestCluster&) = delete;
+
+  // Starts every member and waits until each answers a read (with a
+  // leader). A member that cannot bind its port (another process took it
+  // between FreePort and etcd's bind) fails the attempt: the whole cluster
+  // is started again on new ports, up to three attempts.
+  absl::Status Start(absl::Duration timeout = absl::Seconds(30)) {
+    absl::Status last;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      Stop();
+      dir_ = std::make_unique<TempDir>();
+      if (dir_->path().empty()) return absl::InternalError("mkdtemp failed");
+      nodes_.assign(members_, Node{});
+      for (int i = 0; i < members_; ++i) {
+        nodes_[i].client_port = EtcdFreePort();
+        nodes_[i].peer_port = EtcdFreePort();
+      }
+      bool spawned = true;
+      for (int i = 0; i < members_ && spawned; ++i) spawned = Spawn(i, /*existing=*/false);
+      last = spawned ? WaitHealthy(timeout) : absl::InternalError("fork failed");
+      if (last.ok()) return last;
+      last = absl::Status(last.code(), absl::StrCat(last.message(), "; logs:\n", Logs()));
+    }
+    return last;
+  }
+
+  // "127.0.0.1:PORT" of every member's client URL.
+  std::vector<std::string> endpoints() const {
+    std::vector<std::string> out;
+    for (int i = 0; i < members_; ++i) out.push_back(endpoint(i));
+    return out;
+  }
+  std::string endpoint(int i) const { return EtcdLoopback(nodes_.at(i).client_port); }
+  int size() const { return members_; }
+  const std::string& dir() const { return dir_->path(); }
+  bool alive(int i) const { return nodes_.at(i).pid > 0; }
+
+  // SIGKILL, and reaps it.
+  void Kill(int i) {
+    Node& n = nodes_.at(i);
+    if (n.pid <= 0) return;
+    ::kill(n.pid, SIGKILL);
+    WaitExit(n.pid, 10000);
+    n.pid = -1;
+  }
+
+  // SIGSTOP / SIGCONT: a hung member (its connections stay open, nothing
+  // answers).
+  void Pause(int i) {
+    if (nodes_.at(i).pid > 0) ::kill(nodes_[i].pid, SIGSTOP);
+  }
+  void Resume(int i) {
+    if (nodes_.at(i).pid > 0) ::kill(nodes_[i].pid, SIGCONT);
+  }
+
+  // Starts a killed member again: same ports, same data directory
+  // (--initial-cluster-state existing). Does not wait; see WaitHealthy.
+  bool Restart(int i) {
+    Kill(i);
+    return Spawn(i, /*existing=*/true);
+  }
+
+  // Kills every member.
+  void Stop() {
+    for (int i = 0; i < static_cast<int>(nodes_.size()); ++i) Kill(i);
+  }
+
+  // Until every running member answers a read of its own (a member without
+  // a leader refuses: the client sends "hasleader"). With auth enabled, as
+  // root.
+  absl::Status WaitHealthy(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    for (int i = 0; i < members_; ++i) {
+      if (nodes_[i].pid <= 0) continue;
+      etcd::EtcdOptions options;
+      options.endpoints = {endpoint(i)};
+      absl::Status last = absl::DeadlineExceededError("no attempt");
+      for (;;) {
+        if (!Running(i)) {
+          return absl::UnavailableError(
+              absl::StrCat("etcd member ", i, " (", endpoint(i), ") exited"));
+        }
+        if (!root_password_.empty()) {
+          options.user = "root";
+          options.password = root_password_;
+        }
+        auto client = etcd::EtcdClient::Connect(options, absl::Seconds(1));
+        if (client.ok()) {
+          auto r = (*client)->Range("health", "", absl::Seconds(1));
+          last = r.status();
+          if (r.ok()) break;
+        } else {
+          last = client.status();
+        }
+        if (absl::Now() >= deadline) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "etcd member ", i, " (", endpoint(i), ") not healthy in time: ", last.message()));
+        }
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+#ifdef HSDP_ETCDCTL_BIN
+  // Adds user root with `password` and enables authentication (etcdctl).
+  absl::Status EnableAuth(const std::string& password) {
+    for (const std::string& args :
+         {absl::StrCat("user add 'root:", password, "'"), std::string("auth enable")}) {
+      absl::Status s = Etcdctl(args);
+      if (!s.ok()) return s;
+    }
+    root_password_ = password;
+    return absl::OkStatus();
+  }
+
+  // `etcdctl ARGS` against every member (as root once auth is enabled);
+  // ARGS is shell text.
+  absl::Status Etcdctl(const std::string& args) {
+    std::string cmd = absl::StrCat("ETCDCTL_API=3 timeout 30 '", EtcdctlBinary(),
+                                   "' --command-timeout=10s --endpoints=",
+                                   absl::StrJoin(endpoints(), ","), " ");
+    if (!root_password_.empty()) absl::StrAppend(&cmd, "--user 'root:", root_password_, "' ");
+    CommandResult r = RunCommand(cmd + args);
+    if (r.exit_code != 0) {
+      return absl::InternalError(
+          absl::StrCat("etcdctl ", args, ": exit ", r.exit_code, ": ", r.output));
+    }
+    return absl::OkStatus();
+  }
+#endif
+
+  std::string Log(int i) const { return ReadFile(LogPath(i)); }
+  std::string Logs() const {
+    std::string out;
+    for (int i = 0; i < members_; ++i) {
+      std::string log = Log(i);
+      if (log.size() > 3000) log = "..." + log.substr(log.size() - 3000);
+      absl::StrAppend(&out, "--- member ", i, " ---\n", log, "\n");
+    }
+    return out;
+  }
+
+ private:
+  struct Node {
+    int client_port = 0;
+    int peer_port = 0;
+    pid_t pid = -1;
+  };
+
+  std::string LogPath(int i) const { return dir_->File(absl::StrCat("m", i, ".log")); }
+  std::string PeerUrl(int i) const { return "http://" + EtcdLoopback(nodes_[i].peer_port); }
+  std::string ClientUrl(int i) const { return "http://" + EtcdLoopback(nodes_[i].client_port); }
+
+  bool Running(int i) {
+    Node& n = nodes_[i];
+    if (n.pid <= 0) return false;
+    if (WaitExit(n.pid, 0) != -1) {
+      n.pid = -1;
+      return false;
+    }
+    return true;
+  }
+
+  bool Spawn(int i, bool existing) {
+    std::vector<std::string> initial;
+    for (int j = 0; j < members_; ++j) initial.push_back(absl::StrCat("m", j, "=", PeerUrl(j)));
+    const std::vector<std::string> argv = {
+        EtcdBinary(),
+        "--name", absl::StrCat("m", i),
+        "--data-dir", dir_->File(absl::StrCat("m", i, ".etcd")),
+        "--listen-client-urls", ClientUrl(i),
+        "--advertise-client-urls", ClientUrl(i),
+        "--listen-peer-urls", PeerUrl(i),
+        "--initial-advertise-peer-urls", PeerUrl(i),
+        "--initial-cluster", absl::StrJoin(initial, ","),
+        "--initial-cluster-state", existing ? "existing" : "new",
+        "--initial-cluster-token", "hsdp-test",
+        "--heartbeat-interval", "50",
+        "--election-timeout", "500",
+        "--logger", "zap",
+        "--log-outputs", "stderr",
+    };
+    const std::string log = LogPath(i);
+    std::vector<char*> a;
+    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+    a.push_back(nullptr);
+    const pid_t parent = ::getpid();
+    // PR_SET_PDEATHSIG fires when the forking *thread* exits: only tie the
+    // members' lives to the main thread's (the test process's).
+    const bool main_thread = ::gettid() == parent;
+    const pid_t pid = ::fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+      // Only async-signal-safe calls between fork and exec (gRPC threads).
+      if (main_thread) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != parent) _exit(126);
+      }
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+      }
+      ::execv(a[0], a.data());
+      _exit(127);
+    }
+    nodes_[i].pid = pid;
+    return true;
+  }
+
+  int members_;
+  std::unique_ptr<TempDir> dir_;
+  std::vector<Node> nodes_;
+  std::string root_password_;
+};
+
+}  // namespace hsdp::testing
+
+#endif  // HSDP_TESTS_INTEGRATION_ETCD_TEST_CLUSTER_H_

@@ -1,0 +1,23 @@
+# The cluster tests again on cluster.store: etcd: the same executables, run
+# with HSDP_TEST_CLUSTER_STORE=etcd (cluster_test_util.h then starts a
+# 3-member etcd cluster per test process and writes etcd configs), named
+# "etcd.<suite>.<test>". Not in the sanitizer builds (the etcd client's own
+# tests run there).
+if(NOT HSDP_SANITIZE)
+  hsdp_add_test(cluster_etcd_test SOURCES cluster_etcd_test.cc
+    LIBS hsdp_client hsdp_cluster hsdp_proto hsdp_common hsdp_bench_util
+    LABELS "integration;cluster;etcd")
+  add_dependencies(cluster_etcd_test hsdpd hsdpctl)
+  foreach(t cluster_datapath_test cluster_four_nodes_test cluster_job_identity_test
+            cluster_membership_test cluster_etcd_test)
+    target_compile_definitions(${t} PRIVATE
+      HSDP_ETCD_BIN="${HSDP_ETCD_BINARY}" HSDP_ETCDCTL_BIN="${HSDP_ETCDCTL_BINARY}")
+    target_link_libraries(${t} PRIVATE hsdp_etcd)
+    if(NOT t STREQUAL "cluster_etcd_test")
+      gtest_discover_tests(${t} TEST_PREFIX "etcd." TEST_LIST ${t}_etcd_TESTS
+        DISCOVERY_TIMEOUT 60
+        PROPERTIES TIMEOUT 300 ENVIRONMENT "HSDP_TEST_CLUSTER_STORE=etcd"
+                   LABELS "integration-cluster-etcd")
+    endif()
+  endforeach()
+endif()
