@@ -15,8 +15,30 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 "$ROOT/tools/scripts/build.sh"
 BUILD_DIR="${HSDP_BUILD_DIR:-$ROOT/build}"
 status=0
-(cd "$BUILD_DIR" && ctest --output-on-failure --timeout 1200 "$@") || status=$?
+# The whole ctest output also goes to build/ctest-main.log, so the failures
+# can be repeated at the very end (a CI log's tail shows them, not the
+# hardening step's output).
+set +e
+(cd "$BUILD_DIR" && ctest --output-on-failure --timeout 1200 "$@") 2>&1 | tee "$BUILD_DIR/ctest-main.log"
+status=${PIPESTATUS[0]}
+set -e
 if [ $# -eq 0 ] && [ "${HSDP_HARDENING:-1}" != 0 ]; then
   "$ROOT/tools/scripts/run_hardening.sh" || status=1
+fi
+if grep -qE '\*\*\*(Failed|Timeout|Exception)|Not Run' "$BUILD_DIR/ctest-main.log"; then
+  echo
+  echo "=== run_tests: the main ctest stage failed; each failed test's output (tail) ==="
+  awk '
+    /^ *Start +[0-9]+: / { if (failed) dump(); n = 0; failed = 0 }
+    { buf[n++] = $0 }
+    / Test +#[0-9]+: .*\*\*\*(Failed|Timeout|Exception)/ { failed = 1; name = $0 }
+    function dump(  i, from) {
+      print "--- " name
+      from = n > 80 ? n - 80 : 0
+      for (i = from; i < n; i++) print buf[i]
+    }
+    END { if (failed) dump() }
+  ' "$BUILD_DIR/ctest-main.log"
+  grep -E '\*\*\*(Failed|Timeout|Exception)|Not Run' "$BUILD_DIR/ctest-main.log"
 fi
 exit $status

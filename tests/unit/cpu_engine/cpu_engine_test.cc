@@ -693,8 +693,15 @@ TEST(CpuEngineQosTest, ALowerClassComputesInIdleTimeWhileAHigherOneIsActive) {
 TEST(CpuEngineQosTest, ALowerClassWaitsInSchedIdleWhileAHigherOneKeepsLaunchingButIsNotStarved) {
   CpuEngine engine(2, 4096, /*slice_bytes=*/64 << 10, 0, /*idle_lower_classes=*/true);
   if (!engine.idle_lower_classes()) GTEST_SKIP() << "this process cannot leave SCHED_IDLE";
-  const std::vector<std::string> engine_tids = ThreadsNamed("hsdp-engine");
-  const std::vector<std::string> pool_tids = ThreadsNamed("hsdp-pool");
+  // Each thread names itself once running: wait (bounded) for both names.
+  std::vector<std::string> engine_tids, pool_tids;
+  const auto named_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  do {
+    engine_tids = ThreadsNamed("hsdp-engine");
+    pool_tids = ThreadsNamed("hsdp-pool");
+    if (engine_tids.size() == 1 && pool_tids.size() == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  } while (std::chrono::steady_clock::now() < named_by);
   ASSERT_EQ(engine_tids.size(), 1u);
   ASSERT_EQ(pool_tids.size(), 1u);
   EXPECT_EQ(PolicyOf(engine_tids[0]), SCHED_OTHER);
