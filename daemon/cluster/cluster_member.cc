@@ -49,6 +49,7 @@ absl::Status ClusterMember::JoinOnce(absl::Duration timeout) {
   req.set_nodes(options_.nodes);
   req.set_instance(instance_);
   req.set_last_epoch(epoch());
+  rpcs_.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<v1::JoinResponse> r = client_.Join(req, timeout);
   if (!r.ok()) return r.status();
   {
@@ -182,6 +183,7 @@ bool ClusterMember::FlushOutbox() {
       req.set_instance(instance_);
       for (size_t i = 0; i < outbox_.size() && i < 64; ++i) *req.add_events() = outbox_[i];
     }
+    rpcs_.fetch_add(1, std::memory_order_relaxed);
     const absl::Status s =
         client_.Report(req, std::max(options_.heartbeat, absl::Milliseconds(500)));
     if (s.code() == absl::StatusCode::kInvalidArgument) {
@@ -245,6 +247,7 @@ void ClusterMember::HeartbeatLoop() {
       absl::MutexLock l(&mu_);
       req.set_events_after(events_after_);
     }
+    rpcs_.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<v1::HeartbeatResponse> r =
         client_.Heartbeat(req, std::max(options_.heartbeat, absl::Milliseconds(200)));
     absl::Status status = r.status();

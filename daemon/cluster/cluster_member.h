@@ -22,6 +22,7 @@
 #ifndef HSDP_DAEMON_CLUSTER_CLUSTER_MEMBER_H_
 #define HSDP_DAEMON_CLUSTER_CLUSTER_MEMBER_H_
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -77,6 +78,8 @@ class ClusterMember : public Membership {
   v1::NodesResponse View() const override ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t epoch() const override ABSL_LOCKS_EXCLUDED(mu_);
   int node_rank() const override ABSL_LOCKS_EXCLUDED(mu_);
+  // Calls this member made to the coordinator (Join, Heartbeat, Report).
+  uint64_t rpcs() const { return rpcs_.load(std::memory_order_relaxed); }
 
  private:
   absl::Status JoinOnce(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
@@ -106,6 +109,7 @@ class ClusterMember : public Membership {
   uint64_t events_after_ ABSL_GUARDED_BY(mu_) = 0;  // group event cursor
   std::deque<v1::GroupEvent> outbox_ ABSL_GUARDED_BY(mu_);
   bool outbox_blocked_ ABSL_GUARDED_BY(mu_) = false;  // a report failed: retry at the heartbeat
+  std::atomic<uint64_t> rpcs_{0};
   std::thread heartbeat_;
 };
 

@@ -169,9 +169,12 @@ absl::StatusOr<std::vector<int>> KvClusterDirectory::Resolve(const JobKey& job,
       // Name a few of the ranks nobody placed.
       std::vector<std::string> missing;
       for (size_t j = 0; j < keys.size() && missing.size() < kMaxNamedMissing; ++j) {
-        if (client_->Get(keys[j], absl::Seconds(1)).status().code() ==
-            absl::StatusCode::kNotFound) {
+        const absl::Status got = client_->Get(keys[j], absl::Seconds(1)).status();
+        if (got.code() == absl::StatusCode::kNotFound) {
           missing.push_back(absl::StrCat(ranks[i + j]));
+        } else if (!got.ok()) {
+          // The store itself is failing: say so rather than blame the ranks.
+          return Named(got, absl::StrCat("resolving ranks of ", job.Describe()));
         }
       }
       return absl::DeadlineExceededError(absl::StrCat(

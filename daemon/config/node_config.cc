@@ -550,8 +550,9 @@ absl::Status ParseEtcd(const Field& f, NodeConfig* config) {
     const Field sub{f.source, absl::StrCat(f.path, ".", absl::CHexEscape(key)), pair.second,
                     LineOf(pair.first, f.line)};
     if (key == "endpoints") {
-      if (!sub.value.IsSequence() || sub.value.size() == 0 || sub.value.size() > kMaxEndpoints) {
-        return sub.Error(absl::StrCat("expected a list of 1..", kMaxEndpoints,
+      // [] = unset (what --print-default-config writes).
+      if (!sub.value.IsSequence() || sub.value.size() > kMaxEndpoints) {
+        return sub.Error(absl::StrCat("expected a list of up to ", kMaxEndpoints,
                                       " etcd client addresses HOST:PORT, got ",
                                       Describe(sub.value)));
       }

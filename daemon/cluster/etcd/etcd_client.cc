@@ -1,3 +1,9 @@
+// The etcd v3 client: one gRPC channel per endpoint, every call with a
+// deadline, "hasleader=true" and (with a user) the auth token; failover to
+// the next endpoint once per call; watches on a reader thread each.
+// Read whole: the watch and the unary calls share the endpoint, token and
+// error-message plumbing, and the failover and re-authentication rules are
+// easiest to check side by side (StartWatch applies the same ones as Call).
 #include "daemon/cluster/etcd/etcd_client.h"
 
 #include <atomic>
@@ -275,7 +281,7 @@ class WatchImpl final : public Watch {
     if (resp.compact_revision() != 0) {
       End(absl::OutOfRangeError(absl::StrCat(
           name_, ": ", what_, ": the start revision was compacted (compact revision ",
-          resp.compact_revision(), "); start again from a revision after it")));
+          resp.compact_revision(), "); watch again from that revision or later")));
       return false;
     }
     if (resp.canceled()) {

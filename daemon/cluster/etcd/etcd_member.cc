@@ -66,6 +66,7 @@ std::string EtcdMember::NodeKey(int rank) const {
 absl::Status EtcdMember::CheckNodes(absl::Time deadline) {
   const std::string key = Key("config");
   const std::string mine = absl::StrCat("nodes=", options_.nodes);
+  rpcs_.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<etcd::TxnResult> t =
       etcd_->Txn({At(key, 0)}, {Op::Put(key, mine)}, {Op::Get(key)}, Left(deadline));
   if (!t.ok()) return t.status();
@@ -89,6 +90,7 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
     lease = lease_;
   }
   if (lease == 0) {
+    rpcs_.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<int64_t> granted = etcd_->LeaseGrant(
         options_.heartbeat * static_cast<int64_t>(options_.missed_heartbeats), Left(deadline));
     if (!granted.ok()) return granted.status();
@@ -103,6 +105,7 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
   me.set_instance(instance_);
   me.set_state("alive");
   for (int attempt = 0; absl::Now() < deadline; ++attempt) {
+    rpcs_.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<etcd::RangeResult> all =
         etcd_->Range(Key(""), etcd::PrefixEnd(Key("")), Left(deadline));
     if (!all.ok()) return all.status();
@@ -155,6 +158,7 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
     const auto held = live.find(rank);
     const int64_t held_mod = held == live.end() ? 0 : held->second.second->mod_revision;
     const int64_t old_lease = held == live.end() ? 0 : held->second.second->lease;
+    rpcs_.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<etcd::TxnResult> t = etcd_->Txn(
         {At(NodeKey(rank), held_mod), At(Key("epoch"), epoch_mod)},
         // The epoch first: watchers see it before the node it counts.
@@ -166,6 +170,7 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
     if (!t->succeeded) continue;  // someone joined or left meanwhile: read again
     if (old_lease != 0 && old_lease != lease) {
       // This node's previous instance: its keys (rendezvous, events) go now.
+      rpcs_.fetch_add(1, std::memory_order_relaxed);
       (void)etcd_->LeaseRevoke(old_lease, absl::Seconds(1));
     }
     store_->SetLease(lease);
@@ -265,8 +270,9 @@ void EtcdMember::Stop() {
     FlushOutbox();  // a last try (bounded by one call's timeout)
   }
   if (watcher_.joinable()) watcher_.join();
-  if (lease != 0) {
+  if (lease != 0 && options_.revoke_on_stop) {
     // Leave at once rather than when the lease runs out.
+    rpcs_.fetch_add(1, std::memory_order_relaxed);
     (void)etcd_->LeaseRevoke(lease, absl::Seconds(1));
   }
 }
@@ -315,6 +321,7 @@ bool EtcdMember::FlushOutbox() {
         e->mutable_why()->resize(std::min(e->why().size(), kMaxEventField));
       }
     }
+    rpcs_.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<int64_t> put =
         etcd_->Put(Key(absl::StrFormat("events/%0*d", kRankDigits, req.node_rank())),
                    req.SerializeAsString(), lease, timeout);
@@ -328,10 +335,12 @@ bool EtcdMember::FlushOutbox() {
     for (const v1::GroupEvent& e : req.events()) {
       const std::string key = GroupEpochKey(e.group_key());
       uint32_t known = 0;
+      rpcs_.fetch_add(1, std::memory_order_relaxed);
       if (absl::StatusOr<std::string> v = store_->Get(key, timeout); v.ok()) {
         (void)absl::SimpleAtoi(*v, &known);
       }
       if (e.epoch() >= known) {
+        rpcs_.fetch_add(1, std::memory_order_relaxed);
         (void)store_->PutUnleased(key, absl::StrCat(e.epoch() + 1), timeout);
       }
     }
@@ -387,6 +396,7 @@ void EtcdMember::HeartbeatLoop() {
     absl::Status status;
     const absl::Duration timeout = std::max(options_.heartbeat, absl::Milliseconds(200));
     if (joined) {
+      rpcs_.fetch_add(1, std::memory_order_relaxed);
       status = etcd_->LeaseKeepAlive(lease, timeout).status();
       if (status.code() == absl::StatusCode::kNotFound) {
         HSDP_LOG(Warning) << "cluster: this node's lease in " << etcd_->name()
@@ -430,6 +440,7 @@ void EtcdMember::HeartbeatLoop() {
 void EtcdMember::AdvanceEpochPast(int64_t revision) {
   const std::string key = Key("epoch");
   for (int attempt = 0; attempt < 16; ++attempt) {
+    rpcs_.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<etcd::RangeResult> r = etcd_->Range(key, "", absl::Seconds(2));
     if (!r.ok()) return;  // the next loss or join moves it on
     int64_t epoch = 0, mod = 0;
@@ -438,6 +449,7 @@ void EtcdMember::AdvanceEpochPast(int64_t revision) {
       mod = r->kvs.front().mod_revision;
     }
     if (mod > revision) return;  // another member did it
+    rpcs_.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<etcd::TxnResult> t =
         etcd_->Txn({At(key, mod)}, {Op::Put(key, absl::StrCat(epoch + 1))}, {}, absl::Seconds(2));
     if (!t.ok() || t->succeeded) return;
@@ -538,6 +550,7 @@ void EtcdMember::WatchLoop(int64_t from) {
       absl::MutexLock l(&mu_);
       if (stopping_) return;
     }
+    rpcs_.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<std::unique_ptr<etcd::Watch>> watch =
         etcd_->StartWatch(Key(""), etcd::PrefixEnd(Key("")), from, absl::Seconds(2));
     absl::Status status = watch.status();
@@ -576,6 +589,7 @@ void EtcdMember::WatchLoop(int64_t from) {
       // their groups fail at their deadline instead.
       HSDP_LOG(Error) << "cluster: missed membership changes in " << etcd_->name() << " ("
                       << status.message() << "); reading the membership again";
+      rpcs_.fetch_add(1, std::memory_order_relaxed);
       absl::StatusOr<etcd::RangeResult> all =
           etcd_->Range(Key("nodes/"), etcd::PrefixEnd(Key("nodes/")), absl::Seconds(2));
       if (all.ok()) {

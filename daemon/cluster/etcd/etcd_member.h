@@ -29,6 +29,7 @@
 #ifndef HSDP_DAEMON_CLUSTER_ETCD_ETCD_MEMBER_H_
 #define HSDP_DAEMON_CLUSTER_ETCD_ETCD_MEMBER_H_
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -57,6 +58,8 @@ class EtcdMember : public Membership {
     absl::Duration join_timeout = absl::Seconds(60);
     absl::Duration heartbeat = absl::Seconds(1);
     uint32_t missed_heartbeats = 5;
+    // false: Stop leaves the lease to expire (the others see a crash).
+    bool revoke_on_stop = true;
   };
 
   // `etcd` and `store` (the cluster's key/value store in the same etcd, for
@@ -66,12 +69,15 @@ class EtcdMember : public Membership {
   ~EtcdMember() override;  // Stop()
 
   absl::Status Start() override ABSL_LOCKS_EXCLUDED(mu_);
-  // Also revokes the lease: the others see this node leave at once.
+  // Also revokes the lease (unless !revoke_on_stop): the others see this
+  // node leave at once.
   void Stop() override ABSL_LOCKS_EXCLUDED(mu_);
   void ReportGroupEvent(v1::GroupEvent event) override ABSL_LOCKS_EXCLUDED(mu_);
   v1::NodesResponse View() const override ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t epoch() const override ABSL_LOCKS_EXCLUDED(mu_);
   int node_rank() const override ABSL_LOCKS_EXCLUDED(mu_);
+  // Calls this member made to etcd (directly or through `store`).
+  uint64_t rpcs() const { return rpcs_.load(std::memory_order_relaxed); }
 
   static constexpr size_t kMaxOutbox = 1024;
   static constexpr size_t kMaxReportEvents = 64;
@@ -122,6 +128,7 @@ class EtcdMember : public Membership {
   std::deque<v1::GroupEvent> outbox_ ABSL_GUARDED_BY(mu_);
   bool outbox_blocked_ ABSL_GUARDED_BY(mu_) = false;
   etcd::Watch* watch_ ABSL_GUARDED_BY(mu_) = nullptr;  // the watch in use, for Stop
+  std::atomic<uint64_t> rpcs_{0};
   std::thread heartbeat_;
   std::thread watcher_;
 };

@@ -1,0 +1,956 @@
+// hsdp-membership-sim: membership at scale, by simulation.
+//
+// Starts N light simulated nodes, threads speaking the real membership
+// protocol through the real classes (ClusterMember for cluster.store
+// embedded, EtcdMember + EtcdStore + EtcdClient for etcd; no data path),
+// against a real store: the project's hsdpd as the coordinator (embedded),
+// or a 3-member etcd cluster on 127.0.0.1 (etcd). For each store and N it
+// measures:
+//   join        all N Start() calls at once (a thread each): until all
+//               returned OK, and until every node's View() shows every node
+//               alive (N, or N+1 with the coordinator daemon itself);
+//   steady      over a window: RPC/s arriving at the store (etcd: its
+//               Prometheus counters; embedded: the members' own rpcs()
+//               counters), the store's CPU and the simulator's;
+//   loss        one node crashes (stops heartbeating without leaving): until
+//               every other node (N >= 256: a sample of 16) shows it "lost"
+//               and until their epoch() moved past the one before the crash.
+// Every phase has a timeout ("timeout" in the table). Processes started here
+// die with it (PR_SET_PDEATHSIG, a kill at exit and on SIGINT/SIGTERM).
+//
+//   hsdp-membership-sim [--nodes=64,256,1024] [--stores=embedded,etcd]
+//       [--window-s=10] [--heartbeat-ms=1000] [--missed-heartbeats=5]
+//       [--phase-timeout-s=120] [--hsdpd=PATH] [--etcd=PATH]
+//       [--etcd-data=DIR] [--log-level=error]
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "daemon/cluster/cluster_client.h"
+#include "daemon/cluster/cluster_member.h"
+#include "daemon/cluster/etcd/etcd_client.h"
+#include "daemon/cluster/etcd/etcd_member.h"
+#include "daemon/cluster/etcd/etcd_store.h"
+#include "hsdp/common/logging.h"
+
+namespace hsdp {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Child processes: never left behind.
+
+constexpr int kMaxChildren = 16;
+std::atomic<pid_t> g_children[kMaxChildren];
+
+void Register(pid_t pid) {
+  for (auto& c : g_children) {
+    pid_t zero = 0;
+    if (c.compare_exchange_strong(zero, pid)) return;
+  }
+}
+
+void KillChild(pid_t pid) {
+  if (pid <= 0) return;
+  ::kill(pid, SIGKILL);
+  int status;
+  ::waitpid(pid, &status, 0);
+  for (auto& c : g_children) {
+    pid_t p = pid;
+    c.compare_exchange_strong(p, 0);
+  }
+}
+
+void KillAllChildren() {
+  for (auto& c : g_children) {
+    const pid_t pid = c.exchange(0);
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      int status;
+      ::waitpid(pid, &status, 0);
+    }
+  }
+}
+
+void OnSignal(int sig) {
+  for (auto& c : g_children) {
+    const pid_t pid = c.load();
+    if (pid > 0) ::kill(pid, SIGKILL);
+  }
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+bool Exited(pid_t pid) {
+  int status;
+  return ::waitpid(pid, &status, WNOHANG) == pid;
+}
+
+// Forks `argv` (from the main thread, so PR_SET_PDEATHSIG ties it to this
+// process), stdout and stderr to `log`. -1 on failure.
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  std::vector<char*> a;
+  for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+  a.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) _exit(126);
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    ::execv(a[0], a.data());
+    _exit(127);
+  }
+  Register(pid);
+  return pid;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/hsdp-msim.XXXXXX";
+    path_ = ::mkdtemp(tmpl) != nullptr ? tmpl : "";
+  }
+  explicit TempDir(const std::string& under) {
+    std::string tmpl = under + "/hsdp-msim.XXXXXX";
+    path_ = ::mkdtemp(tmpl.data()) != nullptr ? tmpl : "";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+int FreePort() {
+  static std::set<int> used;
+  for (;;) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    ::close(fd);
+    const int port = ntohs(addr.sin_port);
+    if (port != 0 && used.insert(port).second) return port;
+  }
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string Tail(const std::string& s, size_t n) {
+  return s.size() <= n ? s : "..." + s.substr(s.size() - n);
+}
+
+// utime + stime of a process (or "self"), in seconds.
+double CpuSeconds(const std::string& pid) {
+  const std::string stat = ReadFile("/proc/" + pid + "/stat");
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
+  // After "pid (comm) ": state is field 3, utime 14, stime 15.
+  if (f.size() < 13) return 0;
+  double ut = 0, st = 0;
+  (void)absl::SimpleAtod(f[11], &ut);
+  (void)absl::SimpleAtod(f[12], &st);
+  return (ut + st) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+int CountFds() {
+  int n = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); ++it) {
+    ++n;
+  }
+  return n;
+}
+
+int CountThreads() {
+  const std::string status = ReadFile("/proc/self/status");
+  for (absl::string_view line : absl::StrSplit(status, '\n')) {
+    if (absl::ConsumePrefix(&line, "Threads:")) {
+      int n = 0;
+      (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &n);
+      return n;
+    }
+  }
+  return 0;
+}
+
+// GET http://127.0.0.1:port/path (HTTP/1.0); "" on failure.
+std::string HttpGet(int port, const std::string& path, absl::Duration timeout) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  timeval tv{};
+  tv.tv_sec = absl::ToInt64Seconds(timeout);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+  if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
+    ::close(fd);
+    return "";
+  }
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    out.append(buf, n);
+  }
+  ::close(fd);
+  const size_t body = out.find("\r\n\r\n");
+  return body == std::string::npos ? "" : out.substr(body + 4);
+}
+
+// etcd's gRPC counters from its /metrics.
+struct EtcdCounters {
+  double unary_handled = 0;    // finished unary calls
+  double stream_received = 0;  // messages received on streams (keepalive, watch)
+  double stream_sent = 0;      // messages sent on streams (watch events, keepalive answers)
+  double watch_sent = 0;       // of which on Watch
+  bool ok = false;
+};
+
+std::string Label(absl::string_view line, absl::string_view name) {
+  const std::string key = absl::StrCat(name, "=\"");
+  const size_t at = line.find(key);
+  if (at == absl::string_view::npos) return "";
+  const size_t start = at + key.size();
+  const size_t end = line.find('"', start);
+  return std::string(line.substr(start, end - start));
+}
+
+EtcdCounters Scrape(int port) {
+  EtcdCounters c;
+  const std::string body = HttpGet(port, "/metrics", absl::Seconds(5));
+  if (body.empty()) return c;
+  c.ok = true;
+  for (absl::string_view line : absl::StrSplit(body, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    const bool handled = absl::StartsWith(line, "grpc_server_handled_total{");
+    const bool received = absl::StartsWith(line, "grpc_server_msg_received_total{");
+    const bool sent = absl::StartsWith(line, "grpc_server_msg_sent_total{");
+    if (!handled && !received && !sent) continue;
+    const size_t space = line.rfind(' ');
+    double v = 0;
+    if (space == absl::string_view::npos || !absl::SimpleAtod(line.substr(space + 1), &v)) continue;
+    const bool unary = Label(line, "grpc_type") == "unary";
+    if (handled && unary) c.unary_handled += v;
+    if (received && !unary) c.stream_received += v;
+    if (sent && !unary) {
+      c.stream_sent += v;
+      if (Label(line, "grpc_method") == "Watch") c.watch_sent += v;
+    }
+  }
+  return c;
+}
+
+// ---------------------------------------------------------------------------
+// Flags.
+
+struct Flags {
+  std::vector<int> nodes = {64, 256, 1024};
+  std::vector<std::string> stores = {"embedded", "etcd"};
+  int window_s = 10;
+  int heartbeat_ms = 1000;
+  int missed_heartbeats = 5;
+  int phase_timeout_s = 120;
+  std::string hsdpd;
+  std::string etcd = HSDP_SIM_ETCD_BIN;
+  std::string etcd_data;  // "" = /tmp
+  std::string log_level = "error";
+};
+
+// ---------------------------------------------------------------------------
+// The stores.
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual absl::Status Start(int nodes, const Flags& flags) = 0;
+  virtual std::vector<pid_t> pids() const = 0;
+  virtual std::string Logs() const = 0;
+};
+
+class CoordinatorProcess : public Store {
+ public:
+  ~CoordinatorProcess() override { KillChild(pid_); }
+  absl::Status Start(int nodes, const Flags& flags) override {
+    if (dir_.path().empty()) return absl::InternalError("mkdtemp failed");
+    port_ = FreePort();
+    address_ = absl::StrCat("127.0.0.1:", port_);
+    const std::string config = dir_.File("node.yaml");
+    {
+      std::ofstream f(config);
+      f << "node:\n"
+        << "  name: \"sim-coordinator\"\n"
+        << "  socket: \"" << dir_.File("hsdpd.sock") << "\"\n"
+        << "engine:\n  threads: 1\n"
+        << "log:\n  level: \"warning\"\n"
+        << "cluster:\n"
+        << "  coordinator: \"" << address_ << "\"\n"
+        << "  listen: \"" << address_ << "\"\n"
+        << "  nodes: " << nodes << "\n"
+        << "  node_rank: 0\n"
+        << "  insecure: true\n"
+        << "  store: \"embedded\"\n"
+        << "  join_timeout_ms: " << flags.phase_timeout_s * 1000 << "\n"
+        << "  heartbeat_ms: " << flags.heartbeat_ms << "\n"
+        << "  missed_heartbeats: " << flags.missed_heartbeats << "\n";
+    }
+    pid_ = Spawn({flags.hsdpd, "--node-config", config}, dir_.File("hsdpd.log"));
+    if (pid_ < 0) return absl::InternalError("fork failed");
+    // Until the Cluster service answers (NOT_FOUND for a key is an answer).
+    ClusterClient probe(address_, "");
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    for (;;) {
+      if (Exited(pid_)) {
+        pid_ = -1;
+        return absl::UnavailableError(absl::StrCat("hsdpd exited:\n", Tail(Logs(), 3000)));
+      }
+      absl::StatusOr<std::string> r = probe.Get("membership-sim-probe", absl::Milliseconds(500));
+      if (r.ok() || (r.status().code() != absl::StatusCode::kUnavailable &&
+                     r.status().code() != absl::StatusCode::kDeadlineExceeded)) {
+        return absl::OkStatus();
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("hsdpd does not answer: ", r.status().message(), "\n", Tail(Logs(), 3000)));
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+  std::vector<pid_t> pids() const override { return {pid_}; }
+  std::string Logs() const override { return ReadFile(dir_.File("hsdpd.log")); }
+  const std::string& address() const { return address_; }
+
+ private:
+  TempDir dir_;
+  int port_ = 0;
+  std::string address_;
+  pid_t pid_ = -1;
+};
+
+class EtcdCluster : public Store {
+ public:
+  explicit EtcdCluster(const std::string& data) : dir_(data.empty() ? "/tmp" : data) {}
+  ~EtcdCluster() override {
+    for (pid_t p : pids_) KillChild(p);
+  }
+  absl::Status Start(int, const Flags& flags) override {
+    if (dir_.path().empty()) return absl::InternalError("mkdtemp failed");
+    constexpr int kMembers = 3;
+    for (int i = 0; i < kMembers; ++i) {
+      client_ports_.push_back(FreePort());
+      peer_ports_.push_back(FreePort());
+    }
+    std::vector<std::string> initial;
+    for (int i = 0; i < kMembers; ++i) {
+      initial.push_back(absl::StrCat("m", i, "=http://127.0.0.1:", peer_ports_[i]));
+    }
+    for (int i = 0; i < kMembers; ++i) {
+      const std::string client = absl::StrCat("http://127.0.0.1:", client_ports_[i]);
+      const std::string peer = absl::StrCat("http://127.0.0.1:", peer_ports_[i]);
+      // etcd's default raft timings (heartbeat 100 ms, election 1 s).
+      const pid_t pid = Spawn(
+          {flags.etcd, "--name", absl::StrCat("m", i), "--data-dir",
+           dir_.File(absl::StrCat("m", i, ".etcd")), "--listen-client-urls", client,
+           "--advertise-client-urls", client, "--listen-peer-urls", peer,
+           "--initial-advertise-peer-urls", peer, "--initial-cluster",
+           absl::StrJoin(initial, ","), "--initial-cluster-state", "new",
+           "--initial-cluster-token", "hsdp-membership-sim", "--logger", "zap",
+           "--log-outputs", "stderr", "--log-level", "warn"},
+          dir_.File(absl::StrCat("m", i, ".log")));
+      if (pid < 0) return absl::InternalError("fork failed");
+      pids_.push_back(pid);
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    for (int i = 0; i < kMembers; ++i) {
+      etcd::EtcdOptions o;
+      o.endpoints = {endpoint(i)};
+      absl::Status last;
+      for (;;) {
+        if (Exited(pids_[i])) {
+          return absl::UnavailableError(absl::StrCat("etcd member ", i, " exited:\n", Logs()));
+        }
+        auto c = etcd::EtcdClient::Connect(o, absl::Seconds(1));
+        if (c.ok()) {
+          last = (*c)->Range("health", "", absl::Seconds(1)).status();
+          if (last.ok()) break;
+        } else {
+          last = c.status();
+        }
+        if (absl::Now() > deadline) {
+          return absl::DeadlineExceededError(
+              absl::StrCat("etcd member ", i, " not healthy: ", last.message(), "\n", Logs()));
+        }
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+    }
+    return absl::OkStatus();
+  }
+  std::vector<pid_t> pids() const override { return pids_; }
+  std::string Logs() const override {
+    std::string out;
+    for (size_t i = 0; i < pids_.size(); ++i) {
+      absl::StrAppend(&out, "--- etcd m", i, " ---\n",
+                      Tail(ReadFile(dir_.File(absl::StrCat("m", i, ".log"))), 2000), "\n");
+    }
+    return out;
+  }
+  std::string endpoint(int i) const { return absl::StrCat("127.0.0.1:", client_ports_[i]); }
+  std::vector<std::string> endpoints() const {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < client_ports_.size(); ++i) out.push_back(endpoint(i));
+    return out;
+  }
+  const std::vector<int>& client_ports() const { return client_ports_; }
+
+ private:
+  TempDir dir_;
+  std::vector<int> client_ports_, peer_ports_;
+  std::vector<pid_t> pids_;
+};
+
+// ---------------------------------------------------------------------------
+// Simulated nodes.
+
+class SimNode {
+ public:
+  virtual ~SimNode() = default;
+  virtual Membership& member() = 0;
+  virtual uint64_t rpcs() const = 0;
+};
+
+class EmbeddedNode : public SimNode {
+ public:
+  explicit EmbeddedNode(ClusterMember::Options o) : m_(std::move(o), nullptr) {}
+  Membership& member() override { return m_; }
+  uint64_t rpcs() const override { return m_.rpcs(); }
+
+ private:
+  ClusterMember m_;
+};
+
+class EtcdNode : public SimNode {
+ public:
+  EtcdNode(std::unique_ptr<etcd::EtcdClient> client, const std::string& prefix,
+           EtcdMember::Options o)
+      : client_(std::move(client)), store_(client_.get(), prefix),
+        m_(client_.get(), &store_, std::move(o), nullptr) {}
+  Membership& member() override { return m_; }
+  uint64_t rpcs() const override { return m_.rpcs(); }
+
+ private:
+  std::unique_ptr<etcd::EtcdClient> client_;
+  EtcdStore store_;
+  EtcdMember m_;
+};
+
+int AliveCount(const v1::NodesResponse& v) {
+  int n = 0;
+  for (const auto& s : v.nodes()) n += s.state() == "alive";
+  return n;
+}
+
+bool SeesLost(const v1::NodesResponse& v, int rank) {
+  for (const auto& s : v.nodes()) {
+    if (s.node_rank() == rank) return s.state() == "lost";
+  }
+  return false;
+}
+
+// Runs fn(i) for i in [0, n) on `threads` threads.
+void ParallelFor(int n, int threads, const std::function<void(int)>& fn) {
+  std::atomic<int> next{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < std::min(n, threads); ++t) {
+    ts.emplace_back([&] {
+      for (int i; (i = next.fetch_add(1)) < n;) fn(i);
+    });
+  }
+  for (auto& t : ts) t.join();
+}
+
+// ---------------------------------------------------------------------------
+// One case.
+
+struct Result {
+  std::string store;
+  int n = 0;
+  std::string join_all = "-", views = "-", rps = "-", store_cpu = "-", sim_cpu = "-",
+              loss_seen = "-", epoch_advanced = "-";
+  std::vector<std::string> notes;
+};
+
+std::string Secs(double s) { return absl::StrFormat("%.2f", s); }
+
+void Progress(const std::string& what) {
+  std::fprintf(stderr, "[%s] %s\n", absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone()).c_str(),
+               what.c_str());
+  std::fflush(stderr);
+}
+
+Result RunCase(const std::string& kind, int n, const Flags& flags) {
+  Result res;
+  res.store = kind;
+  res.n = n;
+  const absl::Duration phase_timeout = absl::Seconds(flags.phase_timeout_s);
+  const absl::Duration heartbeat = absl::Milliseconds(flags.heartbeat_ms);
+  const bool embedded = kind == "embedded";
+  Progress(absl::StrCat(kind, " N=", n, ": starting the store"));
+
+  std::unique_ptr<Store> store;
+  CoordinatorProcess* coordinator = nullptr;
+  EtcdCluster* etcd_cluster = nullptr;
+  if (embedded) {
+    auto c = std::make_unique<CoordinatorProcess>();
+    coordinator = c.get();
+    store = std::move(c);
+  } else {
+    auto c = std::make_unique<EtcdCluster>(flags.etcd_data);
+    etcd_cluster = c.get();
+    store = std::move(c);
+  }
+  // The coordinator daemon is node 0 of N + 1.
+  const int expected_alive = embedded ? n + 1 : n;
+  if (absl::Status s = store->Start(expected_alive, flags); !s.ok()) {
+    res.notes.push_back(absl::StrCat("the store did not start: ", s.message()));
+    return res;
+  }
+  const std::string prefix = "/hsdp-sim/";
+
+  // The simulated nodes.
+  std::vector<std::unique_ptr<SimNode>> nodes(n);
+  for (int i = 0; i < n; ++i) {
+    const std::string address = absl::StrCat("127.0.0.1:", 20000 + i);  // never dialled
+    if (embedded) {
+      ClusterMember::Options o;
+      o.coordinator = coordinator->address();
+      o.address = address;
+      o.data_address = "127.0.0.1";
+      o.name = absl::StrCat("sim", i);
+      o.nodes = expected_alive;
+      o.join_timeout = phase_timeout;
+      o.heartbeat = heartbeat;
+      o.missed_heartbeats = flags.missed_heartbeats;
+      nodes[i] = std::make_unique<EmbeddedNode>(std::move(o));
+    } else {
+      etcd::EtcdOptions eo;
+      eo.endpoints = etcd_cluster->endpoints();
+      auto client = etcd::EtcdClient::Connect(eo, absl::Seconds(5));
+      if (!client.ok()) {
+        res.notes.push_back(absl::StrCat("EtcdClient::Connect: ", client.status().message()));
+        return res;
+      }
+      EtcdMember::Options o;
+      o.prefix = prefix;
+      o.address = address;
+      o.data_address = "127.0.0.1";
+      o.name = absl::StrCat("sim", i);
+      o.nodes = n;
+      o.join_timeout = phase_timeout;
+      o.heartbeat = heartbeat;
+      o.missed_heartbeats = flags.missed_heartbeats;
+      // Stop leaves the lease to expire: a crash for the victim, and no
+      // N revocations fanned out to N watchers at teardown.
+      o.revoke_on_stop = false;
+      nodes[i] = std::make_unique<EtcdNode>(std::move(*client), prefix, std::move(o));
+    }
+  }
+  std::vector<pid_t> store_pids = store->pids();
+  auto store_cpu = [&] {
+    double s = 0;
+    for (pid_t p : store_pids) s += CpuSeconds(std::to_string(p));
+    return s;
+  };
+  auto total_rpcs = [&] {
+    uint64_t s = 0;
+    for (const auto& node : nodes) s += node->rpcs();
+    return s;
+  };
+
+  // --- join ---------------------------------------------------------------
+  Progress(absl::StrCat(kind, " N=", n, ": join"));
+  const double join_cpu0 = store_cpu(), join_sim0 = CpuSeconds("self");
+  std::vector<absl::Status> started(n);
+  std::atomic<int> returned{0};
+  std::vector<std::atomic<bool>> done(n);
+  const absl::Time t0 = absl::Now();
+  std::vector<std::thread> starters;
+  starters.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    starters.emplace_back([&, i] {
+      started[i] = nodes[i]->member().Start();
+      done[i] = true;
+      returned.fetch_add(1);
+    });
+  }
+  const absl::Time join_deadline = t0 + phase_timeout;
+  while (returned.load() < n && absl::Now() < join_deadline) absl::SleepFor(absl::Milliseconds(5));
+  const absl::Time t_returned = absl::Now();
+  const bool all_returned = returned.load() == n;
+  if (!all_returned) {
+    // Ends the Starts still in progress (CANCELLED).
+    ParallelFor(n, 64, [&](int i) {
+      if (!done[i]) nodes[i]->member().Stop();
+    });
+  }
+  for (auto& t : starters) t.join();
+  std::vector<int> joined;
+  std::map<std::string, int> failures;
+  for (int i = 0; i < n; ++i) {
+    if (started[i].ok()) {
+      joined.push_back(i);
+    } else {
+      ++failures[std::string(started[i].message().substr(0, 160))];
+    }
+  }
+  const bool all_ok = static_cast<int>(joined.size()) == n;
+  if (all_ok) {
+    res.join_all = Secs(absl::ToDoubleSeconds(t_returned - t0));
+  } else {
+    res.join_all = absl::StrCat(all_returned ? "failed" : "timeout", " (", joined.size(), "/", n,
+                                " joined)");
+    for (const auto& [why, count] : failures) {
+      res.notes.push_back(absl::StrCat("join: ", count, " x ", why));
+    }
+  }
+  Progress(absl::StrCat(kind, " N=", n, ": join returned: ", res.join_all,
+                        "; rpcs so far ", total_rpcs()));
+  // Views: every joined node sees all (expected_alive) alive.
+  if (all_ok) {
+    std::vector<int> pending = joined;
+    const absl::Time deadline = absl::Now() + phase_timeout;
+    while (!pending.empty() && absl::Now() < deadline) {
+      std::vector<int> still;
+      for (int i : pending) {
+        if (AliveCount(nodes[i]->member().View()) != expected_alive) still.push_back(i);
+      }
+      pending.swap(still);
+      if (!pending.empty()) absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (pending.empty()) {
+      res.views = Secs(absl::ToDoubleSeconds(absl::Now() - t0));
+    } else {
+      int best = 0;
+      for (int i : pending) best = std::max(best, AliveCount(nodes[i]->member().View()));
+      res.views = absl::StrCat("timeout (", n - pending.size(), "/", n, ")");
+      res.notes.push_back(absl::StrCat("views: ", pending.size(),
+                                       " node(s) never saw all alive; best of them saw ", best,
+                                       "/", expected_alive));
+    }
+  }
+  res.notes.push_back(absl::StrCat(
+      "join phase: store CPU ", Secs(store_cpu() - join_cpu0), " s, sim CPU ",
+      Secs(CpuSeconds("self") - join_sim0), " s, ", total_rpcs(), " member calls"));
+  Progress(absl::StrCat(kind, " N=", n, ": views: ", res.views));
+
+  if (joined.size() >= 2) {
+    // --- steady -------------------------------------------------------------
+    absl::SleepFor(2 * heartbeat);  // let the join storm settle
+    Progress(absl::StrCat(kind, " N=", n, ": steady window ", flags.window_s, " s"));
+    std::vector<EtcdCounters> before;
+    if (etcd_cluster) {
+      for (int p : etcd_cluster->client_ports()) before.push_back(Scrape(p));
+    }
+    const uint64_t rpcs0 = total_rpcs();
+    const double cpu0 = store_cpu(), sim0 = CpuSeconds("self");
+    const absl::Time w0 = absl::Now();
+    absl::SleepFor(absl::Seconds(flags.window_s));
+    const double window = absl::ToDoubleSeconds(absl::Now() - w0);
+    const uint64_t rpcs1 = total_rpcs();
+    const double cpu1 = store_cpu(), sim1 = CpuSeconds("self");
+    const double client_rps = static_cast<double>(rpcs1 - rpcs0) / window;
+    res.store_cpu = absl::StrFormat("%.0f%%", 100 * (cpu1 - cpu0) / window);
+    res.sim_cpu = absl::StrFormat("%.0f%%", 100 * (sim1 - sim0) / window);
+    if (etcd_cluster) {
+      std::vector<EtcdCounters> after;
+      for (int p : etcd_cluster->client_ports()) after.push_back(Scrape(p));
+      double rpc = 0, sent = 0, watch = 0;
+      std::vector<std::string> per;
+      bool ok = true;
+      for (size_t i = 0; i < after.size(); ++i) {
+        ok = ok && before[i].ok && after[i].ok;
+        const double r = (after[i].unary_handled - before[i].unary_handled) +
+                         (after[i].stream_received - before[i].stream_received);
+        rpc += r;
+        sent += after[i].stream_sent - before[i].stream_sent;
+        watch += after[i].watch_sent - before[i].watch_sent;
+        per.push_back(absl::StrFormat("m%d %.0f/s", i, r / window));
+      }
+      res.rps = ok ? absl::StrFormat("%.0f", rpc / window) : "scrape failed";
+      res.notes.push_back(absl::StrFormat(
+          "steady: etcd counted %.0f calls/s (unary handled + stream messages received; %s), "
+          "members counted %.0f calls/s; stream messages sent %.0f/s (watch %.0f/s)",
+          rpc / window, absl::StrJoin(per, ", "), client_rps, sent / window, watch / window));
+    } else {
+      res.rps = absl::StrFormat("%.0f", client_rps);
+      res.notes.push_back(absl::StrFormat("steady: members counted %.0f calls/s (client side)",
+                                          client_rps));
+    }
+    res.notes.push_back(absl::StrCat("sim process: ", CountThreads(), " threads, ", CountFds(),
+                                     " fds"));
+    Progress(absl::StrCat(kind, " N=", n, ": steady: ", res.rps, " RPC/s, store CPU ",
+                          res.store_cpu, ", sim CPU ", res.sim_cpu));
+
+    // --- loss ---------------------------------------------------------------
+    const int victim = joined.front();
+    const int victim_rank = nodes[victim]->member().node_rank();
+    std::vector<int> observers(joined.begin() + 1, joined.end());
+    if (n >= 256 && observers.size() > 16) {
+      std::vector<int> sample;
+      for (int k = 0; k < 16; ++k) sample.push_back(observers[k * observers.size() / 16]);
+      observers.swap(sample);
+    }
+    std::vector<uint64_t> epoch_before;
+    for (int i : observers) epoch_before.push_back(nodes[i]->member().epoch());
+    Progress(absl::StrCat(kind, " N=", n, ": crash of node rank ", victim_rank, "; ",
+                          observers.size(), " observers"));
+    const absl::Time crash = absl::Now();
+    nodes[victim]->member().Stop();  // no goodbye: heartbeats just stop
+    const double stop_s = absl::ToDoubleSeconds(absl::Now() - crash);
+    std::vector<bool> seen(observers.size()), advanced(observers.size());
+    size_t seen_count = 0, advanced_count = 0;
+    absl::Time seen_all = absl::InfiniteFuture(), advanced_all = absl::InfiniteFuture();
+    const absl::Time deadline = crash + phase_timeout;
+    while ((seen_count < observers.size() || advanced_count < observers.size()) &&
+           absl::Now() < deadline) {
+      for (size_t k = 0; k < observers.size(); ++k) {
+        Membership& m = nodes[observers[k]]->member();
+        if (!seen[k] && SeesLost(m.View(), victim_rank)) {
+          seen[k] = true;
+          if (++seen_count == observers.size()) seen_all = absl::Now();
+        }
+        if (!advanced[k] && m.epoch() > epoch_before[k]) {
+          advanced[k] = true;
+          if (++advanced_count == observers.size()) advanced_all = absl::Now();
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    res.loss_seen = seen_all == absl::InfiniteFuture()
+                        ? absl::StrCat("timeout (", seen_count, "/", observers.size(), ")")
+                        : Secs(absl::ToDoubleSeconds(seen_all - crash));
+    res.epoch_advanced = advanced_all == absl::InfiniteFuture()
+                             ? absl::StrCat("timeout (", advanced_count, "/", observers.size(), ")")
+                             : Secs(absl::ToDoubleSeconds(advanced_all - crash));
+    res.notes.push_back(absl::StrFormat(
+        "loss: %d observers; the victim's Stop took %.2f s; bound heartbeat x missed = %.1f s",
+        observers.size(), stop_s,
+        absl::ToDoubleSeconds(heartbeat * flags.missed_heartbeats)));
+    Progress(absl::StrCat(kind, " N=", n, ": loss seen ", res.loss_seen, ", epoch advanced ",
+                          res.epoch_advanced));
+  }
+
+  // --- teardown -------------------------------------------------------------
+  Progress(absl::StrCat(kind, " N=", n, ": teardown"));
+  const absl::Time td = absl::Now();
+  ParallelFor(n, 64, [&](int i) { nodes[i]->member().Stop(); });
+  nodes.clear();
+  for (pid_t p : store_pids) {
+    if (Exited(p)) res.notes.push_back(absl::StrCat("store process ", p, " exited during the run"));
+  }
+  store.reset();
+  res.notes.push_back(
+      absl::StrFormat("teardown %.1f s", absl::ToDoubleSeconds(absl::Now() - td)));
+  return res;
+}
+
+std::string CpuModel() {
+  const std::string info = ReadFile("/proc/cpuinfo");
+  for (absl::string_view line : absl::StrSplit(info, '\n')) {
+    if (absl::StartsWith(line, "model name")) {
+      const size_t colon = line.find(':');
+      if (colon != absl::string_view::npos) {
+        return std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+      }
+    }
+  }
+  return "unknown";
+}
+
+bool ParseFlag(const char* arg, const char* name, std::string* out) {
+  const std::string prefix = absl::StrCat("--", name, "=");
+  if (!absl::StartsWith(arg, prefix)) return false;
+  *out = std::string(arg).substr(prefix.size());
+  return true;
+}
+
+int Main(int argc, char** argv) {
+  Flags flags;
+  {
+    std::error_code ec;
+    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    flags.hsdpd = (self.parent_path() / "hsdpd").string();
+  }
+  for (int i = 1; i < argc; ++i) {
+    std::string v;
+    auto ints = [&](std::vector<int>* out) {
+      out->clear();
+      for (absl::string_view s : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+        int x;
+        if (!absl::SimpleAtoi(s, &x) || x < 1) return false;
+        out->push_back(x);
+      }
+      return !out->empty();
+    };
+    auto one = [&](int* out) { return absl::SimpleAtoi(v, out) && *out > 0; };
+    bool ok = true;
+    if (ParseFlag(argv[i], "nodes", &v)) {
+      ok = ints(&flags.nodes);
+    } else if (ParseFlag(argv[i], "stores", &v)) {
+      flags.stores = absl::StrSplit(v, ',', absl::SkipEmpty());
+      for (const auto& s : flags.stores) ok = ok && (s == "embedded" || s == "etcd");
+    } else if (ParseFlag(argv[i], "window-s", &v)) {
+      ok = one(&flags.window_s);
+    } else if (ParseFlag(argv[i], "heartbeat-ms", &v)) {
+      ok = one(&flags.heartbeat_ms);
+    } else if (ParseFlag(argv[i], "missed-heartbeats", &v)) {
+      ok = one(&flags.missed_heartbeats);
+    } else if (ParseFlag(argv[i], "phase-timeout-s", &v)) {
+      ok = one(&flags.phase_timeout_s);
+    } else if (ParseFlag(argv[i], "hsdpd", &v)) {
+      flags.hsdpd = v;
+    } else if (ParseFlag(argv[i], "etcd", &v)) {
+      flags.etcd = v;
+    } else if (ParseFlag(argv[i], "etcd-data", &v)) {
+      flags.etcd_data = v;
+    } else if (ParseFlag(argv[i], "log-level", &v)) {
+      flags.log_level = v;
+    } else {
+      ok = false;
+    }
+    if (!ok) {
+      std::fprintf(stderr,
+                   "usage: %s [--nodes=64,256,1024] [--stores=embedded,etcd] [--window-s=10] "
+                   "[--heartbeat-ms=1000] [--missed-heartbeats=5] [--phase-timeout-s=120] "
+                   "[--hsdpd=PATH] [--etcd=PATH] [--etcd-data=DIR] [--log-level=error]\n"
+                   "bad argument: %s\n",
+                   argv[0], argv[i]);
+      return 2;
+    }
+  }
+  LogLevel level;
+  if (!ParseLogLevel(flags.log_level, &level)) {
+    std::fprintf(stderr, "bad --log-level %s\n", flags.log_level.c_str());
+    return 2;
+  }
+  SetLogLevel(level);
+
+  std::atexit(KillAllChildren);
+  ::signal(SIGINT, OnSignal);
+  ::signal(SIGTERM, OnSignal);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  rlimit rl{};
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+  const rlim_t soft_before = rl.rlim_cur;
+  rl.rlim_cur = rl.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &rl);
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+
+  std::printf("# hsdp-membership-sim\n\n");
+  std::printf("machine: %u CPUs (nproc), %s\n", std::thread::hardware_concurrency(),
+              CpuModel().c_str());
+  std::printf("RLIMIT_NOFILE: soft %llu -> %llu (hard %llu)\n",
+              static_cast<unsigned long long>(soft_before),
+              static_cast<unsigned long long>(rl.rlim_cur),
+              static_cast<unsigned long long>(rl.rlim_max));
+  std::printf(
+      "heartbeat_ms %d, missed_heartbeats %d (loss bound %.1f s), steady window %d s, phase "
+      "timeout %d s\nhsdpd: %s\netcd: %s (3 members, data in %s)\n\n",
+      flags.heartbeat_ms, flags.missed_heartbeats,
+      flags.heartbeat_ms * flags.missed_heartbeats / 1000.0, flags.window_s, flags.phase_timeout_s,
+      flags.hsdpd.c_str(), flags.etcd.c_str(),
+      flags.etcd_data.empty() ? "/tmp" : flags.etcd_data.c_str());
+  std::fflush(stdout);
+
+  std::vector<Result> results;
+  for (int n : flags.nodes) {
+    for (const std::string& s : flags.stores) {
+      results.push_back(RunCase(s, n, flags));
+      const Result& r = results.back();
+      std::printf("case %s N=%d: join %s, views %s, RPC/s %s, store CPU %s, sim CPU %s, loss %s, "
+                  "epoch %s\n",
+                  r.store.c_str(), r.n, r.join_all.c_str(), r.views.c_str(), r.rps.c_str(),
+                  r.store_cpu.c_str(), r.sim_cpu.c_str(), r.loss_seen.c_str(),
+                  r.epoch_advanced.c_str());
+      for (const auto& note : r.notes) std::printf("  - %s\n", note.c_str());
+      std::fflush(stdout);
+    }
+  }
+  std::printf(
+      "\n| store | N | join all (s) | views complete (s) | RPC/s | store CPU (%% of a core) | "
+      "sim CPU | loss seen (s) | epoch advanced (s) |\n"
+      "|---|---|---|---|---|---|---|---|---|\n");
+  for (const Result& r : results) {
+    std::printf("| %s | %d | %s | %s | %s | %s | %s | %s | %s |\n", r.store.c_str(), r.n,
+                r.join_all.c_str(), r.views.c_str(), r.rps.c_str(), r.store_cpu.c_str(),
+                r.sim_cpu.c_str(), r.loss_seen.c_str(), r.epoch_advanced.c_str());
+  }
+  std::fflush(stdout);
+  KillAllChildren();
+  return 0;
+}
+
+}  // namespace
+}  // namespace hsdp
+
+int main(int argc, char** argv) { return hsdp::Main(argc, argv); }
