@@ -21,3 +21,10 @@ if(NOT HSDP_SANITIZE)
     endif()
   endforeach()
 endif()
+
+# The etcd examples in deploy/ are valid configurations: the compose nodes'
+# and the Kubernetes ConfigMap's (its NODE_IP placeholder filled in).
+add_test(NAME cli.etcd_example_configs_are_valid
+  COMMAND sh -c "set -e; for f in '${PROJECT_SOURCE_DIR}'/deploy/cluster/etcd/node0.yaml '${PROJECT_SOURCE_DIR}'/deploy/cluster/etcd/node1.yaml; do '${HSDPD}' --check-config \"$f\"; done; /usr/bin/python3 -c \"import sys, yaml; d = list(yaml.safe_load_all(open(sys.argv[1])))[-1]; print(d['data']['node.yaml'].replace('NODE_IP', '10.0.0.7'))\" '${PROJECT_SOURCE_DIR}/deploy/k8s/etcd.yaml' > '${CMAKE_CURRENT_BINARY_DIR}/k8s_etcd_node.yaml'; '${HSDPD}' --check-config '${CMAKE_CURRENT_BINARY_DIR}/k8s_etcd_node.yaml'")
+set_tests_properties(cli.etcd_example_configs_are_valid PROPERTIES LABELS "integration;cli;etcd"
+  TIMEOUT 60)
