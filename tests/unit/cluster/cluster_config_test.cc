@@ -1,6 +1,7 @@
 // The cluster: section of the node configuration: every key, its errors
 // (with key path and line), the cross-key rules and round trips.
 #include <string>
+#include <vector>
 
 #include "daemon/config/node_config.h"
 #include "gmock/gmock.h"
@@ -91,6 +92,39 @@ TEST(ClusterConfigTest, InsecureAndAutoRank) {
   EXPECT_EQ(ParseOk(kMember).cluster_listen, "198.18.0.2:7070");
 }
 
+TEST(ClusterConfigTest, EtcdStoreParsesAndRoundTrips) {
+  const NodeConfig c = ParseOk(
+      "cluster:\n"
+      "  store: etcd\n"
+      "  etcd:\n"
+      "    endpoints: [\"etcd-0:2379\", \"198.18.0.9:2379\", \"[fd00::9]:2379\"]\n"
+      "    prefix: /hsdp/prod\n"
+      "    user: hsdp\n"
+      "    password_file: /etc/hsdpd/etcd-password\n"
+      "    tls: {ca: /etc/hsdpd/etcd-ca.pem, cert: /etc/hsdpd/c.pem, key: /etc/hsdpd/c.key}\n"
+      "  listen: \"198.18.0.2:7070\"\n"
+      "  nodes: 64\n"
+      "  node_rank: 0\n");
+  EXPECT_EQ(c.cluster_store, "etcd");
+  EXPECT_TRUE(c.multi_node());
+  EXPECT_EQ(c.cluster_etcd_endpoints,
+            (std::vector<std::string>{"etcd-0:2379", "198.18.0.9:2379", "[fd00::9]:2379"}));
+  EXPECT_EQ(c.cluster_etcd_prefix, "/hsdp/prod/");  // the '/' is appended
+  EXPECT_EQ(c.cluster_etcd_user, "hsdp");
+  EXPECT_EQ(c.cluster_etcd_password_file, "/etc/hsdpd/etcd-password");
+  EXPECT_EQ(c.cluster_etcd_tls_ca, "/etc/hsdpd/etcd-ca.pem");
+  EXPECT_EQ(c.cluster_etcd_tls_cert, "/etc/hsdpd/c.pem");
+  EXPECT_EQ(c.cluster_etcd_tls_key, "/etc/hsdpd/c.key");
+  EXPECT_EQ(c.cluster_node_rank, 0);  // no coordinator: any node may ask for rank 0
+  EXPECT_EQ(ParseOk(NodeConfigToYaml(c)), c) << NodeConfigToYaml(c);
+  const NodeConfig insecure = ParseOk(
+      "cluster:\n  store: etcd\n  etcd: {endpoints: [\"e:2379\"]}\n  listen: \"n:1\"\n"
+      "  insecure: true\n");
+  EXPECT_EQ(insecure.cluster_etcd_prefix, "/hsdp/");
+  EXPECT_EQ(ParseOk(NodeConfigToYaml(insecure)), insecure);
+  EXPECT_FALSE(NodeConfig{}.multi_node());
+}
+
 struct Bad {
   const char* name;
   const char* yaml;
@@ -156,6 +190,45 @@ INSTANTIATE_TEST_SUITE_P(
             "cluster:\n  coordinator: \"h:1\"\n  listen: \"g:1\"\n  insecure: true\n"
             "  nodes: 2\n  node_rank: 0\n",
             "test.yaml:6: cluster.node_rank: node rank 0 is the coordinator's"},
+        // cluster.store: etcd.
+        Bad{"store_unknown", "cluster:\n  store: zookeeper\n",
+            "test.yaml:2: cluster.store: expected embedded or etcd, got \"zookeeper\""},
+        Bad{"etcd_without_endpoints", "cluster:\n  store: etcd\n  listen: \"n:1\"\n  insecure: true\n",
+            "cluster.store: etcd needs cluster.etcd.endpoints"},
+        Bad{"etcd_without_store", "cluster:\n  etcd: {endpoints: [\"e:1\"]}\n",
+            "cluster.etcd: set without cluster.store: etcd"},
+        Bad{"etcd_endpoint_no_port", "cluster:\n  etcd:\n    endpoints: [\"e:1\", \"f\"]\n",
+            "test.yaml:3: cluster.etcd.endpoints[1]: address \"f\" is not HOST:PORT"},
+        Bad{"etcd_endpoints_not_list", "cluster:\n  etcd: {endpoints: \"e:1\"}\n",
+            "cluster.etcd.endpoints: expected a list of up to 16"},
+        Bad{"etcd_unknown_key", "cluster:\n  etcd: {endpoint: []}\n",
+            "cluster.etcd.endpoint: unknown key \"endpoint\""},
+        Bad{"etcd_prefix_space", "cluster:\n  etcd: {prefix: \"/a b/\"}\n",
+            "cluster.etcd.prefix: prefix \"/a b/\" is not 1..128 printable"},
+        Bad{"etcd_user_without_password", "cluster:\n  etcd: {user: hsdp}\n",
+            "cluster.etcd: user and password_file go together"},
+        Bad{"etcd_password_relative", "cluster:\n  etcd: {user: u, password_file: pw.txt}\n",
+            "cluster.etcd.password_file: path \"pw.txt\" is not absolute"},
+        Bad{"etcd_cert_without_ca", "cluster:\n  etcd: {tls: {cert: /c, key: /k}}\n",
+            "cluster.etcd.tls: a client certificate needs ca"},
+        Bad{"etcd_no_auth",
+            "cluster:\n  store: etcd\n  etcd: {endpoints: [\"e:1\"]}\n  listen: \"n:1\"\n",
+            "cluster.etcd: the connection to etcd has no authentication"},
+        Bad{"etcd_with_coordinator",
+            "cluster:\n  store: etcd\n  etcd: {endpoints: [\"e:1\"]}\n  listen: \"n:1\"\n"
+            "  insecure: true\n  coordinator: \"c:1\"\n",
+            "cluster.coordinator: there is no coordinator with cluster.store: etcd"},
+        Bad{"etcd_with_token",
+            "cluster:\n  store: etcd\n  etcd: {endpoints: [\"e:1\"], user: u, password_file: /p}\n"
+            "  listen: \"n:1\"\n  token_file: /t\n",
+            "cluster.token_file: secures the embedded store's peer channel"},
+        Bad{"etcd_without_listen",
+            "cluster:\n  store: etcd\n  etcd: {endpoints: [\"e:1\"]}\n  insecure: true\n",
+            "cluster.store: cluster.listen"},
+        Bad{"etcd_insecure_and_user",
+            "cluster:\n  store: etcd\n  etcd: {endpoints: [\"e:1\"], user: u, password_file: /p}\n"
+            "  listen: \"n:1\"\n  insecure: true\n",
+            "cluster.insecure: cluster.insecure: true contradicts cluster.etcd"},
         Bad{"wildcard_data_address", "cluster:\n  coordinator: \"h:1\"\n  listen: \"0.0.0.0:1\"\n  insecure: true\n",
             "cluster.data_address: the data address would be \"0.0.0.0\""}));
 
