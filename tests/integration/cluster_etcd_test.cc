@@ -218,6 +218,23 @@ TEST_F(ClusterEtcdTest, TheStoreHasTheEmbeddedStoresLimitsAndErrors) {
   setter.join();
   ASSERT_TRUE(values.ok()) << values.status();
   EXPECT_EQ(*values, (std::vector<std::string>{"updates need no room", "late value"}));
+  // Pending waits are bounded on each node, as on the coordinator.
+  {
+    KvLimits one = limits;
+    one.max_waiters = 1;
+    EtcdStore small(client->get(), absl::StrCat("/hsdp-test/", ::getpid(), "/store/"), one);
+    std::thread waiter([&] {
+      EXPECT_EQ(small.Wait({"never"}, absl::Seconds(4)).code(),
+                absl::StatusCode::kDeadlineExceeded);
+    });
+    // Once the waiter holds the one slot, other waits are refused at once.
+    EXPECT_TRUE(Eventually(
+        [&] { return small.Wait({"never"}, absl::Milliseconds(20)).code() ==
+                     absl::StatusCode::kResourceExhausted; },
+        3000));
+    EXPECT_EQ(small.Barrier("nb", 2, t).code(), absl::StatusCode::kResourceExhausted);
+    waiter.join();
+  }
   // Concurrent adds all count; a barrier releases every caller together.
   std::vector<std::thread> threads;
   for (int i = 0; i < 4; ++i) {

@@ -31,6 +31,20 @@ Compare ModifiedAt(const std::string& key, int64_t revision) {
   return Compare{key, Compare::Target::kMod, Compare::Result::kEqual, revision, ""};
 }
 
+// Holds one of `limit` slots of `count` for its lifetime (ok() false: none left).
+class Slot {
+ public:
+  Slot(std::atomic<size_t>* count, size_t limit) : count_(count) {
+    ok_ = count_->fetch_add(1) < limit;
+  }
+  ~Slot() { count_->fetch_sub(1); }
+  bool ok() const { return ok_; }
+
+ private:
+  std::atomic<size_t>* count_;
+  bool ok_ = false;
+};
+
 }  // namespace
 
 EtcdStore::EtcdStore(etcd::EtcdClient* etcd, std::string prefix, KvLimits limits)
@@ -189,6 +203,12 @@ absl::StatusOr<std::vector<std::string>> EtcdStore::WaitValues(
   for (const std::string& key : keys) {
     if (absl::Status s = CheckKey(key); !s.ok()) return Named(s, "wait");
   }
+  const Slot slot(&waiters_, limits_.max_waiters);
+  if (!slot.ok()) {
+    return Named(absl::ResourceExhaustedError(absl::StrCat(
+                     limits_.max_waiters, " waits and barriers are pending on this node")),
+                 "wait");
+  }
   const absl::Time deadline = absl::Now() + std::min(timeout, limits_.max_wait);
   std::map<std::string, std::string> found;  // etcd key -> value
   std::set<std::string> missing;
@@ -285,6 +305,12 @@ absl::Status EtcdStore::Barrier(const std::string& barrier, uint32_t count,
   if (count == 0) return Named(absl::InvalidArgumentError("count 0"), what);
   const std::string base = absl::StrCat("hsdp/barrier/", barrier);
   if (absl::Status s = CheckKey(base + "/count"); !s.ok()) return Named(s, what);
+  const Slot slot(&waiters_, limits_.max_waiters);
+  if (!slot.ok()) {
+    return Named(absl::ResourceExhaustedError(absl::StrCat(
+                     limits_.max_waiters, " waits and barriers are pending on this node")),
+                 what);
+  }
   const absl::Time deadline = absl::Now() + std::min(timeout, limits_.max_wait);
   // Every caller must agree on the count (the first one sets it).
   absl::StatusOr<std::string> agreed = PutIfAbsent(base + "/count", absl::StrCat(count), 0, deadline);

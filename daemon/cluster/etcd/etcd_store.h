@@ -9,7 +9,8 @@
 // cluster state that outlives the node that wrote them.
 //
 // Wait watches the store's prefix from the revision of its first read, so a
-// key set in between is never missed. Barrier is a counter per name: the
+// key set in between is never missed; at most max_waiters waits and barriers
+// run at once on one node (RESOURCE_EXHAUSTED beyond, as on the coordinator). Barrier is a counter per name: the
 // n-th arrival belongs to generation (n-1)/count and waits until the counter
 // reaches the end of its generation; a caller that times out leaves (the
 // counter goes back by one) unless its generation completed meanwhile.
@@ -70,6 +71,9 @@ class EtcdStore : public ClusterStore {
   const std::string kv_prefix_;
   const KvLimits limits_;
   std::atomic<int64_t> lease_{0};
+  // Waits and barriers in progress on this node (each holds a caller's
+  // thread and a watch): at most limits_.max_waiters.
+  std::atomic<size_t> waiters_{0};
 };
 
 }  // namespace hsdp
