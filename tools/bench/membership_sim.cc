@@ -643,7 +643,18 @@ Result RunCase(const std::string& kind, int n, const Flags& flags) {
     });
   }
   const absl::Time join_deadline = t0 + phase_timeout;
-  while (returned.load() < n && absl::Now() < join_deadline) absl::SleepFor(absl::Milliseconds(5));
+  absl::Time next_report = t0 + absl::Seconds(10);
+  while (returned.load() < n && absl::Now() < join_deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+    if (absl::Now() >= next_report) {
+      next_report += absl::Seconds(10);
+      int ok = 0;
+      for (int i = 0; i < n; ++i) ok += done[i] && started[i].ok();
+      Progress(absl::StrCat(kind, " N=", n, ": ", ok, " joined after ",
+                            absl::FormatDuration(absl::Trunc(absl::Now() - t0, absl::Seconds(1))),
+                            "; ", total_rpcs(), " member calls"));
+    }
+  }
   const absl::Time t_returned = absl::Now();
   const bool all_returned = returned.load() == n;
   if (!all_returned) {
@@ -659,7 +670,11 @@ Result RunCase(const std::string& kind, int n, const Flags& flags) {
     if (started[i].ok()) {
       joined.push_back(i);
     } else {
-      ++failures[std::string(started[i].message().substr(0, 160))];
+      // The cause: what follows "last error: " when there is one.
+      absl::string_view why = started[i].message();
+      const size_t at = why.find("last error: ");
+      if (at != absl::string_view::npos) why = why.substr(at + 12);
+      ++failures[std::string(why.substr(0, 200))];
     }
   }
   const bool all_ok = static_cast<int>(joined.size()) == n;

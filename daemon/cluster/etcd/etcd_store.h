@@ -40,6 +40,8 @@ class EtcdStore : public ClusterStore {
   // Stores without a lease (survives this node).
   absl::Status PutUnleased(const std::string& key, const std::string& value,
                            absl::Duration timeout);
+  // Waits and barriers in progress on this node.
+  size_t waiter_count() const { return waiters_.load(); }
   // Where key K lives in etcd.
   std::string EtcdKey(const std::string& key) const { return kv_prefix_ + key; }
 
