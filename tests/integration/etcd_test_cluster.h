@@ -134,18 +134,60 @@ class EtcdTestCluster {
   // Until every running member answers a read of its own (a member without
   // a leader refuses: the client sends "hasleader"). With auth enabled, as
   // root.
+  //
+  // The reads run in a child process: gRPC must not start in a test process
+  // that forks trainers later (its threads do not survive fork, and a
+  // trainer's own gRPC calls could then hang).
   absl::Status WaitHealthy(absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
+    int pipefd[2];
+    if (::pipe(pipefd) != 0) return absl::InternalError("pipe failed");
+    const pid_t pid = ::fork();
+    if (pid < 0) return absl::InternalError("fork failed");
+    if (pid == 0) {
+      ::close(pipefd[0]);
+      const absl::Status s = ReadEveryMember(deadline);
+      const std::string m(s.message());
+      (void)!::write(pipefd[1], m.data(), m.size());
+      ::_exit(s.ok() ? 0 : 1);
+    }
+    ::close(pipefd[1]);
+    int rc = -1;
+    for (;;) {
+      rc = WaitExit(pid, 50);
+      if (rc != -1) break;
+      for (int i = 0; i < members_; ++i) {
+        if (nodes_[i].pid > 0 && !Running(i)) {
+          ::kill(pid, SIGKILL);
+          WaitExit(pid, 5000);
+          ::close(pipefd[0]);
+          return absl::UnavailableError(
+              absl::StrCat("etcd member ", i, " (", endpoint(i), ") exited"));
+        }
+      }
+      if (absl::Now() > deadline + absl::Seconds(5)) {
+        ::kill(pid, SIGKILL);
+        WaitExit(pid, 5000);
+        break;
+      }
+    }
+    std::string message;
+    char buffer[512];
+    for (ssize_t n; (n = ::read(pipefd[0], buffer, sizeof(buffer))) > 0;) message.append(buffer, n);
+    ::close(pipefd[0]);
+    if (rc == 0) return absl::OkStatus();
+    return absl::DeadlineExceededError(message.empty() ? "etcd not healthy in time" : message);
+  }
+
+ private:
+  // Reads once through each running member (in the child of WaitHealthy).
+  absl::Status ReadEveryMember(absl::Time deadline) {
     for (int i = 0; i < members_; ++i) {
       if (nodes_[i].pid <= 0) continue;
       etcd::EtcdOptions options;
       options.endpoints = {endpoint(i)};
       absl::Status last = absl::DeadlineExceededError("no attempt");
       for (;;) {
-        if (!Running(i)) {
-          return absl::UnavailableError(
-              absl::StrCat("etcd member ", i, " (", endpoint(i), ") exited"));
-        }
         if (!root_password_.empty()) {
           options.user = "root";
           options.password = root_password_;
@@ -168,6 +210,7 @@ class EtcdTestCluster {
     return absl::OkStatus();
   }
 
+ public:
 #ifdef HSDP_ETCDCTL_BIN
   // Adds user root with `password` and enables authentication (etcdctl).
   absl::Status EnableAuth(const std::string& password) {
