@@ -55,9 +55,7 @@ inline int EtcdFreePort() {
     if (port != 0 && used.insert(port).second) return port;
   }
 }
-#ifdef HSDP_ETCDCTL_BIN
 inline std::string EtcdctlBinary() { return HSDP_ETCDCTL_BIN; }
-#endif
 
 class EtcdTestCluster {
  public:
@@ -135,74 +133,30 @@ class EtcdTestCluster {
   // a leader refuses: the client sends "hasleader"). With auth enabled, as
   // root.
   //
-  // The reads run in a child process: gRPC must not start in a test process
-  // that forks trainers later (its threads do not survive fork, and a
-  // trainer's own gRPC calls could then hang).
+  // The read is etcdctl's (`endpoint health`, a process of its own): gRPC
+  // must not start in a test process that forks trainers later (its threads
+  // do not survive fork, and a trainer's own gRPC calls could then hang), and
+  // a child forked from a process whose gRPC runs could hang the same way.
   absl::Status WaitHealthy(absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
-    int pipefd[2];
-    if (::pipe(pipefd) != 0) return absl::InternalError("pipe failed");
-    const pid_t pid = ::fork();
-    if (pid < 0) return absl::InternalError("fork failed");
-    if (pid == 0) {
-      ::close(pipefd[0]);
-      const absl::Status s = ReadEveryMember(deadline);
-      const std::string m(s.message());
-      (void)!::write(pipefd[1], m.data(), m.size());
-      ::_exit(s.ok() ? 0 : 1);
-    }
-    ::close(pipefd[1]);
-    int rc = -1;
-    for (;;) {
-      rc = WaitExit(pid, 50);
-      if (rc != -1) break;
-      for (int i = 0; i < members_; ++i) {
-        if (nodes_[i].pid > 0 && !Running(i)) {
-          ::kill(pid, SIGKILL);
-          WaitExit(pid, 5000);
-          ::close(pipefd[0]);
+    for (int i = 0; i < members_; ++i) {
+      if (nodes_[i].pid <= 0) continue;
+      std::string last;
+      for (;;) {
+        if (!Running(i)) {
           return absl::UnavailableError(
               absl::StrCat("etcd member ", i, " (", endpoint(i), ") exited"));
         }
-      }
-      if (absl::Now() > deadline + absl::Seconds(5)) {
-        ::kill(pid, SIGKILL);
-        WaitExit(pid, 5000);
-        break;
-      }
-    }
-    std::string message;
-    char buffer[512];
-    for (ssize_t n; (n = ::read(pipefd[0], buffer, sizeof(buffer))) > 0;) message.append(buffer, n);
-    ::close(pipefd[0]);
-    if (rc == 0) return absl::OkStatus();
-    return absl::DeadlineExceededError(message.empty() ? "etcd not healthy in time" : message);
-  }
-
- private:
-  // Reads once through each running member (in the child of WaitHealthy).
-  absl::Status ReadEveryMember(absl::Time deadline) {
-    for (int i = 0; i < members_; ++i) {
-      if (nodes_[i].pid <= 0) continue;
-      etcd::EtcdOptions options;
-      options.endpoints = {endpoint(i)};
-      absl::Status last = absl::DeadlineExceededError("no attempt");
-      for (;;) {
-        if (!root_password_.empty()) {
-          options.user = "root";
-          options.password = root_password_;
-        }
-        auto client = etcd::EtcdClient::Connect(options, absl::Seconds(1));
-        if (client.ok()) {
-          auto r = (*client)->Range("health", "", absl::Seconds(1));
-          last = r.status();
-          if (r.ok()) break;
-        } else {
-          last = client.status();
-        }
+        std::string cmd = absl::StrCat("ETCDCTL_API=3 timeout 10 '", EtcdctlBinary(),
+                                       "' --dial-timeout=1s --command-timeout=1s --endpoints=",
+                                       endpoint(i), " ");
+        if (!root_password_.empty()) absl::StrAppend(&cmd, "--user 'root:", root_password_, "' ");
+        const CommandResult r = RunCommand(cmd + "endpoint health");
+        if (r.exit_code == 0) break;
+        last = r.output;
         if (absl::Now() >= deadline) {
           return absl::DeadlineExceededError(absl::StrCat(
-              "etcd member ", i, " (", endpoint(i), ") not healthy in time: ", last.message()));
+              "etcd member ", i, " (", endpoint(i), ") not healthy in time: ", last));
         }
         absl::SleepFor(absl::Milliseconds(50));
       }

@@ -166,7 +166,16 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
          Op::Put(NodeKey(rank), me.SerializeAsString(), lease),
          Op::Put(Key(absl::StrFormat("ranks/%0*d", kRankDigits, rank)), options_.address)},
         {}, Left(deadline));
-    if (!t.ok()) return t.status();
+    if (!t.ok()) {
+      if (t.status().code() == absl::StatusCode::kNotFound) {
+        // The lease ran out before the join took (joining outlasted its
+        // TTL, and nothing renews it before then): the next attempt grants
+        // a new one instead of failing the same way forever.
+        absl::MutexLock l(&mu_);
+        if (lease_ == lease) lease_ = 0;
+      }
+      return t.status();
+    }
     if (!t->succeeded) continue;  // someone joined or left meanwhile: read again
     if (old_lease != 0 && old_lease != lease) {
       // This node's previous instance: its keys (rendezvous, events) go now.
