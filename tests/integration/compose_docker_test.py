@@ -3,7 +3,7 @@
 
     compose_docker_test.py setup   SRC BUILD STATE   # engine up, images built (ctest fixture)
     compose_docker_test.py cleanup SRC BUILD STATE   # images, leftovers, the engine we started
-    compose_docker_test.py up|failures|four_nodes|teardown SRC BUILD STATE
+    compose_docker_test.py up|failures|four_nodes|etcd|teardown SRC BUILD STATE
 
 `setup` starts dockerd when no engine answers (docker_engine.py; `cleanup`
 stops the one it started), removes what earlier runs left (projects whose
@@ -23,6 +23,9 @@ machine; torch is BUILD/venv's, mounted read-only into the trainers). The tests 
   times are printed as "FIGURE" lines (docs/cluster.md).
 - four_nodes: with deploy/docker-compose.4nodes.yml, the HSDP mesh (FSDP2 on
   a 2 x 2 replicate x shard mesh) across four nodes trains and exits 0.
+- etcd: with deploy/docker-compose.etcd.yml (cluster.store: etcd, three
+  etcd containers with users and auth), the job trains; killing one etcd
+  member and node 0's daemon leaves node 1 "ok", seeing node 0 lost.
 - teardown: a test run stopped with SIGTERM removes its project; one killed
   with SIGKILL (what a ctest timeout does) is removed by the next sweep.
 
@@ -54,6 +57,7 @@ SKIP = 77
 REQUIRED = os.environ.get("HSDP_REQUIRE_DOCKER") == "1"
 COMPOSE = os.path.join(SRC, "deploy", "docker-compose.yml")
 COMPOSE4 = os.path.join(SRC, "deploy", "docker-compose.4nodes.yml")
+COMPOSE_ETCD = os.path.join(SRC, "deploy", "docker-compose.etcd.yml")
 PROJECT_RE = re.compile(r"^hsdpt(\d+)$")
 PROJECT_LABEL = "com.docker.compose.project"
 DOCKER = docker_engine.docker_cli()
@@ -304,6 +308,49 @@ class ComposeUp(DockerTest):
         p.compose("down", "-v", "-t", "5")
         self.assertEqual(project_resources(p.name),
                          {"containers": [], "networks": [], "volumes": []})
+
+
+class ComposeEtcd(DockerTest):
+    """deploy/docker-compose.etcd.yml on top of the two-node file: the
+    cluster on cluster.store: etcd (three etcd containers, users and auth
+    set by etcd-auth). The job trains; then one etcd member and node 0's
+    daemon are killed: node 1 sees node 0 lost and stays "ok" (no
+    coordinator to lose), and etcd still answers through its other members."""
+
+    def test_the_cluster_on_etcd_trains_and_survives_node_0(self):
+        password = self.write("etcd-password", os.urandom(16).hex() + "\n", 0o600)
+        p = self.project = Project(
+            [COMPOSE, COMPOSE_ETCD], self.token,
+            env={"HSDP_ETCD_PASSWORD_FILE": password,
+                 "HSDP_ETCD_DIR": os.path.join(BUILD, "third_party", "etcd")})
+        t0 = time.monotonic()
+        p.compose("up", "-d", timeout=600)
+        self.check_trained(p, 2)
+        figure(f"2-node compose job on etcd: up -d to both trainers exited 0 in "
+               f"{time.monotonic() - t0:.0f} s")
+        self.assertEqual(p.wait_exit("etcd-auth", 60), 0, p.logs("etcd-auth")[-2000:])
+        for d in ("hsdpd-node0", "hsdpd-node1"):
+            self.assertRegex(p.logs(d), r"joined through etcd \(198\.18\.77\.30:2379")
+            nodes = p.nodes(d)
+            self.assertIsNotNone(nodes, p.hsdpctl(d, "nodes", "--json"))
+            self.assertEqual(nodes.get("state"), "ok", nodes)
+            self.assertEqual(len(nodes.get("nodes", [])), 2, nodes)
+        docker("kill", p.container("etcd-0"))
+        docker("kill", p.container("hsdpd-node0"))
+        t_kill = time.monotonic()
+        deadline = t_kill + 30
+        seen = None
+        while time.monotonic() < deadline:
+            nodes = p.nodes("hsdpd-node1") or {}
+            states = {int(n.get("node_rank", n.get("nodeRank", 0))): n.get("state")
+                      for n in nodes.get("nodes", [])}
+            if nodes.get("state") == "ok" and states.get(0) == "lost":
+                seen = time.monotonic() - t_kill
+                break
+            time.sleep(0.2)
+        self.assertIsNotNone(seen, f"{nodes}\n{p.logs('hsdpd-node1')[-3000:]}")
+        figure(f"etcd store, compose: node 0 and one etcd member killed; node 1 saw node 0 "
+               f"lost in {seen:.1f} s and stayed ok")
 
 
 FAST = {"heartbeat_ms": 200, "missed_heartbeats": 5}
@@ -631,7 +678,8 @@ if __name__ == "__main__":
     if CMD == "hold":
         sys.exit(hold())
     classes = {"up": "ComposeUp", "failures": "ComposeFailures",
-               "four_nodes": "ComposeFourNodes", "teardown": "ComposeTeardown"}
+               "four_nodes": "ComposeFourNodes", "teardown": "ComposeTeardown",
+               "etcd": "ComposeEtcd"}
     if CMD not in classes:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
