@@ -8,6 +8,7 @@ add_library(hsdp_cluster STATIC
   ${CMAKE_CURRENT_LIST_DIR}/cluster_service.cc
   ${CMAKE_CURRENT_LIST_DIR}/coordinator.cc
   ${CMAKE_CURRENT_LIST_DIR}/etcd/etcd_member.cc
+  ${CMAKE_CURRENT_LIST_DIR}/etcd/etcd_member_watch.cc
   ${CMAKE_CURRENT_LIST_DIR}/etcd/etcd_store.cc
   ${CMAKE_CURRENT_LIST_DIR}/kv_cluster_directory.cc
   ${CMAKE_CURRENT_LIST_DIR}/kv_store.cc

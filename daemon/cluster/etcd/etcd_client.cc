@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <climits>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -375,6 +376,11 @@ class EtcdClientImpl final : public EtcdClient {
       ep.auth = pb::Auth::NewStub(ep.channel);
       endpoints_.push_back(std::move(ep));
     }
+    // Where calls go first: a random member per client, so that many nodes
+    // spread over the etcd members instead of all starting on the first.
+    if (!endpoints_.empty() && options_.random_first_endpoint) {
+      current_.store(std::random_device{}() % endpoints_.size());
+    }
   }
 
   const std::string& name() const override { return name_; }
@@ -670,7 +676,7 @@ class EtcdClientImpl final : public EtcdClient {
   const EtcdOptions options_;
   std::string name_;
   std::vector<Endpoint> endpoints_;
-  std::atomic<size_t> current_{0};
+  std::atomic<size_t> current_{0};  // an index into endpoints_
   absl::Mutex auth_mu_;  // one re-authentication at a time
   absl::Mutex mu_;
   std::string token_ ABSL_GUARDED_BY(mu_);

@@ -37,6 +37,9 @@ struct EtcdOptions {
   std::string tls_ca;    // PEM contents; "" = plaintext
   std::string tls_cert;  // PEM contents (client certificate), optional with a CA
   std::string tls_key;
+  // Calls go first to a member picked at random (many nodes spread over the
+  // members); false: to the first endpoint (tests that need to know which).
+  bool random_first_endpoint = true;
 };
 
 struct KeyValue {

@@ -50,6 +50,12 @@ Compare At(const std::string& key, int64_t mod_revision) {
 
 constexpr int kRankDigits = 5;  // ranks < 4096
 
+// A uniform double in [0, 1), per thread.
+double Uniform01() {
+  thread_local std::mt19937_64 gen{std::random_device{}()};
+  return std::uniform_real_distribution<double>(0.0, 1.0)(gen);
+}
+
 }  // namespace
 
 EtcdMember::EtcdMember(etcd::EtcdClient* etcd, EtcdStore* store, Options options,
@@ -66,12 +72,22 @@ std::string EtcdMember::NodeKey(int rank) const {
 absl::Status EtcdMember::CheckNodes(absl::Time deadline) {
   const std::string key = Key("config");
   const std::string mine = absl::StrCat("nodes=", options_.nodes);
+  // A read first: once the cluster exists (every join but the first), no
+  // write goes through raft for this check.
   rpcs_.fetch_add(1, std::memory_order_relaxed);
-  absl::StatusOr<etcd::TxnResult> t =
-      etcd_->Txn({At(key, 0)}, {Op::Put(key, mine)}, {Op::Get(key)}, Left(deadline));
-  if (!t.ok()) return t.status();
-  if (t->succeeded || t->ranges.empty() || t->ranges[0].empty()) return absl::OkStatus();
-  const std::string& theirs = t->ranges[0][0].value;
+  absl::StatusOr<etcd::RangeResult> r = etcd_->Range(key, "", Left(deadline));
+  if (!r.ok()) return r.status();
+  std::string theirs;
+  if (!r->kvs.empty()) {
+    theirs = r->kvs.front().value;
+  } else {
+    rpcs_.fetch_add(1, std::memory_order_relaxed);
+    absl::StatusOr<etcd::TxnResult> t =
+        etcd_->Txn({At(key, 0)}, {Op::Put(key, mine)}, {Op::Get(key)}, Left(deadline));
+    if (!t.ok()) return t.status();
+    if (t->succeeded || t->ranges.empty() || t->ranges[0].empty()) return absl::OkStatus();
+    theirs = t->ranges[0][0].value;
+  }
   if (theirs != mine) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cluster.nodes is ", options_.nodes, " here, but the cluster under ", options_.prefix,
@@ -105,19 +121,34 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
   me.set_instance(instance_);
   me.set_state("alive");
   for (int attempt = 0; absl::Now() < deadline; ++attempt) {
+    if (attempt > 0) {
+      // Lost a race for a rank: back off (jittered, growing), so that
+      // hundreds of nodes starting together do not retry in lockstep.
+      const absl::Duration cap =
+          std::min(absl::Milliseconds(20) * (int64_t{1} << std::min(attempt, 6)), Left(deadline));
+      absl::SleepFor(cap * Uniform01());
+    }
+    // One consistent read of what a join needs (not the events under m/).
     rpcs_.fetch_add(1, std::memory_order_relaxed);
-    absl::StatusOr<etcd::RangeResult> all =
-        etcd_->Range(Key(""), etcd::PrefixEnd(Key("")), Left(deadline));
-    if (!all.ok()) return all.status();
+    absl::StatusOr<etcd::TxnResult> read = etcd_->Txn(
+        {}, {Op::Get(Key("nodes/"), etcd::PrefixEnd(Key("nodes/"))),
+             Op::Get(Key("ranks/"), etcd::PrefixEnd(Key("ranks/"))), Op::Get(Key("epoch"))},
+        {}, Left(deadline));
+    if (!read.ok()) return read.status();
+    if (read->ranges.size() != 3) return absl::InternalError("etcd answered a read of 3 ranges with fewer");
     std::map<int, std::pair<v1::ClusterNode, const etcd::KeyValue*>> live;
     std::map<int, std::string> history;
-    int64_t epoch = 0, epoch_mod = 0;
-    for (const etcd::KeyValue& kv : all->kvs) {
+    int64_t epoch = 0;
+    std::vector<const etcd::KeyValue*> kvs;
+    for (const auto& range : read->ranges) {
+      for (const etcd::KeyValue& kv : range) kvs.push_back(&kv);
+    }
+    for (const etcd::KeyValue* kvp : kvs) {
+      const etcd::KeyValue& kv = *kvp;
       const std::string rest = kv.key.substr(Key("").size());
       int rank = -1;
       if (rest == "epoch") {
         (void)absl::SimpleAtoi(kv.value, &epoch);
-        epoch_mod = kv.mod_revision;
       } else if (absl::StartsWith(rest, "nodes/") && absl::SimpleAtoi(rest.substr(6), &rank) &&
                  rank >= 0 && rank < static_cast<int>(options_.nodes)) {
         v1::ClusterNode n;
@@ -143,11 +174,16 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
       for (const auto& [r, address] : history) {
         if (rank < 0 && address == options_.address && !live.contains(r)) rank = r;
       }
-      for (int r = 0; rank < 0 && r < static_cast<int>(options_.nodes); ++r) {
-        if (!live.contains(r) && !history.contains(r)) rank = r;
+      // Else a rank never held, else one whose node is gone for good; at
+      // random, so that nodes starting together rarely want the same one.
+      std::vector<int> never, gone;
+      for (int r = 0; r < static_cast<int>(options_.nodes); ++r) {
+        if (live.contains(r)) continue;
+        (history.contains(r) ? gone : never).push_back(r);
       }
-      for (int r = 0; rank < 0 && r < static_cast<int>(options_.nodes); ++r) {
-        if (!live.contains(r)) rank = r;  // a node that is gone for good
+      const std::vector<int>& free = never.empty() ? gone : never;
+      if (rank < 0 && !free.empty()) {
+        rank = free[std::min(free.size() - 1, static_cast<size_t>(Uniform01() * free.size()))];
       }
       if (rank < 0) {
         return absl::ResourceExhaustedError(absl::StrCat(
@@ -159,11 +195,11 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
     const int64_t held_mod = held == live.end() ? 0 : held->second.second->mod_revision;
     const int64_t old_lease = held == live.end() ? 0 : held->second.second->lease;
     rpcs_.fetch_add(1, std::memory_order_relaxed);
+    // Compared against this rank's key only: joins of different ranks never
+    // conflict (the epoch moves on after, AdvanceEpochPast).
     absl::StatusOr<etcd::TxnResult> t = etcd_->Txn(
-        {At(NodeKey(rank), held_mod), At(Key("epoch"), epoch_mod)},
-        // The epoch first: watchers see it before the node it counts.
-        {Op::Put(Key("epoch"), absl::StrCat(epoch + 1)),
-         Op::Put(NodeKey(rank), me.SerializeAsString(), lease),
+        {At(NodeKey(rank), held_mod)},
+        {Op::Put(NodeKey(rank), me.SerializeAsString(), lease),
          Op::Put(Key(absl::StrFormat("ranks/%0*d", kRankDigits, rank)), options_.address)},
         {}, Left(deadline));
     if (!t.ok()) {
@@ -176,7 +212,9 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
       }
       return t.status();
     }
-    if (!t->succeeded) continue;  // someone joined or left meanwhile: read again
+    if (!t->succeeded) continue;  // another node took the rank meanwhile: read again
+    // This join moves the epoch on (one step may count several joins).
+    epoch = std::max<int64_t>(epoch + 1, AdvanceEpochPast(t->revision)) - 1;
     if (old_lease != 0 && old_lease != lease) {
       // This node's previous instance: its keys (rendezvous, events) go now.
       rpcs_.fetch_add(1, std::memory_order_relaxed);
@@ -206,7 +244,7 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
       }
       peers_[rank] = Peer{me, absl::Now()};
       // Changes after the read are replayed by the watch (idempotently).
-      watch_from_ = all->revision + 1;
+      watch_from_ = read->revision + 1;
     }
     Fire(fired);
     return absl::OkStatus();
@@ -443,194 +481,6 @@ void EtcdMember::HeartbeatLoop() {
       state_ = "degraded";
       detail_ = detail;
     }
-  }
-}
-
-void EtcdMember::AdvanceEpochPast(int64_t revision) {
-  const std::string key = Key("epoch");
-  for (int attempt = 0; attempt < 16; ++attempt) {
-    rpcs_.fetch_add(1, std::memory_order_relaxed);
-    absl::StatusOr<etcd::RangeResult> r = etcd_->Range(key, "", absl::Seconds(2));
-    if (!r.ok()) return;  // the next loss or join moves it on
-    int64_t epoch = 0, mod = 0;
-    if (!r->kvs.empty()) {
-      (void)absl::SimpleAtoi(r->kvs.front().value, &epoch);
-      mod = r->kvs.front().mod_revision;
-    }
-    if (mod > revision) return;  // another member did it
-    rpcs_.fetch_add(1, std::memory_order_relaxed);
-    absl::StatusOr<etcd::TxnResult> t =
-        etcd_->Txn({At(key, mod)}, {Op::Put(key, absl::StrCat(epoch + 1))}, {}, absl::Seconds(2));
-    if (!t.ok() || t->succeeded) return;
-  }
-}
-
-void EtcdMember::Apply(const etcd::WatchEvent& e, std::vector<PeerEvent>* out,
-                       std::vector<v1::GroupEvent>* group_out, int64_t* lost_at) {
-  const std::string base = Key("");
-  if (!absl::StartsWith(e.kv.key, base)) return;
-  const std::string rest = e.kv.key.substr(base.size());
-  const bool put = e.type == etcd::WatchEvent::Type::kPut;
-  int rank = -1;
-  absl::MutexLock l(&mu_);
-  if (rest == "epoch") {
-    uint64_t epoch = 0;
-    if (put && absl::SimpleAtoi(e.kv.value, &epoch)) epoch_ = std::max(epoch_, epoch);
-    return;
-  }
-  if (absl::StartsWith(rest, "nodes/")) {
-    if (!absl::SimpleAtoi(rest.substr(6), &rank) || rank < 0 ||
-        rank >= static_cast<int>(options_.nodes)) {
-      return;
-    }
-    auto it = peers_.find(rank);
-    const bool was_alive = it != peers_.end() && it->second.node.state() == "alive";
-    if (!put) {
-      if (rank == rank_) return;  // this node's own key: the heartbeat finds out and rejoins
-      if (!was_alive) return;
-      it->second.node.set_state("lost");
-      it->second.since = absl::Now();
-      out->push_back({PeerEvent::Kind::kLost, rank,
-                      absl::StrCat("node ", rank, " (", it->second.node.address(),
-                                   ") was lost (its lease in etcd expired: no heartbeat for ",
-                                   absl::FormatDuration(options_.heartbeat *
-                                                        static_cast<int64_t>(
-                                                            options_.missed_heartbeats)),
-                                   ", or it left); cluster epoch ", epoch_ + 1)});
-      *lost_at = std::max(*lost_at, e.kv.mod_revision);
-      return;
-    }
-    v1::ClusterNode n;
-    if (e.kv.value.size() > kMaxNodeValue || !n.ParseFromString(e.kv.value)) {
-      HSDP_LOG_EVERY_N_SEC(Error, 5) << "cluster: ignoring a malformed entry for node " << rank
-                                     << " in " << etcd_->name();
-      return;
-    }
-    n.set_node_rank(rank);
-    n.set_state("alive");
-    if (rank == rank_) {
-      if (n.instance() != instance_) {
-        HSDP_LOG_EVERY_N_SEC(Error, 5)
-            << "cluster: node rank " << rank << " was taken by " << n.address()
-            << " (instance " << n.instance() << "); this node joins again";
-      }
-      return;
-    }
-    const bool restarted = was_alive && it->second.node.instance() != n.instance();
-    if (restarted) {
-      out->push_back({PeerEvent::Kind::kLost, rank,
-                      absl::StrCat("node ", rank, " (", n.address(), ") restarted; cluster epoch ",
-                                   epoch_)});
-    }
-    if (!was_alive || restarted) {
-      out->push_back({PeerEvent::Kind::kJoined, rank,
-                      absl::StrCat("node ", rank, " (", n.address(), ") joined; cluster epoch ",
-                                   epoch_)});
-    }
-    peers_[rank] = Peer{n, absl::Now()};
-    return;
-  }
-  if (absl::StartsWith(rest, "events/") && put) {
-    if (!absl::SimpleAtoi(rest.substr(7), &rank) || rank == rank_ || rank < 0 ||
-        rank >= static_cast<int>(options_.nodes)) {
-      return;
-    }
-    v1::ReportRequest req;
-    if (e.kv.value.size() > kMaxEventsValue || !req.ParseFromString(e.kv.value) ||
-        static_cast<size_t>(req.events_size()) > kMaxReportEvents) {
-      HSDP_LOG_EVERY_N_SEC(Error, 5) << "cluster: ignoring malformed group events from node "
-                                     << rank << " in " << etcd_->name();
-      return;
-    }
-    for (v1::GroupEvent& g : *req.mutable_events()) {
-      if (g.group_key().empty() || g.group_key().size() > kMaxEventField ||
-          g.why().size() > kMaxEventField || g.epoch() < 1 || g.epoch() >= kMaxGroupEpoch) {
-        continue;
-      }
-      g.set_origin_node(rank);
-      group_out->push_back(std::move(g));
-    }
-  }
-}
-
-void EtcdMember::WatchLoop(int64_t from) {
-  while (true) {
-    {
-      absl::MutexLock l(&mu_);
-      if (stopping_) return;
-    }
-    rpcs_.fetch_add(1, std::memory_order_relaxed);
-    absl::StatusOr<std::unique_ptr<etcd::Watch>> watch =
-        etcd_->StartWatch(Key(""), etcd::PrefixEnd(Key("")), from, absl::Seconds(2));
-    absl::Status status = watch.status();
-    if (watch.ok()) {
-      {
-        absl::MutexLock l(&mu_);
-        if (stopping_) return;
-        watch_ = watch->get();
-      }
-      std::vector<etcd::WatchEvent> events;
-      while (status.ok()) {
-        events.clear();
-        status = (*watch)->Next(&events, absl::Now() + absl::Milliseconds(500));
-        std::vector<PeerEvent> fired;
-        std::vector<v1::GroupEvent> groups;
-        int64_t lost_at = 0;
-        for (const etcd::WatchEvent& e : events) {
-          Apply(e, &fired, &groups, &lost_at);
-          from = std::max(from, e.kv.mod_revision + 1);
-        }
-        if (lost_at != 0) AdvanceEpochPast(lost_at);
-        Fire(fired);
-        for (const v1::GroupEvent& g : groups) {
-          if (group_events_) group_events_(g);
-        }
-        absl::MutexLock l(&mu_);
-        if (stopping_) status = absl::CancelledError("stopping");
-      }
-      absl::MutexLock l(&mu_);
-      watch_ = nullptr;
-      if (stopping_) return;
-    }
-    if (status.code() == absl::StatusCode::kOutOfRange) {
-      // Compacted past what this node saw: start from now. Losses in the gap
-      // still show (the node keys are gone); group events in it are lost and
-      // their groups fail at their deadline instead.
-      HSDP_LOG(Error) << "cluster: missed membership changes in " << etcd_->name() << " ("
-                      << status.message() << "); reading the membership again";
-      rpcs_.fetch_add(1, std::memory_order_relaxed);
-      absl::StatusOr<etcd::RangeResult> all =
-          etcd_->Range(Key("nodes/"), etcd::PrefixEnd(Key("nodes/")), absl::Seconds(2));
-      if (all.ok()) {
-        std::vector<PeerEvent> fired;
-        std::vector<v1::GroupEvent> ignored;
-        int64_t lost_at = 0;
-        std::set<int> present;
-        for (const etcd::KeyValue& kv : all->kvs) {
-          int rank = -1;
-          if (absl::SimpleAtoi(kv.key.substr(Key("nodes/").size()), &rank)) present.insert(rank);
-          Apply(etcd::WatchEvent{etcd::WatchEvent::Type::kPut, kv}, &fired, &ignored, &lost_at);
-        }
-        std::vector<int> gone;
-        {
-          absl::MutexLock l(&mu_);
-          for (const auto& [r, p] : peers_) {
-            if (r != rank_ && p.node.state() == "alive" && !present.contains(r)) gone.push_back(r);
-          }
-        }
-        for (int r : gone) {
-          etcd::KeyValue kv;
-          kv.key = NodeKey(r);
-          kv.mod_revision = all->revision;
-          Apply(etcd::WatchEvent{etcd::WatchEvent::Type::kDelete, kv}, &fired, &ignored, &lost_at);
-        }
-        if (lost_at != 0) AdvanceEpochPast(lost_at);
-        Fire(fired);
-        from = all->revision + 1;
-      }
-    }
-    absl::MutexLock l(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(200));
   }
 }
 

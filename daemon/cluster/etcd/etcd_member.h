@@ -12,12 +12,15 @@
 //                     restarted node gets its rank back
 //   P m/events/<r>    the group events node r reported last (its lease)
 //
-// Join: one transaction claims a rank (by request, by address, else the
-// lowest free one) and advances the epoch, compared against the revisions
-// it read, so two nodes never take one rank. A loss: the node's key goes
-// with its lease; every member's watch on P m/ sees the deletion, and the
-// first to run a transaction "epoch last written before the deletion" moves
-// the epoch on (the others' compare fails: one step per loss).
+// Join: one transaction claims a rank (by request, by address, else a free
+// one at random), compared against that rank's key only, so two nodes never
+// take one rank and joins of different ranks never conflict (a lost race
+// backs off, jittered); then "if the epoch was last written before my join,
+// advance it" (a compare-and-put): the epoch moves on after every join, and
+// joins that overlap may share one step. A loss: the node's key goes with
+// its lease; every member's watch on P m/ sees the deletion, and the lost
+// node's successor (the next live rank) advances the epoch the same way:
+// one member's calls per loss, not N.
 //
 // Like ClusterMember: PeerEvents for differences between views (on the
 // watch thread), group events relayed to every other node, "degraded" when
@@ -98,8 +101,9 @@ class EtcdMember : public Membership {
   // Applies one watched change; fills `out` with the PeerEvents to fire.
   void Apply(const etcd::WatchEvent& e, std::vector<PeerEvent>* out,
              std::vector<v1::GroupEvent>* group_out, int64_t* lost_at) ABSL_LOCKS_EXCLUDED(mu_);
-  // Moves the epoch on past the membership change at `revision`.
-  void AdvanceEpochPast(int64_t revision);
+  // Moves the epoch on past the membership change at `revision` (unless a
+  // later write did); returns the epoch then (0: etcd did not answer).
+  int64_t AdvanceEpochPast(int64_t revision);
   // Lease gone: every other node counts as lost until this one joined again.
   void Rejoin(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   bool FlushOutbox() ABSL_LOCKS_EXCLUDED(mu_);
