@@ -132,7 +132,7 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
     rpcs_.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<etcd::TxnResult> read = etcd_->Txn(
         {}, {Op::Get(Key("nodes/"), etcd::PrefixEnd(Key("nodes/"))),
-             Op::Get(Key("ranks/"), etcd::PrefixEnd(Key("ranks/"))), Op::Get(Key("epoch"))},
+             Op::Get(HistoryKey(""), etcd::PrefixEnd(HistoryKey(""))), Op::Get(Key("epoch"))},
         {}, Left(deadline));
     if (!read.ok()) return read.status();
     if (read->ranges.size() != 3) return absl::InternalError("etcd answered a read of 3 ranges with fewer");
@@ -145,8 +145,12 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
     }
     for (const etcd::KeyValue* kvp : kvs) {
       const etcd::KeyValue& kv = *kvp;
-      const std::string rest = kv.key.substr(Key("").size());
       int rank = -1;
+      if (absl::StartsWith(kv.key, HistoryKey(""))) {
+        if (absl::SimpleAtoi(kv.key.substr(HistoryKey("").size()), &rank)) history[rank] = kv.value;
+        continue;
+      }
+      const std::string rest = kv.key.substr(Key("").size());
       if (rest == "epoch") {
         (void)absl::SimpleAtoi(kv.value, &epoch);
       } else if (absl::StartsWith(rest, "nodes/") && absl::SimpleAtoi(rest.substr(6), &rank) &&
@@ -155,8 +159,6 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
         if (kv.value.size() <= kMaxNodeValue && n.ParseFromString(kv.value)) {
           live[rank] = {n, &kv};
         }
-      } else if (absl::StartsWith(rest, "ranks/") && absl::SimpleAtoi(rest.substr(6), &rank)) {
-        history[rank] = kv.value;
       }
     }
     int rank = options_.node_rank;
@@ -200,7 +202,7 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
     absl::StatusOr<etcd::TxnResult> t = etcd_->Txn(
         {At(NodeKey(rank), held_mod)},
         {Op::Put(NodeKey(rank), me.SerializeAsString(), lease),
-         Op::Put(Key(absl::StrFormat("ranks/%0*d", kRankDigits, rank)), options_.address)},
+         Op::Put(HistoryKey(absl::StrFormat("%0*d", kRankDigits, rank)), options_.address)},
         {}, Left(deadline));
     if (!t.ok()) {
       if (t.status().code() == absl::StatusCode::kNotFound) {
@@ -213,7 +215,12 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
       return t.status();
     }
     if (!t->succeeded) continue;  // another node took the rank meanwhile: read again
-    // This join moves the epoch on (one step may count several joins).
+    // This join moves the epoch on (one step may count several joins). In a
+    // crowd (many nodes starting together) it waits a little first, so one
+    // step covers many joins instead of every watcher seeing N steps.
+    absl::SleepFor(std::min(absl::Milliseconds(2) * static_cast<int64_t>(live.size()),
+                            absl::Milliseconds(500)) *
+                   Uniform01());
     epoch = std::max<int64_t>(epoch + 1, AdvanceEpochPast(t->revision)) - 1;
     if (old_lease != 0 && old_lease != lease) {
       // This node's previous instance: its keys (rendezvous, events) go now.
@@ -262,7 +269,7 @@ absl::Status EtcdMember::Start() {
       absl::MutexLock l(&mu_);
       if (stopping_) return absl::CancelledError("cluster: stopped while joining");
     }
-    last = JoinOnce(std::min(left, absl::Seconds(2)));
+    last = JoinOnce(std::min(left, absl::Seconds(5)));
     if (last.ok()) break;
     if (Permanent(last)) {
       absl::MutexLock l(&mu_);
@@ -280,8 +287,14 @@ absl::Status EtcdMember::Start() {
       HSDP_LOG(Info) << "cluster: waiting for " << etcd_->name() << " (" << last.message() << ")";
     }
     absl::MutexLock l(&mu_);
+    // Back off, jittered and growing (0.2 s to 5 s): a thousand nodes that
+    // cannot reach an overloaded etcd must not retry in lockstep, which
+    // would keep it overloaded.
+    const absl::Duration backoff =
+        std::min(absl::Milliseconds(200) * (int64_t{1} << std::min(attempt, 5)), absl::Seconds(5)) *
+        (0.5 + Uniform01() / 2);
     mu_.AwaitWithTimeout(absl::Condition(&stopping_),
-                         std::min(absl::Milliseconds(200), std::max(absl::ZeroDuration(), left)));
+                         std::min(backoff, std::max(absl::ZeroDuration(), left)));
   }
   if (!last.ok()) {
     absl::MutexLock l(&mu_);

@@ -8,8 +8,9 @@
 //                     under the node's lease: it lives while the node
 //                     heartbeats (LeaseKeepAlive every heartbeat_ms; the
 //                     lease's TTL is heartbeat_ms x missed_heartbeats)
-//   P m/ranks/<r>     the address that last held rank r (no lease), so a
-//                     restarted node gets its rank back
+//   P h/ranks/<r>     the address that last held rank r (no lease), so a
+//                     restarted node gets its rank back (outside m/: no
+//                     watcher is woken for it)
 //   P m/events/<r>    the group events node r reported last (its lease)
 //
 // Join: one transaction claims a rank (by request, by address, else a free
@@ -110,6 +111,9 @@ class EtcdMember : public Membership {
   bool WakeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fire(const std::vector<PeerEvent>& events);
   std::string Key(const std::string& suffix) const { return options_.prefix + "m/" + suffix; }
+  std::string HistoryKey(const std::string& suffix) const {
+    return options_.prefix + "h/ranks/" + suffix;
+  }
   std::string NodeKey(int rank) const;
 
   etcd::EtcdClient* const etcd_;
