@@ -34,7 +34,9 @@ if [ ! -f "$dir/build.ninja" ]; then
     -DCMAKE_CXX_FLAGS_SANITIZE="-O1 -gline-tables-only" \
     -DCMAKE_C_FLAGS_SANITIZE="-O1 -gline-tables-only" \
     -DCMAKE_EXE_LINKER_FLAGS="-fuse-ld=lld" \
-    -DHSDP_WITH_PYTHON=OFF -DHSDP_WITH_CUDA=OFF -DHSDP_TEST_PYTHON="$(command -v python3)" "${opts[@]}" "${launcher[@]}" >/dev/null
+    -DHSDP_WITH_PYTHON=OFF -DHSDP_WITH_CUDA=OFF -DHSDP_TEST_PYTHON="$(command -v python3)" \
+    -DHSDP_ETCD_DIR="${HSDP_BUILD_DIR:-$ROOT/build}/third_party/etcd" \
+    "${opts[@]}" "${launcher[@]}" >/dev/null
 fi
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(dirname "$ROOT")}"
 jobs="${HSDP_JOBS:-$(nproc)}"
