@@ -321,5 +321,45 @@ TEST(ClusterEtcdAuthTest, WrongCredentialsAndAWrongPrefixGiveClearErrors) {
   }
 }
 
+// cluster.etcd.tls against an etcd that serves TLS and requires client
+// certificates: with ca, cert and key the daemon joins; with the CA alone (no
+// client certificate) or in plaintext it is refused, and the error names etcd.
+TEST(ClusterEtcdTlsTest, ClientCertificatesAgainstAnEtcdThatRequiresThem) {
+  if (::system("command -v openssl >/dev/null 2>&1") != 0) GTEST_SKIP() << "no openssl CLI";
+  TempDir certs;
+  ASSERT_EQ(MakeTestCertificates(certs), "");
+  EtcdTestCluster etcd(1);
+  etcd.UseTls(certs.File("ca.pem"), certs.File("node.pem"), certs.File("node.key"));
+  const absl::Status started = etcd.Start();
+  ASSERT_TRUE(started.ok()) << started << etcd.Logs();
+  const auto yaml = [&](const std::string& tls) {
+    return absl::StrCat("cluster:\n  store: etcd\n  etcd:\n    endpoints: [\"", etcd.endpoint(0),
+                        "\"]\n    prefix: /hsdp/tls/\n", tls, "  listen: \"",
+                        Loopback(FreePort()), "\"\n  nodes: 2\n  join_timeout_ms: 3000\n");
+  };
+  {
+    ClusterDaemon d;
+    ASSERT_TRUE(d.process.Start(
+        yaml(absl::StrCat("    tls: {ca: ", certs.File("ca.pem"), ", cert: ", certs.File("node.pem"),
+                          ", key: ", certs.File("node.key"), "}\n")),
+        {}, {}, /*wait_ready=*/true))
+        << d.log();
+    v1::NodesResponse view;
+    EXPECT_TRUE(Eventually([&] { return QueryNodes(d.socket(), &view) && view.state() == "ok"; },
+                           kFormMs))
+        << view.DebugString() << d.log();
+    EXPECT_THAT(d.log(), HasSubstr("joined through etcd"));
+  }
+  for (const std::string& tls :
+       {absl::StrCat("    tls: {ca: ", certs.File("ca.pem"), "}\n"), std::string()}) {
+    ClusterDaemon d;
+    const std::string config = yaml(tls) + (tls.empty() ? "  insecure: true\n" : "");
+    ASSERT_TRUE(d.process.Start(config, {}, {}, /*wait_ready=*/false));
+    EXPECT_NE(d.process.WaitForExit(20000), 0) << d.log();
+    EXPECT_THAT(d.log(), AllOf(HasSubstr("cannot join the cluster"), HasSubstr("etcd (")))
+        << config << d.log();
+  }
+}
+
 }  // namespace
 }  // namespace hsdp::testing

@@ -115,6 +115,22 @@ inline std::string ClusterYaml(const std::string& coordinator, const std::string
                       "\n  join_timeout_ms: ", join_timeout_ms, "\n");
 }
 
+// A CA (ca.pem, ca.key) and one certificate for 127.0.0.1 with both server
+// and client use (node.pem, node.key) in `dir`, made with the openssl CLI.
+// Returns openssl's output on failure, "" on success.
+inline std::string MakeTestCertificates(const TempDir& dir) {
+  const std::string d = dir.path();
+  WriteFile(d + "/ext.cnf",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n");
+  const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  const CommandResult r = RunCommand(
+      "cd '" + d + "' && openssl req -x509 " + ec +
+      " -keyout ca.key -out ca.pem -days 2 -subj /CN=hsdp-test-ca && openssl req " + ec +
+      " -keyout node.key -out node.csr -subj /CN=127.0.0.1 && openssl x509 -req -in node.csr"
+      " -CA ca.pem -CAkey ca.key -CAcreateserial -out node.pem -days 2 -extfile ext.cnf");
+  return r.exit_code == 0 ? "" : "openssl failed: " + r.output;
+}
+
 // `hsdpctl nodes --json` (whatever its exit code: 1 means degraded).
 inline bool QueryNodes(const std::string& socket, v1::NodesResponse* out) {
   CommandResult r = RunCommand(Hsdpctl(socket, "--timeout 2 --json nodes") + " 2>/dev/null");

@@ -64,6 +64,15 @@ class EtcdTestCluster {
   EtcdTestCluster(const EtcdTestCluster&) = delete;
   EtcdTestCluster& operator=(const EtcdTestCluster&) = delete;
 
+  // Before Start: clients must use TLS (the server certificate `cert`/`key`,
+  // signed by `ca`) and present a certificate `ca` signed
+  // (--client-cert-auth). PEM paths.
+  void UseTls(std::string ca, std::string cert, std::string key) {
+    tls_ca_ = std::move(ca);
+    tls_cert_ = std::move(cert);
+    tls_key_ = std::move(key);
+  }
+
   // Starts every member and waits until each answers a read (with a
   // leader). A member that cannot bind its port (another process took it
   // between FreePort and etcd's bind) fails the attempt: the whole cluster
@@ -151,6 +160,10 @@ class EtcdTestCluster {
                                        "' --dial-timeout=1s --command-timeout=1s --endpoints=",
                                        endpoint(i), " ");
         if (!root_password_.empty()) absl::StrAppend(&cmd, "--user 'root:", root_password_, "' ");
+        if (!tls_ca_.empty()) {
+          absl::StrAppend(&cmd, "--cacert '", tls_ca_, "' --cert '", tls_cert_, "' --key '",
+                          tls_key_, "' ");
+        }
         const CommandResult r = RunCommand(cmd + "endpoint health");
         if (r.exit_code == 0) break;
         last = r.output;
@@ -213,7 +226,9 @@ class EtcdTestCluster {
 
   std::string LogPath(int i) const { return dir_->File(absl::StrCat("m", i, ".log")); }
   std::string PeerUrl(int i) const { return "http://" + EtcdLoopback(nodes_[i].peer_port); }
-  std::string ClientUrl(int i) const { return "http://" + EtcdLoopback(nodes_[i].client_port); }
+  std::string ClientUrl(int i) const {
+    return (tls_ca_.empty() ? "http://" : "https://") + EtcdLoopback(nodes_[i].client_port);
+  }
 
   bool Running(int i) {
     Node& n = nodes_[i];
@@ -228,7 +243,7 @@ class EtcdTestCluster {
   bool Spawn(int i, bool existing) {
     std::vector<std::string> initial;
     for (int j = 0; j < members_; ++j) initial.push_back(absl::StrCat("m", j, "=", PeerUrl(j)));
-    const std::vector<std::string> argv = {
+    std::vector<std::string> argv = {
         EtcdBinary(),
         "--name", absl::StrCat("m", i),
         "--data-dir", dir_->File(absl::StrCat("m", i, ".etcd")),
@@ -244,6 +259,14 @@ class EtcdTestCluster {
         "--logger", "zap",
         "--log-outputs", "stderr",
     };
+    if (!tls_ca_.empty()) {
+      for (const std::string& arg : {std::string("--cert-file"), tls_cert_,
+                                     std::string("--key-file"), tls_key_,
+                                     std::string("--trusted-ca-file"), tls_ca_,
+                                     std::string("--client-cert-auth")}) {
+        argv.push_back(arg);
+      }
+    }
     const std::string log = LogPath(i);
     std::vector<char*> a;
     for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
@@ -273,6 +296,7 @@ class EtcdTestCluster {
   }
 
   int members_;
+  std::string tls_ca_, tls_cert_, tls_key_;  // PEM paths; "" = plaintext clients
   std::unique_ptr<TempDir> dir_;
   std::vector<Node> nodes_;
   std::string root_password_;
