@@ -310,6 +310,14 @@ class WatchImpl final : public Watch {
     absl::MutexLock lock(&mu_);
     if (ended_) return false;
     if (resp.created()) created_ = true;
+    if (pending_.size() + resp.events_size() > kMaxPendingEvents) {
+      // Nobody is taking them (or etcd floods us): bounded memory, and the
+      // owner sees why and watches again from its last revision.
+      EndLocked(absl::ResourceExhaustedError(
+          absl::StrCat(name_, ": ", what_, ": more than ", kMaxPendingEvents,
+                       " events not taken by Next; watch again from the last revision seen")));
+      return false;
+    }
     for (const mvccpb::Event& e : resp.events()) {
       WatchEvent out;
       out.type = e.type() == mvccpb::Event::DELETE ? WatchEvent::Type::kDelete
@@ -319,6 +327,8 @@ class WatchImpl final : public Watch {
     }
     return true;
   }
+
+  static constexpr size_t kMaxPendingEvents = 1 << 16;
 
   const std::string name_;
   const std::string what_;

@@ -113,7 +113,8 @@ class Watch {
   // Appends the next batch of events (waits until `deadline`). OK with none
   // appended at the deadline; an error when the watch ended: UNAVAILABLE
   // (etcd unreachable or without a leader), OUT_OF_RANGE (the start revision
-  // was compacted), CANCELLED (Cancel). Once it failed, every later call
+  // was compacted), CANCELLED (Cancel), RESOURCE_EXHAUSTED (65536 events
+  // arrived that Next did not take). Once it failed, every later call
   // fails the same way: open a new watch from the last revision seen + 1.
   virtual absl::Status Next(std::vector<WatchEvent>* events, absl::Time deadline) = 0;
   // Ends a Next in progress and the stream. Idempotent.
