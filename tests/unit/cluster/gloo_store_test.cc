@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "daemon/cluster/cluster_client.h"
 #include "daemon/cluster/cluster_service.h"
 #include "daemon/cluster/token_authenticator.h"
 #include "gloo/common/error.h"
