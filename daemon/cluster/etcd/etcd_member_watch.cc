@@ -108,7 +108,8 @@ void EtcdMember::Apply(const etcd::WatchEvent& e, std::vector<PeerEvent>* out,
       if (n.instance() != instance_) {
         HSDP_LOG_EVERY_N_SEC(Error, 5)
             << "cluster: node rank " << rank << " was taken by " << n.address()
-            << " (instance " << n.instance() << "); this node joins again";
+            << " (instance " << n.instance()
+            << "), a daemon with this node's cluster.listen: give each daemon its own";
       }
       return;
     }
