@@ -53,7 +53,9 @@ class ClusterEtcdTest : public ClusterFixture {
       ASSERT_TRUE(QueryNodes(Socket(node), &view));
       EXPECT_EQ(view.state(), "ok") << view.DebugString();
       EXPECT_EQ(AliveNodes(view), alive) << view.DebugString();
-      if (epoch != 0) EXPECT_EQ(view.epoch(), epoch) << view.DebugString();
+      if (epoch != 0) {
+        EXPECT_EQ(view.epoch(), epoch) << view.DebugString();
+      }
     }
   }
 

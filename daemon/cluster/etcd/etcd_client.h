@@ -66,6 +66,17 @@ struct Compare {
   Result result = Result::kEqual;
   int64_t number = 0;  // for kVersion, kCreate, kMod, kLease
   std::string value;   // for kValue
+
+  // "`key` is as it was at `mod_revision`": last modified then, or absent
+  // when `mod_revision` is 0 (the guard of a read-modify-write).
+  static Compare Unchanged(std::string key, int64_t mod_revision) {
+    if (mod_revision == 0) return Compare{std::move(key), Target::kCreate, Result::kEqual, 0, ""};
+    return Compare{std::move(key), Target::kMod, Result::kEqual, mod_revision, ""};
+  }
+  // "`key` exists".
+  static Compare Exists(std::string key) {
+    return Compare{std::move(key), Target::kCreate, Result::kGreater, 0, ""};
+  }
 };
 
 // One operation of a transaction.

@@ -42,11 +42,6 @@ bool Permanent(const absl::Status& s) {
   }
 }
 
-// "the compare held the key at this revision" (0: absent).
-Compare At(const std::string& key, int64_t mod_revision) {
-  if (mod_revision == 0) return Compare{key, Compare::Target::kCreate, Compare::Result::kEqual, 0, ""};
-  return Compare{key, Compare::Target::kMod, Compare::Result::kEqual, mod_revision, ""};
-}
 
 constexpr int kRankDigits = 5;  // ranks < 4096
 
@@ -83,7 +78,7 @@ absl::Status EtcdMember::CheckNodes(absl::Time deadline) {
   } else {
     rpcs_.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<etcd::TxnResult> t =
-        etcd_->Txn({At(key, 0)}, {Op::Put(key, mine)}, {Op::Get(key)}, Left(deadline));
+        etcd_->Txn({Compare::Unchanged(key, 0)}, {Op::Put(key, mine)}, {Op::Get(key)}, Left(deadline));
     if (!t.ok()) return t.status();
     if (t->succeeded || t->ranges.empty() || t->ranges[0].empty()) return absl::OkStatus();
     theirs = t->ranges[0][0].value;
@@ -200,7 +195,7 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
     // Compared against this rank's key only: joins of different ranks never
     // conflict (the epoch moves on after, AdvanceEpochPast).
     absl::StatusOr<etcd::TxnResult> t = etcd_->Txn(
-        {At(NodeKey(rank), held_mod)},
+        {Compare::Unchanged(NodeKey(rank), held_mod)},
         {Op::Put(NodeKey(rank), me.SerializeAsString(), lease),
          Op::Put(HistoryKey(absl::StrFormat("%0*d", kRankDigits, rank)), options_.address)},
         {}, Left(deadline));

@@ -17,12 +17,6 @@ namespace {
 using etcd::Compare;
 using etcd::Op;
 
-// "the key is at this revision" (0: absent).
-Compare At(const std::string& key, int64_t mod_revision) {
-  if (mod_revision == 0) return Compare{key, Compare::Target::kCreate, Compare::Result::kEqual, 0, ""};
-  return Compare{key, Compare::Target::kMod, Compare::Result::kEqual, mod_revision, ""};
-}
-
 }  // namespace
 
 int64_t EtcdMember::AdvanceEpochPast(int64_t revision) {
@@ -41,7 +35,7 @@ int64_t EtcdMember::AdvanceEpochPast(int64_t revision) {
     // Compare-and-put; a failed compare reads the new value in the same call.
     rpcs_.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<etcd::TxnResult> t = etcd_->Txn(
-        {At(key, mod)}, {Op::Put(key, absl::StrCat(epoch + 1))}, {Op::Get(key)}, absl::Seconds(2));
+        {Compare::Unchanged(key, mod)}, {Op::Put(key, absl::StrCat(epoch + 1))}, {Op::Get(key)}, absl::Seconds(2));
     if (!t.ok()) return 0;
     if (t->succeeded) return epoch + 1;
     now = t->ranges.empty() ? std::vector<etcd::KeyValue>{} : std::move(t->ranges[0]);

@@ -21,15 +21,6 @@ absl::Duration Left(absl::Time deadline) {
   return std::max(absl::Milliseconds(1), deadline - absl::Now());
 }
 
-Compare Absent(const std::string& key) {
-  return Compare{key, Compare::Target::kCreate, Compare::Result::kEqual, 0, ""};
-}
-Compare Present(const std::string& key) {
-  return Compare{key, Compare::Target::kCreate, Compare::Result::kGreater, 0, ""};
-}
-Compare ModifiedAt(const std::string& key, int64_t revision) {
-  return Compare{key, Compare::Target::kMod, Compare::Result::kEqual, revision, ""};
-}
 
 // Holds one of `limit` slots of `count` for its lifetime (ok() false: none left).
 class Slot {
@@ -99,7 +90,7 @@ absl::Status EtcdStore::Set(const std::string& key, const std::string& value,
   const std::string k = EtcdKey(key);
   // An update needs no room; a new key does.
   absl::StatusOr<etcd::TxnResult> t =
-      etcd_->Txn({Present(k)}, {Op::Put(k, value, lease_.load())}, {}, Left(deadline));
+      etcd_->Txn({Compare::Exists(k)}, {Op::Put(k, value, lease_.load())}, {}, Left(deadline));
   if (!t.ok()) return Named(t.status(), what);
   if (t->succeeded) return absl::OkStatus();
   if (absl::Status s = CheckRoom(deadline); !s.ok()) return Named(s, what);
@@ -133,7 +124,7 @@ absl::StatusOr<std::string> EtcdStore::PutIfAbsent(const std::string& key,
     if (!there->kvs.empty()) return std::move(there->kvs.front().value);
     if (absl::Status s = CheckRoom(deadline); !s.ok()) return s;
     absl::StatusOr<etcd::TxnResult> t =
-        etcd_->Txn({Absent(k)}, {Op::Put(k, value, lease)}, {Op::Get(k)}, Left(deadline));
+        etcd_->Txn({Compare::Unchanged(k, 0)}, {Op::Put(k, value, lease)}, {Op::Get(k)}, Left(deadline));
     if (!t.ok()) return t.status();
     if (t->succeeded) return value;
     if (!t->ranges.empty() && !t->ranges[0].empty()) return std::move(t->ranges[0][0].value);
@@ -164,14 +155,14 @@ absl::StatusOr<int64_t> EtcdStore::Add(const std::string& key, int64_t delta,
     absl::StatusOr<etcd::RangeResult> r = etcd_->Range(k, "", Left(deadline));
     if (!r.ok()) return Named(r.status(), what);
     int64_t current = 0;
-    Compare unchanged = Absent(k);
+    Compare unchanged = Compare::Unchanged(k, 0);
     if (!r->kvs.empty()) {
       if (!absl::SimpleAtoi(r->kvs.front().value, &current)) {
         return Named(absl::InvalidArgumentError(absl::StrCat(
                          "the value at \"", key.substr(0, 128), "\" is not an integer")),
                      what);
       }
-      unchanged = ModifiedAt(k, r->kvs.front().mod_revision);
+      unchanged = Compare::Unchanged(k, r->kvs.front().mod_revision);
     } else if (absl::Status s = CheckRoom(deadline); !s.ok()) {
       return Named(s, what);
     }
@@ -334,7 +325,7 @@ absl::Status EtcdStore::Barrier(const std::string& barrier, uint32_t count,
     if (!r->kvs.empty() && !absl::SimpleAtoi(r->kvs.front().value, &n)) {
       return Named(absl::InvalidArgumentError("its counter is not an integer"), what);
     }
-    const Compare unchanged = r->kvs.empty() ? Absent(k) : ModifiedAt(k, r->kvs.front().mod_revision);
+    const Compare unchanged = r->kvs.empty() ? Compare::Unchanged(k, 0) : Compare::Unchanged(k, r->kvs.front().mod_revision);
     absl::StatusOr<etcd::TxnResult> t =
         etcd_->Txn({unchanged}, {Op::Put(k, absl::StrCat(n + 1))}, {}, Left(deadline));
     if (!t.ok()) return Named(t.status(), what);
@@ -382,7 +373,7 @@ absl::Status EtcdStore::Barrier(const std::string& barrier, uint32_t count,
     if (!absl::SimpleAtoi(r->kvs.front().value, &n)) break;
     if (n >= end) return absl::OkStatus();
     absl::StatusOr<etcd::TxnResult> t =
-        etcd_->Txn({ModifiedAt(k, r->kvs.front().mod_revision)}, {Op::Put(k, absl::StrCat(n - 1))},
+        etcd_->Txn({Compare::Unchanged(k, r->kvs.front().mod_revision)}, {Op::Put(k, absl::StrCat(n - 1))},
                    {}, Left(leave_deadline));
     if (!t.ok() || t->succeeded) break;
   }
