@@ -63,6 +63,9 @@ endif()
 
 # hsdp_engine_gloo: the transport between daemons on Gloo (TCP).
 if(HSDP_GLOO_ENABLED)
-  add_library(hsdp_engine_gloo STATIC ${CMAKE_CURRENT_LIST_DIR}/cluster/gloo_transport.cc)
-  target_link_libraries(hsdp_engine_gloo PUBLIC hsdp_engine gloo)
+  # gloo_peer_name.cc interposes one Gloo function (see its header): it must
+  # end up in the executable, which a static library linked there does.
+  add_library(hsdp_engine_gloo STATIC ${CMAKE_CURRENT_LIST_DIR}/cluster/gloo_transport.cc
+    ${CMAKE_CURRENT_LIST_DIR}/cluster/gloo_peer_name.cc)
+  target_link_libraries(hsdp_engine_gloo PUBLIC hsdp_engine gloo ${CMAKE_DL_LIBS})
 endif()

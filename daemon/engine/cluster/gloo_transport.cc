@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/engine/cluster/gloo_peer_name.h"
 #include "daemon/util/shortened_key.h"
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/context.h"
@@ -330,6 +331,11 @@ class GlooTransport : public TransportFactory {
   absl::StatusOr<std::vector<std::shared_ptr<gloo::transport::Device>>> Devices() {
     std::lock_guard<std::mutex> l(mu_);
     if (!devices_.empty()) return devices_;
+    if (!GlooPeerNameGuardActive()) {
+      HSDP_LOG(Error) << "Gloo's fromPeerName is not bound to hsdpd's guard "
+                         "(daemon/engine/cluster/gloo_peer_name.h): a connection reset "
+                         "during a rendezvous can end this process";
+    }
     try {
       for (int k = 0; k < std::max(1, options_.devices); ++k) {
         gloo::transport::tcp::attr attr;

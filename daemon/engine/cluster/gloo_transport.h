@@ -22,7 +22,9 @@
 // process (an exception in its IO thread) when a peer sends more bytes than
 // the receive posted for that message: honest daemons never do (every
 // cross-node task first exchanges a header, and sizes follow from it), so
-// only a hostile host on the data network can.
+// only a hostile host on the data network can. A connection reset before
+// Gloo accepted it used to end the process too (an exception in the same
+// thread); gloo_peer_name.h guards that one (tested).
 //
 // Store keys: each Connect writes one key per participant under its prefix.
 // Gloo's Store cannot delete, so the link hands the keys it wrote to

@@ -5,12 +5,20 @@
 // peer that goes away end in clear errors.
 #include "daemon/engine/cluster/gloo_transport.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/engine/cluster/gloo_peer_name.h"
 #include "daemon/engine/cluster/hierarchical_engine.h"
 #include "daemon/engine/cpu/cpu_engine.h"
 #include "engine_cluster_util.h"
@@ -294,6 +302,114 @@ TEST(GlooTransport, AFailedConnectReleasesItsKeys) {
   ASSERT_FALSE(link.ok());
   ASSERT_EQ(released->calls.size(), 1u);
   ExpectOwnKeys(released->calls[0].second, 0);
+}
+
+// Hands every value set under a key ending in "/0" (node 0's pair addresses)
+// to the test.
+class TappingStore : public gloo::rendezvous::Store {
+ public:
+  void set(const std::string& key, const std::vector<char>& data) override {
+    inner_.set(key, data);
+    if (key.size() >= 2 && key.compare(key.size() - 2, 2, "/0") == 0) {
+      std::lock_guard<std::mutex> l(mu_);
+      addresses_ = data;
+      cv_.notify_all();
+    }
+  }
+  std::vector<char> get(const std::string& key) override { return inner_.get(key); }
+  void wait(const std::vector<std::string>& keys) override { inner_.wait(keys); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    inner_.wait(keys, timeout);
+  }
+  // The next value set (then forgotten); empty after `timeout`.
+  std::vector<char> Take(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait_for(l, timeout, [&] { return !addresses_.empty(); });
+    return std::exchange(addresses_, {});
+  }
+
+ private:
+  gloo::rendezvous::HashStore inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<char> addresses_;
+};
+
+// The loopback ports in Gloo's serialized pair addresses (sockaddr_in of
+// 127.0.0.1, wherever they sit in the record).
+std::vector<uint16_t> LoopbackPorts(const std::vector<char>& bytes) {
+  std::vector<uint16_t> ports;
+  for (size_t o = 0; o + sizeof(sockaddr_in) <= bytes.size(); ++o) {
+    sockaddr_in in;
+    std::memcpy(&in, bytes.data() + o, sizeof(in));
+    if (in.sin_family == AF_INET && in.sin_addr.s_addr == htonl(INADDR_LOOPBACK) &&
+        in.sin_port != 0) {
+      ports.push_back(ntohs(in.sin_port));
+    }
+  }
+  return ports;
+}
+
+// Connects to `port` and resets the connection at once (SO_LINGER 0).
+void ConnectAndReset(uint16_t port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  linger reset{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  (void)connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to));
+  close(fd);
+}
+
+// A connection reset before Gloo's IO thread accepts it (a peer tearing down
+// a failed rendezvous, or anyone on the data network) once ended the whole
+// process: Gloo's getpeername check threw in that thread. The link fails
+// instead, and the transport goes on connecting. Repeated, since whether
+// the reset lands before the accept is a race.
+TEST(GlooTransport, AConnectionResetBeforeGlooAcceptsItFailsOnlyThatLink) {
+  ASSERT_TRUE(GlooPeerNameGuardActive());
+  auto store = std::make_shared<TappingStore>();
+  GlooTransportOptions t;
+  t.data_address = "127.0.0.1";
+  t.store = [store](const std::string& prefix) {
+    return std::unique_ptr<gloo::rendezvous::Store>(new SharedPrefixStore(prefix, store));
+  };
+  std::unique_ptr<TransportFactory> factory = MakeGlooTransport(std::move(t));
+  int attacked = 0;
+  for (int attempt = 0; attempt < 30; ++attempt) {
+    std::thread hostile([&] {
+      const std::vector<char> addresses = store->Take(std::chrono::seconds(5));
+      for (uint16_t port : LoopbackPorts(addresses)) {
+        ConnectAndReset(port);
+        ++attacked;
+      }
+    });
+    absl::StatusOr<std::unique_ptr<NodeLink>> link =
+        factory->Connect(absl::StrCat("reset", attempt), 1, {0, 1}, 0,
+                         absl::Now() + absl::Milliseconds(100));
+    hostile.join();
+    EXPECT_FALSE(link.ok());  // node 1 never comes
+  }
+  EXPECT_GE(attacked, 30);
+  // The transport still connects two honest nodes.
+  auto honest = std::make_shared<gloo::rendezvous::HashStore>();
+  std::vector<std::unique_ptr<TransportFactory>> factories;
+  for (int n = 0; n < 2; ++n) factories.push_back(RecordingTransport(honest, std::make_shared<Released>()));
+  std::vector<absl::Status> connected(2);
+  std::vector<std::thread> threads;
+  for (int n = 0; n < 2; ++n) {
+    threads.emplace_back([&, n] {
+      connected[n] = factories[n]
+                         ->Connect("after", 1, {0, 1}, n, absl::Now() + absl::Seconds(10))
+                         .status();
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int n = 0; n < 2; ++n) EXPECT_TRUE(connected[n].ok()) << connected[n];
 }
 
 }  // namespace
