@@ -80,6 +80,11 @@ SessionChannel::~SessionChannel() {
   if (channel_map_ != nullptr) ::munmap(channel_map_, channel_bytes_);
 }
 
+uint32_t SessionChannel::SpinMode() const {
+  const uint32_t mode = header_->spin_mode.load(std::memory_order_relaxed);
+  return mode <= shm::kMaxSpinMode ? mode : shm::kSpinDefault;
+}
+
 void SessionChannel::KickDaemon() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (header_->daemon_sleeping.load(std::memory_order_seq_cst) != 0) {
@@ -135,7 +140,7 @@ absl::StatusOr<Work> SessionChannel::Submit(shm::OpDescriptor desc, bool composi
       shm::AwaitDoorbell(
           &header_->client_bell,
           [&] { return c.op_id.load(std::memory_order_acquire) == prev; }, spin_ns_,
-          shm::NowNanos() + kLivenessSliceNs);
+          shm::NowNanos() + kLivenessSliceNs, SpinMode());
     }
     // Not while a WaitOnStream of `prev` still has to enqueue its stream
     // wait: this op's completion event is prev's (issue 20, finding 8).
@@ -191,7 +196,8 @@ absl::Status SessionChannel::Wait(WorkState* w, absl::Duration timeout) {
   for (;;) {
     int64_t slice_end = shm::NowNanos() + kLivenessSliceNs;
     if (deadline >= 0 && deadline < slice_end) slice_end = deadline;
-    if (shm::AwaitDoorbell(&header_->client_bell, [&] { return Poll(w); }, spin_ns_, slice_end)) {
+    if (shm::AwaitDoorbell(&header_->client_bell, [&] { return Poll(w); }, spin_ns_, slice_end,
+                           SpinMode())) {
       return w->status;
     }
     if (absl::Status alive = CheckAlive(); !alive.ok()) {

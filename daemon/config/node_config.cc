@@ -132,6 +132,17 @@ absl::Status ParseEngineDevice(const Field& f, NodeConfig* config) {
                               "; backends: \"cuda\", \"fake\" (tests only)"));
 }
 
+absl::Status ParseSpinMode(const Field& f, NodeConfig* config) {
+  RETURN_IF_ERROR(CheckScalar(f, "a spin mode"));
+  const std::string& mode = f.value.Scalar();
+  if (mode == "auto" || mode == "pause" || mode == "yield") {
+    config->spin_mode = mode;
+    return absl::OkStatus();
+  }
+  return f.Error(absl::StrCat("unknown spin mode ", Quote(mode),
+                              "; modes: \"auto\", \"pause\", \"yield\""));
+}
+
 absl::Status ParseRingEntries(const Field& f, NodeConfig* config) {
   ASSIGN_OR_RETURN(const uint64_t entries, IntegerInRange(f, 16, 65536));
   if ((entries & (entries - 1)) != 0) {
@@ -325,6 +336,10 @@ constexpr KeySpec kDataPlaneKeys[] = {
     {"spin_us", "busy-poll this long before sleeping, 0..100000 us",
      [](const Field& f, NodeConfig* c) { return SetInteger(f, 0, 100000, &c->spin_us); },
      &RenderNumber<&NodeConfig::spin_us>},
+    {"spin_mode", "how spinning waits (the daemon's and its clients') share a CPU: \"pause\" "
+                  "never yields, \"yield\" yields between polls, \"auto\" yields while "
+                  "sessions + 1 exceed the daemon's CPUs",
+     &ParseSpinMode, &RenderString<&NodeConfig::spin_mode>},
 };
 
 constexpr KeySpec kTimeoutsKeys[] = {

@@ -36,12 +36,23 @@ class SessionDirectory {
 
 class DeviceBufferRegistry;
 
+// data_plane.spin_mode: how spinning waits share a CPU (shm::SpinMode).
+enum class SpinSetting { kAuto, kPause, kYield };
+// "auto", "pause" or "yield" (as validated by the config); else kAuto.
+SpinSetting ParseSpinSetting(const std::string& name);
+// The mode for `spinners` spinning threads (clients + the dispatcher) on a
+// daemon allowed `cpus` CPUs: kAuto yields only when they outnumber the CPUs.
+uint32_t ChooseSpinMode(SpinSetting setting, size_t spinners, int cpus);
+
 class Dispatcher {
  public:
   // `device_buffers`: the device-buffer registry descriptors may name
   // buffers of (kFeatureDeviceMemory); null when no device engine runs.
+  // `spin`: how its spin and the clients' share CPUs (published in every
+  // session's channel whenever the session set changes).
   Dispatcher(SessionDirectory* directory, const WakeFd* wake, int64_t spin_ns,
-             const DeviceBufferRegistry* device_buffers = nullptr);
+             const DeviceBufferRegistry* device_buffers = nullptr,
+             SpinSetting spin = SpinSetting::kAuto);
   ~Dispatcher();
 
   void Start();
@@ -69,6 +80,9 @@ class Dispatcher {
 
   const WakeFd* const wake_;
   const int64_t spin_ns_;
+  const SpinSetting spin_setting_;
+  int cpus_ = 1;                             // the daemon's CPU affinity, at Start
+  uint32_t spin_mode_ = 0;                   // shm::SpinMode, loop thread only
   std::atomic<bool> draining_{false};
   std::atomic<bool> stop_{false};
   std::thread thread_;

@@ -130,6 +130,10 @@ void ShmChannel::SetDaemonSleeping(bool sleeping) {
   header_->daemon_sleeping.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
 }
 
+void ShmChannel::SetSpinMode(uint32_t mode) {
+  header_->spin_mode.store(mode, std::memory_order_relaxed);
+}
+
 void ShmChannel::Close() {
   header_->state.store(shm::kChannelClosed, std::memory_order_release);
   shm::RingDoorbell(&header_->client_bell);

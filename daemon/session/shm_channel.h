@@ -79,6 +79,8 @@ class ShmChannel {
   // Publishes whether the dispatcher may sleep (the client then kicks the
   // WakeFd after a push). Written, never read back.
   void SetDaemonSleeping(bool sleeping);
+  // Publishes how the client's spinning waits share a CPU (shm::SpinMode).
+  void SetSpinMode(uint32_t mode);
 
   const SharedRegion& region() const { return *region_; }
   uint32_t ring_entries() const { return entries_; }

@@ -28,8 +28,8 @@
 // Its busbw factor is the sum of the two phases' nccl-tests bus bytes over
 // `size`: (N-1)/N + 2(K-1)/(K N) (1.0 for 2 x 2).
 //
-// time(us) is the mean over --iters, p50(us) the median; every iteration
-// starts after a barrier of the whole world.
+// time(us) is the mean over --iters, p50(us) the median, p99(us) the 99th
+// percentile; every iteration starts after a barrier of the whole world.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -192,8 +192,8 @@ int RunRank(const Options& o, int rank, const std::string& job, const std::strin
                 std::string(hsdp::DataTypeName(o.dtype)).c_str(),
                 std::string(hsdp::ReduceOpName(o.redop)).c_str(),
                 o.inplace ? "in-place" : "out-of-place", o.iters, o.warmup, factor.c_str());
-    std::printf("%12s %12s %9s %8s %10s %10s %10s %8s %10s\n", "size(B)", "count", "type", "redop",
-                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "p50(us)");
+    std::printf("%12s %12s %9s %8s %10s %10s %10s %8s %10s %10s\n", "size(B)", "count", "type", "redop",
+                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "p50(us)", "p99(us)");
   }
   if (rank == 0 && o.json) std::printf("[");
   bool first_row = true;
@@ -277,25 +277,27 @@ int RunRank(const Options& o, int rank, const std::string& job, const std::strin
     mean /= double(times.size());
     std::sort(times.begin(), times.end());
     const double p50 = times[times.size() / 2];
+    const double p99 = times[std::min(times.size() - 1, times.size() * 99 / 100)];
     const double algbw = double(bytes) / mean / 1e3;
     const double busbw = algbw * BusFactor(o);
     if (rank == 0) {
       if (o.json) {
         std::printf("%s\n  {\"op\": \"%s\", \"nodes\": %d, \"nranks\": %d, \"size\": %llu, "
                     "\"count\": %llu, \"type\": \"%s\", "
-                    "\"redop\": \"%s\", \"time_us\": %.3f, \"p50_us\": %.3f, \"algbw_gbps\": %.4f, "
+                    "\"redop\": \"%s\", \"time_us\": %.3f, \"p50_us\": %.3f, \"p99_us\": %.3f, "
+                    "\"algbw_gbps\": %.4f, "
                     "\"busbw_gbps\": %.4f, \"wrong\": %llu}",
                     first_row ? "" : ",", std::string(hsdp::CollectiveName(o.op)).c_str(), o.nodes,
                     o.nranks, (unsigned long long)bytes, (unsigned long long)total,
                     std::string(hsdp::DataTypeName(o.dtype)).c_str(),
-                    std::string(hsdp::ReduceOpName(o.redop)).c_str(), mean, p50, algbw, busbw,
+                    std::string(hsdp::ReduceOpName(o.redop)).c_str(), mean, p50, p99, algbw, busbw,
                     (unsigned long long)wrong);
       } else {
-        std::printf("%12llu %12llu %9s %8s %10.2f %10.3f %10.3f %8s %10.2f\n",
+        std::printf("%12llu %12llu %9s %8s %10.2f %10.3f %10.3f %8s %10.2f %10.2f\n",
                     (unsigned long long)bytes, (unsigned long long)total,
                     std::string(hsdp::DataTypeName(o.dtype)).c_str(),
                     std::string(hsdp::ReduceOpName(o.redop)).c_str(), mean, algbw, busbw,
-                    o.check ? std::to_string(wrong).c_str() : "N/A", p50);
+                    o.check ? std::to_string(wrong).c_str() : "N/A", p50, p99);
       }
       std::fflush(stdout);
     }

@@ -18,6 +18,8 @@ PACKAGES=(
   # The sanitizer and fuzz builds (tools/scripts/run_hardening.sh): clang with
   # its sanitizer and libFuzzer runtimes, lld, llvm-symbolizer for the stacks.
   clang lld libclang-rt-14-dev llvm
+  # The small-message baseline (mpi-bench, tools/bench/latency_compare.py).
+  openmpi-bin libopenmpi-dev
 )
 
 missing=()

@@ -27,20 +27,26 @@ void SleepOnDoorbell(Doorbell* bell, uint32_t observed, int64_t timeout_ns);
 // Waits until `ready()` returns true, spinning up to `spin_ns`, then sleeping
 // on `bell`. Returns true when ready, false when `deadline_ns` (NowNanos()
 // scale, negative = none) passed first. `ready` must be cheap and is called
-// from this thread only.
+// from this thread only. `mode` (SpinMode) says how the spin shares the CPU.
 template <typename Ready>
-bool AwaitDoorbell(Doorbell* bell, Ready&& ready, int64_t spin_ns, int64_t deadline_ns) {
+bool AwaitDoorbell(Doorbell* bell, Ready&& ready, int64_t spin_ns, int64_t deadline_ns,
+                   uint32_t mode = kSpinDefault) {
   if (ready()) return true;
   const int64_t spin_until = NowNanos() + spin_ns;
+  // Polls between two yields, minus one (a mask); 0: yield after every poll.
+  const uint32_t yield_mask = mode == kSpinYield ? 0u : 63u;
   for (uint32_t i = 0;; ++i) {
     if (ready()) return true;
     if ((i & 63) == 0) {
       const int64_t now = NowNanos();
       if (deadline_ns >= 0 && now >= deadline_ns) return false;
       if (now >= spin_until) break;
+    }
+    if (mode != kSpinPause && (i & yield_mask) == 0) {
       // With more spinners than cores (trainers + the daemon on a small
       // node), give the CPU to whoever will make `ready` true.
       sched_yield();
+      continue;
     }
 #if defined(__x86_64__)
     __builtin_ia32_pause();

@@ -196,10 +196,24 @@ struct alignas(64) ChannelHeader {
   // The daemon rings this after writing completions.
   Doorbell client_bell;
   alignas(64) std::atomic<uint32_t> state;  // ChannelState
+  // SpinMode: how the client's spinning waits share a CPU, written by the
+  // daemon when its set of sessions changes. Added in layout 2 without a
+  // version change: it sits in padding, and a daemon that never writes it
+  // leaves 0 (kSpinDefault), the behaviour before it existed.
+  std::atomic<uint32_t> spin_mode;
   // 1 while the daemon's dispatcher may sleep: a client that advanced `head`
   // must then write to its kick eventfd. Written by the daemon only.
   alignas(64) std::atomic<uint32_t> daemon_sleeping;
 };
+
+// How a waiter that polls shared memory shares its CPU while it spins.
+enum SpinMode : uint32_t {
+  kSpinDefault = 0,  // no hint: yield the CPU every 64 polls
+  kSpinPause = 1,    // a CPU for every spinner: poll with `pause`, never yield
+  kSpinYield = 2,    // more spinners than CPUs: yield between polls, so the
+                     // thread that will make the condition true gets to run
+};
+inline constexpr uint32_t kMaxSpinMode = kSpinYield;
 
 // Byte layout of a channel with `ring_entries` slots.
 struct ChannelLayout {
