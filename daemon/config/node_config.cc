@@ -337,8 +337,8 @@ constexpr KeySpec kDataPlaneKeys[] = {
      [](const Field& f, NodeConfig* c) { return SetInteger(f, 0, 100000, &c->spin_us); },
      &RenderNumber<&NodeConfig::spin_us>},
     {"spin_mode", "how spinning waits (the daemon's and its clients') share a CPU: \"pause\" "
-                  "never yields, \"yield\" yields between polls, \"auto\" yields while "
-                  "sessions + 1 exceed the daemon's CPUs",
+                  "never yields, \"yield\" yields between polls, \"auto\" yields between "
+                  "polls while sessions + 1 exceed the daemon's CPUs, else every 64 polls",
      &ParseSpinMode, &RenderString<&NodeConfig::spin_mode>},
 };
 

@@ -32,7 +32,9 @@ uint32_t ChooseSpinMode(SpinSetting setting, size_t spinners, int cpus) {
     case SpinSetting::kYield: return shm::kSpinYield;
     case SpinSetting::kAuto: break;
   }
-  return spinners > static_cast<size_t>(std::max(1, cpus)) ? shm::kSpinYield : shm::kSpinPause;
+  // With a CPU per spinner, still yield now and then: trainers have other
+  // threads (data loaders) that the count does not see.
+  return spinners > static_cast<size_t>(std::max(1, cpus)) ? shm::kSpinYield : shm::kSpinDefault;
 }
 
 Dispatcher::Dispatcher(SessionDirectory* directory, const WakeFd* wake, int64_t spin_ns,

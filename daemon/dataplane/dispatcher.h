@@ -41,7 +41,8 @@ enum class SpinSetting { kAuto, kPause, kYield };
 // "auto", "pause" or "yield" (as validated by the config); else kAuto.
 SpinSetting ParseSpinSetting(const std::string& name);
 // The mode for `spinners` spinning threads (clients + the dispatcher) on a
-// daemon allowed `cpus` CPUs: kAuto yields only when they outnumber the CPUs.
+// daemon allowed `cpus` CPUs: kAuto yields between polls when they outnumber
+// the CPUs, else every 64 polls (kSpinDefault).
 uint32_t ChooseSpinMode(SpinSetting setting, size_t spinners, int cpus);
 
 class Dispatcher {

@@ -208,8 +208,8 @@ struct alignas(64) ChannelHeader {
 
 // How a waiter that polls shared memory shares its CPU while it spins.
 enum SpinMode : uint32_t {
-  kSpinDefault = 0,  // no hint: yield the CPU every 64 polls
-  kSpinPause = 1,    // a CPU for every spinner: poll with `pause`, never yield
+  kSpinDefault = 0,  // yield the CPU every 64 polls (also: no hint written)
+  kSpinPause = 1,    // never yield: poll with `pause` (dedicated CPUs only)
   kSpinYield = 2,    // more spinners than CPUs: yield between polls, so the
                      // thread that will make the condition true gets to run
 };

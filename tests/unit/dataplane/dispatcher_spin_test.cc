@@ -17,9 +17,9 @@ namespace {
 const PeerCred kCred{1, 1000, 1000};
 
 TEST(ChooseSpinMode, AutoYieldsOnlyWhenSpinnersOutnumberCpus) {
-  EXPECT_EQ(ChooseSpinMode(SpinSetting::kAuto, 2, 2), shm::kSpinPause);
+  EXPECT_EQ(ChooseSpinMode(SpinSetting::kAuto, 2, 2), shm::kSpinDefault);
   EXPECT_EQ(ChooseSpinMode(SpinSetting::kAuto, 3, 2), shm::kSpinYield);
-  EXPECT_EQ(ChooseSpinMode(SpinSetting::kAuto, 9, 64), shm::kSpinPause);
+  EXPECT_EQ(ChooseSpinMode(SpinSetting::kAuto, 9, 64), shm::kSpinDefault);
   EXPECT_EQ(ChooseSpinMode(SpinSetting::kAuto, 2, 0), shm::kSpinYield);  // unknown: one CPU
   EXPECT_EQ(ChooseSpinMode(SpinSetting::kPause, 100, 1), shm::kSpinPause);
   EXPECT_EQ(ChooseSpinMode(SpinSetting::kYield, 1, 64), shm::kSpinYield);
