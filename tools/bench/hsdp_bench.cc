@@ -5,7 +5,7 @@
 //              [--nranks N] [--nodes K] [--min-bytes 4K] [--max-bytes 64M] [--step-factor 2]
 //              [--dtype float32] [--redop sum] [--iters 20] [--warmup 5]
 //              [--inplace] [--check] [--json] [--socket PATH | --sockets P0,P1,...]
-//              [--node-config FILE]
+//              [--node-config FILE] [--stamps DIR]
 //
 // Spawns N rank processes per node. With one node (the default) they attach
 // to its own hsdpd, or to the one --socket names. With --nodes K > 1 it
@@ -30,15 +30,20 @@
 //
 // time(us) is the mean over --iters, p50(us) the median, p99(us) the 99th
 // percentile; every iteration starts after a barrier of the whole world.
+// --stamps DIR: each rank writes DIR/rank<r>.txt, one line per timed
+// iteration: "<size> <submit> <done>" in CLOCK_MONOTONIC nanoseconds (the
+// daemon's trace clock), for tools/bench/latency_breakdown.py.
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -69,6 +74,7 @@ struct Options {
   std::string socket;
   std::vector<std::string> sockets;  // one per node (--sockets)
   std::string node_config;  // for the hsdpd(s) the benchmark spawns
+  std::string stamps;       // --stamps DIR
 
   int world() const { return nodes * nranks; }
 };
@@ -198,6 +204,17 @@ int RunRank(const Options& o, int rank, const std::string& job, const std::strin
   if (rank == 0 && o.json) std::printf("[");
   bool first_row = true;
   int exit_code = 0;
+  std::unique_ptr<FILE, int (*)(FILE*)> stamps_file(nullptr, &std::fclose);
+  if (!o.stamps.empty()) {
+    const std::string path = o.stamps + "/rank" + std::to_string(rank) + ".txt";
+    stamps_file.reset(std::fopen(path.c_str(), "w"));
+    if (stamps_file == nullptr) {
+      std::fprintf(stderr, "rank %d: cannot write %s: %s\n", rank, path.c_str(),
+                   std::strerror(errno));
+      return 1;
+    }
+  }
+  FILE* const stamps = stamps_file.get();
   const int width = ScatterWidth(o);
   // This rank's position in the group that scatters (the output slice it owns).
   const int slot = composite ? rank % o.nranks : rank;
@@ -270,7 +287,14 @@ int RunRank(const Options& o, int rank, const std::string& job, const std::strin
       absl::Status s = run_once();
       const auto t1 = std::chrono::steady_clock::now();
       if (!s.ok()) return Fail(rank, "size " + std::to_string(bytes), s);
-      if (it >= o.warmup) times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      if (it >= o.warmup) {
+        times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        if (stamps != nullptr) {
+          std::fprintf(stamps, "%llu %lld %lld\n", (unsigned long long)bytes,
+                       (long long)std::chrono::nanoseconds(t0.time_since_epoch()).count(),
+                       (long long)std::chrono::nanoseconds(t1.time_since_epoch()).count());
+        }
+      }
     }
     double mean = 0;
     for (double t : times) mean += t;
@@ -395,6 +419,8 @@ int main(int argc, char** argv) {
       o.check = true;
     } else if (a == "--json") {
       o.json = true;
+    } else if (a == "--stamps") {
+      o.stamps = next();
     } else if (a == "--socket") {
       o.socket = next();
     } else if (a == "--sockets") {
