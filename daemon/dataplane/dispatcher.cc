@@ -72,7 +72,8 @@ void Dispatcher::Handle(const std::shared_ptr<Session>& session, const shm::OpDe
         " operations outstanding (its ring size); wait for completions before submitting more")));
   }
   std::shared_ptr<Group> group = directory_->FindGroup(d.group_id);
-  if (group == nullptr || group->job() != session->info().job()) {
+  if (group == nullptr || group->job().owner_uid != session->info().owner_uid ||
+      group->job().name != session->info().job_id) {
     return fail_alone(absl::InvalidArgumentError(
         absl::StrCat("group_id: unknown group ", d.group_id)));
   }

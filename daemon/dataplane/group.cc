@@ -42,7 +42,11 @@ std::string GroupKey(const JobKey& job, const std::vector<int>& ranks, int k) {
 }
 
 Group::Group(GroupSpec spec, Engine* engine, GroupLookup lookup)
-    : spec_(std::move(spec)), engine_(engine), lookup_(std::move(lookup)) {
+    : spec_(std::move(spec)),
+      job_{spec_.owner_uid, spec_.job_id},
+      job_encoded_(job_.Encoded()),
+      engine_(engine),
+      lookup_(std::move(lookup)) {
   const int n = size();
   local_index_.assign(n, -1);
   for (int r = 0; r < n; ++r) {

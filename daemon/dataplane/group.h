@@ -155,7 +155,7 @@ class Group : public std::enable_shared_from_this<Group> {
   uint32_t id() const { return spec_.id; }
   const std::string& key() const { return spec_.key; }
   const std::string& job_id() const { return spec_.job_id; }
-  JobKey job() const { return JobKey{spec_.owner_uid, spec_.job_id}; }
+  const JobKey& job() const { return job_; }
   const std::vector<int>& ranks() const { return spec_.ranks; }
   int size() const { return static_cast<int>(spec_.ranks.size()); }
   // Index of `global_rank` in ranks(), or -1.
@@ -284,6 +284,8 @@ class Group : public std::enable_shared_from_this<Group> {
   std::vector<P2POp> TakeAllP2PLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const GroupSpec spec_;
+  const JobKey job_;                // {spec_.owner_uid, spec_.job_id}
+  const std::string job_encoded_;   // job_.Encoded(), for every engine task
   Engine* const engine_;
   const GroupLookup lookup_;
   std::vector<int> local_index_;   // by group rank: index among local members, or -1

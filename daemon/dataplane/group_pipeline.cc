@@ -109,7 +109,7 @@ EngineTask Group::Lower(const PendingOp& op) const {
     return (a.second.desc.flags & shm::kFlagLatencyCritical) != 0;
   });
   t.priority = critical ? kLatencyCriticalPriority : PriorityOf(t.collective);
-  t.job = job().Encoded();
+  t.job = job_encoded_;
   t.qos_class = static_cast<int>(spec_.qos_class);
   return t;
 }
