@@ -690,7 +690,23 @@ TEST(CpuEngineQosTest, ALowerClassComputesInIdleTimeWhileAHigherOneIsActive) {
   engine.Shutdown();
 }
 
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define HSDP_UNDER_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define HSDP_UNDER_TSAN 1
+#endif
+
 TEST(CpuEngineQosTest, ALowerClassWaitsInSchedIdleWhileAHigherOneKeepsLaunchingButIsNotStarved) {
+#ifdef HSDP_UNDER_TSAN
+  // The loop below must launch class 1 more often than every kQuietGapNs
+  // (200 us) while it also reads /proc; under ThreadSanitizer one pass takes
+  // longer, the slices find their gap, and the test would test nothing
+  // (the normal build runs it; the other QoS tests run here too).
+  GTEST_SKIP() << "timing: class 1's launch loop is slower than the 200 us gap under TSan";
+#endif
   CpuEngine engine(2, 4096, /*slice_bytes=*/64 << 10, 0, /*idle_lower_classes=*/true);
   if (!engine.idle_lower_classes()) GTEST_SKIP() << "this process cannot leave SCHED_IDLE";
   // Each thread names itself once running: wait (bounded) for both names.
