@@ -82,7 +82,7 @@ SessionChannel::~SessionChannel() {
 
 uint32_t SessionChannel::SpinMode() const {
   const uint32_t mode = header_->spin_mode.load(std::memory_order_relaxed);
-  return mode <= shm::kMaxSpinMode ? mode : shm::kSpinDefault;
+  return mode <= shm::kMaxSpinMode ? mode : shm::kSpinYield;
 }
 
 void SessionChannel::KickDaemon() {

@@ -82,8 +82,8 @@ class SessionChannel : public std::enable_shared_from_this<SessionChannel> {
   absl::Status CheckAlive();
   // Wakes the daemon's dispatcher if it published that it may sleep.
   void KickDaemon();
-  // The daemon's hint for spinning waits (shm::SpinMode; kSpinDefault if
-  // it wrote none or nonsense).
+  // The daemon's hint for spinning waits (shm::SpinMode; kSpinYield if it
+  // wrote none or nonsense).
   uint32_t SpinMode() const;
 
   void* channel_map_ = nullptr;

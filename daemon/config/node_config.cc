@@ -135,12 +135,12 @@ absl::Status ParseEngineDevice(const Field& f, NodeConfig* config) {
 absl::Status ParseSpinMode(const Field& f, NodeConfig* config) {
   RETURN_IF_ERROR(CheckScalar(f, "a spin mode"));
   const std::string& mode = f.value.Scalar();
-  if (mode == "auto" || mode == "pause" || mode == "yield") {
+  if (mode == "yield" || mode == "pause") {
     config->spin_mode = mode;
     return absl::OkStatus();
   }
   return f.Error(absl::StrCat("unknown spin mode ", Quote(mode),
-                              "; modes: \"auto\", \"pause\", \"yield\""));
+                              "; modes: \"yield\", \"pause\""));
 }
 
 absl::Status ParseRingEntries(const Field& f, NodeConfig* config) {
@@ -336,9 +336,9 @@ constexpr KeySpec kDataPlaneKeys[] = {
     {"spin_us", "busy-poll this long before sleeping, 0..100000 us",
      [](const Field& f, NodeConfig* c) { return SetInteger(f, 0, 100000, &c->spin_us); },
      &RenderNumber<&NodeConfig::spin_us>},
-    {"spin_mode", "how spinning waits (the daemon's and its clients') share a CPU: \"pause\" "
-                  "never yields, \"yield\" yields between polls, \"auto\" yields between "
-                  "polls while sessions + 1 exceed the daemon's CPUs, else every 64 polls",
+    {"spin_mode", "how spinning waits (the daemon's and its clients') share a CPU: \"yield\" "
+                  "pauses a few polls, then yields between polls; \"pause\" never yields "
+                  "(a dedicated CPU per spinner only)",
      &ParseSpinMode, &RenderString<&NodeConfig::spin_mode>},
 };
 

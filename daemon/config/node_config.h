@@ -57,10 +57,8 @@ struct NodeConfig {
   // data_plane:
   uint32_t ring_entries = 1024;  // data_plane.ring_entries: power of two, 16..65536
   uint32_t spin_us = 50;         // data_plane.spin_us: busy-poll before sleeping, 0..100000
-  // data_plane.spin_mode: "auto", "pause" or "yield" (shm::SpinMode; auto:
-  // yield between polls while the sessions + the dispatcher outnumber the
-  // daemon's CPUs, else every 64 polls as before).
-  std::string spin_mode = "auto";
+  // data_plane.spin_mode: "yield" or "pause" (shm::SpinMode).
+  std::string spin_mode = "yield";
 
   // timeouts:
   uint32_t collective_timeout_ms = 60000;     // timeouts.collective_ms: 1..86400000

@@ -1,8 +1,5 @@
 #include "daemon/dataplane/dispatcher.h"
 
-#include <sched.h>
-
-#include <algorithm>
 
 #include "daemon/dataplane/validate.h"
 #include "hsdp/common/logging.h"
@@ -11,43 +8,20 @@
 namespace hsdp {
 namespace {
 constexpr int64_t kTickNs = 20'000'000;  // timeouts and housekeeping every 20 ms
-
-int AllowedCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
-}
 }  // namespace
 
-SpinSetting ParseSpinSetting(const std::string& name) {
-  if (name == "pause") return SpinSetting::kPause;
-  if (name == "yield") return SpinSetting::kYield;
-  return SpinSetting::kAuto;
-}
-
-uint32_t ChooseSpinMode(SpinSetting setting, size_t spinners, int cpus) {
-  switch (setting) {
-    case SpinSetting::kPause: return shm::kSpinPause;
-    case SpinSetting::kYield: return shm::kSpinYield;
-    case SpinSetting::kAuto: break;
-  }
-  // With a CPU per spinner, still yield now and then: trainers have other
-  // threads (data loaders) that the count does not see.
-  return spinners > static_cast<size_t>(std::max(1, cpus)) ? shm::kSpinYield : shm::kSpinDefault;
+uint32_t ParseSpinMode(const std::string& name) {
+  return name == "pause" ? shm::kSpinPause : shm::kSpinYield;
 }
 
 Dispatcher::Dispatcher(SessionDirectory* directory, const WakeFd* wake, int64_t spin_ns,
-                       const DeviceBufferRegistry* device_buffers, SpinSetting spin)
+                       const DeviceBufferRegistry* device_buffers, uint32_t spin_mode)
     : directory_(directory), device_buffers_(device_buffers), wake_(wake), spin_ns_(spin_ns),
-      spin_setting_(spin) {}
+      spin_mode_(spin_mode) {}
 
 Dispatcher::~Dispatcher() { Stop(); }
 
-void Dispatcher::Start() {
-  cpus_ = AllowedCpus();
-  thread_ = std::thread([this] { Loop(); });
-}
+void Dispatcher::Start() { thread_ = std::thread([this] { Loop(); }); }
 
 void Dispatcher::Stop() {
   stop_.store(true);
@@ -142,7 +116,6 @@ void Dispatcher::Loop() {
     if (directory_->version() != seen_version_) {
       seen_version_ = directory_->version();
       sessions_ = directory_->Snapshot();
-      spin_mode_ = ChooseSpinMode(spin_setting_, sessions_.size() + 1, cpus_);
       for (const std::shared_ptr<Session>& s : sessions_) s->channel().SetSpinMode(spin_mode_);
     }
     const bool any = DrainAll();
@@ -167,24 +140,15 @@ bool Dispatcher::AnyWork() const {
 
 void Dispatcher::Idle(int64_t deadline_ns) {
   const int64_t spin_until = shm::NowNanos() + spin_ns_;
-  // As the clients' waits (shm::AwaitDoorbell): with more spinners than
-  // CPUs, yield between polls so a client can submit (or see its
-  // completion) instead of waiting for this spin's next yield.
-  const uint32_t yield_mask = spin_mode_ == shm::kSpinYield ? 0u : 63u;
-  for (uint32_t i = 0;; ++i) {
+  // As the clients' waits (shm::AwaitDoorbell): pause first, then yield
+  // between polls, so a client sharing this CPU can submit.
+  for (uint32_t i = 1;; ++i) {
     if (AnyWork()) return;
-    if ((i & 63) == 0) {
+    if (shm::SpinOnce(spin_mode_, i) || (i & 63) == 0) {
       const int64_t now = shm::NowNanos();
       if (now >= deadline_ns) return;
       if (now >= spin_until) break;
     }
-    if (spin_mode_ != shm::kSpinPause && (i & yield_mask) == 0) {
-      sched_yield();
-      continue;
-    }
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
   }
   // Publish "sleeping", then look once more: a client either sees the flag
   // (and kicks the eventfd, which stays readable) or its push is seen here.

@@ -36,24 +36,19 @@ class SessionDirectory {
 
 class DeviceBufferRegistry;
 
-// data_plane.spin_mode: how spinning waits share a CPU (shm::SpinMode).
-enum class SpinSetting { kAuto, kPause, kYield };
-// "auto", "pause" or "yield" (as validated by the config); else kAuto.
-SpinSetting ParseSpinSetting(const std::string& name);
-// The mode for `spinners` spinning threads (clients + the dispatcher) on a
-// daemon allowed `cpus` CPUs: kAuto yields between polls when they outnumber
-// the CPUs, else every 64 polls (kSpinDefault).
-uint32_t ChooseSpinMode(SpinSetting setting, size_t spinners, int cpus);
+// data_plane.spin_mode ("yield" or "pause", as the config validated) as a
+// shm::SpinMode.
+uint32_t ParseSpinMode(const std::string& name);
 
 class Dispatcher {
  public:
   // `device_buffers`: the device-buffer registry descriptors may name
   // buffers of (kFeatureDeviceMemory); null when no device engine runs.
-  // `spin`: how its spin and the clients' share CPUs (published in every
-  // session's channel whenever the session set changes).
+  // `spin_mode` (shm::SpinMode): how its spin and the clients' share CPUs
+  // (published in every session's channel when the dispatcher sees it).
   Dispatcher(SessionDirectory* directory, const WakeFd* wake, int64_t spin_ns,
              const DeviceBufferRegistry* device_buffers = nullptr,
-             SpinSetting spin = SpinSetting::kAuto);
+             uint32_t spin_mode = shm::kSpinYield);
   ~Dispatcher();
 
   void Start();
@@ -81,9 +76,7 @@ class Dispatcher {
 
   const WakeFd* const wake_;
   const int64_t spin_ns_;
-  const SpinSetting spin_setting_;
-  int cpus_ = 1;                             // the daemon's CPU affinity, at Start
-  uint32_t spin_mode_ = 0;                   // shm::SpinMode, loop thread only
+  const uint32_t spin_mode_;  // shm::SpinMode
   std::atomic<bool> draining_{false};
   std::atomic<bool> stop_{false};
   std::thread thread_;

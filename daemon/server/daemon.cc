@@ -159,7 +159,7 @@ absl::Status Daemon::Start() {
   dispatcher_ = std::make_unique<Dispatcher>(sessions_.get(), wake_.get(),
                                              int64_t{config_.spin_us} * 1000,
                                              device_registry_.get(),
-                                             ParseSpinSetting(config_.spin_mode));
+                                             ParseSpinMode(config_.spin_mode));
   data_server_ = std::make_unique<DataConnServer>(
       sessions_.get(), wake_.get(), [this](uint32_t uid) { return peers_->Allowed(uid); });
   RETURN_IF_ERROR(data_server_->Start());

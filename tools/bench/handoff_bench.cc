@@ -2,7 +2,7 @@
 // memory costs on this machine, with the waits hsdpd's clients and
 // dispatcher use (shm::AwaitDoorbell) in each spin mode.
 //
-//   hsdp-handoff-bench [--mode default|pause|yield|all] [--extra-spinners K]
+//   hsdp-handoff-bench [--mode before|pause|yield|all] [--extra-spinners K]
 //                      [--iters 200000] [--spin-us 200] [--json]
 //
 // Two processes ping-pong a counter in a shared page: A writes n, B waits to
@@ -11,8 +11,9 @@
 // word nobody writes (as hsdpd's dispatcher or another rank does while an
 // operation is in flight): with 2 + K spinners on fewer CPUs, what a hand-off
 // costs then depends on how the spins share the CPUs, which is what the mode
-// chooses (docs/benchmarks.md, issue 29). Prints p50 / p99 of the one-way
-// time per mode, measured by A.
+// chooses (docs/benchmarks.md, issue 29). "before" is the spin hsdpd used
+// before the modes (a yield at the first failed poll, then every 64 polls).
+// Prints p50 / p99 of the one-way time per mode, measured by A.
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,9 +42,33 @@ struct alignas(64) Shared {
   hsdp::shm::Doorbell bell_idle;
 };
 
+// Not a SpinMode: the waits as they were before spin modes existed (a yield
+// after the first failed poll and every 64 polls), for comparison.
+constexpr uint32_t kBefore = 100;
+
+// AwaitDoorbell's spin in `mode`, or the one before spin modes (kBefore).
+template <typename Ready>
+void Await(hsdp::shm::Doorbell* bell, Ready&& ready, int64_t spin_ns, int64_t deadline_ns,
+           uint32_t mode) {
+  if (mode != kBefore) {
+    hsdp::shm::AwaitDoorbell(bell, ready, spin_ns, deadline_ns, mode);
+    return;
+  }
+  const int64_t spin_until = hsdp::shm::NowNanos() + spin_ns;
+  for (uint32_t i = 0;; ++i) {
+    if (ready()) return;
+    if ((i & 63) == 0) {
+      const int64_t now = hsdp::shm::NowNanos();
+      if ((deadline_ns >= 0 && now >= deadline_ns) || now >= spin_until) break;
+      sched_yield();
+    }
+    __builtin_ia32_pause();
+  }
+  hsdp::shm::AwaitDoorbell(bell, ready, 0, deadline_ns, mode == kBefore ? 0 : mode);
+}
+
 struct Options {
-  std::vector<uint32_t> modes = {hsdp::shm::kSpinDefault, hsdp::shm::kSpinPause,
-                                 hsdp::shm::kSpinYield};
+  std::vector<uint32_t> modes = {kBefore, hsdp::shm::kSpinPause, hsdp::shm::kSpinYield};
   int extra = 0;
   int iters = 200000;
   int64_t spin_ns = 200000;
@@ -51,7 +76,7 @@ struct Options {
 };
 
 const char* ModeName(uint32_t m) {
-  return m == hsdp::shm::kSpinPause ? "pause" : m == hsdp::shm::kSpinYield ? "yield" : "default";
+  return m == hsdp::shm::kSpinPause ? "pause" : m == hsdp::shm::kSpinYield ? "yield" : "before";
 }
 
 [[noreturn]] void Usage(const std::string& why) {
@@ -80,7 +105,7 @@ Options Parse(int argc, char** argv) {
     if (a == "--mode") {
       const std::string v = value();
       if (v == "all") continue;
-      if (v == "default") o.modes = {hsdp::shm::kSpinDefault};
+      if (v == "before") o.modes = {kBefore};
       else if (v == "pause") o.modes = {hsdp::shm::kSpinPause};
       else if (v == "yield") o.modes = {hsdp::shm::kSpinYield};
       else Usage("unknown --mode " + v);
@@ -110,7 +135,7 @@ std::vector<double> RunMode(const Options& o, uint32_t mode) {
   pid_t b = fork();
   if (b == 0) {
     for (uint64_t n = 1;; n += 2) {
-      hsdp::shm::AwaitDoorbell(
+      Await(
           &s->bell_b,
           [&] { return s->ping.load(std::memory_order_acquire) >= n || s->stop.load() != 0; },
           o.spin_ns, -1, mode);
@@ -125,7 +150,7 @@ std::vector<double> RunMode(const Options& o, uint32_t mode) {
     if (p == 0) {
       // Spins as an idle dispatcher does (its spin budget renewed), until stopped.
       while (s->stop.load(std::memory_order_relaxed) == 0) {
-        hsdp::shm::AwaitDoorbell(
+        Await(
             &s->bell_idle, [&] { return s->stop.load(std::memory_order_relaxed) != 0; },
             o.spin_ns, hsdp::shm::NowNanos() + o.spin_ns, mode);
       }
@@ -141,7 +166,7 @@ std::vector<double> RunMode(const Options& o, uint32_t mode) {
     const int64_t t0 = hsdp::shm::NowNanos();
     s->ping.store(n, std::memory_order_release);
     hsdp::shm::RingDoorbell(&s->bell_b);
-    hsdp::shm::AwaitDoorbell(
+    Await(
         &s->bell_a, [&] { return s->pong.load(std::memory_order_acquire) >= n + 1; }, o.spin_ns,
         -1, mode);
     const int64_t t1 = hsdp::shm::NowNanos();

@@ -24,33 +24,36 @@ void RingDoorbell(Doorbell* bell);
 // their condition. Never spins.
 void SleepOnDoorbell(Doorbell* bell, uint32_t observed, int64_t timeout_ns);
 
-// Waits until `ready()` returns true, spinning up to `spin_ns`, then sleeping
-// on `bell`. Returns true when ready, false when `deadline_ns` (NowNanos()
-// scale, negative = none) passed first. `ready` must be cheap and is called
-// from this thread only. `mode` (SpinMode) says how the spin shares the CPU.
+// After the `i`-th failed poll (counting from 1) of a spin in `mode`
+// (SpinMode): pauses, or yields the CPU. Returns true when it yielded (the
+// caller then also looks at the clock, as it does every 64 polls).
+inline bool SpinOnce(uint32_t mode, uint32_t i) {
+  if (mode != kSpinPause && i > kPollsBeforeYield) {
+    sched_yield();
+    return true;
+  }
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+  return false;
+}
+
+// Waits until `ready()` returns true, spinning up to `spin_ns` (SpinOnce in
+// `mode`), then sleeping on `bell`. Returns true when ready, false when
+// `deadline_ns` (NowNanos() scale, negative = none) passed first. `ready`
+// must be cheap and is called from this thread only.
 template <typename Ready>
 bool AwaitDoorbell(Doorbell* bell, Ready&& ready, int64_t spin_ns, int64_t deadline_ns,
-                   uint32_t mode = kSpinDefault) {
+                   uint32_t mode = kSpinYield) {
   if (ready()) return true;
   const int64_t spin_until = NowNanos() + spin_ns;
-  // Polls between two yields, minus one (a mask); 0: yield after every poll.
-  const uint32_t yield_mask = mode == kSpinYield ? 0u : 63u;
-  for (uint32_t i = 0;; ++i) {
+  for (uint32_t i = 1;; ++i) {
     if (ready()) return true;
-    if ((i & 63) == 0) {
+    if (SpinOnce(mode, i) || (i & 63) == 0) {
       const int64_t now = NowNanos();
-      if (deadline_ns >= 0 && now >= deadline_ns) return false;
+      if (deadline_ns >= 0 && now >= deadline_ns) return ready();
       if (now >= spin_until) break;
     }
-    if (mode != kSpinPause && (i & yield_mask) == 0) {
-      // With more spinners than cores (trainers + the daemon on a small
-      // node), give the CPU to whoever will make `ready` true.
-      sched_yield();
-      continue;
-    }
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
   }
   for (;;) {
     const uint32_t observed = bell->seq.load(std::memory_order_acquire);

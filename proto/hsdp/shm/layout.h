@@ -197,23 +197,31 @@ struct alignas(64) ChannelHeader {
   Doorbell client_bell;
   alignas(64) std::atomic<uint32_t> state;  // ChannelState
   // SpinMode: how the client's spinning waits share a CPU, written by the
-  // daemon when its set of sessions changes. Added in layout 2 without a
-  // version change: it sits in padding, and a daemon that never writes it
-  // leaves 0 (kSpinDefault), the behaviour before it existed.
+  // daemon (data_plane.spin_mode) when it first sees the session. Added in
+  // layout 2 without a version change: it sits in padding, and a daemon
+  // that never writes it leaves 0, the default (kSpinYield).
   std::atomic<uint32_t> spin_mode;
   // 1 while the daemon's dispatcher may sleep: a client that advanced `head`
   // must then write to its kick eventfd. Written by the daemon only.
   alignas(64) std::atomic<uint32_t> daemon_sleeping;
 };
 
-// How a waiter that polls shared memory shares its CPU while it spins.
+// How a waiter that polls shared memory shares its CPU while it spins
+// (shm::SpinOnce). Measured in docs/benchmarks.md §15: on the 2-core VM a
+// sched_yield costs ~1.5 us, a hand-off to a running peer ~60 ns.
 enum SpinMode : uint32_t {
-  kSpinDefault = 0,  // yield the CPU every 64 polls (also: no hint written)
-  kSpinPause = 1,    // never yield: poll with `pause` (dedicated CPUs only)
-  kSpinYield = 2,    // more spinners than CPUs: yield between polls, so the
-                     // thread that will make the condition true gets to run
+  // Poll with `pause` for kPollsBeforeYield polls (a peer on another CPU
+  // answers within them), then yield the CPU between polls, so that a peer
+  // that shares this CPU gets to run. The default, and what 0 (no hint
+  // written: a daemon before this field) means.
+  kSpinYield = 0,
+  // Never yield: poll with `pause` until the spin budget ends. Only for a
+  // dedicated CPU per spinner (with more spinners than CPUs, a waiter can
+  // hold the CPU its peer needs until the scheduler preempts it: ms).
+  kSpinPause = 1,
 };
-inline constexpr uint32_t kMaxSpinMode = kSpinYield;
+inline constexpr uint32_t kMaxSpinMode = kSpinPause;
+inline constexpr uint32_t kPollsBeforeYield = 32;
 
 // Byte layout of a channel with `ring_entries` slots.
 struct ChannelLayout {

@@ -63,7 +63,7 @@ NodeConfig NonDefaultConfig() {
                         PriorityClass{"batch", 7, {}, {2000, 0}}};
   c.ring_entries = 65536;
   c.spin_us = 0;
-  c.spin_mode = "yield";
+  c.spin_mode = "pause";
   c.collective_timeout_ms = 86400000;
   c.data_connect_timeout_ms = 1;
   c.shutdown_grace_ms = 0;
@@ -105,7 +105,7 @@ jobs:
 data_plane:
   ring_entries: 65536
   spin_us: 0
-  spin_mode: yield
+  spin_mode: pause
 timeouts:
   collective_ms: 86400000
   data_connect_ms: 1
@@ -348,7 +348,7 @@ const InvalidCase kInvalidCases[] = {
      "\"1.5\"", 2},
     {"MapForScalar", "data_plane:\n  spin_us:\n    a: 1\n", "data_plane.spin_us", "a map", 3},
     {"UnknownSpinMode", "data_plane:\n  spin_mode: busy\n", "data_plane.spin_mode",
-     "unknown spin mode \"busy\"; modes: \"auto\", \"pause\", \"yield\"", 2},
+     "unknown spin mode \"busy\"; modes: \"yield\", \"pause\"", 2},
     {"ListForString", "log:\n  level: [info]\n", "log.level", "a list", 2},
     {"MissingValue", "engine:\n  threads:\nlog:\n  level: info\n", "engine.threads",
      "missing value", 2},

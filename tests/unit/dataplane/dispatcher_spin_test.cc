@@ -1,6 +1,7 @@
 // The dispatcher publishes how clients' spinning waits share a CPU
-// (data_plane.spin_mode) in every session's channel, and the rule "auto"
-// follows: yield only while the spinners outnumber the CPUs.
+// (data_plane.spin_mode) in every session's channel, for sessions attached
+// before and after it started; a channel holding another value (a stale or
+// scribbled one) is overwritten.
 #include <memory>
 
 #include "absl/time/clock.h"
@@ -16,19 +17,12 @@ namespace {
 
 const PeerCred kCred{1, 1000, 1000};
 
-TEST(ChooseSpinMode, AutoYieldsOnlyWhenSpinnersOutnumberCpus) {
-  EXPECT_EQ(ChooseSpinMode(SpinSetting::kAuto, 2, 2), shm::kSpinDefault);
-  EXPECT_EQ(ChooseSpinMode(SpinSetting::kAuto, 3, 2), shm::kSpinYield);
-  EXPECT_EQ(ChooseSpinMode(SpinSetting::kAuto, 9, 64), shm::kSpinDefault);
-  EXPECT_EQ(ChooseSpinMode(SpinSetting::kAuto, 2, 0), shm::kSpinYield);  // unknown: one CPU
-  EXPECT_EQ(ChooseSpinMode(SpinSetting::kPause, 100, 1), shm::kSpinPause);
-  EXPECT_EQ(ChooseSpinMode(SpinSetting::kYield, 1, 64), shm::kSpinYield);
-  EXPECT_EQ(ParseSpinSetting("yield"), SpinSetting::kYield);
-  EXPECT_EQ(ParseSpinSetting("pause"), SpinSetting::kPause);
-  EXPECT_EQ(ParseSpinSetting("auto"), SpinSetting::kAuto);
+TEST(ParseSpinMode, NamesMapToTheSharedModes) {
+  EXPECT_EQ(ParseSpinMode("yield"), shm::kSpinYield);
+  EXPECT_EQ(ParseSpinMode("pause"), shm::kSpinPause);
 }
 
-class DispatcherSpinTest : public ::testing::TestWithParam<SpinSetting> {
+class DispatcherSpinTest : public ::testing::TestWithParam<uint32_t> {
  protected:
   static NodeConfig Config() {
     NodeConfig c;
@@ -42,14 +36,16 @@ class DispatcherSpinTest : public ::testing::TestWithParam<SpinSetting> {
     return l;
   }
 
-  // The spin mode session `id`'s channel shows, once it is not 0 (bounded).
-  static uint32_t PublishedMode(Session& s) {
-    const auto* h = static_cast<const shm::ChannelHeader*>(s.channel().region().data());
+  static shm::ChannelHeader* Header(Session& s) {
+    return static_cast<shm::ChannelHeader*>(s.channel().region().data());
+  }
+  // Waits (bounded) until the session's channel shows `want`; what it shows.
+  static uint32_t AwaitMode(Session& s, uint32_t want) {
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (h->spin_mode.load() == shm::kSpinDefault && absl::Now() < deadline) {
+    while (Header(s)->spin_mode.load() != want && absl::Now() < deadline) {
       absl::SleepFor(absl::Milliseconds(1));
     }
-    return h->spin_mode.load();
+    return Header(s)->spin_mode.load();
   }
 
   FakeStreamEngine engine_;
@@ -72,19 +68,23 @@ TEST_P(DispatcherSpinTest, EverySessionSeesTheModeAndNewSessionsToo) {
     EXPECT_TRUE(sm.ClaimSession(a->session_id, a->token.data(), kCred).ok());
     return sm.FindSession(a->session_id);
   };
+  const uint32_t want = GetParam();
+  const uint32_t other = want == shm::kSpinPause ? shm::kSpinYield : shm::kSpinPause;
   std::shared_ptr<Session> first = attach(0);
   ASSERT_NE(first, nullptr);
+  Header(*first)->spin_mode.store(other);
   dispatcher.Start();
-  const uint32_t want = GetParam() == SpinSetting::kYield ? shm::kSpinYield : shm::kSpinPause;
-  EXPECT_EQ(PublishedMode(*first), want);
-  std::shared_ptr<Session> second = attach(1);  // after the dispatcher started
+  EXPECT_EQ(AwaitMode(*first, want), want);
+  // A session attached later gets it too (for kSpinYield, 0, a fresh
+  // channel's value: only the first session's overwrite tests that mode).
+  std::shared_ptr<Session> second = attach(1);
   ASSERT_NE(second, nullptr);
-  EXPECT_EQ(PublishedMode(*second), want);
+  EXPECT_EQ(AwaitMode(*second, want), want);
   dispatcher.Stop();
 }
 
 INSTANTIATE_TEST_SUITE_P(Settings, DispatcherSpinTest,
-                         ::testing::Values(SpinSetting::kPause, SpinSetting::kYield));
+                         ::testing::Values(shm::kSpinPause, shm::kSpinYield));
 
 }  // namespace
 }  // namespace hsdp
