@@ -238,11 +238,15 @@ TEST_F(ClusterEtcdTest, TheStoreHasTheEmbeddedStoresLimitsAndErrors) {
     waiter.join();
   }
   // Concurrent adds all count; a barrier releases every caller together.
+  // The barrier waits longer than `t`: the 40 contended adds before it
+  // (compare-and-put retries) can spread the callers' arrivals over
+  // seconds on a loaded machine (a CI run: all four timed out at 5 s).
   std::vector<std::thread> threads;
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([&] {
       for (int j = 0; j < 10; ++j) EXPECT_TRUE(store.Add("a2", 1, t).ok());
-      EXPECT_TRUE(store.Barrier("b", 4, t).ok());
+      const absl::Status s = store.Barrier("b", 4, absl::Seconds(60));
+      EXPECT_TRUE(s.ok()) << s;
     });
   }
   for (auto& th : threads) th.join();
