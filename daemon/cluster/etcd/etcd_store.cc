@@ -81,6 +81,19 @@ absl::Status EtcdStore::CheckRoom(absl::Time deadline) const {
   return absl::OkStatus();
 }
 
+absl::Status EtcdStore::CheckRoomFor(const std::string& k, absl::Time deadline,
+                                     bool* appeared) const {
+  *appeared = false;
+  absl::Status room = CheckRoom(deadline);
+  if (room.code() != absl::StatusCode::kResourceExhausted) return room;
+  // Full, perhaps only because a concurrent caller just created `k` itself.
+  absl::StatusOr<etcd::RangeResult> r = etcd_->Range(k, "", Left(deadline), 0, true);
+  if (!r.ok()) return r.status();
+  if (r->count == 0) return room;
+  *appeared = true;
+  return absl::OkStatus();
+}
+
 absl::Status EtcdStore::Set(const std::string& key, const std::string& value,
                             absl::Duration timeout) {
   const std::string what = absl::StrCat("set \"", key.substr(0, 128), "\"");
@@ -89,12 +102,16 @@ absl::Status EtcdStore::Set(const std::string& key, const std::string& value,
   const absl::Time deadline = absl::Now() + timeout;
   const std::string k = EtcdKey(key);
   // An update needs no room; a new key does.
-  absl::StatusOr<etcd::TxnResult> t =
-      etcd_->Txn({Compare::Exists(k)}, {Op::Put(k, value, lease_.load())}, {}, Left(deadline));
-  if (!t.ok()) return Named(t.status(), what);
-  if (t->succeeded) return absl::OkStatus();
-  if (absl::Status s = CheckRoom(deadline); !s.ok()) return Named(s, what);
-  return Named(etcd_->Put(k, value, lease_.load(), Left(deadline)).status(), what);
+  for (;;) {
+    absl::StatusOr<etcd::TxnResult> t =
+        etcd_->Txn({Compare::Exists(k)}, {Op::Put(k, value, lease_.load())}, {}, Left(deadline));
+    if (!t.ok()) return Named(t.status(), what);
+    if (t->succeeded) return absl::OkStatus();
+    bool appeared = false;
+    if (absl::Status s = CheckRoomFor(k, deadline, &appeared); !s.ok()) return Named(s, what);
+    if (appeared && absl::Now() < deadline) continue;  // now an update
+    return Named(etcd_->Put(k, value, lease_.load(), Left(deadline)).status(), what);
+  }
 }
 
 absl::Status EtcdStore::PutUnleased(const std::string& key, const std::string& value,
@@ -122,7 +139,9 @@ absl::StatusOr<std::string> EtcdStore::PutIfAbsent(const std::string& key,
     absl::StatusOr<etcd::RangeResult> there = etcd_->Range(k, "", Left(deadline));
     if (!there.ok()) return there.status();
     if (!there->kvs.empty()) return std::move(there->kvs.front().value);
-    if (absl::Status s = CheckRoom(deadline); !s.ok()) return s;
+    bool appeared = false;
+    if (absl::Status s = CheckRoomFor(k, deadline, &appeared); !s.ok()) return s;
+    if (appeared) continue;  // read it on the next pass
     absl::StatusOr<etcd::TxnResult> t =
         etcd_->Txn({Compare::Unchanged(k, 0)}, {Op::Put(k, value, lease)}, {Op::Get(k)}, Left(deadline));
     if (!t.ok()) return t.status();
@@ -163,8 +182,10 @@ absl::StatusOr<int64_t> EtcdStore::Add(const std::string& key, int64_t delta,
                      what);
       }
       unchanged = Compare::Unchanged(k, r->kvs.front().mod_revision);
-    } else if (absl::Status s = CheckRoom(deadline); !s.ok()) {
-      return Named(s, what);
+    } else {
+      bool appeared = false;
+      if (absl::Status s = CheckRoomFor(k, deadline, &appeared); !s.ok()) return Named(s, what);
+      if (appeared) continue;  // read it on the next pass
     }
     int64_t sum = 0;
     if (__builtin_add_overflow(current, delta, &sum)) {

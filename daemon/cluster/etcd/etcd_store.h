@@ -64,6 +64,10 @@ class EtcdStore : public ClusterStore {
   absl::Status CheckValue(const std::string& value) const;
   // RESOURCE_EXHAUSTED when the store holds max_keys keys already.
   absl::Status CheckRoom(absl::Time deadline) const;
+  // CheckRoom for creating etcd key `k`; when the store is full but `k` was
+  // created meanwhile (by a concurrent caller), OK with *appeared = true:
+  // the caller retries, now without creating a key.
+  absl::Status CheckRoomFor(const std::string& k, absl::Time deadline, bool* appeared) const;
   // Puts `value` at `key` when the key is absent; returns the value there now.
   absl::StatusOr<std::string> PutIfAbsent(const std::string& key, const std::string& value,
                                           int64_t lease, absl::Time deadline);
