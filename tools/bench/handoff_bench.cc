@@ -64,7 +64,7 @@ void Await(hsdp::shm::Doorbell* bell, Ready&& ready, int64_t spin_ns, int64_t de
     }
     __builtin_ia32_pause();
   }
-  hsdp::shm::AwaitDoorbell(bell, ready, 0, deadline_ns, mode == kBefore ? 0 : mode);
+  hsdp::shm::AwaitDoorbell(bell, ready, 0, deadline_ns, hsdp::shm::kSpinYield);  // sleep
 }
 
 struct Options {
