@@ -89,7 +89,7 @@ run_tsan() {
   regex="^($(IFS='|'; echo "${TSAN_TESTS[*]}")|sanitizers)\\."
   start=$SECONDS
   (cd "$TSAN_DIR" &&
-   TSAN_OPTIONS="log_path=$logs/tsan suppressions=$ROOT/tools/scripts/tsan.supp" \
+   TSAN_OPTIONS="log_path=$logs/tsan" \
    ctest --output-on-failure --timeout 1200 -R "$regex" "${ctest_args[@]}") || status=1
   echo "run_hardening: build-tsan tests ran in $(( SECONDS - start )) s"
   report_logs "$logs" || status=1
