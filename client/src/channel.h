@@ -23,7 +23,10 @@
 namespace hsdp::internal {
 
 struct WorkState {
-  std::shared_ptr<class SessionChannel> channel;
+  std::shared_ptr<class SessionChannel> channel;  // null for an arena operation
+  // An operation run in the group's small-operation arena (arena.h) instead.
+  std::shared_ptr<class GroupArena> arena;
+  uint64_t arena_seq = 0;
   uint64_t op_id = 0;
   std::atomic<bool> done{false};
   absl::Status status;  // valid once done
@@ -32,6 +35,14 @@ struct WorkState {
   int peer = -1;  // recv: the source group rank
   uint64_t event_id = 0;  // device completion event (slot + 1), 0 = none
 };
+
+// A Work that has already failed with `why`.
+inline Work FailedWork(const absl::Status& why) {
+  auto w = std::make_shared<WorkState>();
+  w->status = why;
+  w->done.store(true, std::memory_order_release);
+  return Work(std::move(w));
+}
 
 class SessionChannel : public std::enable_shared_from_this<SessionChannel> {
  public:
@@ -73,6 +84,9 @@ class SessionChannel : public std::enable_shared_from_this<SessionChannel> {
   int data_fd() const { return data_conn_.get(); }
   uint32_t ring_entries() const { return entries_; }
   uint32_t spin_ns() const { return spin_ns_; }
+  // The daemon's hint for spinning waits (shm::SpinMode; kSpinYield if it
+  // wrote none or nonsense).
+  uint32_t SpinMode() const;
 
  private:
   SessionChannel() = default;
@@ -82,9 +96,6 @@ class SessionChannel : public std::enable_shared_from_this<SessionChannel> {
   absl::Status CheckAlive();
   // Wakes the daemon's dispatcher if it published that it may sleep.
   void KickDaemon();
-  // The daemon's hint for spinning waits (shm::SpinMode; kSpinYield if it
-  // wrote none or nonsense).
-  uint32_t SpinMode() const;
 
   void* channel_map_ = nullptr;
   uint64_t channel_bytes_ = 0;

@@ -145,6 +145,39 @@ absl::StatusOr<Client::Impl::NewSession> Client::Impl::AttachAndMap() {
   return out;
 }
 
+absl::StatusOr<std::shared_ptr<internal::GroupArena>> Client::Impl::ReceiveArena(
+    const internal::SessionChannel& channel, const v1::NewGroupResponse& resp,
+    const std::vector<int>& ranks) {
+  if (resp.arena_fd_tag() == 0) return nullptr;
+  if (static_cast<int>(ranks.size()) != resp.group_size()) {
+    return absl::InternalError(absl::StrCat("hsdpd answered a group of ", resp.group_size(),
+                                            " for ", ranks.size(), " ranks"));
+  }
+  const uint64_t tag = resp.arena_fd_tag();
+  UniqueFd fd;
+  {
+    absl::MutexLock l(&inbox_mu);
+    // Sent before the reply, so it is here already (or another thread's
+    // NewGroup read it first and left it in the inbox).
+    while (arena_inbox.count(tag) == 0) {
+      shm::ArenaMessage msg{};
+      std::vector<UniqueFd> fds;
+      RETURN_IF_ERROR(RecvWithFds(channel.data_fd(), &msg, sizeof(msg), &fds, 10000));
+      if (msg.magic != shm::kArenaMessageMagic || fds.size() != 1 || msg.fd_tag == 0 ||
+          arena_inbox.size() >= 1024) {
+        return absl::InternalError(absl::StrCat("hsdpd sent a malformed arena message (",
+                                                fds.size(), " fds)"));
+      }
+      arena_inbox[msg.fd_tag] = std::move(fds[0]);
+    }
+    auto it = arena_inbox.find(tag);
+    fd = std::move(it->second);
+    arena_inbox.erase(it);
+  }
+  return internal::GroupArena::Map(std::move(fd), resp.arena_bytes(), ranks, resp.group_rank(), absl::Milliseconds(resp.arena_timeout_ms()),
+                                   channel.spin_ns(), channel.SpinMode());
+}
+
 absl::StatusOr<uint64_t> Client::Impl::RegisterFd(uint64_t session, int data_fd, int fd,
                                                   size_t bytes, const std::string& name) {
   uint64_t tag;
@@ -199,9 +232,11 @@ absl::Status Client::Impl::Reconnect(uint64_t seen) {
   absl::StatusOr<NewSession> attached;
   for (;;) {
     attached = AttachAndMap();
-    if (attached.ok() || !absl::IsUnavailable(attached.status()) || absl::Now() >= deadline) {
-      break;
-    }
+    // A daemon shutting down cancels the calls it is serving (CANCELLED):
+    // as transient as one that is not there yet.
+    const bool transient =
+        absl::IsUnavailable(attached.status()) || absl::IsCancelled(attached.status());
+    if (attached.ok() || !transient || absl::Now() >= deadline) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
   if (!attached.ok()) {
@@ -241,7 +276,10 @@ absl::Status Client::Impl::Reconnect(uint64_t seen) {
     }
     new_buffer_ids[old_id] = *id;
   }
+  // Operations in the old daemon's arenas fail like those in its rings.
+  CloseArenas(absl::UnavailableError("hsdpd went away; the client reconnected (retry)"));
   std::map<uint32_t, std::pair<uint32_t, uint32_t>> new_groups;  // old daemon id -> (id, epoch)
+  std::map<uint32_t, std::shared_ptr<internal::GroupArena>> new_arenas;
   for (const auto& [old_id, ranks] : grps) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
@@ -255,6 +293,14 @@ absl::Status Client::Impl::Reconnect(uint64_t seen) {
                                                  s.message()));
     }
     new_groups[old_id] = {resp.group_id(), resp.epoch()};
+    absl::StatusOr<std::shared_ptr<internal::GroupArena>> arena =
+        ReceiveArena(*attached->channel, resp, ranks);
+    if (!arena.ok()) {
+      return absl::Status(arena.status().code(),
+                          absl::StrCat("re-creating a group after a reconnect: ",
+                                       arena.status().message()));
+    }
+    new_arenas[old_id] = *std::move(arena);
   }
   absl::MutexLock l(&mu);
   features = attached->features;
@@ -271,6 +317,9 @@ absl::Status Client::Impl::Reconnect(uint64_t seen) {
     if (auto it = new_groups.find(g.daemon_id); it != new_groups.end()) {
       g.daemon_id = it->second.first;
       g.daemon_epoch = it->second.second;  // the caller's Group keeps its epoch
+      g.arena = new_arenas[it->first];
+      g.arena_epoch = it->second.second;
+      g.last_daemon_op = Work();
     }
   }
   ++reconnects;
@@ -352,6 +401,7 @@ absl::StatusOr<Buffer> Client::AllocateBuffer(size_t bytes, const std::string& n
 
 absl::Status Client::FreeBuffer(uint64_t buffer_id) {
   Impl& im = *impl_;
+  im.DrainArenas();  // an arena operation writes its output when it completes
   LocalBuffer local;
   {
     absl::MutexLock l(&im.mu);
@@ -392,12 +442,16 @@ absl::StatusOr<Group> Client::NewGroup(const std::vector<int>& ranks) {
   for (int r : ranks) req.add_ranks(r);
   v1::NewGroupResponse resp;
   RETURN_IF_ERROR(FromGrpc(im.stub->NewGroup(&ctx, req, &resp), "NewGroup"));
+  ASSIGN_OR_RETURN(std::shared_ptr<internal::GroupArena> arena,
+                   im.ReceiveArena(*im.Channel(), resp, ranks));
   absl::MutexLock l(&im.mu);
   // The caller's id is the daemon's, unless a reconnect gave that number to
   // another group of this client already.
   uint32_t id = resp.group_id();
   if (im.groups.count(id) > 0) id = im.groups.rbegin()->first + 1;
-  im.groups[id] = internal::GroupRecord{ranks, resp.group_id(), resp.epoch(), resp.epoch()};
+  im.groups[id] = internal::GroupRecord{ranks,        resp.group_id(), resp.epoch(),
+                                        resp.epoch(), std::move(arena), resp.epoch(),
+                                        {}};
   return Group{id, resp.group_rank(), resp.group_size(), ranks, resp.epoch()};
 }
 
@@ -414,8 +468,18 @@ absl::StatusOr<Group> Client::RejoinGroup(const Group& group) {
   for (int r : group.ranks) req.add_ranks(r);
   v1::NewGroupResponse resp;
   RETURN_IF_ERROR(FromGrpc(im.stub->NewGroup(&ctx, req, &resp), "NewGroup(rejoin)"));
+  ASSIGN_OR_RETURN(std::shared_ptr<internal::GroupArena> arena,
+                   im.ReceiveArena(*im.Channel(), resp, group.ranks));
+  std::shared_ptr<internal::GroupArena> old_arena;
   absl::MutexLock l(&im.mu);
   internal::GroupRecord& g = im.groups.at(group.id);
+  // The old epoch's arena is over; the new epoch has its own or none.
+  if (g.arena != nullptr && g.arena != arena) old_arena = std::move(g.arena);
+  g.arena = std::move(arena);
+  g.arena_epoch = resp.epoch();
+  if (old_arena != nullptr) {
+    old_arena->Close(absl::AbortedError("the group was rejoined in a new epoch"));
+  }
   // The caller's epochs keep counting from its own; the daemon's from its.
   const uint32_t client_epoch = g.client_epoch + (resp.epoch() - g.daemon_epoch);
   g.daemon_epoch = resp.epoch();

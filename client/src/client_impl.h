@@ -15,10 +15,12 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "arena.h"
 #include "channel.h"
 #include "grpcpp/grpcpp.h"
 #include "hsdp/client.h"
 #include "hsdp/common/status_macros.h"
+#include "hsdp/shm/doorbell.h"
 #include "hsdp/shm/layout.h"
 #include "hsdp/shm/op_rules.h"
 #include "hsdp/v1/device.grpc.pb.h"
@@ -63,6 +65,12 @@ struct GroupRecord {
   uint32_t daemon_id = 0;     // the daemon's id (changes on a reconnect)
   uint32_t daemon_epoch = 0;  // the daemon's epoch of it, for submissions
   uint32_t client_epoch = 0;  // the epoch the caller's Group holds
+  // The small-operation arena of daemon epoch `arena_epoch` (null: none).
+  std::shared_ptr<GroupArena> arena;
+  uint32_t arena_epoch = 0;
+  // The group's last operation that went to the daemon: an arena operation
+  // starts after it ends (a group's operations run in submission order).
+  Work last_daemon_op;
 };
 
 }  // namespace internal
@@ -124,8 +132,44 @@ class Client::Impl {
       rpc = internal::FromGrpc(stub->Detach(&ctx, req, &resp), "Detach");
     }
     if (auto ch = Channel(); ch != nullptr) ch->Close(absl::CancelledError("the client detached"));
+    CloseArenas(absl::CancelledError("the client detached"));
     return rpc;
   }
+
+  // Fails every arena's pending operations with `why` (nothing is written to
+  // a buffer afterwards) and forgets the arenas.
+  void CloseArenas(const absl::Status& why) {
+    std::vector<std::shared_ptr<internal::GroupArena>> arenas;
+    {
+      absl::MutexLock l(&mu);
+      for (auto& [id, g] : groups) {
+        if (g.arena != nullptr) arenas.push_back(std::move(g.arena));
+        g.arena = nullptr;
+      }
+    }
+    for (auto& a : arenas) a->Close(why);
+  }
+  // Completes every pending arena operation (before a buffer is unmapped).
+  void DrainArenas() {
+    std::vector<std::shared_ptr<internal::GroupArena>> arenas;
+    {
+      absl::MutexLock l(&mu);
+      for (auto& [id, g] : groups) {
+        if (g.arena != nullptr) arenas.push_back(g.arena);
+      }
+    }
+    for (auto& a : arenas) (void)a->Drain();
+  }
+  // The arena a NewGroup reply announced (null when none): its fd from the
+  // data connection, mapped for group rank `rank` of `size`.
+  absl::StatusOr<std::shared_ptr<internal::GroupArena>> ReceiveArena(
+      const internal::SessionChannel& channel, const v1::NewGroupResponse& resp,
+      const std::vector<int>& ranks);
+  // When a submission to an arena last checked that the daemon is there.
+  std::atomic<int64_t> last_health_ns{0};
+  // Arena fds that arrived for another thread's NewGroup, by tag.
+  absl::Mutex inbox_mu;
+  std::map<uint64_t, UniqueFd> arena_inbox ABSL_GUARDED_BY(inbox_mu);
 
   // A session attached and mapped, not yet in use.
   struct NewSession {
@@ -284,7 +328,71 @@ class Client::Impl {
       RETURN_IF_ERROR(CheckRange("send", send, ext.send_bytes));
       RETURN_IF_ERROR(CheckRange("recv", recv, ext.recv_bytes));
     }
-    return Channel()->Submit(d, g2 != nullptr);
+    return Route(kind, g, g2, d, send, recv, count, dtype, reduce, root, opts);
+  }
+
+  // The operation's path: the group's arena when it takes it (every member
+  // decides alike: the same group, epoch, collective and sizes), else the
+  // daemon. A group's operations keep their submission order across the two.
+  absl::StatusOr<Work> Route(Collective kind, const Group& g, const Group* g2,
+                             const shm::OpDescriptor& d, BufferRef send, BufferRef recv,
+                             size_t count, DataType dtype, const ReduceOptions& reduce, int root,
+                             const SubmitOptions& opts) {
+    std::shared_ptr<internal::GroupArena> arena, arena2;
+    Work prior;
+    internal::ArenaOp op;
+    {
+      absl::MutexLock l(&mu);
+      internal::GroupRecord& rec = groups.at(g.id);
+      if (g2 != nullptr) arena2 = groups.at(g2->id).arena;
+      if (rec.arena != nullptr && g2 == nullptr && d.epoch == rec.arena_epoch &&
+          opts.wait_event_id == 0 && !shm::IsDeviceBufferId(send.buffer_id) &&
+          !shm::IsDeviceBufferId(recv.buffer_id) && rec.arena->Takes(kind, count, dtype)) {
+        arena = rec.arena;
+        prior = rec.last_daemon_op;
+        op.collective = kind;
+        op.dtype = dtype;
+        op.count = count;
+        op.reduce = reduce;
+        op.root = root;
+        // (CheckRange found both in `buffers` unless nothing is read or written.)
+        if (auto it = buffers.find(send.buffer_id); it != buffers.end()) {
+          op.send = static_cast<const char*>(it->second.data) + send.offset_bytes;
+        }
+        if (auto it = buffers.find(recv.buffer_id); it != buffers.end()) {
+          op.recv = static_cast<char*>(it->second.data) + recv.offset_bytes;
+        }
+      } else {
+        arena = rec.arena;  // drained below: its operations come first
+      }
+    }
+    if (op.collective != Collective::kInvalid) {
+      // The arena works without the daemon, but a session whose daemon went
+      // away is over: looked at once a millisecond (a poll), and whenever
+      // the arena broke. The first member to see it breaks the arena for all
+      // (their operations fail UNAVAILABLE, as in the rings), and this
+      // submission reconnects (Submit) and goes to the new session's arena.
+      const int64_t now = shm::NowNanos();
+      if (now - last_health_ns.load(std::memory_order_relaxed) > 1'000'000 ||
+          !arena->Health().ok()) {
+        last_health_ns.store(now, std::memory_order_relaxed);
+        if (DaemonGone()) {
+          arena->Fail(absl::UnavailableError("hsdpd went away (the group's arena is over)"));
+          return arena->Submit(op);  // fails: GroupArena::Submit says how
+        }
+      }
+      if (!prior.Test()) (void)prior.Wait();  // ends: failed, or at its deadline
+      return arena->Submit(op);
+    }
+    if (arena != nullptr) (void)arena->Drain();
+    if (arena2 != nullptr) (void)arena2->Drain();
+    absl::StatusOr<Work> w = Channel()->Submit(d, g2 != nullptr);
+    if (w.ok()) {
+      absl::MutexLock l(&mu);
+      groups.at(g.id).last_daemon_op = *w;
+      if (g2 != nullptr) groups.at(g2->id).last_daemon_op = *w;
+    }
+    return w;
   }
 };
 

@@ -1,17 +1,20 @@
 #include "hsdp/work.h"
 
+#include "arena.h"
 #include "channel.h"
 
 namespace hsdp {
 
 bool Work::Test() {
-  if (state_ == nullptr) return true;
+  if (state_ == nullptr || state_->done.load(std::memory_order_acquire)) return true;
+  if (state_->arena != nullptr) return state_->arena->Poll(state_.get());
   return state_->channel->Poll(state_.get());
 }
 
 absl::Status Work::Wait(absl::Duration timeout) {
   if (state_ == nullptr) return absl::FailedPreconditionError("Wait() on an empty Work");
   if (state_->done.load(std::memory_order_acquire)) return state_->status;
+  if (state_->arena != nullptr) return state_->arena->Wait(state_.get(), timeout);
   return state_->channel->Wait(state_.get(), timeout);
 }
 
@@ -36,6 +39,8 @@ uint64_t Work::completion_event_id() const {
 
 absl::Status Work::WaitOnStream(const StreamWaitFn& stream_wait, absl::Duration timeout) {
   if (state_ == nullptr) return absl::FailedPreconditionError("WaitOnStream() on an empty Work");
+  // Host memory only: no completion event, nothing for the stream to wait on.
+  if (state_->arena != nullptr || state_->channel == nullptr) return Wait(timeout);
   return state_->channel->WaitOnStream(state_.get(), stream_wait, timeout);
 }
 

@@ -143,6 +143,26 @@ absl::Status ParseSpinMode(const Field& f, NodeConfig* config) {
                               "; modes: \"yield\", \"pause\""));
 }
 
+absl::Status ParseSmallOpBytes(const Field& f, NodeConfig* config) {
+  ASSIGN_OR_RETURN(const uint64_t bytes, IntegerInRange(f, 0, 1048576));
+  if (bytes != 0 && (bytes < 64 || bytes % 64 != 0)) {
+    return f.Error(absl::StrCat("value ", Quote(f.value.Scalar()),
+                                " is not 0 or a multiple of 64 from 64 to 1048576"));
+  }
+  config->small_op_bytes = static_cast<uint32_t>(bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ParseSmallOpSlots(const Field& f, NodeConfig* config) {
+  ASSIGN_OR_RETURN(const uint64_t slots, IntegerInRange(f, 1, 64));
+  if ((slots & (slots - 1)) != 0) {
+    return f.Error(absl::StrCat("value ", Quote(f.value.Scalar()),
+                                " is not a power of two (1, 2, 4, ..., 64)"));
+  }
+  config->small_op_slots = static_cast<uint32_t>(slots);
+  return absl::OkStatus();
+}
+
 absl::Status ParseRingEntries(const Field& f, NodeConfig* config) {
   ASSIGN_OR_RETURN(const uint64_t entries, IntegerInRange(f, 16, 65536));
   if ((entries & (entries - 1)) != 0) {
@@ -340,6 +360,15 @@ constexpr KeySpec kDataPlaneKeys[] = {
                   "pauses a few polls, then yields between polls; \"pause\" never yields "
                   "(a dedicated CPU per spinner only)",
      &ParseSpinMode, &RenderString<&NodeConfig::spin_mode>},
+    {"small_op_bytes", "operations of all-local groups with at most this many input bytes per "
+                       "member run in the group's arena, without the daemon; 0 (off) or a "
+                       "multiple of 64 up to 1048576",
+     &ParseSmallOpBytes, &RenderNumber<&NodeConfig::small_op_bytes>},
+    {"small_op_slots", "operations in flight per arena, a power of two 1..64",
+     &ParseSmallOpSlots, &RenderNumber<&NodeConfig::small_op_slots>},
+    {"small_op_arena_mib", "arena memory for the whole node, 0..1048576 MiB",
+     [](const Field& f, NodeConfig* c) { return SetInteger(f, 0, 1048576, &c->small_op_arena_mib); },
+     &RenderNumber<&NodeConfig::small_op_arena_mib>},
 };
 
 constexpr KeySpec kTimeoutsKeys[] = {

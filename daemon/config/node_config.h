@@ -59,6 +59,17 @@ struct NodeConfig {
   uint32_t spin_us = 50;         // data_plane.spin_us: busy-poll before sleeping, 0..100000
   // data_plane.spin_mode: "yield" or "pause" (shm::SpinMode).
   std::string spin_mode = "yield";
+  // Small operations of all-local groups run in a per-group arena among the
+  // members, without the daemon (hsdp/shm/arena.h):
+  // data_plane.small_op_bytes: the largest input per member that does, 0
+  // (off) or 64..1048576, a multiple of 64;
+  uint32_t small_op_bytes = 65536;
+  // data_plane.small_op_slots: operations in flight per arena, a power of
+  // two 1..64;
+  uint32_t small_op_slots = 8;
+  // data_plane.small_op_arena_mib: arena memory for the whole node, 0..1048576
+  // MiB (a group created when it is used up runs everything through the daemon).
+  uint32_t small_op_arena_mib = 256;
 
   // timeouts:
   uint32_t collective_timeout_ms = 60000;     // timeouts.collective_ms: 1..86400000

@@ -60,6 +60,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/engine/engine.h"
+#include "daemon/dataplane/small_op_arena.h"
 #include "daemon/session/session.h"
 #include "hsdp/shm/layout.h"
 
@@ -179,6 +180,16 @@ class Group : public std::enable_shared_from_this<Group> {
   void RemoteEpochFailed(uint32_t epoch, const absl::Status& why);
   // Whether some members are on other nodes.
   bool spans_nodes() const { return local_ranks_.size() < spec_.ranks.size(); }
+  // The small-operation arena (an all-local group's, for the epoch it was
+  // made in; null: none). Marked broken when that epoch fails.
+  void SetArena(std::shared_ptr<SmallOpArena> arena) ABSL_LOCKS_EXCLUDED(mu_);
+  // The arena members joining in `epoch` use: null when there is none, it
+  // is for another epoch, or it is broken.
+  std::shared_ptr<SmallOpArena> ArenaFor(uint32_t epoch) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks the arena broken with `why` (the daemon is going away).
+  void BreakArena(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Operations completed in the arena (0 without one), for metrics.
+  uint64_t ArenaOpsCompleted() const ABSL_LOCKS_EXCLUDED(mu_);
   // Every engine group this group created: its key, and one per
   // (source, destination, tag) of point-to-point between nodes.
   std::vector<std::string> engine_keys() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -296,6 +307,7 @@ class Group : public std::enable_shared_from_this<Group> {
   std::vector<uint32_t> joined_epoch_ ABSL_GUARDED_BY(mu_);             // by group rank
   uint32_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status epoch_failure_ ABSL_GUARDED_BY(mu_);  // not OK: the current epoch failed
+  std::shared_ptr<SmallOpArena> arena_ ABSL_GUARDED_BY(mu_);
   std::map<OpKey, PendingOp> pending_ ABSL_GUARDED_BY(mu_);
   // Failed sequence numbers of the current epoch, so late arrivals get the same answer.
   std::map<uint64_t, absl::Status> failed_ ABSL_GUARDED_BY(mu_);

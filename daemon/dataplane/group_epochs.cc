@@ -40,6 +40,30 @@ absl::StatusOr<uint32_t> Group::Join(int group_rank, std::shared_ptr<Session> se
   return result;
 }
 
+void Group::SetArena(std::shared_ptr<SmallOpArena> arena) {
+  absl::MutexLock l(&mu_);
+  arena_ = std::move(arena);
+  if (arena_ != nullptr && (arena_->epoch() != epoch_ || !epoch_failure_.ok())) {
+    arena_->MarkBroken(absl::AbortedError("the group's epoch ended before its arena was ready"));
+  }
+}
+
+std::shared_ptr<SmallOpArena> Group::ArenaFor(uint32_t epoch) const {
+  absl::MutexLock l(&mu_);
+  if (arena_ == nullptr || arena_->epoch() != epoch || arena_->broken()) return nullptr;
+  return arena_;
+}
+
+void Group::BreakArena(const absl::Status& why) {
+  absl::MutexLock l(&mu_);
+  if (arena_ != nullptr) arena_->MarkBroken(why);
+}
+
+uint64_t Group::ArenaOpsCompleted() const {
+  absl::MutexLock l(&mu_);
+  return arena_ == nullptr ? 0 : arena_->OpsCompleted();
+}
+
 void Group::RemoteJoined(int group_rank, uint32_t epoch) {
   {
     absl::MutexLock l(&mu_);
@@ -112,6 +136,8 @@ bool Group::FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to
                             std::vector<uint64_t>* to_abort) {
   if (!epoch_failure_.ok()) return false;
   epoch_failure_ = status;
+  // Members waiting in the arena fail now too, not at their deadline.
+  if (arena_ != nullptr && arena_->epoch() == epoch_) arena_->MarkBroken(status);
   std::vector<OpKey> keys;
   for (auto& [key, op] : pending_) {
     if (key.first == epoch_) keys.push_back(key);

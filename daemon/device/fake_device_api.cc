@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/device/fake_device_arena.h"
 #include "daemon/device/fake_shm.h"
-#include "daemon/kernels/reduce_kernels.h"
+#include "hsdp/kernels/reduce_kernels.h"
 #include "hsdp/common/status_macros.h"
 
 namespace hsdp::device {

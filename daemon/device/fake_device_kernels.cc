@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/device/fake_device_api.h"
 #include "daemon/device/intra_device_reduce.h"
-#include "daemon/kernels/reduce_kernels.h"
+#include "hsdp/kernels/reduce_kernels.h"
 #include "hsdp/common/status_macros.h"
 
 namespace hsdp::device {

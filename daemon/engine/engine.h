@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/kernels/reduce_spec.h"
+#include "hsdp/kernels/reduce_spec.h"
 #include "hsdp/types.h"
 
 namespace hsdp {

@@ -122,7 +122,16 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
                                                    " is not a member of group ", group->id()));
   }
   ASSIGN_OR_RETURN(const uint32_t epoch, group->Join(group_rank, s));
-  return NewGroupResult{group->id(), group_rank, group->size(), epoch};
+  NewGroupResult result{group->id(), group_rank, group->size(), epoch, group->ArenaFor(epoch)};
+  if (result.arena != nullptr && (s->info().features & shm::kFeatureSmallOpArena) == 0) {
+    // Its peers run small operations in the arena; this client would send
+    // them to the daemon, and neither side would ever match.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "group ", group->id(), " runs small operations in a shared arena, which this client "
+        "did not offer at Attach (an older client library?); use the library the other members "
+        "use"));
+  }
+  return result;
 }
 
 absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
@@ -181,6 +190,19 @@ absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
                                     [this](uint32_t gid) { return FindGroup(gid); });
     EngineGroupSpec es{key, first_epoch, ranks, std::move(nodes), this_node};
     RETURN_IF_ERROR(engine_->CreateGroup(es));
+    if (!group->spans_nodes() && config_.small_op_bytes > 0 &&
+        (s->info().features & shm::kFeatureSmallOpArena) != 0 &&
+        ranks.size() <= shm::kArenaMaxMembers) {
+      absl::StatusOr<std::shared_ptr<SmallOpArena>> arena =
+          SmallOpArena::Create(static_cast<uint32_t>(ranks.size()), config_.small_op_slots,
+                               config_.small_op_bytes, first_epoch, arena_budget_);
+      if (arena.ok()) {
+        group->SetArena(*std::move(arena));
+      } else {
+        HSDP_LOG(Warning) << "group " << id << " (" << s->info().job().Describe()
+                          << ") runs without a small-operation arena: " << arena.status();
+      }
+    }
     groups_[id] = group;
     job.groups[key] = id;
     job.group_members += ranks.size();

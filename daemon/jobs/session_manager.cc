@@ -87,6 +87,7 @@ SessionManager::SessionManager(const NodeConfig& config, NodeLimits limits, Engi
                                Executor* control, OpObserver* observer, ClusterDirectory* cluster)
     : config_(config),
       limits_(limits),
+      arena_budget_(std::make_shared<ArenaBudget>(uint64_t{config.small_op_arena_mib} << 20)),
       engine_(engine),
       control_(control),
       observer_(observer),
@@ -320,6 +321,10 @@ void SessionManager::EndAll(const std::string& why) {
     absl::MutexLock l(&mu_);
     for (auto& [id, s] : sessions_) ids.push_back(id);
   }
+  // Members waiting in arenas hear that the daemon is going (UNAVAILABLE:
+  // reconnect), before the sessions' ends fail the epochs (ABORTED).
+  const absl::Status going = absl::UnavailableError(why);
+  for (const std::shared_ptr<Group>& g : AllGroups()) g->BreakArena(going);
   for (uint64_t id : ids) EndSession(id, why);
 }
 

@@ -87,6 +87,9 @@ struct NewGroupResult {
   int group_rank = 0;
   int group_size = 0;
   uint32_t epoch = 1;  // the epoch the member submits in
+  // The group's small-operation arena for that epoch (null: none); the
+  // caller sends its fd to the member before replying.
+  std::shared_ptr<SmallOpArena> arena;
 };
 
 // Node-wide bounds derived from the configuration and the kernel.
@@ -233,6 +236,8 @@ class SessionManager : public SessionDirectory {
 
   const NodeConfig config_;
   const NodeLimits limits_;
+  // What small-operation arenas may still take (data_plane.small_op_arena_mib).
+  const std::shared_ptr<ArenaBudget> arena_budget_;
   Engine* const engine_;
   Executor* const control_;
   OpObserver* const observer_;

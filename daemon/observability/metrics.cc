@@ -253,6 +253,10 @@ class Metrics::Impl {
                       "Fullest submission ring of the job: operations in flight / ring slots");
       // The class of each job as an info-style series (join on job_id and
       // owner_uid): the other series keep their label sets.
+      prometheus::MetricFamily arena = GaugeFamily(
+          "hsdpd_arena_ops",
+          "Operations the job's live groups completed in their small-operation arenas, "
+          "without the daemon (not in the other op series)");
       prometheus::MetricFamily level = GaugeFamily(
           "hsdpd_job_priority_level",
           "The job's class of service (label) and its level (value; lower runs first)");
@@ -262,6 +266,8 @@ class Metrics::Impl {
             GaugeValue(j.ops_in_flight, {{"job_id", label}, {"owner_uid", owner}}));
         ring.metric.push_back(
             GaugeValue(j.ring_occupancy, {{"job_id", label}, {"owner_uid", owner}}));
+        arena.metric.push_back(
+            GaugeValue(double(j.arena_ops), {{"job_id", label}, {"owner_uid", owner}}));
         if (!j.priority_class.empty()) {
           level.metric.push_back(GaugeValue(
               j.priority_level,
@@ -270,6 +276,7 @@ class Metrics::Impl {
       }
       out.push_back(std::move(in_flight));
       out.push_back(std::move(ring));
+      out.push_back(std::move(arena));
       out.push_back(std::move(level));
       prometheus::MetricFamily info = GaugeFamily("hsdpd_build_info", "hsdpd's version");
       info.metric.push_back(GaugeValue(1, {{"version", kHsdpVersion}}));

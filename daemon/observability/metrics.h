@@ -52,6 +52,9 @@ struct NodeGauges {
     uint32_t owner_uid = 0;      // the job's owner (a job is its owner plus its id)
     std::string priority_class;  // its class of service (jobs.priority_classes), "" if unknown
     uint32_t priority_level = 0;
+    // Operations its live groups completed in their small-operation arenas
+    // (the daemon sees none of them: docs/architecture.md).
+    uint64_t arena_ops = 0;
   };
   uint64_t sessions = 0;
   uint64_t groups = 0;

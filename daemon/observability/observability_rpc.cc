@@ -112,8 +112,13 @@ NodeGauges CollectNodeGauges(const SessionManager& sessions) {
     it->second.priority_class = s.priority_class;
     it->second.priority_level = s.priority_level;
   }
+  const std::vector<std::shared_ptr<Group>> groups = sessions.AllGroups();
+  for (const std::shared_ptr<Group>& grp : groups) {
+    auto it = jobs.find(grp->job());
+    if (it != jobs.end()) it->second.arena_ops += grp->ArenaOpsCompleted();
+  }
   for (auto& [name, j] : jobs) g.jobs.push_back(std::move(j));
-  g.groups = sessions.AllGroups().size();
+  g.groups = groups.size();
   g.registered_bytes = sessions.bytes_registered();
   g.registered_bytes_limit = sessions.max_node_bytes();
   return g;

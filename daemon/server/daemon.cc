@@ -166,7 +166,7 @@ absl::Status Daemon::Start() {
 
   rpc_tracker_ = std::make_unique<RpcTracker>();
   node_service_ = std::make_unique<NodeServiceImpl>(sessions_.get(), auth_.get(), config_,
-                                                    rpc_tracker_.get());
+                                                    rpc_tracker_.get(), data_server_.get());
   admin_service_ = std::make_unique<AdminServiceImpl>(
       sessions_.get(), auth_.get(), config_, engine_.get(), config_.socket_path,
       observability_.get(),

@@ -105,6 +105,10 @@ void DataConnServer::Stop() {
     (void)ignored;
   }
   if (thread_.joinable()) thread_.join();
+  {
+    absl::MutexLock l(&send_mu_);
+    session_conns_.clear();
+  }
   conns_.clear();
   absl::MutexLock l(&mu_);
   adopted_.clear();
@@ -125,6 +129,10 @@ void DataConnServer::Drop(int fd, const std::string& why) {
   if (it == conns_.end()) return;
   const uint64_t session_id = it->second.session_id;
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  if (session_id != 0) {
+    absl::MutexLock l(&send_mu_);
+    session_conns_.erase(session_id);
+  }
   conns_.erase(it);  // closes the fd and every fd it brought
   if (session_id != 0) sessions_->EndSession(session_id, why);
 }
@@ -156,7 +164,25 @@ std::optional<std::string> DataConnServer::Hello(Conn& c) {
   const SharedRegion& ch = (*session)->channel().region();
   // The channel, and the dispatcher's wake-up eventfd (nothing else is shared).
   Reply(c.fd.get(), absl::StatusCode::kOk, "", ch.bytes(), 0, {ch.fd(), dispatcher_wake_->fd()});
+  absl::MutexLock l(&send_mu_);
+  session_conns_[c.session_id] = c.fd.get();
   return std::nullopt;
+}
+
+absl::Status DataConnServer::SendArena(uint64_t session_id, uint64_t fd_tag, int fd) {
+  absl::MutexLock l(&send_mu_);  // the connection stays open while held
+  auto it = session_conns_.find(session_id);
+  if (it == session_conns_.end()) {
+    return absl::NotFoundError(absl::StrCat("session ", session_id, " has no data connection"));
+  }
+  const shm::ArenaMessage msg{shm::kArenaMessageMagic, 0, fd_tag};
+  absl::Status s = SendWithFds(it->second, &msg, sizeof(msg), {fd});
+  if (!s.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot send the group's arena on the data connection (the client does not read it?): ",
+        s.message()));
+  }
+  return absl::OkStatus();
 }
 
 std::optional<std::string> DataConnServer::OnFdMessage(Conn& c) {

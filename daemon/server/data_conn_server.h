@@ -49,6 +49,12 @@ class DataConnServer {
   // Takes over a connection the listener routed here (thread-safe, never
   // blocks). Its hello must be complete by conn.hello_deadline_ns.
   void Adopt(Listener::Accepted conn) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends a group's small-operation arena to session `session_id`'s client
+  // (shm::ArenaMessage naming `fd_tag`, with a copy of `fd`), from any
+  // thread. Never blocks: a client whose receive buffer is full gets
+  // RESOURCE_EXHAUSTED; a session without a data connection NOT_FOUND.
+  absl::Status SendArena(uint64_t session_id, uint64_t fd_tag, int fd)
+      ABSL_LOCKS_EXCLUDED(send_mu_);
 
  private:
   struct Conn {
@@ -86,6 +92,10 @@ class DataConnServer {
   absl::Mutex mu_;
   std::vector<Listener::Accepted> adopted_ ABSL_GUARDED_BY(mu_);
   std::map<int, Conn> conns_;  // loop thread only
+  // The connection of every session that completed its hello, for
+  // SendArena; an entry goes before its connection is closed.
+  absl::Mutex send_mu_;
+  std::map<uint64_t, int> session_conns_ ABSL_GUARDED_BY(send_mu_);
 };
 
 }  // namespace hsdp

@@ -91,6 +91,15 @@ grpc::Status NodeServiceImpl::NewGroup(grpc::ServerContext* ctx, const v1::NewGr
   resp->set_group_rank(r->group_rank);
   resp->set_group_size(r->group_size);
   resp->set_epoch(r->epoch);
+  if (r->arena != nullptr && data_ != nullptr) {
+    const uint64_t tag = next_arena_tag_.fetch_add(1);
+    if (absl::Status s = data_->SendArena(req->session_id(), tag, r->arena->fd()); !s.ok()) {
+      return ToGrpc(s);
+    }
+    resp->set_arena_fd_tag(tag);
+    resp->set_arena_bytes(r->arena->bytes());
+    resp->set_arena_timeout_ms(config_.collective_timeout_ms);
+  }
   return grpc::Status::OK;
 }
 

@@ -18,6 +18,7 @@
 #include "daemon/observability/observability.h"
 #include "daemon/auth/authenticator.h"
 #include "daemon/jobs/session_manager.h"
+#include "daemon/server/data_conn_server.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "hsdp/v1/admin.grpc.pb.h"
 #include "hsdp/v1/node.grpc.pb.h"
@@ -46,9 +47,10 @@ grpc::Status ToGrpc(const absl::Status& s);
 
 class NodeServiceImpl final : public v1::Node::WithCallbackMethod_RegisterBuffer<v1::Node::Service> {
  public:
+  // `data`: where groups' arenas are sent (may be null: no arenas handed out).
   NodeServiceImpl(SessionManager* sessions, const Authenticator* auth, const NodeConfig& config,
-                  RpcTracker* tracker)
-      : sessions_(sessions), auth_(auth), config_(config), tracker_(tracker) {}
+                  RpcTracker* tracker, DataConnServer* data = nullptr)
+      : sessions_(sessions), auth_(auth), config_(config), tracker_(tracker), data_(data) {}
   grpc::Status Attach(grpc::ServerContext*, const v1::AttachRequest*, v1::AttachResponse*) override;
   grpc::Status Detach(grpc::ServerContext*, const v1::DetachRequest*, v1::DetachResponse*) override;
   grpc::ServerUnaryReactor* RegisterBuffer(grpc::CallbackServerContext*,
@@ -64,6 +66,8 @@ class NodeServiceImpl final : public v1::Node::WithCallbackMethod_RegisterBuffer
   const Authenticator* const auth_;
   const NodeConfig& config_;
   RpcTracker* const tracker_;
+  DataConnServer* const data_;
+  std::atomic<uint64_t> next_arena_tag_{1};
 };
 
 class AdminServiceImpl final : public v1::Admin::Service {

@@ -27,7 +27,8 @@ using testing::QueryStatus;
 using testing::TempDir;
 using testing::Workload;
 
-constexpr char kMetricsConfig[] = "metrics:\n  listen: \"127.0.0.1:0\"\n";
+const std::string kMetricsConfig =
+    std::string(testing::kDaemonPathOnly) + "metrics:\n  listen: \"127.0.0.1:0\"\n";
 
 // The daemon's metrics port, from `hsdpctl --json status`.
 int MetricsPort(const DaemonProcess& d) {
@@ -105,6 +106,7 @@ TEST(ObservabilityMetricsTest, ScrapeMatchesTheWorkloadExactly) {
   EXPECT_EQ(m["hsdpd_rank_arrival_lag_seconds_count{job_id=\"metrics-job\",owner_uid=\"" +
               Owner() + "\",rank=\"1\"}"], 25);
   EXPECT_GT(m["hsdpd_engine_busy_seconds_total"], 0);
+  EXPECT_EQ(m["hsdpd_arena_ops{job_id=\"metrics-job\",owner_uid=\"" + Owner() + "\"}"], 0);
   EXPECT_EQ(m[std::string("hsdpd_build_info{version=\"") + kHsdpVersion + "\"}"], 1);
   // Low cardinality: no per-op identities in any label.
   for (const auto& [series, value] : m) {
@@ -122,10 +124,36 @@ TEST(ObservabilityMetricsTest, ScrapeMatchesTheWorkloadExactly) {
   EXPECT_EQ(m[OpSeries("hsdpd_ops_completed_total", w.job, "all_reduce")], 20);
 }
 
+// Small operations of an all-local group run in its arena, which the daemon
+// never sees: they are not in the op series, and hsdpd_arena_ops counts them.
+TEST(ObservabilityMetricsTest, ArenaOperationsAreCountedApart) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start("metrics:\n  listen: \"127.0.0.1:0\"\n")) << d.Log();
+  const int port = MetricsPort(d);
+  ASSERT_GT(port, 0) << d.Log();
+  Workload w;
+  w.socket = d.socket();
+  w.job = "arena-job";
+  w.all_reduces = 12;
+  w.count = 256;  // 1 KiB: in the arena
+  w.all_gathers = 3;
+  w.hold_file = dir.File("release");
+  std::vector<std::unique_ptr<Child>> ranks;
+  std::string why;
+  ASSERT_TRUE(RunWorkload(w, &ranks, &why)) << why;
+  std::map<std::string, double> m = Scrape(port);
+  EXPECT_EQ(m["hsdpd_arena_ops{job_id=\"arena-job\",owner_uid=\"" + Owner() + "\"}"], 15);
+  EXPECT_EQ(m[OpSeries("hsdpd_ops_completed_total", w.job, "all_reduce")], 0);
+  EXPECT_EQ(m[OpSeries("hsdpd_ops_completed_total", w.job, "all_gather")], 0);
+  testing::WriteFile(w.hold_file, "");
+  for (auto& r : ranks) EXPECT_EQ(r->Finish(15000), 0) << r->output();
+}
+
 TEST(ObservabilityMetricsTest, MetricsAreOffByDefault) {
   TempDir dir;
   DaemonProcess d(dir);
-  ASSERT_TRUE(d.Start()) << d.Log();
+  ASSERT_TRUE(d.Start(testing::kDaemonPathOnly)) << d.Log();
   v1::StatusResponse st;
   ASSERT_TRUE(QueryStatus(d.socket(), &st));
   EXPECT_EQ(st.metrics_address(), "");
@@ -142,7 +170,7 @@ TEST(ObservabilityMetricsTest, PortInUseRefusesToStart) {
   DaemonProcess second(dir2);
   // The daemon may be seen listening on its Unix socket for a moment before
   // it fails to bind the metrics port: what matters is that it exits.
-  (void)second.Start("metrics:\n  listen: \"127.0.0.1:" + std::to_string(port) + "\"\n");
+  (void)second.Start(std::string(testing::kDaemonPathOnly) + "metrics:\n  listen: \"127.0.0.1:" + std::to_string(port) + "\"\n");
   EXPECT_TRUE(testing::Eventually([&] { return !second.Alive(); }, 10000))
       << "a daemon whose metrics port is taken must not keep running";
   EXPECT_THAT(second.Log(), HasSubstr("metrics.listen"));

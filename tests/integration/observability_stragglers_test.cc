@@ -23,7 +23,7 @@ constexpr int kDelayMs = 40;
 TEST(ObservabilityStragglersTest, NamesTheDelayedRankAndTheDelay) {
   TempDir dir;
   DaemonProcess d(dir);
-  ASSERT_TRUE(d.Start()) << d.Log();
+  ASSERT_TRUE(d.Start(testing::kDaemonPathOnly)) << d.Log();
   Workload w;
   w.socket = d.socket();
   w.job = "straggler-job";

@@ -34,7 +34,7 @@ const Struct& Args(const Struct& e) { return e.fields().at("args").struct_value(
 TEST(ObservabilityTraceTest, TraceCoversEveryOperationOfTheWindow) {
   TempDir dir;
   DaemonProcess d(dir);
-  ASSERT_TRUE(d.Start()) << d.Log();
+  ASSERT_TRUE(d.Start(testing::kDaemonPathOnly)) << d.Log();
   const std::string out = dir.File("trace.json");
   testing::Subprocess ctl(
       {BinDir() + "/hsdpctl", "--socket", d.socket(), "trace", "--seconds", "3", "-o", out},
@@ -121,7 +121,7 @@ TEST(ObservabilityTraceTest, TraceCoversEveryOperationOfTheWindow) {
 TEST(ObservabilityTraceTest, NothingIsRecordedWhenNobodyTraces) {
   TempDir dir;
   DaemonProcess d(dir);
-  ASSERT_TRUE(d.Start()) << d.Log();
+  ASSERT_TRUE(d.Start(testing::kDaemonPathOnly)) << d.Log();
   Workload w;
   w.socket = d.socket();
   w.job = "quiet-job";
@@ -139,7 +139,7 @@ TEST(ObservabilityTraceTest, NothingIsRecordedWhenNobodyTraces) {
 TEST(ObservabilityTraceTest, TracingOffInConfigIsAClearError) {
   TempDir dir;
   DaemonProcess d(dir);
-  ASSERT_TRUE(d.Start("trace:\n  buffer_events: 0\n")) << d.Log();
+  ASSERT_TRUE(d.Start(std::string(testing::kDaemonPathOnly) + "trace:\n  buffer_events: 0\n")) << d.Log();
   const auto r = testing::RunCommand(testing::Hsdpctl(d.socket(), "trace --seconds 1 -o -"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("trace.buffer_events: 0"));

@@ -19,6 +19,12 @@
 
 namespace hsdp::testing {
 
+// These tests watch what the daemon sees of each operation; small operations
+// of all-local groups would run in the group's arena, which the daemon never
+// sees (docs/architecture.md), so their daemons send every operation through
+// the daemon.
+inline constexpr char kDaemonPathOnly[] = "data_plane:\n  small_op_bytes: 0\n";
+
 struct Workload {
   std::string socket;
   std::string job;

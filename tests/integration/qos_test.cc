@@ -22,7 +22,11 @@ using ::testing::HasSubstr;
 using testing::TempDir;
 using testing::Workload;
 
+// Every operation through the daemon: its scheduling is what these tests
+// watch (small operations would run in the groups' arenas, among the ranks).
 constexpr char kConfig[] = R"yaml(
+data_plane:
+  small_op_bytes: 0
 engine:
   threads: 1
   inline_max_bytes: 4KiB
@@ -139,7 +143,8 @@ TEST(QosTest, AJobOverItsOpsInFlightIsRefusedAndItsPeersFailAtOnce) {
   // affected; and once all completed the job runs again.
   TempDir dir;
   DaemonProcess d(dir);
-  ASSERT_TRUE(d.Start("limits:\n  max_job_ops_in_flight: 4\ntimeouts:\n  collective_ms: 60000\n"))
+  ASSERT_TRUE(d.Start(std::string(testing::kDaemonPathOnly) +
+                      "limits:\n  max_job_ops_in_flight: 4\ntimeouts:\n  collective_ms: 60000\n"))
       << d.Log();
   auto connect = [&](const std::string& job, int rank, int world) {
     ClientOptions o;

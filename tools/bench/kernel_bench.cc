@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/kernels/reduce_kernels.h"
-#include "daemon/kernels/reduce_kernels_internal.h"
+#include "hsdp/kernels/reduce_kernels.h"
+#include "hsdp/kernels/reduce_kernels_internal.h"
 
 namespace {
 

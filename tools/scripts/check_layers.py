@@ -22,7 +22,6 @@ LAYERS = [
     "util",           # the control executor, systemd notification, bounded key names
     "config",         # node.yaml: parsing and validation
     "auth",           # who is calling: the Authenticator interface, peer credentials
-    "kernels",        # reductions and casts on host memory
     "device",         # device memory and streams: the DeviceApi, CUDA and the fake
     "engine",         # engines: CPU, NCCL, the hierarchical cross-node engine
     "session",        # one client's session: its ring, buffers, device buffers
@@ -104,8 +103,8 @@ def self_test():
 
     clean = {
         "daemon/engine/a.h": '#include "daemon/device/b.h"\n',
-        "daemon/device/b.h": '#include "daemon/kernels/c.h"\n',
-        "daemon/kernels/c.h": "\n",
+        "daemon/device/b.h": '#include "daemon/auth/c.h"\n',
+        "daemon/auth/c.h": "\n",
         "daemon/main.cc": '#include "daemon/server/s.h"\n',
         "daemon/server/s.h": '#include "daemon/engine/a.h"\n',
         "client/x.cc": '#include "hsdp/client.h"\n',

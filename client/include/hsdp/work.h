@@ -32,8 +32,11 @@ class Work {
   // FAILED_PRECONDITION for a default-constructed Work.
   absl::Status status() const;
 
+  // The daemon's id of the operation; 0 for one the group's members ran
+  // among themselves in its small-operation arena (docs/architecture.md).
   uint64_t op_id() const;
-  // Daemon-side timings of the ended operation (0 while pending): time from
+  // Daemon-side timings of the ended operation (0 while pending, and for an
+  // arena operation): time from
   // the first member's arrival to the start of execution, and execution time.
   uint64_t queued_ns() const;
   uint64_t exec_ns() const;

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/kernels/reduce_kernels.h"
+#include "hsdp/kernels/reduce_kernels.h"
 #include "hsdp/common/logging.h"
 
 #include "hsdp/shm/doorbell.h"

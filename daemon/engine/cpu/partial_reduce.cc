@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "daemon/kernels/reduce_kernels.h"
+#include "hsdp/kernels/reduce_kernels.h"
 
 namespace hsdp::cpu {
 namespace {

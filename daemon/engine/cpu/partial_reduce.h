@@ -24,7 +24,7 @@
 
 #include <cstddef>
 
-#include "daemon/kernels/reduce_spec.h"
+#include "hsdp/kernels/reduce_spec.h"
 #include "hsdp/types.h"
 
 namespace hsdp::cpu {

@@ -10,7 +10,7 @@
 #include "hsdp/common/status_macros.h"
 
 #include "absl/strings/str_cat.h"
-#include "daemon/kernels/reduce_kernels.h"
+#include "hsdp/kernels/reduce_kernels.h"
 
 namespace hsdp::nccl {
 namespace {

@@ -10,7 +10,7 @@
 #define HSDP_DAEMON_ENGINE_NCCL_REDUCE_PLAN_H_
 
 #include "absl/status/statusor.h"
-#include "daemon/kernels/reduce_spec.h"
+#include "hsdp/kernels/reduce_spec.h"
 #include "hsdp/types.h"
 
 namespace hsdp::nccl {

@@ -59,6 +59,18 @@ struct FdMessage {
 };
 static_assert(sizeof(FdMessage) == 16);
 
+// daemon -> client, after the hello: a group's small-operation arena
+// (arena.h), one fd attached, sent before the NewGroup reply that names
+// `fd_tag` (NewGroupResponse.arena_fd_tag). The only message the daemon
+// sends after the hello.
+inline constexpr uint32_t kArenaMessageMagic = 0x31524148;  // "HAR1"
+struct ArenaMessage {
+  uint32_t magic;
+  uint32_t reserved;  // 0
+  uint64_t fd_tag;
+};
+static_assert(sizeof(ArenaMessage) == 16);
+
 }  // namespace hsdp::shm
 
 #endif  // HSDP_SHM_DATA_CONN_H_

@@ -42,10 +42,11 @@ enum Feature : uint64_t {
   kFeatureDeviceMemory = 1ull << 1,  // device buffers and device events (GPU engine)
   kFeaturePointToPoint = 1ull << 2,  // peer / tag / splits fields (send, recv, all-to-all)
   kFeatureOpPriority = 1ull << 3,    // kFlagLatencyCritical (a daemon without it never sees it)
+  kFeatureSmallOpArena = 1ull << 4,  // groups' small-operation arenas (arena.h) at NewGroup
 };
 // Features this build implements (client and daemon).
 inline constexpr uint64_t kFeaturesImplemented =
-    kFeatureEpochs | kFeaturePointToPoint | kFeatureOpPriority;
+    kFeatureEpochs | kFeaturePointToPoint | kFeatureOpPriority | kFeatureSmallOpArena;
 // Features a peer must offer to be accepted at all.
 inline constexpr uint64_t kFeaturesRequired = kFeatureEpochs;
 

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "daemon/kernels/reduce_kernels.h"
+#include "hsdp/kernels/reduce_kernels.h"
 #include "daemon/engine/cpu/thread_pool.h"
 #include "gtest/gtest.h"
 

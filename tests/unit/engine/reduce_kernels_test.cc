@@ -1,7 +1,7 @@
 // Tests of the CPU engine's reduce and cast kernels against references computed
 // here independently (float64 arithmetic, frexp/ldexp/nearbyint roundings,
 // exact integer arithmetic), on both the scalar and the AVX2 kernel sets.
-#include "daemon/kernels/reduce_kernels.h"
+#include "hsdp/kernels/reduce_kernels.h"
 
 #include <gtest/gtest.h>
 
@@ -18,7 +18,7 @@
 #include <tuple>
 #include <vector>
 
-#include "daemon/kernels/reduce_kernels_internal.h"
+#include "hsdp/kernels/reduce_kernels_internal.h"
 
 namespace hsdp::cpu {
 namespace {

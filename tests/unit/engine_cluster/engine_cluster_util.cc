@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/cpu/cpu_engine.h"
-#include "daemon/kernels/reduce_kernels.h"
+#include "hsdp/kernels/reduce_kernels.h"
 
 namespace hsdp::testing {
 namespace {

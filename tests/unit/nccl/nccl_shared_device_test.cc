@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/kernels/reduce_kernels.h"
+#include "hsdp/kernels/reduce_kernels.h"
 #include "daemon/engine/nccl/nccl_engine.h"
 #include "gtest/gtest.h"
 #include "tests/unit/nccl/engine_test_util.h"

@@ -1,10 +1,10 @@
 // The exported scalar 16-bit float conversions of reduce_kernels_internal.h,
 // as out-of-line wrappers around float16_convert.h.
-#include "daemon/kernels/float16_convert.h"
+#include "hsdp/kernels/float16_convert.h"
 
 #include <cstdint>
 
-#include "daemon/kernels/reduce_kernels_internal.h"
+#include "hsdp/kernels/reduce_kernels_internal.h"
 
 namespace hsdp::cpu::internal {
 

@@ -11,7 +11,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "daemon/kernels/kernel_common.h"
+#include "hsdp/kernels/kernel_common.h"
 
 // The integer kernels pass 32-byte GCC vectors between always-inline helpers;
 // nothing with that signature is ever called out of line, so the ABI note

@@ -1,13 +1,13 @@
 // Internals of reduce_kernels.h exposed for tests and benchmarks: explicit
 // choice of the instruction set and of the streaming-store threshold, and the
 // scalar number-format conversions the kernels use. Not for engine code.
-#ifndef HSDP_DAEMON_KERNELS_REDUCE_KERNELS_INTERNAL_H_
-#define HSDP_DAEMON_KERNELS_REDUCE_KERNELS_INTERNAL_H_
+#ifndef HSDP_KERNELS_REDUCE_KERNELS_INTERNAL_H_
+#define HSDP_KERNELS_REDUCE_KERNELS_INTERNAL_H_
 
 #include <cstddef>
 #include <cstdint>
 
-#include "daemon/kernels/reduce_kernels.h"
+#include "hsdp/kernels/reduce_kernels.h"
 
 namespace hsdp::cpu::internal {
 
@@ -53,4 +53,4 @@ uint16_t DoubleToBFloat16(double d);
 
 }  // namespace hsdp::cpu::internal
 
-#endif  // HSDP_DAEMON_KERNELS_REDUCE_KERNELS_INTERNAL_H_
+#endif  // HSDP_KERNELS_REDUCE_KERNELS_INTERNAL_H_

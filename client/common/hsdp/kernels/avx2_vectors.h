@@ -2,15 +2,15 @@
 // the AVX2 reduction kernels (reduce_avx2.cc) and the AVX2 casts (cast.cc).
 // Everything here is always inlined into HSDP_AVX2 functions. Internal to the
 // CPU kernels.
-#ifndef HSDP_DAEMON_KERNELS_AVX2_VECTORS_H_
-#define HSDP_DAEMON_KERNELS_AVX2_VECTORS_H_
+#ifndef HSDP_KERNELS_AVX2_VECTORS_H_
+#define HSDP_KERNELS_AVX2_VECTORS_H_
 
 #include <immintrin.h>
 
 #include <cstddef>
 #include <cstdint>
 
-#include "daemon/kernels/kernel_common.h"
+#include "hsdp/kernels/kernel_common.h"
 
 namespace hsdp::cpu::internal {
 
@@ -203,4 +203,4 @@ struct Avx2Io<DataType::kFloat64> {
 
 }  // namespace hsdp::cpu::internal
 
-#endif  // HSDP_DAEMON_KERNELS_AVX2_VECTORS_H_
+#endif  // HSDP_KERNELS_AVX2_VECTORS_H_

@@ -7,7 +7,7 @@
 // reduce_avx2.cc (AVX2 + F16C float), reduce_int.cc (integers, both ISAs),
 // cast.cc (casts), float16_convert.{h,cc} (16-bit float formats); what they
 // share is in kernel_common.h.
-#include "daemon/kernels/reduce_kernels.h"
+#include "hsdp/kernels/reduce_kernels.h"
 
 #include <cpuid.h>
 
@@ -15,8 +15,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "daemon/kernels/kernel_common.h"
-#include "daemon/kernels/reduce_kernels_internal.h"
+#include "hsdp/kernels/kernel_common.h"
+#include "hsdp/kernels/reduce_kernels_internal.h"
 
 namespace hsdp::cpu {
 namespace internal {

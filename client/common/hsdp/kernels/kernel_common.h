@@ -8,17 +8,17 @@
 // so they produce bit-identical results; the AVX2 kernels hand their unaligned
 // head and short tail to the scalar kernels. No fused multiply-add is ever
 // enabled (it would change roundings).
-#ifndef HSDP_DAEMON_KERNELS_KERNEL_COMMON_H_
-#define HSDP_DAEMON_KERNELS_KERNEL_COMMON_H_
+#ifndef HSDP_KERNELS_KERNEL_COMMON_H_
+#define HSDP_KERNELS_KERNEL_COMMON_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
 
-#include "daemon/kernels/float16_convert.h"
-#include "daemon/kernels/reduce_kernels.h"
-#include "daemon/kernels/reduce_kernels_internal.h"
+#include "hsdp/kernels/float16_convert.h"
+#include "hsdp/kernels/reduce_kernels.h"
+#include "hsdp/kernels/reduce_kernels_internal.h"
 
 // Functions compiled for AVX2 + F16C. They may only run after BestIsa() said
 // kAvx2. Every declaration and the definition must carry the same attribute
@@ -200,4 +200,4 @@ HSDP_AVX2 size_t CastAvx2(DataType from, const void* in, DataType to, void* out,
 
 }  // namespace hsdp::cpu::internal
 
-#endif  // HSDP_DAEMON_KERNELS_KERNEL_COMMON_H_
+#endif  // HSDP_KERNELS_KERNEL_COMMON_H_

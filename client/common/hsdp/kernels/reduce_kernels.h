@@ -3,12 +3,12 @@
 // them, chosen at run time; a portable scalar path otherwise); single-threaded
 // (the caller splits work across threads by element ranges). Stateless and
 // thread-safe.
-#ifndef HSDP_DAEMON_KERNELS_REDUCE_KERNELS_H_
-#define HSDP_DAEMON_KERNELS_REDUCE_KERNELS_H_
+#ifndef HSDP_KERNELS_REDUCE_KERNELS_H_
+#define HSDP_KERNELS_REDUCE_KERNELS_H_
 
 #include <cstddef>
 
-#include "daemon/kernels/reduce_spec.h"
+#include "hsdp/kernels/reduce_spec.h"
 #include "hsdp/types.h"
 
 namespace hsdp::cpu {
@@ -70,4 +70,4 @@ void Cast(DataType from, const void* in, DataType to, void* out, size_t count);
 
 }  // namespace hsdp::cpu
 
-#endif  // HSDP_DAEMON_KERNELS_REDUCE_KERNELS_H_
+#endif  // HSDP_KERNELS_REDUCE_KERNELS_H_

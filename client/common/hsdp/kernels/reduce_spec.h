@@ -1,7 +1,7 @@
 // How a reducing task combines its inputs; engine-neutral (the CPU kernels,
 // and later device kernels, implement it).
-#ifndef HSDP_DAEMON_KERNELS_REDUCE_SPEC_H_
-#define HSDP_DAEMON_KERNELS_REDUCE_SPEC_H_
+#ifndef HSDP_KERNELS_REDUCE_SPEC_H_
+#define HSDP_KERNELS_REDUCE_SPEC_H_
 
 #include "hsdp/types.h"
 
@@ -18,4 +18,4 @@ struct ReduceSpec {
 
 }  // namespace hsdp
 
-#endif  // HSDP_DAEMON_KERNELS_REDUCE_SPEC_H_
+#endif  // HSDP_KERNELS_REDUCE_SPEC_H_

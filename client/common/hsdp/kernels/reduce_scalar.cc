@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstring>
 
-#include "daemon/kernels/kernel_common.h"
+#include "hsdp/kernels/kernel_common.h"
 
 namespace hsdp::cpu::internal {
 namespace {

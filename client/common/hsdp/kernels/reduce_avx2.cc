@@ -6,8 +6,8 @@
 #include <cstddef>
 #include <type_traits>
 
-#include "daemon/kernels/avx2_vectors.h"
-#include "daemon/kernels/kernel_common.h"
+#include "hsdp/kernels/avx2_vectors.h"
+#include "hsdp/kernels/kernel_common.h"
 
 namespace hsdp::cpu::internal {
 namespace {

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <limits>
 
-#include "daemon/kernels/avx2_vectors.h"
-#include "daemon/kernels/float16_convert.h"
-#include "daemon/kernels/kernel_common.h"
+#include "hsdp/kernels/avx2_vectors.h"
+#include "hsdp/kernels/float16_convert.h"
+#include "hsdp/kernels/kernel_common.h"
 
 namespace hsdp::cpu::internal {
 namespace {

@@ -2,8 +2,8 @@
 // bfloat16) from and to float, double and int64, shared by the kernel files.
 // Internal to the CPU kernels; tests use the exported wrappers declared in
 // reduce_kernels_internal.h (defined in float16_convert.cc).
-#ifndef HSDP_DAEMON_KERNELS_FLOAT16_CONVERT_H_
-#define HSDP_DAEMON_KERNELS_FLOAT16_CONVERT_H_
+#ifndef HSDP_KERNELS_FLOAT16_CONVERT_H_
+#define HSDP_KERNELS_FLOAT16_CONVERT_H_
 
 #include <algorithm>
 #include <bit>
@@ -124,4 +124,4 @@ __attribute__((always_inline)) inline uint16_t FloatToBFloat16Inline(float f) {
 
 }  // namespace hsdp::cpu::internal
 
-#endif  // HSDP_DAEMON_KERNELS_FLOAT16_CONVERT_H_
+#endif  // HSDP_KERNELS_FLOAT16_CONVERT_H_

@@ -1,0 +1,124 @@
+// The small-operation arena of one all-local group: a sealed memfd the daemon
+// creates with the group and hands to every member over its data connection
+// (data_conn.h, ArenaMessage). The members run small collectives in it among
+// themselves, without the daemon (client/src/arena.h):
+//
+//   * operation k (k = 1, 2, ... in the order the member submits them) uses
+//     slot (k - 1) % slots;
+//   * member r copies its input and the operation's key (ArenaSlotHeader) into
+//     its area of that slot, then publishes lanes[r].arrived = k;
+//   * it completes the operation once every lane's `arrived` is >= k: checks
+//     every member's key against its own, computes its output from all the
+//     areas (reductions in rank order: the daemon's results, bit for bit),
+//     then publishes lanes[r].consumed = k;
+//   * a member writes slot k's area only when every lane's `consumed` is
+//     >= k - slots (nobody still reads the slot's previous operation).
+//   Every publish rings `bell` (a futex word; a syscall only when someone
+//   sleeps). An operation every member submitted completes even when the
+//   arena broke meanwhile (its inputs are all there).
+//
+// Trust: the arena is shared by the members of one group of one job (the
+// trust domain its collectives already are). The daemon never reads it: it
+// only writes `broken` and its reason (the group's epoch failed: a member's
+// session ended),
+// so nothing a member writes here reaches the daemon. A member reads other
+// members' areas only at offsets and sizes it computed itself, and treats a
+// key it does not expect as a mismatch, never as a size.
+//
+// Evolving: kArenaVersion changes with any change here. A member's path for
+// an operation must be its peers' path, so a client that is handed an arena
+// it cannot use (another version, a size it does not expect) fails NewGroup
+// (FAILED_PRECONDITION) rather than run that group's operations elsewhere.
+#ifndef HSDP_SHM_ARENA_H_
+#define HSDP_SHM_ARENA_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "hsdp/shm/layout.h"
+
+namespace hsdp::shm {
+
+inline constexpr char kArenaMagic[8] = {'H', 'S', 'D', 'P', 'A', 'R', 'N', '1'};
+inline constexpr uint32_t kArenaVersion = 1;
+inline constexpr uint32_t kArenaMaxMembers = 64;
+inline constexpr uint32_t kArenaMaxSlots = 64;
+inline constexpr uint64_t kArenaMaxSlotBytes = uint64_t{1} << 20;
+
+struct alignas(64) ArenaHeader {
+  char magic[8];
+  uint32_t version;
+  uint32_t members;     // the group's size; lane r is group rank r
+  uint32_t slots;       // a power of two, <= kArenaMaxSlots
+  uint32_t reserved0;
+  uint64_t slot_bytes;  // data bytes of one member's area in one slot (multiple of 64)
+  uint64_t total_bytes;
+  uint64_t reserved1[4];
+  // 0 while the arena may be used, otherwise the absl::StatusCode every
+  // operation in it that not every member submitted fails with: the daemon's
+  // when the group's epoch failed, or a member's when an operation passed its
+  // deadline. Never cleared: the group's next epoch runs through the daemon.
+  // Whoever wins `broken_claim` (0 -> 1) writes `reason` (why, for the
+  // messages; reason_len bytes, at most sizeof(reason)), then `broken`.
+  alignas(64) std::atomic<uint32_t> broken;
+  std::atomic<uint32_t> broken_claim;
+  uint32_t reason_len;
+  char reason[244];
+  // Rung by every publish (arrived, consumed) and by `broken`.
+  alignas(64) Doorbell bell;
+};
+static_assert(sizeof(ArenaHeader) == 448);
+
+// One per member, written only by that member.
+struct alignas(64) ArenaLane {
+  std::atomic<uint64_t> arrived;   // the last operation whose input is in its area
+  std::atomic<uint64_t> consumed;  // the last operation it finished reading
+  uint8_t pad[48];
+};
+static_assert(sizeof(ArenaLane) == 64);
+
+// What every member must agree on, at the start of its area in the slot.
+struct ArenaSlotHeader {
+  uint64_t seq;  // the operation's number k
+  uint8_t collective;
+  uint8_t dtype;
+  uint8_t reduce_op;
+  uint8_t reduce_dtype;
+  int32_t root;
+  uint64_t count;
+  double premul_factor;
+  double pre_divide;
+  double post_divide;
+  uint64_t reserved[2];
+};
+static_assert(sizeof(ArenaSlotHeader) == 64);
+
+struct ArenaLayout {
+  uint64_t lanes_offset;
+  uint64_t slots_offset;
+  uint64_t area_stride;  // ArenaSlotHeader + slot_bytes
+  uint64_t total_bytes;
+};
+constexpr ArenaLayout ComputeArenaLayout(uint32_t members, uint32_t slots, uint64_t slot_bytes) {
+  ArenaLayout l{};
+  l.lanes_offset = AlignUp(sizeof(ArenaHeader), 64);
+  l.slots_offset = AlignUp(l.lanes_offset + uint64_t{members} * sizeof(ArenaLane), 4096);
+  l.area_stride = sizeof(ArenaSlotHeader) + AlignUp(slot_bytes, 64);
+  l.total_bytes = AlignUp(l.slots_offset + uint64_t{slots} * members * l.area_stride, 4096);
+  return l;
+}
+// Offset of member `m`'s area in slot `s`.
+constexpr uint64_t ArenaAreaOffset(const ArenaLayout& l, uint32_t members, uint32_t s,
+                                   uint32_t m) {
+  return l.slots_offset + (uint64_t{s} * members + m) * l.area_stride;
+}
+// Whether a geometry is one this build makes and accepts.
+constexpr bool ValidArenaGeometry(uint32_t members, uint32_t slots, uint64_t slot_bytes) {
+  return members >= 1 && members <= kArenaMaxMembers && slots >= 1 && slots <= kArenaMaxSlots &&
+         (slots & (slots - 1)) == 0 && slot_bytes >= 64 && slot_bytes <= kArenaMaxSlotBytes &&
+         slot_bytes % 64 == 0;
+}
+
+}  // namespace hsdp::shm
+
+#endif  // HSDP_SHM_ARENA_H_
