@@ -32,10 +32,14 @@ import shutil
 import signal
 import statistics
 import subprocess
+import tempfile
 import sys
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "barrier")
-SYSTEMS = ("hsdp", "mpi", "gloo")
+# hsdp-daemon: hsdpd with data_plane.small_op_bytes 0, every operation
+# through the daemon (the path before the group arenas): the baseline.
+SYSTEMS = ("hsdp", "hsdp-daemon", "mpi", "gloo")
+NO_ARENA_YAML = "data_plane:\n  small_op_bytes: 0\n"
 DEFAULT_MPIRUN_ARGS = ("--allow-run-as-root --oversubscribe --bind-to none "
                        "--mca pml ob1 --mca btl self,vader")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,7 +64,7 @@ def parse_args(argv):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--nranks", default="2,4", help="comma-separated rank counts")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="subset of hsdp,mpi,gloo")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="subset of hsdp,hsdp-daemon,mpi,gloo")
     p.add_argument("--min-bytes", default="8")
     p.add_argument("--max-bytes", default="64M")
     p.add_argument("--step-factor", default="2")
@@ -95,7 +99,8 @@ def parse_args(argv):
 
 def missing_systems(a):
     """{system: why} for the systems that cannot run here."""
-    need = {"hsdp": ["hsdp-bench", "hsdpd"], "mpi": ["mpi-bench"], "gloo": ["gloo-bench"]}
+    need = {"hsdp": ["hsdp-bench", "hsdpd"], "hsdp-daemon": ["hsdp-bench", "hsdpd"],
+            "mpi": ["mpi-bench"], "gloo": ["gloo-bench"]}
     why = {}
     for system in a.systems:
         absent = [b for b in need[system] if not os.access(os.path.join(a.bin, b), os.X_OK)]
@@ -112,6 +117,9 @@ def command(a, system, op, nranks):
               "--warmup", str(a.warmup), "--json"]
     if system == "hsdp":
         return [os.path.join(a.bin, "hsdp-bench"), "--nranks", str(nranks)] + common
+    if system == "hsdp-daemon":
+        return [os.path.join(a.bin, "hsdp-bench"), "--nranks", str(nranks),
+                "--node-config", a.no_arena_config] + common
     if system == "gloo":
         return [os.path.join(a.bin, "gloo-bench"), "--nranks", str(nranks)] + common
     return ([a.mpirun] + shlex.split(a.mpirun_args) + ["-np", str(nranks),
@@ -198,6 +206,10 @@ def summarize(a, rows, missing, errors):
 def main(argv):
     a = parse_args(argv)
     a.bin = os.path.abspath(a.bin)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="hsdp-no-arena.",
+                                     delete=False) as f:
+        f.write(NO_ARENA_YAML)
+        a.no_arena_config = f.name
     missing = missing_systems(a)
     load_before = os.getloadavg()
     print(f"# latency_compare: load average before: {load_before[0]:.2f} {load_before[1]:.2f} "
@@ -222,6 +234,7 @@ def main(argv):
                     for r in got:
                         r.update(system=system, round=rnd + 1)
                     rows.extend(got)
+    os.unlink(a.no_arena_config)
     summary = summarize(a, rows, missing, errors)
     load_after = os.getloadavg()
     print(f"\n# load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")

@@ -35,7 +35,9 @@ ASAN_EXCLUDE_LABELS='netns|docker|python|torch_suite|gpu'
 # purpose. The sanitizer runtimes need fds themselves (UBSan's vptr check
 # probes memory through a pipe, the symbolizer needs a socket pair), so at
 # EMFILE UBSan reports a false "invalid vptr" and stops the daemon.
-ASAN_EXCLUDE_TESTS='OutOfFileDescriptorsDoesNotSpinAndRecovers'
+# Nor the observer's cost per operation: a speed bound, which the sanitizer's
+# instrumentation (and its slower allocator) makes meaningless.
+ASAN_EXCLUDE_TESTS='OutOfFileDescriptorsDoesNotSpinAndRecovers|PerOperationCost'
 # The TSan subset: the tests whose code runs on several threads at once.
 TSAN_TESTS=(
   validate_test group_test cross_node_test                          # data plane
