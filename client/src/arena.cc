@@ -115,7 +115,8 @@ absl::StatusOr<std::shared_ptr<GroupArena>> GroupArena::Map(UniqueFd fd, uint64_
                                                             std::vector<int> ranks, int rank,
                                                             absl::Duration op_timeout,
                                                             int64_t spin_ns,
-                                                            uint32_t spin_mode) {
+                                                            uint32_t spin_mode,
+                                                            std::function<absl::Status()> daemon_gone) {
   const int members = static_cast<int>(ranks.size());
   struct stat st;
   SYSCALL_OR_RETURN(::fstat(fd.get(), &st));
@@ -155,6 +156,7 @@ absl::StatusOr<std::shared_ptr<GroupArena>> GroupArena::Map(UniqueFd fd, uint64_
   a->op_timeout_ns_ = absl::ToInt64Nanoseconds(op_timeout);
   a->spin_ns_ = spin_ns;
   a->spin_mode_ = spin_mode;
+  a->daemon_gone_ = std::move(daemon_gone);
   return a;
 }
 
@@ -221,6 +223,7 @@ absl::Status GroupArena::BrokenLocked() const {
   for (char& ch : why) {
     if (ch < 0x20 || ch > 0x7e) ch = '?';
   }
+  if (c == absl::StatusCode::kUnavailable) return absl::Status(c, why);  // reconnect
   return absl::Status(c, absl::StrCat(why, why.empty() ? "" : " ",
                                       "(the group's operations fail until its members call "
                                       "RejoinGroup)"));
@@ -278,10 +281,9 @@ absl::StatusOr<Work> GroupArena::Submit(const ArenaOp& op) {
     const uint64_t prev = seq - slots;
     while (!pending_.empty() && pending_.front().seq <= prev) CompleteFrontLocked(-1);
     const int64_t deadline = shm::NowNanos() + op_timeout_ns_;
-    const bool free = shm::AwaitDoorbell(
-        &header_->bell,
+    const bool free = AwaitLocked(
         [&] { return header_->broken.load(std::memory_order_acquire) != 0 || AllConsumed(prev); },
-        spin_ns_, deadline, spin_mode_);
+        deadline);
     if (absl::Status s = BrokenLocked(); !s.ok()) return failed(s);
     if (!free) {
       std::string late = "[";
@@ -312,6 +314,29 @@ absl::StatusOr<Work> GroupArena::Submit(const ArenaOp& op) {
   return Work(std::move(state));
 }
 
+bool GroupArena::AwaitLocked(const std::function<bool()>& ready, int64_t until_ns) {
+  // The first slice spins (the session's spin settings), then sleeps; a
+  // longer wait looks every kHealthSliceNs at whether hsdpd is still there:
+  // when it went away (nobody else may ever break the arena: a peer may be
+  // gone with it), this member breaks the arena, UNAVAILABLE, as the rings'
+  // operations fail.
+  constexpr int64_t kHealthSliceNs = 100'000'000;
+  for (bool first = true;; first = false) {
+    const int64_t now = shm::NowNanos();
+    if (now >= until_ns) return ready();
+    const int64_t slice_end = std::min(until_ns, now + kHealthSliceNs);
+    if (shm::AwaitDoorbell(&header_->bell, ready, first ? spin_ns_ : 0, slice_end, spin_mode_)) {
+      return true;
+    }
+    if (shm::NowNanos() < until_ns && daemon_gone_ != nullptr) {
+      if (absl::Status gone = daemon_gone_(); !gone.ok()) {
+        Break(gone);
+        return ready();
+      }
+    }
+  }
+}
+
 bool GroupArena::CompleteFrontLocked(int64_t deadline_ns) {
   Pending p = std::move(pending_.front());
   pending_.pop_front();
@@ -320,10 +345,9 @@ bool GroupArena::CompleteFrontLocked(int64_t deadline_ns) {
     return true;
   }
   const int64_t until = deadline_ns < 0 ? p.deadline_ns : std::min(deadline_ns, p.deadline_ns);
-  const bool ready = shm::AwaitDoorbell(
-      &header_->bell,
+  const bool ready = AwaitLocked(
       [&] { return header_->broken.load(std::memory_order_acquire) != 0 || AllArrived(p.seq); },
-      until > shm::NowNanos() ? spin_ns_ : 0, until, spin_mode_);
+      until);
   if (AllArrived(p.seq)) {
     // Every input is in (a member that left after submitting left it here).
     const absl::Status status = Execute(p);
@@ -418,9 +442,10 @@ absl::Status GroupArena::Wait(WorkState* w, absl::Duration timeout) {
   while (!w->done.load(std::memory_order_acquire)) {
     if (pending_.empty()) return absl::InternalError("arena operation lost");  // not reached
     if (!CompleteFrontLocked(deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "Wait: the operation did not complete within ", absl::FormatDuration(timeout),
-          " (it goes on; Wait again)"));
+      // The rings' wording (callers such as the torch backend read it).
+      return absl::DeadlineExceededError(
+          absl::StrCat("arena op ", w->arena_seq, " still pending after ",
+                       absl::FormatDuration(timeout), " (it goes on; Wait again)"));
     }
   }
   return w->status;

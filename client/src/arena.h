@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,12 +63,15 @@ class GroupArena : public std::enable_shared_from_this<GroupArena> {
  public:
   // Maps an arena the daemon sent (`bytes` as NewGroup said) for group rank
   // `rank` of a group whose global ranks are `ranks` (for messages).
+  // `daemon_gone` says why the session's daemon went away, or OK (long
+  // waits ask it every 100 ms).
   // FAILED_PRECONDITION when its header is not one this build runs (version,
   // geometry, size).
   static absl::StatusOr<std::shared_ptr<GroupArena>> Map(UniqueFd fd, uint64_t bytes,
                                                          std::vector<int> ranks, int rank,
                                                          absl::Duration op_timeout,
-                                                         int64_t spin_ns, uint32_t spin_mode);
+                                                         int64_t spin_ns, uint32_t spin_mode,
+                                                         std::function<absl::Status()> daemon_gone);
   ~GroupArena();
   GroupArena(const GroupArena&) = delete;
   GroupArena& operator=(const GroupArena&) = delete;
@@ -116,6 +120,10 @@ class GroupArena : public std::enable_shared_from_this<GroupArena> {
   // (NowNanos scale; the operation's own deadline is also honoured).
   // Returns false when it is still incomplete at `deadline_ns`.
   bool CompleteFrontLocked(int64_t deadline_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until `ready()` or `until_ns` (returns ready() then); breaks the
+  // arena when the daemon went away meanwhile.
+  bool AwaitLocked(const std::function<bool()>& ready, int64_t until_ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether every member published operation `seq`.
   bool AllArrived(uint64_t seq) const;
   // Whether every member finished reading operation `seq`.
@@ -139,6 +147,7 @@ class GroupArena : public std::enable_shared_from_this<GroupArena> {
   int64_t op_timeout_ns_ = 0;
   int64_t spin_ns_ = 0;
   uint32_t spin_mode_ = 0;
+  std::function<absl::Status()> daemon_gone_;
 
   mutable absl::Mutex mu_;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;

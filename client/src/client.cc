@@ -175,7 +175,15 @@ absl::StatusOr<std::shared_ptr<internal::GroupArena>> Client::Impl::ReceiveArena
     arena_inbox.erase(it);
   }
   return internal::GroupArena::Map(std::move(fd), resp.arena_bytes(), ranks, resp.group_rank(), absl::Milliseconds(resp.arena_timeout_ms()),
-                                   channel.spin_ns(), channel.SpinMode());
+                                   channel.spin_ns(), channel.SpinMode(),
+                                   [weak = std::weak_ptr<const internal::SessionChannel>(
+                                        channel.shared_from_this())] {
+                                     auto ch = std::const_pointer_cast<internal::SessionChannel>(
+                                         weak.lock());
+                                     if (ch == nullptr) return absl::UnavailableError("session over");
+                                     absl::Status h = ch->Health();
+                                     return absl::IsUnavailable(h) ? h : absl::OkStatus();
+                                   });
 }
 
 absl::StatusOr<uint64_t> Client::Impl::RegisterFd(uint64_t session, int data_fd, int fd,

@@ -377,7 +377,9 @@ class Client::Impl {
           !arena->Health().ok()) {
         last_health_ns.store(now, std::memory_order_relaxed);
         if (DaemonGone()) {
-          arena->Fail(absl::UnavailableError("hsdpd went away (the group's arena is over)"));
+          absl::Status why = Channel()->Health();
+          if (why.ok()) why = absl::UnavailableError("hsdpd went away");
+          arena->Fail(why);
           return arena->Submit(op);  // fails: GroupArena::Submit says how
         }
       }

@@ -163,9 +163,12 @@ std::optional<std::string> DataConnServer::Hello(Conn& c) {
   c.session_id = hello.session_id;
   const SharedRegion& ch = (*session)->channel().region();
   // The channel, and the dispatcher's wake-up eventfd (nothing else is shared).
+  {
+    // Before the reply: the client's next call (NewGroup) may send on it.
+    absl::MutexLock l(&send_mu_);
+    session_conns_[c.session_id] = c.fd.get();
+  }
   Reply(c.fd.get(), absl::StatusCode::kOk, "", ch.bytes(), 0, {ch.fd(), dispatcher_wake_->fd()});
-  absl::MutexLock l(&send_mu_);
-  session_conns_[c.session_id] = c.fd.get();
   return std::nullopt;
 }
 

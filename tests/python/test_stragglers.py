@@ -14,7 +14,9 @@ OPS = 5
 
 def _run_ops(client, errors):
     try:
-        x = client.array(256)
+        # 128 KiB: above data_plane.small_op_bytes, so through the daemon, which
+        # is what sees arrivals (small ops run in the group's arena).
+        x = client.array(32768)
         for _ in range(OPS):
             if client.rank == 1:
                 time.sleep(DELAY)  # rank 1 is the straggler
