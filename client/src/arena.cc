@@ -215,9 +215,13 @@ absl::Status GroupArena::BrokenLocked() const {
   const uint32_t code = header_->broken.load(std::memory_order_acquire);
   if (code == 0) return absl::OkStatus();
   // Written by the daemon, or by a member (which may write anything).
-  const auto c = code <= static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)
-                     ? static_cast<absl::StatusCode>(code)
-                     : absl::StatusCode::kUnknown;
+  if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::UnknownError(absl::StrCat(
+        "the group's small-operation arena holds a state neither hsdpd nor a member writes "
+        "(broken word ", code, ": overwritten by a member?); its members call RejoinGroup to "
+        "go on through the daemon"));
+  }
+  const auto c = static_cast<absl::StatusCode>(code);
   const size_t n = std::min<size_t>(header_->reason_len, sizeof(header_->reason));
   std::string why(header_->reason, n);
   for (char& ch : why) {

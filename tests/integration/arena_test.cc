@@ -3,10 +3,14 @@
 // bit for bit; a group's operations keep their order across the two paths;
 // a member killed while the others wait in the arena fails them at once; an
 // operation past its deadline breaks the arena for every member, and after
-// RejoinGroup the group runs through the daemon.
+// RejoinGroup the group runs through the daemon; a member that scribbles
+// over the arena hurts only its own group's operations.
 #include <signal.h>
 
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <random>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -347,6 +351,99 @@ TEST(ArenaTest, ADeadlineBreaksTheArenaAndRejoiningUsesTheDaemon) {
                       HasSubstr("after rejoin: ok")))
         << kids[r]->output();
   }
+}
+
+// The arena's mapping in this process (its memfd is named "hsdp-arena").
+std::pair<char*, size_t> FindArenaMapping() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("memfd:hsdp-arena") == std::string::npos) continue;
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2 && hi > lo) {
+      return {reinterpret_cast<char*>(lo), hi - lo};
+    }
+  }
+  return {nullptr, 0};
+}
+
+// A hostile member overwrites the whole arena (all 0xFF bytes, then random
+// bytes): its group's next operations fail at both members — no crash, no
+// hang — while the daemon and another job's group go on.
+TEST(ArenaTest, AMemberScribblingOverTheArenaHurtsOnlyItsOwnGroup) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start("timeouts:\n  collective_ms: 2000\n")) << d.Log();
+  for (const bool random : {false, true}) {
+    const std::string job = random ? "scribbled-random" : "scribbled-ff";
+    std::vector<std::unique_ptr<Child>> kids;
+    for (int rank = 0; rank < 2; ++rank) {
+      kids.push_back(std::make_unique<Child>([&, rank](FILE* out) -> int {
+        Rank R;
+        if (absl::Status s = Attach(&R, d.socket(), job, rank, 2); !s.ok()) return 1;
+        auto w = R.client->AllReduce(R.group, {R.send.id, 0}, {R.recv.id, 0}, 8,
+                                     DataType::kFloat32);
+        if (!w.ok() || !w->Wait(absl::Seconds(30)).ok() || w->op_id() != 0) return 2;
+        // Rank 0 is done with the arena before rank 1 scribbles (a file, not
+        // an operation: rank 0 may still be reading the last one's slot).
+        const std::string past = dir.File(job + ".rank0-past"), done = dir.File(job + ".scribbled");
+        auto wait_file = [](const std::string& path) {
+          const int64_t deadline = NowMs() + 20000;
+          while (::access(path.c_str(), F_OK) != 0 && NowMs() < deadline) ::usleep(1000);
+          return ::access(path.c_str(), F_OK) == 0;
+        };
+        if (rank == 0) {
+          testing::WriteFile(past, "");
+          if (!wait_file(done)) return 3;
+        }
+        if (rank == 1) {
+          if (!wait_file(past)) return 3;
+          auto [base, bytes] = FindArenaMapping();
+          if (base == nullptr) {
+            std::fprintf(out, "no arena mapping found\n");
+            return 4;
+          }
+          if (random) {
+            std::mt19937_64 gen(42);
+            for (size_t i = 0; i < bytes; ++i) base[i] = static_cast<char>(gen());
+          } else {
+            std::memset(base, 0xFF, bytes);
+          }
+          testing::WriteFile(done, "");
+        }
+        w = R.client->Barrier(R.group);
+        absl::Status barrier = w.ok() ? w->Wait(absl::Seconds(30)) : w.status();
+        w = R.client->AllReduce(R.group, {R.send.id, 0}, {R.recv.id, 0}, 8, DataType::kFloat32);
+        absl::Status s = w.ok() ? w->Wait(absl::Seconds(30)) : w.status();
+        std::fprintf(out, "after: barrier %s; all_reduce %s\n", barrier.ToString().c_str(),
+                     s.ToString().c_str());
+        return 0;
+      }));
+    }
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(kids[r]->Finish(30000), 0) << kids[r]->output();
+      EXPECT_THAT(kids[r]->output(), HasSubstr("after: ")) << kids[r]->output();
+      EXPECT_THAT(kids[r]->output(), ::testing::Not(HasSubstr("all_reduce OK")))
+          << kids[r]->output();
+    }
+  }
+  ASSERT_TRUE(d.Alive()) << d.Log();
+  // Another job on the same daemon is untouched.
+  std::vector<std::unique_ptr<Child>> kids;
+  for (int rank = 0; rank < 2; ++rank) {
+    kids.push_back(std::make_unique<Child>([&, rank](FILE* out) -> int {
+      Rank R;
+      if (absl::Status s = Attach(&R, d.socket(), "bystander", rank, 2); !s.ok()) return 1;
+      auto* send = static_cast<float*>(R.send.data);
+      auto* recv = static_cast<float*>(R.recv.data);
+      for (int i = 0; i < 8; ++i) send[i] = float(rank + 1);
+      auto w = R.client->AllReduce(R.group, {R.send.id, 0}, {R.recv.id, 0}, 8, DataType::kFloat32);
+      absl::Status s = w.ok() ? w->Wait(absl::Seconds(30)) : w.status();
+      std::fprintf(out, "bystander: %s %g\n", s.ToString().c_str(), recv[0]);
+      return s.ok() && recv[0] == 3.0f && recv[7] == 3.0f ? 0 : 2;
+    }));
+  }
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(kids[r]->Finish(30000), 0) << kids[r]->output();
 }
 
 }  // namespace
