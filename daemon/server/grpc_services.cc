@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "daemon/observability/observability_rpc.h"
 #include "hsdp/common/status_macros.h"
 #include "hsdp/common/version.h"
@@ -205,7 +207,9 @@ grpc::Status AdminServiceImpl::Drain(grpc::ServerContext* ctx, const v1::DrainRe
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "timeout_seconds: must be within [0, 3600] (0: 60)");
   }
-  *resp = drain_(t == 0 ? absl::Seconds(60) : absl::Seconds(t));
+  // A positive timeout below a nanosecond (1e-300 s) would round to zero
+  // (found by the gRPC fuzzer): at least 1 ms.
+  *resp = drain_(t == 0 ? absl::Seconds(60) : std::max(absl::Seconds(t), absl::Milliseconds(1)));
   return grpc::Status::OK;
 }
 
