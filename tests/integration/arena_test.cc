@@ -132,11 +132,9 @@ std::vector<Case> Cases(int world) {
 }
 
 absl::StatusOr<Work> Submit(Rank* R, const Case& k) {
-  const size_t es = DataTypeSize(k.t);
   const uint64_t in = k.c == Collective::kReduceScatter ? k.count * R->group.size : k.count;
   for (uint64_t i = 0; i < in; ++i) StoreAs(k.t, R->send.data, i, Value(k.t, R->group.rank, i));
   std::memset(R->recv.data, 0xA5, kBufBytes);
-  (void)es;
   const BufferRef s{R->send.id, 0}, r{R->recv.id, 0};
   switch (k.c) {
     case Collective::kAllReduce: return R->client->AllReduce(R->group, s, r, k.count, k.t, k.o);
