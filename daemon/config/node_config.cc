@@ -226,6 +226,35 @@ absl::Status ParseMetricsListen(const Field& f, NodeConfig* config) {
   return absl::OkStatus();
 }
 
+// The user name of /metrics' basic auth: it travels as "user:password", so
+// no ':'; printable, no spaces, so it survives any scrape config.
+absl::Status ParseMetricsUsername(const Field& f, NodeConfig* config) {
+  RETURN_IF_ERROR(CheckScalar(f, "a user name"));
+  const std::string& v = f.value.Scalar();
+  bool ok = !v.empty() && v.size() <= 64;
+  for (char c : v) ok = ok && c > ' ' && c < 0x7f && c != ':';
+  if (!ok) {
+    return f.Error(absl::StrCat("user name ", Quote(v),
+                                " is not 1..64 printable characters without ':' or spaces"));
+  }
+  config->metrics_username = v;
+  return absl::OkStatus();
+}
+
+absl::Status ParsePath(const Field& f, std::string* out);
+
+// metrics.password_file and metrics.username need metrics.listen.
+absl::Status CheckMetrics(const std::string& source,
+                          const std::function<int(std::string_view)>& line_of,
+                          const NodeConfig& c) {
+  if (c.metrics_listen.empty() && !c.metrics_password_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ":", line_of("password_file"),
+        ": metrics.password_file: set without metrics.listen (there is no endpoint to protect)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseTraceBufferEvents(const Field& f, NodeConfig* config) {
   ASSIGN_OR_RETURN(const uint64_t n, IntegerInRange(f, 0, 4194304));
   if (n != 0 && n < 1024) {
@@ -413,6 +442,19 @@ constexpr KeySpec kMetricsKeys[] = {
 constexpr KeySpec kTraceKeys[] = {
     {"buffer_events", "events kept for `hsdpctl trace` (~80 bytes each); 0 = off, "
                       "else 1024..4194304",
+    {"password_file", "absolute path of the password scrapers give (HTTP basic auth), owned by "
+                      "root or hsdpd's uid, mode 0600 or 0400; \"\" = no auth, and then only "
+                      "node totals (no job ids, owners or ranks)",
+     [](const Field& f, NodeConfig* c) { return ParsePath(f, &c->metrics_password_file); },
+     &RenderString<&NodeConfig::metrics_password_file>},
+    {"username", "user name of the basic auth, 1..64 printable bytes without ':' or spaces",
+     &ParseMetricsUsername, &RenderString<&NodeConfig::metrics_username>},
+    {"max_jobs_per_uid", "jobs of one owner uid with series of their own (of 256 on the node), "
+                         "1..256; its other jobs share its job_id=\"_other\" series",
+     [](const Field& f, NodeConfig* c) {
+       return SetInteger(f, 1, 256, &c->metrics_max_jobs_per_uid);
+     },
+     &RenderNumber<&NodeConfig::metrics_max_jobs_per_uid>},
      &ParseTraceBufferEvents, &RenderNumber<&NodeConfig::trace_buffer_events>},
 };
 // --- cluster: the multi-node control plane (docs/cluster.md) ---------------
@@ -832,7 +874,8 @@ constexpr SectionSpec kSections[] = {
     {"data_plane", "the shared-memory submission rings", kDataPlaneKeys},
     {"timeouts", "all in milliseconds", kTimeoutsKeys},
     {"log", "daemon logging (stderr)", kLogKeys},
-    {"metrics", "Prometheus metrics endpoint (see docs/observability.md)", kMetricsKeys},
+    {"metrics", "Prometheus metrics endpoint (see docs/observability.md)", kMetricsKeys,
+     &CheckMetrics},
     {"trace", "operation trace for `hsdpctl trace`", kTraceKeys},
     {"cluster", "multi-node control plane; see docs/cluster.md", kClusterKeys, &CheckCluster},
 };

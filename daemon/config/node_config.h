@@ -93,6 +93,16 @@ struct NodeConfig {
   // trace:
   uint32_t trace_buffer_events = 65536;  // trace.buffer_events: 0 (off) or 1024..4194304
   // cluster: (multi-node control plane; see docs/cluster.md)
+  // Absolute path of the password HTTP basic auth checks on /metrics; "" =
+  // no authentication, and then /metrics serves node totals only (no job
+  // ids, owners or ranks: anyone who can reach the port may read it). Read
+  // at start; the file must be owned by root or the daemon's uid and not
+  // readable by group or others.
+  std::string metrics_password_file;  // metrics.password_file
+  std::string metrics_username = "hsdpd";  // metrics.username: 1..64 bytes, no ':', no spaces
+  // Per-job metric series slots (256 on the node) one owner uid may hold;
+  // its further jobs share its own overflow series (job_id "_other").
+  uint32_t metrics_max_jobs_per_uid = 32;  // metrics.max_jobs_per_uid: 1..256
   std::string cluster_coordinator;     // cluster.coordinator "HOST:PORT"; "" = single node
   std::string cluster_listen;          // cluster.listen "HOST:PORT": this daemon's peer address
   uint32_t cluster_nodes = 1;          // cluster.nodes: 1..4096

@@ -13,7 +13,48 @@ using ::testing::HasSubstr;
 TEST(ObservabilityConfigTest, DefaultsAreOff) {
   const NodeConfig c;
   EXPECT_EQ(c.metrics_listen, "");
+  EXPECT_EQ(c.metrics_password_file, "");
+  EXPECT_EQ(c.metrics_username, "hsdpd");
+  EXPECT_EQ(c.metrics_max_jobs_per_uid, 32u);
   EXPECT_EQ(c.trace_buffer_events, 65536u);
+}
+
+TEST(ObservabilityConfigTest, AcceptsAuthAndShare) {
+  auto c = ParseNodeConfig(
+      "metrics:\n  listen: \"127.0.0.1:9464\"\n  password_file: /etc/hsdpd/metrics.password\n"
+      "  username: prom-scraper\n  max_jobs_per_uid: 256\n",
+      "node.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->metrics_password_file, "/etc/hsdpd/metrics.password");
+  EXPECT_EQ(c->metrics_username, "prom-scraper");
+  EXPECT_EQ(c->metrics_max_jobs_per_uid, 256u);
+  auto back = ParseNodeConfig(NodeConfigToYaml(*c), "rendered");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *c);
+}
+
+TEST(ObservabilityConfigTest, RefusesBadAuthAndShare) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"  password_file: metrics.password\n", "metrics.password_file: path \"metrics.password\" is not absolute"},
+      {"  password_file: [a]\n", "metrics.password_file:"},
+      {"  username: \"\"\n", "metrics.username: user name \"\" is not"},
+      {"  username: \"a:b\"\n", "without ':'"},
+      {"  username: \"a b\"\n", "without ':' or spaces"},
+      {"  max_jobs_per_uid: 0\n", "metrics.max_jobs_per_uid: value \"0\" is out of range [1, 256]"},
+      {"  max_jobs_per_uid: 257\n", "metrics.max_jobs_per_uid:"},
+  };
+  for (const auto& [line, why] : cases) {
+    auto c = ParseNodeConfig(std::string("metrics:\n  listen: \"127.0.0.1:0\"\n") + line,
+                             "node.yaml");
+    ASSERT_FALSE(c.ok()) << line;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(c.status().message(), AllOf(HasSubstr("node.yaml:3: "), HasSubstr(why))) << line;
+  }
+  // A password without an endpoint protects nothing: a mistake.
+  auto orphan = ParseNodeConfig("metrics:\n  password_file: /etc/p\n", "node.yaml");
+  ASSERT_FALSE(orphan.ok());
+  EXPECT_THAT(orphan.status().message(),
+              HasSubstr("node.yaml:2: metrics.password_file: set without metrics.listen"));
 }
 
 TEST(ObservabilityConfigTest, AcceptsHostAndPort) {
