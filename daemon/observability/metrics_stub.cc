@@ -14,12 +14,16 @@ absl::Status NotBuilt() {
 class Metrics::Impl {};
 
 bool Metrics::Available() { return false; }
-absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(NodeGaugeSource) { return NotBuilt(); }
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(NodeGaugeSource, MetricsOptions) {
+  return NotBuilt();
+}
 absl::Status Metrics::Serve(const std::string&) { return NotBuilt(); }
 void Metrics::StopServing() {}
 Metrics::Metrics(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Metrics::~Metrics() = default;
+bool Metrics::job_series() const { return false; }
 std::string Metrics::Text() const { return ""; }
+MetricsHeld Metrics::Held() const { return {}; }
 void Metrics::OnMatched(const GroupSpec&, const std::map<int, Arrival>&) {}
 void Metrics::OnCompleted(const GroupSpec&, const std::vector<Arrival>&, const absl::Status&,
                           uint64_t, uint64_t) {}

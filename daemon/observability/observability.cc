@@ -1,10 +1,19 @@
 #include "daemon/observability/observability.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstdio>
+#include <cstring>
 #include <tuple>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "daemon/observability/op_labels.h"
 #include "hsdp/shm/doorbell.h"
 
@@ -30,11 +39,82 @@ TraceEvent EventOf(TraceEventKind kind, const GroupSpec& group, const Arrival& a
 
 }  // namespace
 
+absl::StatusOr<std::string> ReadMetricsPassword(const std::string& path) {
+  constexpr size_t kMaxBytes = 4096;
+  constexpr size_t kMinChars = 16;
+  const auto refuse = [&](const std::string& why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("metrics.password_file \"", path, "\": ", why));
+  };
+  // O_NONBLOCK: a FIFO must not hold up the start; it is refused below.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string what = absl::StrCat("metrics.password_file \"", path,
+                                          "\": cannot open: ", std::strerror(err));
+    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(what);
+    if (err == ENOENT) return absl::NotFoundError(what);
+    return absl::FailedPreconditionError(what);
+  }
+  struct stat st;
+  absl::Status bad;
+  if (::fstat(fd, &st) != 0) {
+    bad = refuse(absl::StrCat("cannot stat: ", std::strerror(errno)));
+  } else if (!S_ISREG(st.st_mode)) {
+    bad = refuse("not a regular file");
+  } else if (st.st_uid != 0 && st.st_uid != ::geteuid()) {
+    bad = refuse(absl::StrCat("owned by uid ", st.st_uid, ", not by root or hsdpd's uid ",
+                              ::geteuid(), " (anyone who can replace it can read metrics)"));
+  } else if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    bad = refuse(absl::StrCat("mode ", mode,
+                              " lets group or others use it; chmod 0600 (or 0400) it"));
+  } else if (static_cast<uint64_t>(st.st_size) > kMaxBytes) {
+    bad = refuse(absl::StrCat("larger than ", kMaxBytes, " bytes"));
+  }
+  std::string text;
+  if (bad.ok()) {
+    char buffer[1024];
+    for (;;) {
+      const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        bad = refuse(absl::StrCat("cannot read: ", std::strerror(errno)));
+        break;
+      }
+      if (n == 0) break;
+      text.append(buffer, static_cast<size_t>(n));
+      if (text.size() > kMaxBytes) {
+        bad = refuse(absl::StrCat("larger than ", kMaxBytes, " bytes"));
+        break;
+      }
+    }
+  }
+  ::close(fd);
+  if (!bad.ok()) return bad;
+  std::string password(absl::StripAsciiWhitespace(text));
+  if (password.size() < kMinChars) {
+    return refuse(absl::StrCat("the password has ", password.size(), " characters; use at least ",
+                               kMinChars, " random ones (e.g. `openssl rand -hex 32`)"));
+  }
+  return password;
+}
+
 absl::StatusOr<std::unique_ptr<Observability>> Observability::Create(
     const ObservabilityOptions& options, NodeGaugeSource gauges) {
   std::unique_ptr<Metrics> metrics;
   if (!options.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<Metrics>> m = Metrics::Create(std::move(gauges));
+    MetricsOptions m_options;
+    m_options.username = options.metrics_username;
+    m_options.max_jobs_per_uid = options.metrics_max_jobs_per_uid;
+    if (!options.metrics_password_file.empty()) {
+      absl::StatusOr<std::string> password = ReadMetricsPassword(options.metrics_password_file);
+      if (!password.ok()) return password.status();
+      m_options.password = std::move(*password);
+    }
+    absl::StatusOr<std::unique_ptr<Metrics>> m =
+        Metrics::Create(std::move(gauges), std::move(m_options));
     if (!m.ok()) return m.status();
     metrics = std::move(*m);
   }

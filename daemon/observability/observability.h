@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -29,8 +30,16 @@
 namespace hsdp {
 
 struct ObservabilityOptions {
+  explicit ObservabilityOptions(std::string listen = "", size_t trace = 65536)
+      : metrics_listen(std::move(listen)), trace_events(trace) {}
+
   std::string metrics_listen;   // "HOST:PORT"; "" = no metrics endpoint
   size_t trace_events = 65536;  // trace ring capacity; 0 = no tracing
+  // metrics.password_file: "" = /metrics without authentication, node
+  // totals only; else read (ReadMetricsPassword) by Create.
+  std::string metrics_password_file;
+  std::string metrics_username = "hsdpd";
+  uint32_t metrics_max_jobs_per_uid = 32;
 };
 
 // Totals of one job since it first ran an operation on this node.
@@ -49,7 +58,8 @@ struct JobActivity {
 class Observability final : public OpObserver {
  public:
   // With options.metrics_listen set, creates the metrics (UNIMPLEMENTED
-  // when built without prometheus-cpp); they are served by ServeMetrics.
+  // when built without prometheus-cpp; the password file's refusal naming
+  // metrics.password_file); they are served by ServeMetrics.
   // `gauges` is called at scrapes only.
   static absl::StatusOr<std::unique_ptr<Observability>> Create(const ObservabilityOptions& options,
                                                                NodeGaugeSource gauges);

@@ -101,6 +101,7 @@ NodeGauges CollectNodeGauges(const SessionManager& sessions) {
     NodeGauges::Job& j = jobs[s->info().job()];
     j.job_id = s->info().job_id;
     j.owner_uid = s->info().owner_uid;
+    j.ranks.push_back(s->info().rank);
     const uint64_t in_flight = static_cast<uint64_t>(std::max<int64_t>(0, s->ops_in_flight()));
     j.ops_in_flight += in_flight;
     const uint32_t slots = s->channel().ring_entries();
@@ -114,6 +115,7 @@ NodeGauges CollectNodeGauges(const SessionManager& sessions) {
   }
   const std::vector<std::shared_ptr<Group>> groups = sessions.AllGroups();
   for (const std::shared_ptr<Group>& grp : groups) {
+    g.group_ids.push_back(grp->id());
     auto it = jobs.find(grp->job());
     if (it != jobs.end()) it->second.arena_ops += grp->ArenaOpsCompleted();
   }

@@ -133,10 +133,14 @@ absl::Status Daemon::Start() {
   NodeLimits limits;
   limits.max_node_bytes = ResolveMaxNodeBytes(config_);
   limits.max_mappings = MappingBudget(KernelMaxMapCount());
+  ObservabilityOptions observability_options{config_.metrics_listen,
+                                              config_.trace_buffer_events};
+  observability_options.metrics_password_file = config_.metrics_password_file;
+  observability_options.metrics_username = config_.metrics_username;
+  observability_options.metrics_max_jobs_per_uid = config_.metrics_max_jobs_per_uid;
   ASSIGN_OR_RETURN(observability_,
-                   Observability::Create(
-                       ObservabilityOptions{config_.metrics_listen, config_.trace_buffer_events},
-                       [this] { return CollectNodeGauges(*sessions_); }));
+                   Observability::Create(observability_options,
+                                         [this] { return CollectNodeGauges(*sessions_); }));
   sessions_ = std::make_unique<SessionManager>(config_, limits, engine_.get(), control_.get(),
                                                observability_.get(), directory_.get());
   if (device_api_ != nullptr) {

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "hsdp/client.h"
 #include "test_util.h"
 
@@ -28,7 +29,9 @@ inline constexpr char kDaemonPathOnly[] = "data_plane:\n  small_op_bytes: 0\n";
 struct Workload {
   std::string socket;
   std::string job;
-  int world = 2;
+  int world = 2;  // ranks first_rank .. first_rank + world - 1, in one group
+  int first_rank = 0;
+  int world_size = 0;  // the job's world size; 0 = `world`
   int all_reduces = 10;
   size_t count = 1024;  // float32 elements per all-reduce
   int all_gathers = 0;  // each with `gather_count` elements per rank
@@ -46,8 +49,8 @@ inline int RunRank(const Workload& w, int rank, FILE* out) {
   ClientOptions o;
   o.socket_path = w.socket;
   o.job_id = w.job;
-  o.rank = rank;
-  o.world_size = w.world;
+  o.rank = w.first_rank + rank;
+  o.world_size = w.world_size > 0 ? w.world_size : w.world;
   o.priority_class = w.priority_class;
   auto c = Client::Connect(o);
   if (!c.ok()) {
@@ -55,7 +58,7 @@ inline int RunRank(const Workload& w, int rank, FILE* out) {
     return 1;
   }
   std::vector<int> ranks;
-  for (int r = 0; r < w.world; ++r) ranks.push_back(r);
+  for (int r = 0; r < w.world; ++r) ranks.push_back(w.first_rank + r);
   auto g = (*c)->NewGroup(ranks);
   auto buf = (*c)->AllocateBuffer(std::max(w.count * 4, w.gather_count * 4 * (w.world + 1)));
   if (!g.ok() || !buf.ok()) {
@@ -118,8 +121,10 @@ inline int PortOf(const std::string& address) {
   return colon == std::string::npos ? 0 : std::atoi(address.c_str() + colon + 1);
 }
 
-// GET http://127.0.0.1:port/path; the body, or "" on any failure (5 s max).
-inline std::string HttpGet(int port, const std::string& path, int* status = nullptr) {
+// GET http://127.0.0.1:port/path, with `headers` ("Name: value\r\n" each);
+// the body, or "" on any failure (5 s max).
+inline std::string HttpGet(int port, const std::string& path, int* status = nullptr,
+                           const std::string& headers = "") {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return "";
   struct timeval tv {
@@ -134,7 +139,8 @@ inline std::string HttpGet(int port, const std::string& path, int* status = null
   std::string resp;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
     const std::string req =
-        "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+        "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n" + headers +
+        "\r\n";
     if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
       char buf[65536];
       ssize_t n;
@@ -147,6 +153,11 @@ inline std::string HttpGet(int port, const std::string& path, int* status = null
     *status = resp.size() > 12 ? std::atoi(resp.c_str() + 9) : 0;  // "HTTP/1.1 200"
   }
   return body == std::string::npos ? "" : resp.substr(body + 4);
+}
+
+// The header of HTTP basic auth.
+inline std::string BasicAuth(const std::string& user, const std::string& password) {
+  return "Authorization: Basic " + absl::Base64Escape(user + ":" + password) + "\r\n";
 }
 
 // Prometheus text format: "name{labels} value" -> value, keyed by

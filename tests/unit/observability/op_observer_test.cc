@@ -4,6 +4,9 @@
 // metrics text.
 #include "daemon/dataplane/op_observer.h"
 
+#include <unistd.h>
+
+#include <sstream>
 #include <thread>
 
 #include "daemon/observability/observability.h"
@@ -19,6 +22,7 @@ namespace {
 using ::testing::ElementsAre;
 using testing::FakeEngine;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::MakeSession;
 
 // Logs every hook as "<hook> <global rank(s)> seq <n> [status]".
@@ -47,14 +51,37 @@ class ObserverTest : public ::testing::Test {
     for (int r = 0; r < 3; ++r) sessions_.push_back(MakeSession(100 + r, r, 3));
   }
 
+  void TearDown() override {
+    if (!password_file_.empty()) ::unlink(password_file_.c_str());
+  }
+
+  // Metrics with a password: the per-job series are kept (the view an
+  // authenticated scrape gets).
+  ObservabilityOptions WithPassword(uint32_t max_jobs_per_uid = 32) {
+    if (password_file_.empty()) {
+      char path[] = "/tmp/hsdp-metrics-password-XXXXXX";
+      const int fd = ::mkstemp(path);
+      EXPECT_GE(fd, 0);
+      const std::string password = "0123456789abcdef0123456789abcdef\n";
+      EXPECT_EQ(::write(fd, password.data(), password.size()),
+                static_cast<ssize_t>(password.size()));
+      ::close(fd);
+      password_file_ = path;
+    }
+    ObservabilityOptions o("127.0.0.1:0", 0);
+    o.metrics_password_file = password_file_;
+    o.metrics_max_jobs_per_uid = max_jobs_per_uid;
+    return o;
+  }
+
   std::shared_ptr<Group> NewGroup(OpObserver* observer, int size = 3, uint32_t owner = 0,
-                                  uint32_t id = 9) {
+                                  uint32_t id = 9, const std::string& job = "job") {
     GroupSpec spec;
     spec.id = id;
     std::vector<int> ranks;
     for (int r = 0; r < size; ++r) ranks.push_back(r);
-    spec.key = GroupKey(JobKey{owner, "job"}, ranks, 0);
-    spec.job_id = "job";
+    spec.key = GroupKey(JobKey{owner, job}, ranks, 0);
+    spec.job_id = job;
     spec.owner_uid = owner;
     spec.ranks = ranks;
     spec.timeout_ns = 1'000'000'000;
@@ -86,10 +113,59 @@ class ObserverTest : public ::testing::Test {
     return a;
   }
 
+  // Runs `n` matched and completed all-reduces on a 2-member group.
+  void RunOps(Group& g, int n) {
+    for (int i = 0; i < n; ++i) {
+      const uint64_t seq = ++seq_[g.id()];
+      g.Arrive(0, Make(0, seq));
+      g.Arrive(1, Make(1, seq));
+      engine_.Finish();
+    }
+  }
+
   FakeEngine engine_;
   std::vector<std::shared_ptr<Session>> sessions_;
   char mem_[64] = {};
+  std::string password_file_;
+  std::map<uint32_t, uint64_t> seq_;  // by group id
 };
+
+// What the test says is attached, for the metrics' gauge source.
+class Attached {
+ public:
+  void Set(std::vector<NodeGauges::Job> jobs, std::vector<uint32_t> groups) {
+    absl::MutexLock l(&mu_);
+    g_.jobs = std::move(jobs);
+    g_.group_ids = std::move(groups);
+  }
+  NodeGaugeSource Source() {
+    return [this] {
+      absl::MutexLock l(&mu_);
+      return g_;
+    };
+  }
+
+ private:
+  absl::Mutex mu_;
+  NodeGauges g_;
+};
+
+NodeGauges::Job AttachedJob(const std::string& name, uint32_t owner, std::vector<int> ranks) {
+  NodeGauges::Job j;
+  j.job_id = name;
+  j.owner_uid = owner;
+  j.ranks = std::move(ranks);
+  return j;
+}
+
+// Lines of the exposition that are samples (not # HELP / # TYPE).
+size_t SampleLines(const std::string& text) {
+  size_t n = 0;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) n += !line.empty() && line[0] != '#';
+  return n;
+}
 
 TEST_F(ObserverTest, SuccessReportsEveryStageOnce) {
   RecordingObserver obs;
@@ -179,10 +255,15 @@ TEST_F(ObserverTest, NotRecordingLeavesTheRingEmpty) {
 TEST_F(ObserverTest, MetricsCountCompletedFailedAndLateRanks) {
   if (!Metrics::Available()) GTEST_SKIP() << "hsdpd built without prometheus-cpp";
   // A listen address creates the metrics; without ServeMetrics nothing binds.
-  auto obs = Observability::Create(ObservabilityOptions{"127.0.0.1:0", 0}, [] {
+  auto obs = Observability::Create(WithPassword(), [] {
     NodeGauges g;
     g.sessions = 3;
-    g.jobs.push_back({"job", 2, 0.25, 0, "batch", 6});
+    NodeGauges::Job j = AttachedJob("job", 0, {0, 1});
+    j.ops_in_flight = 2;
+    j.ring_occupancy = 0.25;
+    j.priority_class = "batch";
+    j.priority_level = 6;
+    g.jobs.push_back(j);
     return g;
   });
   ASSERT_TRUE(obs.ok()) << obs.status();
@@ -228,7 +309,12 @@ TEST_F(ObserverTest, MetricsCountCompletedFailedAndLateRanks) {
 // A job is its owner plus its name: two uids' "job" are two series sets.
 TEST_F(ObserverTest, MetricsKeepSameNamedJobsOfTwoUidsApart) {
   if (!Metrics::Available()) GTEST_SKIP() << "hsdpd built without prometheus-cpp";
-  auto obs = Observability::Create(ObservabilityOptions{"127.0.0.1:0", 0}, nullptr);
+  auto obs = Observability::Create(WithPassword(), [] {
+    NodeGauges g;
+    g.jobs.push_back(AttachedJob("job", 1000, {0, 1}));
+    g.jobs.push_back(AttachedJob("job", 1001, {0, 1}));
+    return g;
+  });
   ASSERT_TRUE(obs.ok()) << obs.status();
   auto mine = NewGroup(obs->get(), 2, /*owner=*/1000, /*id=*/9);
   auto theirs = NewGroup(obs->get(), 2, /*owner=*/1001, /*id=*/10);
@@ -253,6 +339,206 @@ TEST_F(ObserverTest, MetricsKeepSameNamedJobsOfTwoUidsApart) {
   EXPECT_EQ(activity[1].uid, 1001u);
   EXPECT_EQ(activity[1].ops_completed, 1u);
   ASSERT_EQ((*obs)->Activity(1001u).size(), 1u);
+}
+
+// Without a password /metrics is not authenticated: it keeps and shows node
+// totals only, nothing that names a job, its owner or its ranks.
+TEST_F(ObserverTest, MetricsWithoutAPasswordShowNoJobs) {
+  if (!Metrics::Available()) GTEST_SKIP() << "hsdpd built without prometheus-cpp";
+  auto obs = Observability::Create(ObservabilityOptions("127.0.0.1:0", 0), [] {
+    NodeGauges g;
+    g.sessions = 2;
+    g.jobs.push_back(AttachedJob("secret-job", 1000, {0, 1}));
+    g.jobs.back().ops_in_flight = 3;
+    return g;
+  });
+  ASSERT_TRUE(obs.ok()) << obs.status();
+  EXPECT_FALSE((*obs)->metrics()->job_series());
+  auto g = NewGroup(obs->get(), 2, 1000, 9, "secret-job");
+  RunOps(*g, 4);
+  g->Arrive(0, Make(0, 5, 8));
+  g->Arrive(1, Make(1, 5, 16));  // disagreement
+  const std::string text = (*obs)->metrics()->Text();
+  EXPECT_THAT(text, HasSubstr("hsdpd_node_ops_completed_total{dtype=\"float32\",group=\"sub\","
+                              "op=\"all_reduce\"} 4\n"));
+  EXPECT_THAT(text, HasSubstr("hsdpd_node_op_bytes_total{dtype=\"float32\",group=\"sub\","
+                              "op=\"all_reduce\"} 128\n"));
+  EXPECT_THAT(text, HasSubstr("hsdpd_node_op_duration_seconds_count{op=\"all_reduce\"} 4\n"));
+  EXPECT_THAT(text, HasSubstr("hsdpd_node_ops_failed_total{op=\"all_reduce\","
+                              "reason=\"invalid_argument\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("hsdpd_node_ops_in_flight 3\n"));
+  EXPECT_THAT(text, HasSubstr("hsdpd_sessions 2\n"));
+  EXPECT_THAT(text, Not(HasSubstr("secret-job")));
+  EXPECT_THAT(text, Not(HasSubstr("job_id")));
+  EXPECT_THAT(text, Not(HasSubstr("owner_uid")));
+  EXPECT_THAT(text, Not(HasSubstr("rank=")));
+  EXPECT_EQ((*obs)->metrics()->Held().jobs, 0u);
+}
+
+// One owner holds at most max_jobs_per_uid of the per-job slots: its further
+// jobs share its own "_other", and another owner's job still gets its own.
+TEST_F(ObserverTest, MetricsGiveEachOwnerAShareOfTheJobSlots) {
+  if (!Metrics::Available()) GTEST_SKIP() << "hsdpd built without prometheus-cpp";
+  Attached attached;
+  auto obs = Observability::Create(WithPassword(/*max_jobs_per_uid=*/2), attached.Source());
+  ASSERT_TRUE(obs.ok()) << obs.status();
+  std::vector<NodeGauges::Job> jobs;
+  std::vector<std::shared_ptr<Group>> groups;
+  for (int j = 0; j < 5; ++j) {
+    const std::string name = "mine-" + std::to_string(j);
+    groups.push_back(NewGroup(obs->get(), 2, 1000, 10 + j, name));
+    RunOps(*groups.back(), 1);
+    jobs.push_back(AttachedJob(name, 1000, {0, 1}));
+  }
+  auto theirs = NewGroup(obs->get(), 2, 1001, 20, "theirs");
+  RunOps(*theirs, 2);
+  jobs.push_back(AttachedJob("theirs", 1001, {0, 1}));
+  attached.Set(jobs, {});
+  const std::string text = (*obs)->metrics()->Text();
+  const std::string head =
+      "hsdpd_ops_completed_total{dtype=\"float32\",group=\"sub\",job_id=\"";
+  EXPECT_THAT(text, HasSubstr(head + "mine-0\",op=\"all_reduce\",owner_uid=\"1000\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr(head + "mine-1\",op=\"all_reduce\",owner_uid=\"1000\"} 1\n"));
+  EXPECT_THAT(text, Not(HasSubstr("job_id=\"mine-2\"")));
+  EXPECT_THAT(text, HasSubstr(head + "_other\",op=\"all_reduce\",owner_uid=\"1000\"} 3\n"));
+  EXPECT_THAT(text, HasSubstr(head + "theirs\",op=\"all_reduce\",owner_uid=\"1001\"} 2\n"));
+  // The shared series have no per-rank series (they mix jobs' ranks), and
+  // the gauges sum the jobs that share a label set.
+  EXPECT_THAT(text, Not(HasSubstr("job_id=\"_other\",owner_uid=\"1000\",rank=")));
+  EXPECT_THAT(text, HasSubstr("hsdpd_ops_in_flight{job_id=\"_other\",owner_uid=\"1000\"} 0\n"));
+  const MetricsHeld held = (*obs)->metrics()->Held();
+  EXPECT_EQ(held.jobs, 3u);
+  EXPECT_EQ(held.overflows, 1u);
+}
+
+// The default share: however many jobs one owner starts, another owner's
+// job has series of its own.
+TEST_F(ObserverTest, MetricsOneOwnerCannotTakeEverySlot) {
+  if (!Metrics::Available()) GTEST_SKIP() << "hsdpd built without prometheus-cpp";
+  Attached attached;
+  auto obs = Observability::Create(WithPassword(), attached.Source());
+  ASSERT_TRUE(obs.ok()) << obs.status();
+  std::vector<NodeGauges::Job> jobs;
+  std::vector<std::shared_ptr<Group>> groups;
+  for (uint32_t j = 0; j < Metrics::kMaxJobs + 10; ++j) {
+    const std::string name = "flood-" + std::to_string(j);
+    groups.push_back(NewGroup(obs->get(), 2, 1000, 100 + j, name));
+    RunOps(*groups.back(), 1);
+    jobs.push_back(AttachedJob(name, 1000, {0, 1}));
+  }
+  auto victim = NewGroup(obs->get(), 2, 1001, 50, "victim");
+  RunOps(*victim, 1);
+  jobs.push_back(AttachedJob("victim", 1001, {0, 1}));
+  attached.Set(jobs, {});
+  const std::string text = (*obs)->metrics()->Text();
+  EXPECT_THAT(text, HasSubstr("hsdpd_ops_completed_total{dtype=\"float32\",group=\"sub\","
+                              "job_id=\"victim\",op=\"all_reduce\",owner_uid=\"1001\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("hsdpd_ops_completed_total{dtype=\"float32\",group=\"sub\","
+                              "job_id=\"_other\",op=\"all_reduce\",owner_uid=\"1000\"} " +
+                              std::to_string(Metrics::kMaxJobs + 10 - 32) + "\n"));
+  EXPECT_THAT(text, Not(HasSubstr("owner_uid=\"\"")));
+  EXPECT_EQ((*obs)->metrics()->Held().jobs, 33u);
+}
+
+// A job's series go once it has no session attached, a rank's once no
+// session of that rank is; the node totals keep counting.
+TEST_F(ObserverTest, MetricsDropWhatIsNoLongerAttached) {
+  if (!Metrics::Available()) GTEST_SKIP() << "hsdpd built without prometheus-cpp";
+  Attached attached;
+  auto obs = Observability::Create(WithPassword(), attached.Source());
+  ASSERT_TRUE(obs.ok()) << obs.status();
+  auto g = NewGroup(obs->get(), 2, 1000, 9, "short");
+  RunOps(*g, 3);
+  attached.Set({AttachedJob("short", 1000, {0, 1})}, {9});
+  std::string text = (*obs)->metrics()->Text();
+  EXPECT_THAT(text, HasSubstr("job_id=\"short\",owner_uid=\"1000\",rank=\"1\""));
+  // Rank 1 left; the job is still attached.
+  attached.Set({AttachedJob("short", 1000, {0})}, {9});
+  text = (*obs)->metrics()->Text();
+  EXPECT_THAT(text, HasSubstr("job_id=\"short\",owner_uid=\"1000\",rank=\"0\""));
+  EXPECT_THAT(text, Not(HasSubstr("rank=\"1\"")));
+  EXPECT_THAT(text, HasSubstr("hsdpd_ops_completed_total{dtype=\"float32\",group=\"sub\","
+                              "job_id=\"short\",op=\"all_reduce\",owner_uid=\"1000\"} 3\n"));
+  // Gone.
+  attached.Set({}, {});
+  text = (*obs)->metrics()->Text();
+  EXPECT_THAT(text, Not(HasSubstr("short")));
+  EXPECT_THAT(text, HasSubstr("hsdpd_node_ops_completed_total{dtype=\"float32\",group=\"sub\","
+                              "op=\"all_reduce\"} 3\n"));
+  const MetricsHeld held = (*obs)->metrics()->Held();
+  EXPECT_EQ(held.jobs, 0u);
+  EXPECT_EQ(held.ranks, 0u);
+  EXPECT_EQ(held.cached, 0u);
+}
+
+// Churn of short jobs and of ranks within a live job: the exposition
+// returns to the same size however many there were.
+TEST_F(ObserverTest, MetricsStayBoundedUnderChurn) {
+  if (!Metrics::Available()) GTEST_SKIP() << "hsdpd built without prometheus-cpp";
+  Attached attached;
+  auto obs = Observability::Create(WithPassword(), attached.Source());
+  ASSERT_TRUE(obs.ok()) << obs.status();
+  auto keeper = NewGroup(obs->get(), 2, 1000, 1, "keeper");
+  const NodeGauges::Job keeper_job = AttachedJob("keeper", 1000, {0, 1});
+  size_t after_first = 0;
+  const std::vector<std::shared_ptr<Session>> fixture_sessions = sessions_;
+  for (uint32_t i = 0; i < 200; ++i) {
+    // A short job, and two more ranks of the long one that come and go
+    // (other global ranks each time).
+    const std::string name = "short-" + std::to_string(i);
+    auto g = NewGroup(obs->get(), 2, 1000, 1000 + i, name);
+    const int r0 = static_cast<int>(2 + 2 * i), r1 = r0 + 1;
+    sessions_ = {MakeSession(10000 + 2 * i, r0, 1000, "keeper"),
+                 MakeSession(10001 + 2 * i, r1, 1000, "keeper")};
+    auto extra = NewGroup(obs->get(), 2, 1000, 100000 + i, "keeper");
+    NodeGauges::Job keeper_now = keeper_job;
+    keeper_now.ranks = {0, 1, r0, r1};
+    attached.Set({keeper_now, AttachedJob(name, 1000, {0, 1})}, {1, 1000 + i, 100000 + i});
+    RunOps(*extra, 2);
+    sessions_ = fixture_sessions;
+    RunOps(*g, 2);
+    RunOps(*keeper, 1);
+    g.reset();
+    extra.reset();
+    attached.Set({keeper_job}, {1});
+    const std::string text = (*obs)->metrics()->Text();
+    const size_t lines = SampleLines(text);
+    if (i == 0) {
+      after_first = lines;
+      EXPECT_THAT(text, HasSubstr("job_id=\"keeper\",owner_uid=\"1000\",rank=\"1\""));
+    }
+    ASSERT_EQ(lines, after_first) << "after " << i + 1 << " short jobs:\n" << text;
+    ASSERT_THAT(text, Not(HasSubstr("rank=\"" + std::to_string(r0) + "\"")));
+  }
+  EXPECT_EQ((*obs)->metrics()->Held().jobs, 1u);
+}
+
+// Without any scrape, a sweeper drops what is no longer attached once new
+// series are made.
+TEST_F(ObserverTest, MetricsSweepWithoutScrapes) {
+  if (!Metrics::Available()) GTEST_SKIP() << "hsdpd built without prometheus-cpp";
+  Attached attached;
+  // Every job gets a slot of its own (the share is not what this is about).
+  auto obs = Observability::Create(WithPassword(/*max_jobs_per_uid=*/256), attached.Source());
+  ASSERT_TRUE(obs.ok()) << obs.status();
+  ASSERT_TRUE((*obs)->ServeMetrics().ok());
+  for (uint32_t i = 0; i < 50; ++i) {
+    const std::string name = "short-" + std::to_string(i);
+    auto g = NewGroup(obs->get(), 2, 1000, 10 + i, name);
+    attached.Set({AttachedJob(name, 1000, {0, 1})}, {10 + i});
+    RunOps(*g, 1);
+  }
+  // Only the last job is attached: the others' series go without a scrape.
+  const Metrics* m = (*obs)->metrics();
+  const int64_t deadline = shm::NowNanos() + 30'000'000'000;
+  while (m->Held().jobs > 1 && shm::NowNanos() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const MetricsHeld held = m->Held();
+  EXPECT_EQ(held.jobs, 1u);
+  EXPECT_EQ(held.overflows, 0u);
+  EXPECT_EQ(held.ranks, 2u);
+  (*obs)->StopMetrics();
 }
 
 }  // namespace
