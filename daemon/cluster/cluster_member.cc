@@ -138,7 +138,8 @@ void ClusterMember::Update(uint64_t epoch,
         events.push_back({PeerEvent::Kind::kLost, n.node_rank(),
                           absl::StrCat("node ", n.node_rank(), " (", n.address(), ") ",
                                        restarted ? "restarted" : "was lost (no heartbeat)",
-                                       "; cluster epoch ", epoch)});
+                                       "; cluster epoch ", epoch),
+                          restarted});
       }
       if ((!was_alive && is_alive) || restarted) {
         events.push_back({PeerEvent::Kind::kJoined, n.node_rank(),

@@ -22,6 +22,9 @@ struct PeerEvent {
   Kind kind;
   int node;
   std::string why;
+  // kLost of a node seen alive again in the same view, with a new instance
+  // (its daemon restarted); a kJoined for it follows at once.
+  bool restarted = false;
 };
 using PeerEvents = std::function<void(const PeerEvent&)>;
 // A group event another node reported.

@@ -206,7 +206,15 @@ class Group : public std::enable_shared_from_this<Group> {
   // A local member's session ended / the node hosting remote members was
   // lost: the current epoch fails with ABORTED naming the ranks.
   void MemberLeft(const Session* session, const std::string& why);
-  void PeerLost(int node, const std::string& why);
+  // `restarted`: the node is already back with a new daemon (lost and joined
+  // in one view of the membership, which may come after that daemon created
+  // the group anew and ran operations with this one). Then an epoch that
+  // already failed hears the cause, as for a loss, but an epoch still
+  // running is left alone: it may be the new daemon's first epoch, which its
+  // members never leave by themselves, so failing it would leave them stuck
+  // in it; a link of it to the old daemon fails by itself (its connections
+  // closed with the process), and later submissions then hear this cause.
+  void PeerLost(int node, const std::string& why, bool restarted = false);
 
   // Fails partially matched operations older than the timeout, unmatched
   // sends and receives older than it, and running operations past their
@@ -328,6 +336,9 @@ class Group : public std::enable_shared_from_this<Group> {
   std::set<std::string> p2p_engine_keys_ ABSL_GUARDED_BY(mu_);  // bounded by kMaxRemoteP2PStreams
   // Epochs other daemons reported failed that this one has not reached yet.
   std::map<uint32_t, absl::Status> remote_failed_ ABSL_GUARDED_BY(mu_);
+  // A node restarted while the current epoch ran (PeerLost, `restarted`):
+  // what later submissions hear if the epoch then fails on a lost connection.
+  absl::Status restart_cause_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hsdp

@@ -113,6 +113,7 @@ void Group::MaybeAdvanceLocked() {
   }
   ++epoch_;
   epoch_failure_ = absl::OkStatus();
+  restart_cause_ = absl::OkStatus();
   failed_.clear();
   p2p_posted_.clear();
   next_run_ = 1;
@@ -136,6 +137,12 @@ bool Group::FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to
                             std::vector<uint64_t>* to_abort) {
   if (!epoch_failure_.ok()) return false;
   epoch_failure_ = status;
+  if (!restart_cause_.ok() && status.code() == absl::StatusCode::kUnavailable) {
+    // A connection lost in an epoch during which a peer node restarted: the
+    // operations that saw it fail with the transport's error, later
+    // submissions hear why (as when the restart is heard after the failure).
+    epoch_failure_ = restart_cause_;
+  }
   // Members waiting in the arena fail now too, not at their deadline.
   if (arena_ != nullptr && arena_->epoch() == epoch_) arena_->MarkBroken(status);
   std::vector<OpKey> keys;
@@ -225,7 +232,7 @@ void Group::MemberLeft(const Session* session, const std::string& why) {
   if (!status.ok()) FailEpoch(status, 0, /*report=*/true);
 }
 
-void Group::PeerLost(int node, const std::string& why) {
+void Group::PeerLost(int node, const std::string& why, bool restarted) {
   std::vector<int> lost;
   for (int r = 0; r < size(); ++r) {
     if (!spec_.nodes.empty() && spec_.nodes[r] == node && !IsLocal(r)) lost.push_back(r);
@@ -236,6 +243,17 @@ void Group::PeerLost(int node, const std::string& why) {
                    "); the epoch of group ", spec_.id, " (job \"", spec_.job_id, "\") ended"));
   {
     absl::MutexLock l(&mu_);
+    if (restarted && epoch_failure_.ok()) {
+      // The membership may tell of the restart only after the new daemon
+      // created the group in this very epoch and ran operations in it with
+      // this one (see group.h): whatever linked this epoch to the old daemon
+      // broke when its process ended and fails the epoch by itself.
+      restart_cause_ = status;
+      HSDP_LOG(Info) << "group " << spec_.id << " (job \"" << spec_.job_id << "\"): " << why
+                     << "; epoch " << epoch_ << " goes on (a link of it to the old daemon fails "
+                     << "by itself)";
+      return;
+    }
     for (int r : lost) joined_epoch_[r] = 0;
     // Already failed (the engine saw the link break first): later
     // submissions hear the cause instead.

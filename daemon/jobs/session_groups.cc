@@ -216,13 +216,13 @@ absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
   return group;
 }
 
-void SessionManager::OnPeerLost(int node, const std::string& why) {
+void SessionManager::OnPeerLost(int node, const std::string& why, bool restarted) {
   std::vector<std::shared_ptr<Group>> groups;
   {
     absl::MutexLock l(&mu_);
     for (auto& [id, g] : groups_) groups.push_back(g);
   }
-  for (const std::shared_ptr<Group>& g : groups) g->PeerLost(node, why);
+  for (const std::shared_ptr<Group>& g : groups) g->PeerLost(node, why, restarted);
 }
 
 void SessionManager::OnPeerJoined(int node) {

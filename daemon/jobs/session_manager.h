@@ -167,8 +167,10 @@ class SessionManager : public SessionDirectory {
   int64_t OpsInFlight() const;
 
   // Cluster: node `node` was lost; every group with members on it fails its
-  // current epoch (Group::PeerLost). Thread-safe.
-  void OnPeerLost(int node, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // current epoch (Group::PeerLost; `restarted`: it is back already with a
+  // new daemon, see there). Thread-safe.
+  void OnPeerLost(int node, const std::string& why, bool restarted = false)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Node `node` joined again: groups let its ranks into their next epoch.
   void OnPeerJoined(int node) ABSL_LOCKS_EXCLUDED(mu_);
   // Another daemon (node `origin`) reported that `epoch` of group `key`

@@ -85,7 +85,7 @@ absl::Status Daemon::Start() {
           SessionManager* sm = sessions_ready_.load();
           if (sm == nullptr) return;
           if (e.kind == PeerEvent::Kind::kLost) {
-            sm->OnPeerLost(e.node, e.why);
+            sm->OnPeerLost(e.node, e.why, e.restarted);
           } else {
             sm->OnPeerJoined(e.node);
           }

@@ -111,7 +111,8 @@ void EtcdMember::Apply(const etcd::WatchEvent& e, std::vector<PeerEvent>* out,
     if (restarted) {
       out->push_back({PeerEvent::Kind::kLost, rank,
                       absl::StrCat("node ", rank, " (", n.address(), ") restarted; cluster epoch ",
-                                   epoch_)});
+                                   epoch_),
+                      /*restarted=*/true});
     }
     if (!was_alive || restarted) {
       out->push_back({PeerEvent::Kind::kJoined, rank,

@@ -59,33 +59,52 @@ class CrossNodeTest : public ::testing::Test {
   std::map<int, std::vector<std::pair<uint32_t, std::string>>> reported_;
 
   void MakeGroup(uint32_t id, const std::vector<int>& ranks) {
+    for (auto& n : nodes_) MakeGroupOn(*n, id, ranks);
+  }
+
+  // The group as node `n`'s daemon creates it, starting in `first_epoch`
+  // (what a daemon that restarted reads from the cluster), its local members
+  // joined.
+  void MakeGroupOn(Node& n, uint32_t id, const std::vector<int>& ranks,
+                   uint32_t first_epoch = 1) {
     std::vector<int> nodes;
     for (int r : ranks) nodes.push_back(NodeOf(r));
-    for (auto& n : nodes_) {
-      GroupSpec spec;
-      spec.id = id;
-      spec.key = GroupKey(JobKey{0, "job"}, ranks, 0);
-      spec.job_id = "job";
-      spec.ranks = ranks;
-      spec.nodes = nodes;
-      spec.this_node = n->node;
-      spec.timeout_ns = kTimeoutNs;
-      spec.max_pending = 64;
-      spec.on_epoch_failed = [this, node = n->node](uint32_t epoch, const absl::Status& why) {
-        reported_[node].emplace_back(epoch, std::string(why.message()));
-      };
-      Node* np = n.get();
-      auto g = std::make_shared<Group>(std::move(spec), &n->engine,
-                                       [np](uint32_t gid) -> std::shared_ptr<Group> {
-                                         auto it = np->groups.find(gid);
-                                         return it == np->groups.end() ? nullptr : it->second;
-                                       });
-      for (size_t i = 0; i < ranks.size(); ++i) {
-        if (NodeOf(ranks[i]) != n->node) continue;
-        ASSERT_TRUE(g->Join(static_cast<int>(i), n->sessions[ranks[i]]).ok());
-      }
-      n->groups[id] = g;
+    GroupSpec spec;
+    spec.id = id;
+    spec.key = GroupKey(JobKey{0, "job"}, ranks, 0);
+    spec.job_id = "job";
+    spec.ranks = ranks;
+    spec.nodes = nodes;
+    spec.this_node = n.node;
+    spec.first_epoch = first_epoch;
+    spec.timeout_ns = kTimeoutNs;
+    spec.max_pending = 64;
+    spec.on_epoch_failed = [this, node = n.node](uint32_t epoch, const absl::Status& why) {
+      reported_[node].emplace_back(epoch, std::string(why.message()));
+    };
+    Node* np = &n;
+    auto g = std::make_shared<Group>(std::move(spec), &n.engine,
+                                     [np](uint32_t gid) -> std::shared_ptr<Group> {
+                                       auto it = np->groups.find(gid);
+                                       return it == np->groups.end() ? nullptr : it->second;
+                                     });
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (NodeOf(ranks[i]) != n.node) continue;
+      ASSERT_EQ(g->Join(static_cast<int>(i), n.sessions[ranks[i]]).value_or(0), first_epoch);
     }
+    n.groups[id] = g;
+  }
+
+  // Node `node`'s daemon is replaced by a new one (its sessions, groups and
+  // engine gone; the new one has fresh sessions for the same ranks).
+  void RestartNode(int node) {
+    auto fresh = std::make_unique<Node>(node, &fabric_);  // takes the node's place in the fabric
+    for (int r = 0; r < 4; ++r) {
+      if (NodeOf(r) != node) continue;
+      fresh->sessions[r] = MakeSession(300 + r, r, 4);
+      fresh->mem[r] = std::vector<float>(64, 0.0f);
+    }
+    nodes_[node] = std::move(fresh);
   }
 
   Group& G(int node, uint32_t id) { return *nodes_[node]->groups.at(id); }
@@ -279,6 +298,93 @@ TEST_F(CrossNodeTest, RemoteMembersJoinTheNextEpochImplicitlyAndLocalFailuresAre
   for (int r = 0; r < 4; ++r) {
     EXPECT_TRUE(Result(r, 5).value_or(absl::UnknownError("none")).ok()) << "rank " << r;
   }
+}
+
+// A drained and restarted daemon (node 1) whose restart the membership
+// tells node 0 only after the new daemon created the group anew and ran
+// operations with node 0 in the epoch both went to: node 0 went there on the
+// old daemon's report that its member left, the new daemon started there
+// because that failure was the last one reported. The late restart must not
+// end that epoch: the new daemon's member never leaves it by itself, so it
+// would be stuck in it while node 0 moved on.
+TEST_F(CrossNodeTest, ARestartHeardAfterTheNewDaemonRanTheEpochLeavesItRunning) {
+  MakeGroup(1, {0, 1});
+  SubmitAllReduce(1, 0, 1, 1, 4);
+  SubmitAllReduce(1, 1, 1, 1, 4);
+  ASSERT_EQ(fabric_.RunReady(), 1);
+  ASSERT_TRUE(Result(0, 1).value_or(absl::UnknownError("none")).ok());
+  // Rank 0's next step waits for node 1, which drains: its member leaves,
+  // node 1 reports epoch 1 failed, node 0 hears it through the coordinator.
+  SubmitAllReduce(1, 0, 2, 2, 4);
+  G(1, 1).MemberLeft(nodes_[1]->sessions[1].get(), "hsdpd is draining");
+  ASSERT_EQ(reported_[1].size(), 1u);
+  ASSERT_EQ(reported_[1][0].first, 1u);
+  G(0, 1).RemoteEpochFailed(1, absl::AbortedError("node 1 reports: " + reported_[1][0].second));
+  ASSERT_TRUE(Result(0, 2).has_value());
+  EXPECT_EQ(Result(0, 2)->code(), absl::StatusCode::kAborted);
+  // Rank 0 joins the next epoch; node 1's rank joins it implicitly.
+  ASSERT_EQ(G(0, 1).Join(0, nodes_[0]->sessions[0]).value_or(0), 2u);
+  ASSERT_EQ(G(0, 1).epoch(), 2u);
+  SubmitAllReduce(1, 0, 3, 1, 4, /*epoch=*/2);
+  // Node 1's new daemon: its trainer creates the group in the epoch after
+  // the last failed one, and the step runs with node 0.
+  RestartNode(1);
+  MakeGroupOn(*nodes_[1], 1, {0, 1}, /*first_epoch=*/2);
+  nodes_[1]->mem[1][0] = 5.0f;
+  SubmitAllReduce(1, 1, 3, 1, 4, /*epoch=*/2);
+  ASSERT_EQ(fabric_.RunReady(), 1);
+  ASSERT_TRUE(Result(0, 3).value_or(absl::UnknownError("none")).ok());
+  ASSERT_TRUE(Result(1, 3).value_or(absl::UnknownError("none")).ok());
+  // Only now does node 0's membership tell of the restart (lost and joined
+  // in one view).
+  G(0, 1).PeerLost(1, "node 1 (127.0.0.1:7070) restarted; cluster epoch 3", /*restarted=*/true);
+  G(0, 1).PeerJoined(1);
+  EXPECT_EQ(G(0, 1).epoch(), 2u);
+  EXPECT_FALSE(G(0, 1).stats().broken);
+  EXPECT_TRUE(reported_[0].empty()) << "node 0 must not end the epoch the new daemon runs";
+  // The loop goes on in epoch 2 on both daemons.
+  nodes_[0]->mem[0][0] = 1.0f;
+  nodes_[1]->mem[1][0] = 2.0f;
+  SubmitAllReduce(1, 0, 4, 2, 4, /*epoch=*/2);
+  SubmitAllReduce(1, 1, 4, 2, 4, /*epoch=*/2);
+  ASSERT_EQ(fabric_.RunReady(), 1);
+  for (int r : {0, 1}) {
+    ASSERT_TRUE(Result(r, 4).has_value()) << "rank " << r;
+    EXPECT_TRUE(Result(r, 4)->ok()) << "rank " << r << ": " << *Result(r, 4);
+    EXPECT_EQ(nodes_[NodeOf(r)]->mem[r][32], 3.0f) << "rank " << r;
+  }
+}
+
+// The other order: the restart is heard while the epoch is still linked to
+// the old daemon (nothing in flight on it). The epoch is left running; when
+// its link then fails on the closed connection, that operation fails with
+// the transport's error and later submissions hear the restart, which ends
+// the epoch, and the node's ranks wait for it like those of a lost node.
+TEST_F(CrossNodeTest, ARestartHeardBeforeTheOldLinkFailsNamesItOnceTheLinkFails) {
+  MakeGroup(1, {0, 1});
+  G(0, 1).PeerLost(1, "node 1 (127.0.0.1:7070) restarted; cluster epoch 3", /*restarted=*/true);
+  G(0, 1).PeerJoined(1);
+  EXPECT_FALSE(G(0, 1).stats().broken);
+  SubmitAllReduce(1, 0, 1, 1, 4);
+  ASSERT_EQ(nodes_[0]->engine.pending(), 1u);
+  nodes_[0]->engine.Finish(absl::UnavailableError(
+      "all_reduce across nodes: connection to node 1 lost (receiving: Connection reset by peer)"));
+  ASSERT_TRUE(Result(0, 1).has_value());
+  EXPECT_EQ(Result(0, 1)->code(), absl::StatusCode::kUnavailable);
+  ASSERT_EQ(reported_[0].size(), 1u);
+  EXPECT_EQ(reported_[0][0].first, 1u);
+  SubmitAllReduce(1, 0, 2, 2, 4);
+  ASSERT_TRUE(Result(0, 2).has_value());
+  EXPECT_EQ(Result(0, 2)->code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(Result(0, 2)->message()),
+              AllOf(HasSubstr("node 1"), HasSubstr("restarted"), HasSubstr("ended")));
+  // A restart heard once the epoch failed: the next epoch waits for the
+  // node to join again (it has, in the same view).
+  G(0, 1).PeerLost(1, "node 1 (127.0.0.1:7070) restarted; cluster epoch 5", /*restarted=*/true);
+  ASSERT_EQ(G(0, 1).Join(0, nodes_[0]->sessions[0]).value_or(0), 2u);
+  EXPECT_EQ(G(0, 1).epoch(), 1u) << "node 1's rank must join again first";
+  G(0, 1).PeerJoined(1);
+  EXPECT_EQ(G(0, 1).epoch(), 2u);
 }
 
 TEST_F(CrossNodeTest, CompositePipelinesAcrossTwoStreamOrderedPhases) {
