@@ -2,11 +2,16 @@
 // match, the launch, the completion), measured straight on the hooks so that
 // the figure does not drown in a shared machine's noise: with observability
 // as configured by default (no metrics endpoint, trace not recording), with
-// metrics, and with metrics and a recording trace. Prints ns per operation
+// metrics (node totals), with metrics and a recording trace, and with the
+// per-job series of a password-protected endpoint. Prints ns per operation
 // (docs/benchmarks.md) and fails when one exceeds a generous bound.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "daemon/observability/observability.h"
 #include "fake_engine.h"
@@ -88,6 +93,20 @@ TEST_F(ObserverCostTest, PerOperationCost) {
   std::printf("  metrics + trace recording:        %8.1f\n", both);
   EXPECT_LT(metrics, 4000);
   EXPECT_LT(both, 6000);
+  // With a password the per-job and per-rank series are kept as well.
+  char path[] = "/tmp/hsdp-cost-password-XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const std::string password = "0123456789abcdef0123456789abcdef";
+  ASSERT_EQ(::write(fd, password.data(), password.size()), static_cast<ssize_t>(password.size()));
+  ::close(fd);
+  ObservabilityOptions with_jobs("127.0.0.1:0", 65536);
+  with_jobs.metrics_password_file = path;
+  auto jobs = Observability::Create(with_jobs, nullptr);
+  ::unlink(path);
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  const double per_job = NsPerOp(jobs->get()) - none;
+  std::printf("  metrics with per-job series:      %8.1f\n", per_job);
 }
 
 }  // namespace
