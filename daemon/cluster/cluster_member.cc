@@ -139,7 +139,7 @@ void ClusterMember::Update(uint64_t epoch,
                           absl::StrCat("node ", n.node_rank(), " (", n.address(), ") ",
                                        restarted ? "restarted" : "was lost (no heartbeat)",
                                        "; cluster epoch ", epoch),
-                          restarted});
+                          restarted ? it->second->instance() : std::string()});
       }
       if ((!was_alive && is_alive) || restarted) {
         events.push_back({PeerEvent::Kind::kJoined, n.node_rank(),

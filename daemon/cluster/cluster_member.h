@@ -78,6 +78,7 @@ class ClusterMember : public Membership {
   v1::NodesResponse View() const override ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t epoch() const override ABSL_LOCKS_EXCLUDED(mu_);
   int node_rank() const override ABSL_LOCKS_EXCLUDED(mu_);
+  std::string instance() const override { return instance_; }
   // Calls this member made to the coordinator (Join, Heartbeat, Report).
   uint64_t rpcs() const { return rpcs_.load(std::memory_order_relaxed); }
 

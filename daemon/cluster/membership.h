@@ -22,9 +22,10 @@ struct PeerEvent {
   Kind kind;
   int node;
   std::string why;
-  // kLost of a node seen alive again in the same view, with a new instance
-  // (its daemon restarted); a kJoined for it follows at once.
-  bool restarted = false;
+  // kLost of a node seen alive again in the same view with another instance
+  // (its daemon restarted; a kJoined for it follows at once): the instance
+  // that was lost. Empty otherwise.
+  std::string old_instance;
 };
 using PeerEvents = std::function<void(const PeerEvent&)>;
 // A group event another node reported.
@@ -47,6 +48,9 @@ class Membership {
   virtual v1::NodesResponse View() const = 0;
   virtual uint64_t epoch() const = 0;
   virtual int node_rank() const = 0;
+  // This daemon's instance id (random per start; what the others' views
+  // show for this node).
+  virtual std::string instance() const = 0;
 };
 
 }  // namespace hsdp

@@ -206,15 +206,16 @@ class Group : public std::enable_shared_from_this<Group> {
   // A local member's session ended / the node hosting remote members was
   // lost: the current epoch fails with ABORTED naming the ranks.
   void MemberLeft(const Session* session, const std::string& why);
-  // `restarted`: the node is already back with a new daemon (lost and joined
-  // in one view of the membership, which may come after that daemon created
-  // the group anew and ran operations with this one). Then an epoch that
-  // already failed hears the cause, as for a loss, but an epoch still
-  // running is left alone: it may be the new daemon's first epoch, which its
-  // members never leave by themselves, so failing it would leave them stuck
-  // in it; a link of it to the old daemon fails by itself (its connections
-  // closed with the process), and later submissions then hear this cause.
-  void PeerLost(int node, const std::string& why, bool restarted = false);
+  // `old_instance` (not empty): the node is already back with a new daemon,
+  // and this is the instance that ended (lost and joined in one view of the
+  // membership, which may come only after the new daemon created the group
+  // anew and ran operations with this one). An epoch still running whose
+  // links (the engine's PeerInstances) reach only the new daemon, or none
+  // yet, is then left alone: it may be the new daemon's first epoch, which
+  // its members never leave by themselves, so failing it would leave them
+  // stuck in it. Otherwise (a link to the old instance, an engine that
+  // cannot tell, an epoch that already failed) it is a loss as any other.
+  void PeerLost(int node, const std::string& why, const std::string& old_instance = "");
 
   // Fails partially matched operations older than the timeout, unmatched
   // sends and receives older than it, and running operations past their
@@ -257,6 +258,10 @@ class Group : public std::enable_shared_from_this<Group> {
   // has not started (the others' stay queued) and returns them to notify.
   std::vector<Arrival> TakeQueuedLocked(const Session* session)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a link of `epoch` reaches daemon `instance` of node `node` (or
+  // the engine cannot tell).
+  bool LinkedToInstance(uint32_t epoch, int node, const std::string& instance) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Ends the current epoch: returns what to notify and the tickets to abort.
   // Returns false when the epoch had already failed.
   bool FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to_fail,
@@ -336,8 +341,9 @@ class Group : public std::enable_shared_from_this<Group> {
   std::set<std::string> p2p_engine_keys_ ABSL_GUARDED_BY(mu_);  // bounded by kMaxRemoteP2PStreams
   // Epochs other daemons reported failed that this one has not reached yet.
   std::map<uint32_t, absl::Status> remote_failed_ ABSL_GUARDED_BY(mu_);
-  // A node restarted while the current epoch ran (PeerLost, `restarted`):
-  // what later submissions hear if the epoch then fails on a lost connection.
+  // A node restarted while the current epoch ran without a link to its old
+  // daemon (PeerLost): what later submissions hear if the epoch then fails on
+  // a lost connection (a link still connecting reached the old daemon).
   absl::Status restart_cause_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/dataplane/group.h"
+#include "daemon/engine/peer_instances.h"
 #include "hsdp/common/logging.h"
 
 namespace hsdp {
@@ -232,7 +233,16 @@ void Group::MemberLeft(const Session* session, const std::string& why) {
   if (!status.ok()) FailEpoch(status, 0, /*report=*/true);
 }
 
-void Group::PeerLost(int node, const std::string& why, bool restarted) {
+bool Group::LinkedToInstance(uint32_t epoch, int node, const std::string& instance) const {
+  const auto* links = dynamic_cast<const PeerInstances*>(engine_);
+  if (links == nullptr) return true;  // cannot tell: assume so
+  for (const std::string& linked : links->LinkedInstances(spec_.key, epoch, node)) {
+    if (linked.empty() || linked == instance) return true;
+  }
+  return false;
+}
+
+void Group::PeerLost(int node, const std::string& why, const std::string& old_instance) {
   std::vector<int> lost;
   for (int r = 0; r < size(); ++r) {
     if (!spec_.nodes.empty() && spec_.nodes[r] == node && !IsLocal(r)) lost.push_back(r);
@@ -241,19 +251,28 @@ void Group::PeerLost(int node, const std::string& why, bool restarted) {
   const absl::Status status = absl::AbortedError(
       absl::StrCat("node ", node, " hosting rank(s) ", RanksList(lost), " was lost (", why,
                    "); the epoch of group ", spec_.id, " (job \"", spec_.job_id, "\") ended"));
+  // A restart may be heard only after the new daemon created the group in
+  // this very epoch and ran operations in it with this one (see group.h).
+  // The engine is asked without the lock; the epoch must not have moved
+  // meanwhile (a few tries, then it counts as a loss).
+  for (int attempt = 0; !old_instance.empty() && attempt < 3; ++attempt) {
+    uint32_t epoch;
+    {
+      absl::MutexLock l(&mu_);
+      if (!epoch_failure_.ok()) break;
+      epoch = epoch_;
+    }
+    const bool old_link = LinkedToInstance(epoch, node, old_instance);
+    absl::MutexLock l(&mu_);
+    if (epoch_ != epoch || !epoch_failure_.ok()) continue;
+    if (old_link) break;
+    restart_cause_ = status;
+    HSDP_LOG(Info) << "group " << spec_.id << " (job \"" << spec_.job_id << "\"): " << why
+                   << "; epoch " << epoch_ << " goes on (no link of it reaches the old daemon)";
+    return;
+  }
   {
     absl::MutexLock l(&mu_);
-    if (restarted && epoch_failure_.ok()) {
-      // The membership may tell of the restart only after the new daemon
-      // created the group in this very epoch and ran operations in it with
-      // this one (see group.h): whatever linked this epoch to the old daemon
-      // broke when its process ended and fails the epoch by itself.
-      restart_cause_ = status;
-      HSDP_LOG(Info) << "group " << spec_.id << " (job \"" << spec_.job_id << "\"): " << why
-                     << "; epoch " << epoch_ << " goes on (a link of it to the old daemon fails "
-                     << "by itself)";
-      return;
-    }
     for (int r : lost) joined_epoch_[r] = 0;
     // Already failed (the engine saw the link break first): later
     // submissions hear the cause instead.

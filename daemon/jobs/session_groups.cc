@@ -216,13 +216,14 @@ absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
   return group;
 }
 
-void SessionManager::OnPeerLost(int node, const std::string& why, bool restarted) {
+void SessionManager::OnPeerLost(int node, const std::string& why,
+                                const std::string& old_instance) {
   std::vector<std::shared_ptr<Group>> groups;
   {
     absl::MutexLock l(&mu_);
     for (auto& [id, g] : groups_) groups.push_back(g);
   }
-  for (const std::shared_ptr<Group>& g : groups) g->PeerLost(node, why, restarted);
+  for (const std::shared_ptr<Group>& g : groups) g->PeerLost(node, why, old_instance);
 }
 
 void SessionManager::OnPeerJoined(int node) {

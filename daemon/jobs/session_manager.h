@@ -167,9 +167,9 @@ class SessionManager : public SessionDirectory {
   int64_t OpsInFlight() const;
 
   // Cluster: node `node` was lost; every group with members on it fails its
-  // current epoch (Group::PeerLost; `restarted`: it is back already with a
-  // new daemon, see there). Thread-safe.
-  void OnPeerLost(int node, const std::string& why, bool restarted = false)
+  // current epoch (Group::PeerLost; `old_instance`: it is back already with
+  // a new daemon, see there). Thread-safe.
+  void OnPeerLost(int node, const std::string& why, const std::string& old_instance = "")
       ABSL_LOCKS_EXCLUDED(mu_);
   // Node `node` joined again: groups let its ranks into their next epoch.
   void OnPeerJoined(int node) ABSL_LOCKS_EXCLUDED(mu_);

@@ -18,10 +18,12 @@ namespace hsdp {
 
 absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(std::unique_ptr<Engine> local,
                                                           ClusterStore* coordinator,
-                                                          const NodeConfig& config, int threads) {
+                                                          const NodeConfig& config, int threads,
+                                                          const std::string& instance) {
 #if HSDP_HAVE_CLUSTER_ENGINE
   const std::string listen_host = config.cluster_listen.substr(0, config.cluster_listen.rfind(':'));
   GlooTransportOptions transport;
+  transport.instance = instance;
   transport.data_address =
       config.cluster_data_address.empty() ? listen_host : config.cluster_data_address;
   // Rendezvous waits are bounded like the tasks themselves.
@@ -53,6 +55,7 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(std::unique_ptr<Engine
   (void)coordinator;
   (void)config;
   (void)threads;
+  (void)instance;
   HSDP_LOG(Warning) << "cluster: this hsdpd was built without the cross-node engine (Gloo); "
                        "groups whose ranks span nodes fail with FAILED_PRECONDITION";
   return local;

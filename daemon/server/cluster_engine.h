@@ -9,6 +9,7 @@
 #define HSDP_DAEMON_SERVER_CLUSTER_ENGINE_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "daemon/config/node_config.h"
@@ -18,10 +19,13 @@ namespace hsdp {
 
 class ClusterStore;
 
-// `coordinator` must outlive the engine. Matches ClusterEngineFactory.
+// `coordinator` must outlive the engine; `instance` is this daemon's in the
+// cluster's membership (its links tell the other daemons which one they
+// reach). Matches ClusterEngineFactory.
 absl::StatusOr<std::unique_ptr<Engine>> MakeClusterEngine(std::unique_ptr<Engine> local,
                                                           ClusterStore* coordinator,
-                                                          const NodeConfig& config, int threads);
+                                                          const NodeConfig& config, int threads,
+                                                          const std::string& instance);
 
 }  // namespace hsdp
 

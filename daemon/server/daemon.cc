@@ -85,7 +85,7 @@ absl::Status Daemon::Start() {
           SessionManager* sm = sessions_ready_.load();
           if (sm == nullptr) return;
           if (e.kind == PeerEvent::Kind::kLost) {
-            sm->OnPeerLost(e.node, e.why, e.restarted);
+            sm->OnPeerLost(e.node, e.why, e.old_instance);
           } else {
             sm->OnPeerJoined(e.node);
           }
@@ -121,7 +121,7 @@ absl::Status Daemon::Start() {
   if (cluster_) {
     if (cluster_engine_) {
       ASSIGN_OR_RETURN(engine_, cluster_engine_(std::move(engine_), cluster_->client(), config_,
-                                                threads));
+                                                threads, cluster_->member()->instance()));
     } else {
       HSDP_LOG(Warning) << "cluster: this hsdpd has no cross-node engine; groups cannot span "
                            "nodes";

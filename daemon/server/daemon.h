@@ -50,10 +50,11 @@ class DeviceApi;
 }
 
 // Wraps the node's engine into one that also reaches other nodes, with the
-// coordinator's client for rendezvous (daemon/server/cluster_engine.h).
+// coordinator's client for rendezvous and this daemon's instance in the
+// cluster (daemon/server/cluster_engine.h).
 using ClusterEngineFactory = std::function<absl::StatusOr<std::unique_ptr<Engine>>(
     std::unique_ptr<Engine> local, ClusterStore* coordinator, const NodeConfig& config,
-    int threads)>;
+    int threads, const std::string& instance)>;
 
 class Daemon {
  public:

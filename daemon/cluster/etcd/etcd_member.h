@@ -80,6 +80,7 @@ class EtcdMember : public Membership {
   v1::NodesResponse View() const override ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t epoch() const override ABSL_LOCKS_EXCLUDED(mu_);
   int node_rank() const override ABSL_LOCKS_EXCLUDED(mu_);
+  std::string instance() const override { return instance_; }
   // Calls this member made to etcd (directly or through `store`).
   uint64_t rpcs() const { return rpcs_.load(std::memory_order_relaxed); }
 

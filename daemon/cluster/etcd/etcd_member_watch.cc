@@ -112,7 +112,7 @@ void EtcdMember::Apply(const etcd::WatchEvent& e, std::vector<PeerEvent>* out,
       out->push_back({PeerEvent::Kind::kLost, rank,
                       absl::StrCat("node ", rank, " (", n.address(), ") restarted; cluster epoch ",
                                    epoch_),
-                      /*restarted=*/true});
+                      /*old_instance=*/it->second.node.instance()});
     }
     if (!was_alive || restarted) {
       out->push_back({PeerEvent::Kind::kJoined, rank,

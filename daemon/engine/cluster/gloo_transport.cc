@@ -4,6 +4,8 @@
 #include <chrono>
 #include <exception>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -73,14 +75,33 @@ class RecordingStore : public gloo::rendezvous::Store {
 // Runs `release` once (the rendezvous keys of one link).
 using ReleaseOnce = std::function<void()>;
 
+std::string InstanceKey(int index) { return absl::StrCat("instance/", index); }
+
+// The instance link peer `index` wrote, or "" when it wrote none (a daemon
+// that does not) or wrote more than an instance id can be: a peer's bytes
+// are only compared, never trusted further.
+std::string PeerInstance(gloo::rendezvous::Store& store, int index) {
+  constexpr size_t kMaxInstance = 64;
+  try {
+    store.wait({InstanceKey(index)}, std::chrono::milliseconds(1));
+    const std::vector<char> v = store.get(InstanceKey(index));
+    if (v.empty() || v.size() > kMaxInstance) return "";
+    return std::string(v.begin(), v.end());
+  } catch (...) {
+    return "";
+  }
+}
+
 class GlooLink : public NodeLink {
  public:
   // One context per device; messages of at least `stripe_min_bytes` are
   // striped across them, smaller ones spread by part.
   GlooLink(std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts,
-           std::vector<int> nodes, int self, size_t stripe_min_bytes, ReleaseOnce release)
+           std::vector<int> nodes, int self, size_t stripe_min_bytes, ReleaseOnce release,
+           std::vector<std::string> instances)
       : contexts_(std::move(contexts)), nodes_(std::move(nodes)), self_(self),
-        stripe_min_bytes_(std::max<size_t>(1, stripe_min_bytes)), release_(std::move(release)) {}
+        stripe_min_bytes_(std::max<size_t>(1, stripe_min_bytes)), release_(std::move(release)),
+        instances_(std::move(instances)) {}
 
   ~GlooLink() override {
     std::lock_guard<std::mutex> l(mu_);
@@ -89,6 +110,9 @@ class GlooLink : public NodeLink {
 
   const std::vector<int>& nodes() const override { return nodes_; }
   int self() const override { return self_; }
+  std::string peer_instance(int peer) const override {
+    return peer >= 0 && peer < static_cast<int>(instances_.size()) ? instances_[peer] : "";
+  }
 
   absl::Status Exchange(const std::vector<SendRange>& sends, const std::vector<RecvRange>& recvs,
                         uint64_t tag, absl::Time deadline) override {
@@ -247,6 +271,7 @@ class GlooLink : public NodeLink {
   const int self_;
   const size_t stripe_min_bytes_;
   ReleaseOnce release_;  // only touched by Exchange (one at a time)
+  const std::vector<std::string> instances_;  // by link index; "" unknown
   std::mutex mu_;
   absl::Status broken_;  // guarded by mu_
   bool closed_ = false;  // guarded by mu_
@@ -283,6 +308,12 @@ class GlooTransport : public TransportFactory {
           if (!keys.empty()) fn(prefix, keys);
         };
       }
+      // Written before this participant's address: once the mesh is
+      // connected, every peer's is there too (unless it does not write one).
+      if (!options_.instance.empty()) {
+        store->set(InstanceKey(self), std::vector<char>(options_.instance.begin(),
+                                                        options_.instance.end()));
+      }
       std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts;
       for (size_t k = 0; k < devices->size(); ++k) {
         auto context =
@@ -296,8 +327,13 @@ class GlooTransport : public TransportFactory {
         }
         contexts.push_back(std::move(context));
       }
+      std::vector<std::string> instances(nodes.size());
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        if (static_cast<int>(i) != self) instances[i] = PeerInstance(*store, static_cast<int>(i));
+      }
       return std::unique_ptr<NodeLink>(new GlooLink(std::move(contexts), nodes, self,
-                                                    options_.stripe_min_bytes, std::move(release)));
+                                                    options_.stripe_min_bytes, std::move(release),
+                                                    std::move(instances)));
     } catch (const std::exception& e) {
       absl::Status s = FromGloo(e.what(), -1, "connecting");
       if (release) release();  // the link will not form: its keys are garbage

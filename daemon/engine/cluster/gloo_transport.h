@@ -26,7 +26,8 @@
 // Gloo accepted it used to end the process too (an exception in the same
 // thread); gloo_peer_name.h guards that one (tested).
 //
-// Store keys: each Connect writes one key per participant under its prefix.
+// Store keys: each Connect writes its participant's keys under its prefix
+// (Gloo's, and "instance/<index>").
 // Gloo's Store cannot delete, so the link hands the keys it wrote to
 // `release` once they can no longer be needed: after its first successful
 // Exchange (every participant finished connecting, so every address was
@@ -55,6 +56,10 @@ namespace hsdp {
 
 struct GlooTransportOptions {
   std::string data_address;  // host or IP to bind (cluster.data_address)
+  // This daemon's instance in the cluster, written beside its address in
+  // every rendezvous ("instance/<index>"), so each link knows which daemon
+  // instance every peer is (NodeLink::peer_instance). Empty: not written.
+  std::string instance;
   // A store for the keys under `prefix` (one per link); called per Connect.
   std::function<std::unique_ptr<gloo::rendezvous::Store>(const std::string& prefix)> store;
   // TCP devices (each with its own IO thread and connections); a link has one

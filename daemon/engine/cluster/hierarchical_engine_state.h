@@ -28,6 +28,7 @@
 #include "daemon/engine/cluster/node_transport.h"
 #include "daemon/engine/cluster/sidecar.h"
 #include "daemon/engine/engine.h"
+#include "daemon/engine/peer_instances.h"
 
 namespace hsdp {
 
@@ -55,7 +56,7 @@ struct LinkState {
   uint64_t next_tag = 0;           // used by the group's running task only
 };
 
-class HierarchicalEngine : public Engine {
+class HierarchicalEngine : public Engine, public PeerInstances {
  public:
   HierarchicalEngine(std::unique_ptr<Engine> local, std::unique_ptr<TransportFactory> transport,
                      HierarchicalEngineOptions options)
@@ -74,6 +75,9 @@ class HierarchicalEngine : public Engine {
   int threads() const override { return inner_->threads() + options_.threads; }
   bool Supports(MemoryKind kind) const override { return inner_->Supports(kind); }
   bool SupportsRemoteMembers() const override { return true; }
+
+  std::vector<std::string> LinkedInstances(const std::string& key, uint32_t epoch,
+                                           int node) const override;
 
  private:
   // A task with remote members.
@@ -136,7 +140,7 @@ class HierarchicalEngine : public Engine {
   const std::shared_ptr<TransportFactory> transport_;
   const HierarchicalEngineOptions options_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable work_cv_;
   bool stopping_ = false;
   uint64_t next_ticket_ = 1;

@@ -80,6 +80,27 @@ void HierarchicalEngine::DestroyGroup(const std::string& key) {
   inner_->DestroyGroup(key);
 }
 
+std::vector<std::string> HierarchicalEngine::LinkedInstances(const std::string& key,
+                                                             uint32_t epoch, int node) const {
+  std::vector<std::pair<std::shared_ptr<LinkState>, int>> found;  // link, index of `node`
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    const std::string sub = key + "/";
+    for (const auto& [lk, entry] : links_) {
+      const std::string& k = lk.first;
+      if ((k != key && k.compare(0, sub.size(), sub) != 0) || entry.epoch != epoch) continue;
+      auto at = std::find(lk.second.begin(), lk.second.end(), node);
+      if (at != lk.second.end()) found.emplace_back(entry.state, int(at - lk.second.begin()));
+    }
+  }
+  std::vector<std::string> out;
+  for (const auto& [state, index] : found) {
+    std::lock_guard<std::mutex> l(state->mu);
+    if (state->link != nullptr) out.push_back(state->link->peer_instance(index));
+  }
+  return out;
+}
+
 void HierarchicalEngine::DropLinksLocked(const std::string& key, uint32_t below_epoch,
                                          std::vector<std::shared_ptr<LinkState>>* dropped) {
   // The group's own links and those of its point-to-point keys ("<key>/...").

@@ -63,6 +63,14 @@ class NodeLink {
   // Ends the Exchange in progress (from any thread) and breaks the link with
   // `why`. Idempotent; never blocks on the network.
   virtual void Abort(const absl::Status& why) = 0;
+
+  // The instance (PeerInstances) of the daemon link peer `peer` is: what it
+  // said in the rendezvous. Empty when unknown (it did not say, or this
+  // transport cannot tell).
+  virtual std::string peer_instance(int peer) const {
+    (void)peer;
+    return "";
+  }
 };
 
 class TransportFactory {

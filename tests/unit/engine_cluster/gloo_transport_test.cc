@@ -217,14 +217,18 @@ void ExpectOwnKeys(const std::vector<std::string>& keys, int node) {
   ASSERT_FALSE(keys.empty());
   EXPECT_NE(std::find(keys.begin(), keys.end(), std::to_string(node)), keys.end());
   for (const std::string& k : keys) {
-    EXPECT_TRUE(k == std::to_string(node) || k == absl::StrCat("rank_", node)) << k;
+    EXPECT_TRUE(k == std::to_string(node) || k == absl::StrCat("rank_", node) ||
+                k == absl::StrCat("instance/", node))
+        << k;
   }
 }
 
 std::unique_ptr<TransportFactory> RecordingTransport(
-    std::shared_ptr<gloo::rendezvous::Store> store, std::shared_ptr<Released> released) {
+    std::shared_ptr<gloo::rendezvous::Store> store, std::shared_ptr<Released> released,
+    const std::string& instance = "") {
   GlooTransportOptions t;
   t.data_address = "127.0.0.1";
+  t.instance = instance;
   t.store = [store](const std::string& prefix) {
     return std::unique_ptr<gloo::rendezvous::Store>(new SharedPrefixStore(prefix, store));
   };
@@ -290,6 +294,39 @@ TEST(GlooTransport, RendezvousKeysAreReleasedAfterTheFirstExchange) {
     ASSERT_TRUE(exchanged[n].ok()) << exchanged[n];
     EXPECT_EQ(released[n]->calls.size(), 1u);
   }
+}
+
+// Each link knows which daemon instance every peer is (what a restarted
+// node's old and new daemons differ by); a peer that says none is unknown.
+TEST(GlooTransport, LinksKnowTheInstanceOfEachPeersDaemon) {
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  const std::vector<std::string> instances = {"inst-a", "inst-b", ""};
+  std::vector<std::shared_ptr<Released>> released;
+  std::vector<std::unique_ptr<TransportFactory>> factories;
+  for (int n = 0; n < 3; ++n) {
+    released.push_back(std::make_shared<Released>());
+    factories.push_back(RecordingTransport(store, released[n], instances[n]));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::vector<std::unique_ptr<NodeLink>> links(3);
+  std::vector<absl::Status> connected(3);
+  std::vector<std::thread> threads;
+  for (int n = 0; n < 3; ++n) {
+    threads.emplace_back([&, n] {
+      absl::StatusOr<std::unique_ptr<NodeLink>> link =
+          factories[n]->Connect("job/0,1,2#0", 1, {0, 1, 2}, n, deadline);
+      connected[n] = link.status();
+      if (link.ok()) links[n] = std::move(*link);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int n = 0; n < 3; ++n) ASSERT_TRUE(connected[n].ok()) << connected[n];
+  EXPECT_EQ(links[0]->peer_instance(1), "inst-b");
+  EXPECT_EQ(links[0]->peer_instance(2), "");
+  EXPECT_EQ(links[1]->peer_instance(0), "inst-a");
+  EXPECT_EQ(links[2]->peer_instance(0), "inst-a");
+  EXPECT_EQ(links[2]->peer_instance(1), "inst-b");
+  EXPECT_EQ(links[1]->peer_instance(7), "") << "out of range";
 }
 
 TEST(GlooTransport, AFailedConnectReleasesItsKeys) {
