@@ -140,16 +140,22 @@ absl::StatusOr<std::shared_ptr<GroupArena>> GroupArena::Map(UniqueFd fd, uint64_
         "hsdpd sent a group arena of another version (", h.version, "; this client runs ",
         shm::kArenaVersion, "): use the client library of the daemon's release"));
   }
-  if (h.members != static_cast<uint32_t>(members) ||
-      !shm::ValidArenaGeometry(h.members, h.slots, h.slot_bytes) ||
-      shm::ComputeArenaLayout(h.members, h.slots, h.slot_bytes).total_bytes != bytes ||
-      h.total_bytes != bytes) {
+  // The geometry is read once, here, checked, and kept: every address below
+  // comes from this snapshot (a member may rewrite the header at any time).
+  const uint32_t h_members = shm::ReadOnce(h.members), h_slots = shm::ReadOnce(h.slots);
+  const uint64_t h_slot_bytes = shm::ReadOnce(h.slot_bytes);
+  const uint64_t h_total = shm::ReadOnce(h.total_bytes);
+  if (h_members != static_cast<uint32_t>(members) ||
+      !shm::ValidArenaGeometry(h_members, h_slots, h_slot_bytes) ||
+      shm::ComputeArenaLayout(h_members, h_slots, h_slot_bytes).total_bytes != bytes ||
+      h_total != bytes) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "hsdpd sent a group arena this client cannot use: ", h.members, " members (group of ",
-        members, "), ", h.slots, " slots of ", h.slot_bytes, " bytes, ", h.total_bytes,
-        " bytes"));
+        "hsdpd sent a group arena this client cannot use: ", h_members, " members (group of ",
+        members, "), ", h_slots, " slots of ", h_slot_bytes, " bytes, ", h_total, " bytes"));
   }
-  a->layout_ = shm::ComputeArenaLayout(h.members, h.slots, h.slot_bytes);
+  a->slots_ = h_slots;
+  a->slot_bytes_ = h_slot_bytes;
+  a->layout_ = shm::ComputeArenaLayout(h_members, h_slots, h_slot_bytes);
   a->members_ = members;
   a->rank_ = rank;
   a->ranks_ = std::move(ranks);
@@ -169,7 +175,7 @@ shm::ArenaLane* GroupArena::lane(int m) const {
 }
 
 unsigned char* GroupArena::area(uint64_t seq, int m) const {
-  const uint32_t slot = static_cast<uint32_t>((seq - 1) & (header_->slots - 1));
+  const uint32_t slot = static_cast<uint32_t>((seq - 1) & (slots_ - 1));
   return static_cast<unsigned char*>(map_) +
          shm::ArenaAreaOffset(layout_, static_cast<uint32_t>(members_), slot,
                               static_cast<uint32_t>(m));
@@ -188,7 +194,7 @@ bool GroupArena::Takes(Collective c, uint64_t count, DataType dtype) const {
   }
   if (c != Collective::kBarrier && DataTypeSize(dtype) == 0) return false;
   if (count > shm::kArenaMaxSlotBytes) return false;  // no overflow below
-  return InputBytes(c, count, dtype, members_) <= header_->slot_bytes;
+  return InputBytes(c, count, dtype, members_) <= slot_bytes_;
 }
 
 bool GroupArena::AllArrived(uint64_t seq) const {
@@ -212,37 +218,16 @@ absl::Status GroupArena::Health() const {
 
 absl::Status GroupArena::BrokenLocked() const {
   if (!closed_.ok()) return closed_;
-  const uint32_t code = header_->broken.load(std::memory_order_acquire);
-  if (code == 0) return absl::OkStatus();
   // Written by the daemon, or by a member (which may write anything).
-  if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
-    return absl::UnknownError(absl::StrCat(
-        "the group's small-operation arena holds a state neither hsdpd nor a member writes "
-        "(broken word ", code, ": overwritten by a member?); its members call RejoinGroup to "
-        "go on through the daemon"));
-  }
-  const auto c = static_cast<absl::StatusCode>(code);
-  const size_t n = std::min<size_t>(header_->reason_len, sizeof(header_->reason));
-  std::string why(header_->reason, n);
-  for (char& ch : why) {
-    if (ch < 0x20 || ch > 0x7e) ch = '?';
-  }
-  if (c == absl::StatusCode::kUnavailable) return absl::Status(c, why);  // reconnect
-  return absl::Status(c, absl::StrCat(why, why.empty() ? "" : " ",
-                                      "(the group's operations fail until its members call "
-                                      "RejoinGroup)"));
+  const absl::Status broken = shm::ArenaBrokenStatus(*header_);
+  if (broken.ok() || absl::IsUnavailable(broken)) return broken;  // UNAVAILABLE: reconnect
+  const std::string why(broken.message());
+  return absl::Status(broken.code(), absl::StrCat(why, why.empty() ? "" : " ",
+                                                  "(the group's operations fail until its "
+                                                  "members call RejoinGroup)"));
 }
 
-void GroupArena::Break(const absl::Status& why) {
-  uint32_t unclaimed = 0;
-  if (header_->broken_claim.compare_exchange_strong(unclaimed, 1, std::memory_order_acq_rel)) {
-    const size_t n = std::min(why.message().size(), sizeof(header_->reason));
-    std::memcpy(header_->reason, why.message().data(), n);
-    header_->reason_len = static_cast<uint32_t>(n);
-    header_->broken.store(static_cast<uint32_t>(why.code()), std::memory_order_release);
-  }
-  shm::RingDoorbell(&header_->bell);
-}
+void GroupArena::Break(const absl::Status& why) { shm::BreakArena(header_, why); }
 
 std::string GroupArena::RanksAt(uint64_t seq, bool arrived) const {
   std::string out = "[";
@@ -279,7 +264,7 @@ absl::StatusOr<Work> GroupArena::Submit(const ArenaOp& op) {
     break_seen_ = true;
     return failed(s);
   }
-  const uint32_t slots = header_->slots;
+  const uint32_t slots = slots_;
   if (seq > slots) {
     // The slot's previous operation: this member's own first, then everyone's.
     const uint64_t prev = seq - slots;
@@ -420,10 +405,18 @@ absl::Status GroupArena::Execute(const Pending& p) const {
       for (int m = 0; m < members_; ++m) std::memcpy(out + uint64_t(m) * block, data[m], block);
       break;
     case Collective::kBroadcast:
-      if (block > 0) std::memcpy(out, data[key.root], block);
+      // key is this member's own (root checked by the client); bounded anyway.
+      if (block > 0 && key.root >= 0 && key.root < members_) std::memcpy(out, data[key.root], block);
       break;
     default:
       break;
+  }
+  // The inputs were read from memory hsdpd may have released meanwhile (the
+  // group ended: released pages read as zeros): then the result is not one.
+  if (shm::ArenaRetired(*header_)) {
+    return absl::AbortedError(
+        "the group ended while this member read its small-operation arena (hsdpd released it); "
+        "the result is not valid");
   }
   return absl::OkStatus();
 }

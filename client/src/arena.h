@@ -97,7 +97,7 @@ class GroupArena : public std::enable_shared_from_this<GroupArena> {
   // written to any buffer from now on (the client detached or reconnected).
   void Close(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
 
-  uint64_t slot_bytes() const { return header_->slot_bytes; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
 
  private:
   struct Pending {
@@ -140,6 +140,9 @@ class GroupArena : public std::enable_shared_from_this<GroupArena> {
   void* map_ = nullptr;
   uint64_t bytes_ = 0;
   shm::ArenaHeader* header_ = nullptr;
+  // The geometry as checked at Map (never read from the header again).
+  uint32_t slots_ = 1;
+  uint64_t slot_bytes_ = 0;
   shm::ArenaLayout layout_{};
   int members_ = 0;
   int rank_ = 0;

@@ -95,7 +95,7 @@ void SessionChannel::KickDaemon() {
 }
 
 absl::Status SessionChannel::CheckAlive() {
-  if (header_->state.load(std::memory_order_acquire) == shm::kChannelClosed) {
+  if (header_->state.load(std::memory_order_acquire) != shm::kChannelOpen) {
     return absl::UnavailableError("hsdpd ended this session (daemon shutting down or session expired)");
   }
   struct pollfd pfd{data_conn_.get(), POLLIN | POLLRDHUP, 0};

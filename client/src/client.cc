@@ -77,6 +77,23 @@ void Client::Impl::Publish(NewSession s) {
 
 absl::StatusOr<Client::Impl::NewSession> Client::Impl::AttachAndMap() {
   const bool first = session_id.load() == 0 && ReconnectCount() == 0;
+  if (!first) {
+    // Reconnecting: the job's identity (job id, rank, pid) goes only to a
+    // daemon of the uid this client first attached to. The data connection
+    // below checks again (the socket could change in between).
+    uint32_t expected = 0;
+    {
+      absl::MutexLock l(&mu);
+      expected = daemon_uid;
+    }
+    ASSIGN_OR_RETURN(UniqueFd probe, ConnectUnix(socket_path));
+    ASSIGN_OR_RETURN(const PeerCred serving, GetPeerCred(probe.get()));
+    if (serving.uid != expected) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "the process now serving ", socket_path, " runs as uid ", serving.uid,
+          ", hsdpd ran as uid ", expected, ": not telling it this job's identity"));
+    }
+  }
   v1::AttachRequest req;
   req.set_job_id(options.job_id);
   if (options.owner_uid.has_value()) req.set_owner_uid(*options.owner_uid);

@@ -156,7 +156,8 @@ void KvClusterDirectory::Withdraw(const JobKey& job, const std::vector<int>& ran
 
 absl::StatusOr<std::vector<int>> KvClusterDirectory::Resolve(const JobKey& job,
                                                              const std::vector<int>& ranks,
-                                                             absl::Time deadline) {
+                                                             absl::Time deadline,
+                                                             const std::function<bool()>& cancelled) {
   std::vector<int> nodes;
   nodes.reserve(ranks.size());
   for (size_t i = 0; i < ranks.size(); i += kKeysPerWait) {
@@ -164,7 +165,21 @@ absl::StatusOr<std::vector<int>> KvClusterDirectory::Resolve(const JobKey& job,
     for (size_t j = i; j < std::min(ranks.size(), i + kKeysPerWait); ++j) {
       keys.push_back(RankKey(job, ranks[j]));
     }
-    absl::StatusOr<std::vector<std::string>> values = client_->WaitValues(keys, Left(deadline));
+    // Waits in slices so that a caller that went away frees its thread.
+    absl::StatusOr<std::vector<std::string>> values;
+    for (;;) {
+      if (cancelled != nullptr && cancelled()) {
+        return absl::CancelledError(absl::StrCat("resolving ranks of ", job.Describe(),
+                                                 ": the caller went away"));
+      }
+      const absl::Time slice_end =
+          cancelled == nullptr ? deadline : std::min(deadline, absl::Now() + kResolveCancelCheck);
+      values = client_->WaitValues(keys, Left(slice_end));
+      if (values.status().code() != absl::StatusCode::kDeadlineExceeded ||
+          absl::Now() >= deadline) {
+        break;
+      }
+    }
     if (values.status().code() == absl::StatusCode::kDeadlineExceeded) {
       // Name a few of the ranks nobody placed.
       std::vector<std::string> missing;

@@ -46,7 +46,8 @@ class KvClusterDirectory : public ClusterDirectory {
   void Withdraw(const JobKey& job, const std::vector<int>& ranks,
                 absl::Time deadline) override ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::vector<int>> Resolve(const JobKey& job, const std::vector<int>& ranks,
-                                           absl::Time deadline) override;
+                                           absl::Time deadline,
+                                           const std::function<bool()>& cancelled = nullptr) override;
   absl::StatusOr<uint32_t> FirstEpoch(const std::string& key, absl::Time deadline) override;
   void ReportEpochFailed(const std::string& key, uint32_t epoch, const std::string& why) override;
 

@@ -371,6 +371,11 @@ constexpr KeySpec kLimitsKeys[] = {
        return SetInteger(f, 0, 1000000000, &c->max_job_ops_in_flight);
      },
      &RenderNumber<&NodeConfig::max_job_ops_in_flight>},
+    {"uid_share_percent", "the part of each node-wide pool (sessions, registered bytes, group "
+                          "members, arena memory, placement waits) one uid other than root may "
+                          "hold, 1..100",
+     [](const Field& f, NodeConfig* c) { return SetInteger(f, 1, 100, &c->uid_share_percent); },
+     &RenderNumber<&NodeConfig::uid_share_percent>},
 };
 
 constexpr KeySpec kJobsKeys[] = {
@@ -437,11 +442,6 @@ constexpr KeySpec kMetricsKeys[] = {
     {"listen", "\"HOST:PORT\" for Prometheus /metrics (HTTP), e.g. \"127.0.0.1:9464\"; "
                "port 0 = any free; \"\" = off",
      &ParseMetricsListen, &RenderString<&NodeConfig::metrics_listen>},
-};
-
-constexpr KeySpec kTraceKeys[] = {
-    {"buffer_events", "events kept for `hsdpctl trace` (~80 bytes each); 0 = off, "
-                      "else 1024..4194304",
     {"password_file", "absolute path of the password scrapers give (HTTP basic auth), owned by "
                       "root or hsdpd's uid, mode 0600 or 0400; \"\" = no auth, and then only "
                       "node totals (no job ids, owners or ranks)",
@@ -455,6 +455,11 @@ constexpr KeySpec kTraceKeys[] = {
        return SetInteger(f, 1, 256, &c->metrics_max_jobs_per_uid);
      },
      &RenderNumber<&NodeConfig::metrics_max_jobs_per_uid>},
+};
+
+constexpr KeySpec kTraceKeys[] = {
+    {"buffer_events", "events kept for `hsdpctl trace` (~80 bytes each); 0 = off, "
+                      "else 1024..4194304",
      &ParseTraceBufferEvents, &RenderNumber<&NodeConfig::trace_buffer_events>},
 };
 // --- cluster: the multi-node control plane (docs/cluster.md) ---------------

@@ -48,6 +48,10 @@ struct NodeConfig {
   // Operations all of one job's sessions on this node may have submitted and
   // not completed; 0 = only the rings bound them (per session).
   uint32_t max_job_ops_in_flight = 0;        // limits.max_job_ops_in_flight
+  // The part of every node-wide pool one uid other than root may hold, in
+  // percent: sessions, registered bytes, group members, arena memory and
+  // NewGroup placement waits (NodeShare below). 100 = no per-uid share.
+  uint32_t uid_share_percent = 50;           // limits.uid_share_percent: 1..100
 
   // jobs:
   // Classes of service between jobs (priority_classes.h): the first that
@@ -89,10 +93,6 @@ struct NodeConfig {
   // IPv4 address or a bracketed IPv6 one ("127.0.0.1" keeps it on the node);
   // port 0 picks a free port (logged, and shown by `hsdpctl status`).
   std::string metrics_listen;  // metrics.listen
-
-  // trace:
-  uint32_t trace_buffer_events = 65536;  // trace.buffer_events: 0 (off) or 1024..4194304
-  // cluster: (multi-node control plane; see docs/cluster.md)
   // Absolute path of the password HTTP basic auth checks on /metrics; "" =
   // no authentication, and then /metrics serves node totals only (no job
   // ids, owners or ranks: anyone who can reach the port may read it). Read
@@ -103,6 +103,10 @@ struct NodeConfig {
   // Per-job metric series slots (256 on the node) one owner uid may hold;
   // its further jobs share its own overflow series (job_id "_other").
   uint32_t metrics_max_jobs_per_uid = 32;  // metrics.max_jobs_per_uid: 1..256
+
+  // trace:
+  uint32_t trace_buffer_events = 65536;  // trace.buffer_events: 0 (off) or 1024..4194304
+  // cluster: (multi-node control plane; see docs/cluster.md)
   std::string cluster_coordinator;     // cluster.coordinator "HOST:PORT"; "" = single node
   std::string cluster_listen;          // cluster.listen "HOST:PORT": this daemon's peer address
   uint32_t cluster_nodes = 1;          // cluster.nodes: 1..4096

@@ -10,5 +10,5 @@ add_library(hsdp_dataplane STATIC
   ${CMAKE_CURRENT_LIST_DIR}/small_op_arena.cc
   ${CMAKE_CURRENT_LIST_DIR}/validate.cc)
 target_include_directories(hsdp_dataplane PUBLIC ${PROJECT_SOURCE_DIR})
-target_link_libraries(hsdp_dataplane PUBLIC hsdp_session hsdp_engine_api hsdp_shm
+target_link_libraries(hsdp_dataplane PUBLIC hsdp_session hsdp_engine_api hsdp_shm hsdp_util
   absl::synchronization absl::time absl::strings)

@@ -6,38 +6,33 @@
 
 #include "absl/strings/str_cat.h"
 #include "hsdp/common/status_macros.h"
-#include "hsdp/shm/doorbell.h"
 
 namespace hsdp {
 
-bool ArenaBudget::TryTake(uint64_t bytes) {
-  uint64_t left = left_.load(std::memory_order_relaxed);
-  do {
-    if (left < bytes) return false;
-  } while (!left_.compare_exchange_weak(left, left - bytes, std::memory_order_relaxed));
-  return true;
+std::shared_ptr<ArenaBudget> NewArenaBudget(uint64_t bytes, uint32_t uid_share_percent) {
+  return std::make_shared<ArenaBudget>("small-operation arena memory (data_plane.small_op_arena_mib)",
+                                       "bytes", bytes, uid_share_percent);
 }
 
 absl::StatusOr<std::shared_ptr<SmallOpArena>> SmallOpArena::Create(
     uint32_t members, uint32_t slots, uint64_t slot_bytes, uint32_t epoch,
-    std::shared_ptr<ArenaBudget> budget) {
+    std::shared_ptr<ArenaBudget> budget, uint32_t owner_uid) {
   if (!shm::ValidArenaGeometry(members, slots, slot_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat("no arena for ", members, " members, ", slots,
                                                    " slots of ", slot_bytes, " bytes"));
   }
   const shm::ArenaLayout layout = shm::ComputeArenaLayout(members, slots, slot_bytes);
-  if (budget == nullptr || !budget->TryTake(layout.total_bytes)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the node's small-operation arena memory (data_plane.small_op_arena_mib) "
-                     "has less than ", layout.total_bytes, " bytes left"));
-  }
+  if (budget == nullptr) return absl::ResourceExhaustedError("no arena memory on this node");
+  RETURN_IF_ERROR(budget->Take(owner_uid, layout.total_bytes));
   std::shared_ptr<SmallOpArena> a(new SmallOpArena());
   a->budget_ = std::move(budget);
+  a->owner_uid_ = owner_uid;
+  a->charged_ = layout.total_bytes;
   a->epoch_ = epoch;
   absl::StatusOr<std::unique_ptr<SharedRegion>> region =
       SharedRegion::Create("hsdp-arena", layout.total_bytes);
   if (!region.ok()) {
-    a->budget_->Give(layout.total_bytes);
+    a->budget_->Give(owner_uid, layout.total_bytes);
     a->budget_ = nullptr;
     return region.status();
   }
@@ -59,21 +54,15 @@ absl::StatusOr<std::shared_ptr<SmallOpArena>> SmallOpArena::Create(
 }
 
 SmallOpArena::~SmallOpArena() {
-  if (budget_ != nullptr && region_ != nullptr) budget_->Give(region_->bytes());
+  if (region_ == nullptr) return;
+  // Members still mapping it learn first; then the region's end releases
+  // the pages (SharedRegion punches them out), then the charge goes.
+  shm::RetireArena(header_);
+  region_.reset();
+  if (budget_ != nullptr) budget_->Give(owner_uid_, charged_);
 }
 
-void SmallOpArena::MarkBroken(const absl::Status& why) {
-  uint32_t unclaimed = 0;
-  if (header_->broken_claim.compare_exchange_strong(unclaimed, 1, std::memory_order_acq_rel)) {
-    const size_t n = std::min(why.message().size(), sizeof(header_->reason));
-    std::memcpy(header_->reason, why.message().data(), n);
-    header_->reason_len = static_cast<uint32_t>(n);
-    const uint32_t code = why.ok() ? uint32_t(absl::StatusCode::kAborted)
-                                   : static_cast<uint32_t>(why.code());
-    header_->broken.store(code, std::memory_order_release);
-  }
-  shm::RingDoorbell(&header_->bell);
-}
+void SmallOpArena::MarkBroken(const absl::Status& why) { shm::BreakArena(header_, why); }
 
 uint64_t SmallOpArena::OpsCompleted() const {
   uint64_t least = UINT64_MAX;

@@ -5,9 +5,14 @@
 // what the members write there, except the lanes' `consumed` counters for a
 // metric (OpsCompleted).
 //
-// Memory: every arena reserves its bytes from an ArenaBudget shared by the
-// node (data_plane.small_op_arena_mib) and gives them back when the last
-// reference goes (the group and its members' pending replies).
+// Memory: every arena reserves its bytes from the node's arena pool
+// (data_plane.small_op_arena_mib), charged to the job's owner within its
+// share (limits.uid_share_percent), and gives them back when the daemon's
+// last reference goes (the group and its members' pending replies). At that
+// moment the memory itself is released too (shm::RetireArena, then the pages
+// are punched out of the memfd): a member that kept its fd or mapping holds
+// an empty file, and whatever it writes there afterwards is its own memory,
+// charged to it, not to hsdpd.
 #ifndef HSDP_DAEMON_DATAPLANE_SMALL_OP_ARENA_H_
 #define HSDP_DAEMON_DATAPLANE_SMALL_OP_ARENA_H_
 
@@ -18,32 +23,25 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/session/shm_channel.h"
+#include "daemon/util/uid_share.h"
 #include "hsdp/shm/arena.h"
 
 namespace hsdp {
 
-// Bytes of arena memory the node may still hand out.
-class ArenaBudget {
- public:
-  explicit ArenaBudget(uint64_t bytes) : left_(bytes) {}
-  // Takes `bytes` if that many are left (atomically).
-  bool TryTake(uint64_t bytes);
-  void Give(uint64_t bytes) { left_.fetch_add(bytes, std::memory_order_relaxed); }
-  uint64_t left() const { return left_.load(std::memory_order_relaxed); }
-
- private:
-  std::atomic<uint64_t> left_;
-};
+// The node's arena memory, in bytes, with a share per uid.
+using ArenaBudget = UidSharedPool;
+std::shared_ptr<ArenaBudget> NewArenaBudget(uint64_t bytes, uint32_t uid_share_percent);
 
 class SmallOpArena {
  public:
   // An arena for `members` members, `slots` operations in flight and up to
   // `slot_bytes` input bytes per member (shm::ValidArenaGeometry), used in
-  // group epoch `epoch` only. RESOURCE_EXHAUSTED when `budget` has too
+  // group epoch `epoch` only, charged to `owner_uid` (the job's owner).
+  // RESOURCE_EXHAUSTED when `budget` or the owner's share of it has too
   // little left (the group then runs without one).
   static absl::StatusOr<std::shared_ptr<SmallOpArena>> Create(
       uint32_t members, uint32_t slots, uint64_t slot_bytes, uint32_t epoch,
-      std::shared_ptr<ArenaBudget> budget);
+      std::shared_ptr<ArenaBudget> budget, uint32_t owner_uid);
   ~SmallOpArena();
 
   int fd() const { return region_->fd(); }
@@ -66,6 +64,8 @@ class SmallOpArena {
   const shm::ArenaLane* lanes_ = nullptr;
   uint32_t members_ = 0;
   uint32_t epoch_ = 0;
+  uint32_t owner_uid_ = 0;
+  uint64_t charged_ = 0;  // bytes taken from budget_
   std::shared_ptr<ArenaBudget> budget_;
 };
 

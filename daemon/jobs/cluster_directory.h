@@ -17,6 +17,7 @@
 #define HSDP_DAEMON_JOBS_CLUSTER_DIRECTORY_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,10 +56,13 @@ class ClusterDirectory {
                         absl::Time deadline) = 0;
   // The node of each of `ranks`, waiting until every one is placed or
   // `deadline` (DEADLINE_EXCEEDED naming how many ranks were not attached
-  // anywhere).
-  virtual absl::StatusOr<std::vector<int>> Resolve(const JobKey& job,
-                                                   const std::vector<int>& ranks,
-                                                   absl::Time deadline) = 0;
+  // anywhere). `cancelled` (optional) is asked at least every
+  // kResolveCancelCheck while waiting: once true, the wait ends CANCELLED
+  // (the caller went away; its wait must not hold a thread to the deadline).
+  static constexpr absl::Duration kResolveCancelCheck = absl::Milliseconds(100);
+  virtual absl::StatusOr<std::vector<int>> Resolve(
+      const JobKey& job, const std::vector<int>& ranks, absl::Time deadline,
+      const std::function<bool()>& cancelled = nullptr) = 0;
 
   // The epoch a new group `key` starts in on this daemon: 1, or one past the
   // last epoch of it that failed anywhere (so a group re-created on a node

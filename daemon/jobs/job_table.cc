@@ -36,7 +36,8 @@ absl::StatusOr<JobChoice> JobTable::Choose(const std::string& name, const Attach
   if (who.caller_is_admin && !who.owner_uid.has_value() && Find(choice.key) == nullptr) {
     // An operator who meant to join a user's job and forgot the owner would
     // otherwise start a separate job of their own and wait for ranks that
-    // never come.
+    // never come. An operator's own job that a user's job of the same name
+    // must not block names its own uid as owner (then this is skipped).
     std::vector<uint32_t> others;
     for (const auto& [key, job] : jobs_) {  // at most limits.max_sessions jobs
       if (key.name == name) others.push_back(key.owner_uid);
@@ -46,7 +47,8 @@ absl::StatusOr<JobChoice> JobTable::Choose(const std::string& name, const Attach
       return absl::FailedPreconditionError(absl::StrCat(
           "owner_uid: job \"", name, "\" exists on this node only under uid ",
           absl::StrJoin(others, ", uid "), ", not under the caller's uid ", who.caller_uid,
-          "; set owner_uid to join it, or pick another job id to start a job of your own"));
+          "; set owner_uid to join it, or set owner_uid to ", who.caller_uid,
+          " to start a job of your own under that name"));
     }
   }
   return choice;

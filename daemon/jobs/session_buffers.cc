@@ -73,7 +73,12 @@ void SessionManager::RegisterBuffer(uint64_t session_id, uint64_t fd_tag, uint64
         !r.ok()) {
       return done(r);
     }
+    if (absl::Status r = bytes_share_.Take(s->info().uid, size_bytes); !r.ok()) {
+      s->ReleaseReservation(size_bytes);
+      return done(r);
+    }
     if (fd_tag == 0) {
+      bytes_share_.Give(s->info().uid, size_bytes);
       s->ReleaseReservation(size_bytes);
       return done(uint64_t{0});
     }
@@ -93,7 +98,7 @@ void SessionManager::RegisterBuffer(uint64_t session_id, uint64_t fd_tag, uint64
   };
   if (absl::Status w = s->AwaitFd(fd_tag, absl::Now() + kFdArrivalTimeout, finish); !w.ok()) {
     s->ReleaseReservation(size_bytes);
-    ReleaseNode(size_bytes, 1);
+    ReleaseNode(s->info().uid, size_bytes, 1);
     done(w);
   }
 }
@@ -110,7 +115,7 @@ absl::StatusOr<uint64_t> SessionManager::FinishRegister(const std::shared_ptr<Se
   }
   if (!buf.ok()) {
     s->ReleaseReservation(size_bytes);
-    ReleaseNode(size_bytes, 1);
+    ReleaseNode(s->info().uid, size_bytes, 1);
     return buf.status();
   }
   // Added before the reservation goes, so that the job's and the session's
@@ -119,7 +124,7 @@ absl::StatusOr<uint64_t> SessionManager::FinishRegister(const std::shared_ptr<Se
   const uint64_t id = s->AddBuffer(std::move(*buf));
   s->ReleaseReservation(size_bytes);
   if (id == 0) {  // ended while mapping: its ClearBuffers did not count this one
-    ReleaseNode(size_bytes, 1);
+    ReleaseNode(s->info().uid, size_bytes, 1);
     return absl::NotFoundError(absl::StrCat("session_id: session ", s->id(), " ended"));
   }
   HSDP_LOG(Debug) << "session " << s->id() << " registered buffer " << id << " (" << size_bytes
@@ -147,9 +152,10 @@ absl::Status SessionManager::CheckJobBytesLocked(const Session& s, uint64_t size
   return absl::OkStatus();
 }
 
-void SessionManager::ReleaseNode(uint64_t bytes, uint64_t mappings) {
+void SessionManager::ReleaseNode(uint32_t uid, uint64_t bytes, uint64_t mappings) {
   absl::MutexLock l(&mu_);
   node_bytes_ -= bytes;
+  bytes_share_.Give(uid, bytes);
   node_mappings_ -= mappings;
 }
 
@@ -175,6 +181,7 @@ absl::Status SessionManager::FreeBuffer(uint64_t session_id, uint64_t buffer_id,
   ASSIGN_OR_RETURN(std::shared_ptr<Session> s, Lookup(session_id, caller));
   ASSIGN_OR_RETURN(std::shared_ptr<MappedBuffer> b, s->RemoveBuffer(buffer_id));
   node_bytes_ -= b->size();
+  bytes_share_.Give(s->info().uid, b->size());
   --node_mappings_;
   return absl::OkStatus();  // unmapped when the last in-flight op lets go
 }

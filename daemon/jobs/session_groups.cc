@@ -19,7 +19,8 @@ namespace hsdp {
 absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
                                                         const std::vector<int>& ranks,
                                                         const PeerCred& caller,
-                                                        uint32_t rejoin_group_id) {
+                                                        uint32_t rejoin_group_id,
+                                                        std::function<bool()> caller_gone) {
   std::shared_ptr<Group> group;
   std::shared_ptr<Session> s;
   std::string key;
@@ -93,18 +94,21 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
       this_node = cluster_->this_node();
     } else if (cluster_ != nullptr) {
       // Each wait holds a gRPC thread: bounded, so waiting groups cannot
-      // take every thread of the daemon.
-      if (placement_waits_.fetch_add(1) >= kMaxPlacementWaits) {
-        placement_waits_.fetch_sub(1);
+      // take every thread of the daemon, and shared per uid, so one user's
+      // waits cannot refuse everyone else's groups. A wait ends when its
+      // caller goes (cancelled call, ended session).
+      if (absl::Status w = placement_waits_.Take(caller.uid, 1); !w.ok()) {
         return absl::ResourceExhaustedError(
-            absl::StrCat("ranks: ", kMaxPlacementWaits,
-                         " NewGroup calls already wait for their ranks to "
-                         "attach somewhere in the cluster; retry"));
+            absl::StrCat("ranks: too many NewGroup calls already wait for their ranks to attach "
+                         "somewhere in the cluster (", w.message(), "); retry"));
       }
       const absl::Time deadline = ClusterDeadline();
+      auto gone = [&s, &caller_gone] {
+        return s->closed() || (caller_gone != nullptr && caller_gone());
+      };
       absl::StatusOr<std::vector<int>> resolved =
-          cluster_->Resolve(s->info().job(), ranks, deadline);
-      placement_waits_.fetch_sub(1);
+          cluster_->Resolve(s->info().job(), ranks, deadline, gone);
+      placement_waits_.Give(caller.uid, 1);
       ASSIGN_OR_RETURN(nodes, std::move(resolved));
       this_node = cluster_->this_node();
       if (std::all_of(nodes.begin(), nodes.end(), [&](int n) { return n == this_node; })) {
@@ -165,6 +169,7 @@ absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
           absl::StrCat("ranks: the group spans nodes, but this hsdpd's engine (", engine_->name(),
                        ") cannot reach other nodes (built without the cross-node engine?)"));
     }
+    RETURN_IF_ERROR(members_share_.Take(s->info().owner_uid, ranks.size()));
     const uint32_t id = next_group_id_++;
     GroupSpec spec;
     spec.id = id;
@@ -189,13 +194,17 @@ absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
     group = std::make_shared<Group>(std::move(spec), engine_,
                                     [this](uint32_t gid) { return FindGroup(gid); });
     EngineGroupSpec es{key, first_epoch, ranks, std::move(nodes), this_node};
-    RETURN_IF_ERROR(engine_->CreateGroup(es));
+    if (absl::Status created = engine_->CreateGroup(es); !created.ok()) {
+      members_share_.Give(s->info().owner_uid, ranks.size());
+      return created;
+    }
     if (!group->spans_nodes() && config_.small_op_bytes > 0 &&
         (s->info().features & shm::kFeatureSmallOpArena) != 0 &&
         ranks.size() <= shm::kArenaMaxMembers) {
       absl::StatusOr<std::shared_ptr<SmallOpArena>> arena =
           SmallOpArena::Create(static_cast<uint32_t>(ranks.size()), config_.small_op_slots,
-                               config_.small_op_bytes, first_epoch, arena_budget_);
+                               config_.small_op_bytes, first_epoch, arena_budget_,
+                               s->info().owner_uid);
       if (arena.ok()) {
         group->SetArena(*std::move(arena));
       } else {

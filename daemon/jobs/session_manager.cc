@@ -87,11 +87,20 @@ SessionManager::SessionManager(const NodeConfig& config, NodeLimits limits, Engi
                                Executor* control, OpObserver* observer, ClusterDirectory* cluster)
     : config_(config),
       limits_(limits),
-      arena_budget_(std::make_shared<ArenaBudget>(uint64_t{config.small_op_arena_mib} << 20)),
+      arena_budget_(NewArenaBudget(uint64_t{config.small_op_arena_mib} << 20,
+                                   config.uid_share_percent)),
+      sessions_share_("sessions (limits.max_sessions)", "sessions", config.max_sessions,
+                      config.uid_share_percent),
+      bytes_share_("registered shared memory (limits.max_node_bytes)", "bytes",
+                   limits.max_node_bytes, config.uid_share_percent),
+      members_share_("group members", "members", limits.max_group_members,
+                     config.uid_share_percent),
       engine_(engine),
       control_(control),
       observer_(observer),
-      cluster_(cluster) {}
+      cluster_(cluster),
+      placement_waits_("NewGroup calls waiting for placement", "calls", kMaxPlacementWaits,
+                       config.uid_share_percent) {}
 
 absl::Time SessionManager::ClusterDeadline() const {
   return absl::Now() + absl::Milliseconds(config_.cluster_join_timeout_ms);
@@ -195,14 +204,19 @@ absl::StatusOr<AttachResult> SessionManager::AttachHere(const AttachParams& p,
                                                      "vm.max_map_count is ",
                                                      limits_.max_mappings, ")"));
   }
+  RETURN_IF_ERROR(sessions_share_.Take(caller.uid, 1));
   const uint64_t id = next_session_id_++;
   const uint64_t features = p.features & (shm::kFeaturesImplemented | extra_features_.load());
-  ASSIGN_OR_RETURN(std::unique_ptr<ShmChannel> channel,
-                   ShmChannel::Create(id, config_.ring_entries, features));
+  absl::StatusOr<std::unique_ptr<ShmChannel>> channel =
+      ShmChannel::Create(id, config_.ring_entries, features);
+  if (!channel.ok()) {
+    sessions_share_.Give(caller.uid, 1);
+    return channel.status();
+  }
   SessionInfo info{p.job_id, p.rank,     p.world_size, p.local_rank, p.device,
                    p.pid,    caller.uid, caller.gid,   features,     choice.key.owner_uid};
   const SessionToken token = NewToken();
-  auto session = std::make_shared<Session>(id, info, token, std::move(channel));
+  auto session = std::make_shared<Session>(id, info, token, *std::move(channel));
   Job& job = jobs_.FindOrAdd(choice.key);
   job.world_size = p.world_size;
   job.priority_class = qos.name;
@@ -282,11 +296,15 @@ void SessionManager::EndSession(uint64_t session_id, const std::string& why) {
           groups_.erase(gid);
         }
         node_group_members_ -= job.group_members;
+        members_share_.Give(s->info().owner_uid, job.group_members);
         jobs_.Erase(s->info().job());
       }
     }
     node_mappings_ -= 1 + s->buffer_count();
-    node_bytes_ -= s->ClearBuffers();
+    const uint64_t cleared = s->ClearBuffers();
+    node_bytes_ -= cleared;
+    bytes_share_.Give(s->info().uid, cleared);
+    sessions_share_.Give(s->info().uid, 1);
     version_.fetch_add(1, std::memory_order_release);
   }
   s->Close();

@@ -11,7 +11,10 @@
 //
 // Limits are reserved atomically before the work they bound (buffer bytes
 // and count per session, bytes and mappings per node, group members per job
-// and per node) and released when the work fails.
+// and per node) and released when the work fails. Every node-wide pool also
+// has a share per uid (limits.uid_share_percent, root exempt): sessions and
+// registered bytes are charged to the session's uid, group members and arena
+// memory to the job's owner, placement waits to the caller.
 //
 // Cluster (a ClusterDirectory given): Attach places the rank in the
 // cluster first (a conflicting world size or a rank attached on another
@@ -54,6 +57,7 @@
 #include "daemon/jobs/job_table.h"
 #include "daemon/session/session.h"
 #include "daemon/session/shm_channel.h"
+#include "daemon/util/uid_share.h"
 #include "hsdp/common/unix_socket.h"
 
 namespace hsdp {
@@ -151,8 +155,12 @@ class SessionManager : public SessionDirectory {
   // counted per session). With `rejoin_group_id` != 0, joins that existing
   // group again instead (after its epoch failed), and `ranks` must be its
   // ranks or empty.
+  // `caller_gone` (optional) says whether the caller stopped waiting (its
+  // RPC was cancelled): a placement wait in a cluster then ends at once, as
+  // it does when the caller's session ends.
   absl::StatusOr<NewGroupResult> NewGroup(uint64_t session_id, const std::vector<int>& ranks,
-                                          const PeerCred& caller, uint32_t rejoin_group_id = 0);
+                                          const PeerCred& caller, uint32_t rejoin_group_id = 0,
+                                          std::function<bool()> caller_gone = nullptr);
 
   // nullptr when unknown.
   std::shared_ptr<Session> FindSession(uint64_t session_id) const;
@@ -228,7 +236,7 @@ class SessionManager : public SessionDirectory {
   absl::StatusOr<uint64_t> FinishRegister(const std::shared_ptr<Session>& s,
                                           absl::StatusOr<UniqueFd> fd, uint64_t size_bytes,
                                           const std::string& name);
-  void ReleaseNode(uint64_t bytes, uint64_t mappings);
+  void ReleaseNode(uint32_t uid, uint64_t bytes, uint64_t mappings);
   // RESOURCE_EXHAUSTED naming the job when `size_bytes` more would take the
   // job of `s` over limits.max_job_bytes (all its sessions here, with their
   // registrations in progress).
@@ -240,6 +248,11 @@ class SessionManager : public SessionDirectory {
   const NodeLimits limits_;
   // What small-operation arenas may still take (data_plane.small_op_arena_mib).
   const std::shared_ptr<ArenaBudget> arena_budget_;
+  // The per-uid shares of the node's sessions, registered bytes and group
+  // members (their node totals are also checked under mu_, as before).
+  UidSharedPool sessions_share_;
+  UidSharedPool bytes_share_;
+  UidSharedPool members_share_;
   Engine* const engine_;
   Executor* const control_;
   OpObserver* const observer_;
@@ -247,9 +260,10 @@ class SessionManager : public SessionDirectory {
 
   std::atomic<uint64_t> version_{0};
   std::atomic<bool> draining_{false};
-  // NewGroup calls waiting for placement (each holds a gRPC thread).
+  // NewGroup calls waiting for placement (each holds a gRPC thread), with a
+  // share per uid.
   static constexpr int kMaxPlacementWaits = 16;
-  std::atomic<int> placement_waits_{0};
+  UidSharedPool placement_waits_;
   std::atomic<uint64_t> extra_features_{0};
   std::vector<std::function<void(uint64_t)>> end_hooks_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> retired_completed_{0};

@@ -86,8 +86,10 @@ grpc::Status NodeServiceImpl::NewGroup(grpc::ServerContext* ctx, const v1::NewGr
   RpcTracker::Scope in_flight(tracker_);
   AUTHENTICATE_OR_RETURN(cred);
   std::vector<int> ranks(req->ranks().begin(), req->ranks().end());
+  // A placement wait ends when the caller cancels its call (or disconnects).
   absl::StatusOr<NewGroupResult> r =
-      sessions_->NewGroup(req->session_id(), ranks, cred, req->rejoin_group_id());
+      sessions_->NewGroup(req->session_id(), ranks, cred, req->rejoin_group_id(),
+                          [ctx] { return ctx->IsCancelled(); });
   if (!r.ok()) return ToGrpc(r.status());
   resp->set_group_id(r->group_id);
   resp->set_group_rank(r->group_rank);

@@ -35,6 +35,14 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(const char* n
 
 SharedRegion::~SharedRegion() {
   if (data_ != nullptr) ::munmap(data_, bytes_);
+  // A client may keep its fd or mapping of the memfd after the daemon is done
+  // with it: the pages go now anyway (the file keeps its size, reads as
+  // zeros), so memory hsdpd handed out never outlives its accounting. What a
+  // client writes there afterwards is its own memory, charged to it.
+  if (fd_.valid() && bytes_ > 0) {
+    (void)::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                      static_cast<off_t>(bytes_));
+  }
 }
 
 absl::StatusOr<std::unique_ptr<WakeFd>> WakeFd::Create() {

@@ -17,7 +17,9 @@
 
 namespace hsdp {
 
-// A sealed, shared memfd mapping owned by the daemon. Not copyable.
+// A sealed, shared memfd mapping owned by the daemon. Not copyable. Its
+// pages are released when it is destroyed, even where a client still holds
+// the fd or a mapping (they then read zeros).
 class SharedRegion {
  public:
   static absl::StatusOr<std::unique_ptr<SharedRegion>> Create(const char* name, uint64_t bytes);

@@ -260,11 +260,29 @@ def grpc_seeds():
           + call(14, 1, "hsdp.v1.FreeDeviceEventRequest", "session_id: 1 event_id: 1", D))
 
 
+def arena_seeds():
+    """arena_fuzz.cc: geometry byte, then records."""
+    t = "arena_fuzz"
+    two = bytes([1 | (3 << 2)])  # 2 members, 8 slots
+    submit = lambda coll=ALL_REDUCE, dtype=F32, count=8, root=0, rop=SUM, wire=0: rec(
+        1, struct.pack("<BBHBBB", coll - 1 if coll <= 4 else 4, dtype - 1, count, root, rop - 1, wire))
+    lane = lambda m, arrived, consumed: rec(2, struct.pack("<BQQ", m, arrived, consumed))
+    write(t, "all_reduce_peer_arrives", two + submit() + lane(1, 1, 0) + rec(3) + rec(6))
+    write(t, "geometry_rewritten", two + rec(0, struct.pack("<I", 12) + struct.pack("<IIIQQ", 64, 0, 0, 1 << 40, 2**64 - 1))
+          + submit(count=200) + lane(1, 1, 1) + rec(4, b"\x10") + rec(6))
+    write(t, "broken_claim_taken", two + rec(0, struct.pack("<I", 132) + struct.pack("<I", 1)) + rec(5, b"\x0e")
+          + submit() + rec(6))
+    write(t, "broken_word_garbage", two + rec(0, struct.pack("<I", 128) + b"\xff\xff\xff\xff")
+          + rec(0, struct.pack("<I", 136) + b"\xff\xff\xff\xff") + submit() + rec(6))
+    write(t, "slot_wrap", two + b"".join(submit(count=4) + lane(1, k, k) for k in range(1, 12)) + rec(7))
+    write(t, "magic_cleared", two + submit() + rec(0, struct.pack("<I", 0) + bytes(8)) + lane(1, 1, 0) + rec(6))
+
+
 def main():
     # Files are overwritten, never deleted: the corpora also hold the inputs
     # that found bugs (regress_*, kept by hand) and what fuzz.sh --merge added.
     for f in (descriptor_seeds, dispatcher_seeds, data_conn_seeds, node_config_seeds, cluster_seeds,
-              kv_seeds, grpc_seeds):
+              kv_seeds, grpc_seeds, arena_seeds):
         f()
     n = sum(len(files) for _, _, files in os.walk(OUT))
     print(f"make_seeds: {n} seeds in {os.path.relpath(OUT, ROOT)}")

@@ -86,6 +86,7 @@ class RawSession {
     channel_bytes_ = reply.channel_bytes;
     channel_ = ::mmap(nullptr, channel_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0].get(), 0);
     if (channel_ == MAP_FAILED) return absl::InternalError("mmap");
+    channel_fd_ = std::move(fds[0]);
     wake_ = std::move(fds[1]);
     entries_ = header()->ring_entries;
     ring_offset_ = header()->ring_offset;
@@ -174,13 +175,16 @@ class RawSession {
   shm::Completion* Completions() {
     return reinterpret_cast<shm::Completion*>(static_cast<char*>(channel_) + completion_offset_);
   }
-  bool closed() { return header()->state.load() == shm::kChannelClosed; }
+  // Ended: closed, or already released by the daemon (zeros).
+  bool closed() { return header()->state.load() != shm::kChannelOpen; }
   uint64_t session_id() const { return session_id_; }
   uint64_t features() const { return features_; }
   int data_fd() const { return conn_.get(); }
   uint32_t entries() const { return entries_; }
   int wake_fd() const { return wake_.get(); }
   uint64_t channel_bytes() const { return channel_bytes_; }
+  // The channel's memfd as the daemon sent it (a client may keep it).
+  int channel_fd() const { return channel_fd_.get(); }
 
  private:
   std::unique_ptr<v1::Node::Stub> stub_;
@@ -189,6 +193,7 @@ class RawSession {
   UniqueFd conn_;
   void* channel_ = nullptr;
   uint64_t channel_bytes_ = 0;
+  UniqueFd channel_fd_;
   UniqueFd wake_;
   uint32_t entries_ = 0;
   uint64_t ring_offset_ = 0, completion_offset_ = 0;

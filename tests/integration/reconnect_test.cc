@@ -514,6 +514,9 @@ TEST(ReconnectTest, AnotherUsersProcessOnTheSocketGetsNoBuffers) {
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("runs as uid 65534"),
                                                HasSubstr("hsdpd ran as uid 0")));
+  // It was not even told who is asking: no Attach reached it.
+  EXPECT_THAT(testing::ReadFile(log), ::testing::Not(HasSubstr("\"impostor\"")))
+      << testing::ReadFile(log);
   EXPECT_EQ((*c)->reconnects(), 0u);
   // The impostor holds no session of this client (its attach there ended
   // before any buffer was sent).

@@ -19,7 +19,7 @@ import tempfile
 
 # Lowest first. A layer may include itself and anything before it.
 LAYERS = [
-    "util",           # the control executor, systemd notification, bounded key names
+    "util",           # the control executor, systemd notification, bounded key names, per-uid shares
     "config",         # node.yaml: parsing and validation
     "auth",           # who is calling: the Authenticator interface, peer credentials
     "device",         # device memory and streams: the DeviceApi, CUDA and the fake

@@ -18,12 +18,24 @@
 //   arena broke meanwhile (its inputs are all there).
 //
 // Trust: the arena is shared by the members of one group of one job (the
-// trust domain its collectives already are). The daemon never reads it: it
-// only writes `broken` and its reason (the group's epoch failed: a member's
-// session ended),
-// so nothing a member writes here reaches the daemon. A member reads other
-// members' areas only at offsets and sizes it computed itself, and treats a
-// key it does not expect as a mismatch, never as a size.
+// trust domain its collectives already are), and root may be one of them
+// (an operator's process joining a user's job). Every word here can be
+// rewritten by any member at any time, so:
+//   * the geometry (members, slots, slot_bytes) is checked once, when the
+//     arena is mapped, and every address is derived from that snapshot,
+//     never from the header again; every index is bounded by it;
+//   * a member reads other members' areas only at offsets and sizes it
+//     computed itself, and treats a key it does not expect as a mismatch,
+//     never as a size;
+//   * `broken` and its reason are read and written only through
+//     BreakArena / ArenaBrokenStatus below (one definition for the daemon
+//     and the members): a value outside the status codes reads as an
+//     overwritten arena, the reason as bounded printable text, and a member
+//     that grabbed `broken_claim` without breaking cannot stop the daemon's
+//     break from reaching the others.
+// The daemon never reads the arena except the lanes' `consumed` counters (a
+// metric of the group's own job): nothing a member writes here can change
+// what the daemon does.
 //
 // Evolving: kArenaVersion changes with any change here. A member's path for
 // an operation must be its peers' path, so a client that is handed an arena
@@ -34,7 +46,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string_view>
 
+#include "absl/status/status.h"
 #include "hsdp/shm/layout.h"
 
 namespace hsdp::shm {
@@ -118,6 +132,30 @@ constexpr bool ValidArenaGeometry(uint32_t members, uint32_t slots, uint64_t slo
          (slots & (slots - 1)) == 0 && slot_bytes >= 64 && slot_bytes <= kArenaMaxSlotBytes &&
          slot_bytes % 64 == 0;
 }
+
+// Reads a word that another process may be writing exactly once: the
+// compiler may not load it again later (a snapshot must stay a snapshot).
+template <typename T>
+inline T ReadOnce(const T& word) {
+  return __atomic_load_n(&word, __ATOMIC_RELAXED);
+}
+
+// The break protocol. Marks the arena broken with `why`'s code (ABORTED for
+// an OK status: a broken arena never reads as healthy) and, when this caller
+// is the first to claim it, `why`'s message as the reason; rings the bell.
+// Thread- and process-safe, never blocks.
+void BreakArena(ArenaHeader* h, const absl::Status& why);
+// OK while `broken` is 0; otherwise the code a breaker wrote with its reason
+// (printable, at most sizeof(reason) bytes), or UNKNOWN when the word holds
+// no status code (a member overwrote it).
+absl::Status ArenaBrokenStatus(const ArenaHeader& h);
+// The daemon is done with the arena (its group ended) and its memory is
+// about to be released even where a member still maps it: breaks it
+// (ABORTED) and clears the magic first. A member that finished reading the
+// areas checks ArenaRetired afterwards: an operation whose inputs may have
+// been released under it fails instead of returning zeros.
+void RetireArena(ArenaHeader* h);
+bool ArenaRetired(const ArenaHeader& h);
 
 }  // namespace hsdp::shm
 

@@ -171,6 +171,9 @@ constexpr OpExtents ComputeOpExtents(Collective c, uint64_t count, uint64_t elem
   }
 }
 
+// Any state but kChannelOpen means the session ended: once the daemon lets
+// go of a channel it releases its memory even where the client still maps
+// it (the pages read as zeros, state 0).
 enum ChannelState : uint32_t {
   kChannelOpen = 1,
   kChannelClosed = 2,  // the daemon ended the session; every op fails

@@ -57,6 +57,7 @@ NodeConfig NonDefaultConfig() {
   c.max_groups_per_job = 3;
   c.max_job_bytes = 5ull << 30;
   c.max_job_ops_in_flight = 1000000000;
+  c.uid_share_percent = 100;
   c.engine_bulk_nice = 19;
   c.engine_idle_lower_classes = false;
   c.priority_classes = {PriorityClass{"interactive", 0, {"infer-*", "a\"b: [c]"}, {}},
@@ -96,6 +97,7 @@ limits:
   max_groups_per_job: 3
   max_job_bytes: 5GiB
   max_job_ops_in_flight: 1000000000
+  uid_share_percent: 100
 jobs:
   priority_classes:
     - name: interactive
@@ -198,7 +200,7 @@ TEST(NodeConfigTest, DefaultYamlListsEveryKeyWithAComment) {
        {"node:", "name:", "socket:", "socket_mode: 0660", "allowed_uids: []", "engine:",
         "kind: \"cpu\"", "threads: 0", "inline_max_bytes: 64KiB", "limits:",
         "max_session_bytes: 64GiB", "max_node_bytes: 0", "max_sessions: 256",
-        "max_buffers_per_session: 4096", "max_groups_per_job: 1024", "max_job_bytes: 0", "max_job_ops_in_flight: 0",
+        "max_buffers_per_session: 4096", "max_groups_per_job: 1024", "max_job_bytes: 0", "max_job_ops_in_flight: 0", "uid_share_percent: 50",
         "bulk_nice: 0", "idle_lower_classes: true", "jobs:", "priority_classes: []", "data_plane:",
         "ring_entries: 1024", "spin_us: 50", "timeouts:", "collective_ms: 60000",
         "data_connect_ms: 10000", "shutdown_grace_ms: 5000", "log:", "level: \"info\""}) {
@@ -372,6 +374,10 @@ const InvalidCase kInvalidCases[] = {
      "\"-3\" is out of range [1, 65536]", 2},
     {"MaxSessionsZero", "limits:\n  max_sessions: 0\n", "limits.max_sessions",
      "\"0\" is out of range [1, 65536]", 2},
+    {"UidShareZero", "limits:\n  uid_share_percent: 0\n", "limits.uid_share_percent",
+     "\"0\" is out of range [1, 100]", 2},
+    {"UidShareOver100", "limits:\n  uid_share_percent: 101\n", "limits.uid_share_percent",
+     "\"101\" is out of range [1, 100]", 2},
     {"MaxBuffersTooMany", "limits:\n  max_buffers_per_session: 1000001\n",
      "limits.max_buffers_per_session", "\"1000001\" is out of range [1, 1000000]", 2},
     {"MaxGroupsZero", "limits:\n  max_groups_per_job: 0\n", "limits.max_groups_per_job",

@@ -7,6 +7,8 @@
 // daemons re-forming the group in the same next epoch, a lost node's ranks
 // kept out until it joins again, a re-created group starting in line, and
 // point-to-point between nodes.
+#include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <thread>
@@ -46,7 +48,7 @@ class ClusterSessionTest : public ::testing::Test {
   };
 
   void SetUp() override {
-    config_.cluster_join_timeout_ms = 300;
+    config_.cluster_join_timeout_ms = join_timeout_ms_;
     NodeLimits limits;
     limits.max_node_bytes = 1 << 30;
     limits.max_mappings = 100;
@@ -58,18 +60,19 @@ class ClusterSessionTest : public ::testing::Test {
     }
   }
 
-  static PeerCred Cred() { return PeerCred{1, 1000, 1000}; }
+  static PeerCred Cred(uid_t uid = 1000) { return PeerCred{1, uid, uid}; }
 
-  absl::StatusOr<uint64_t> TryAttach(int node, int rank, int world, const std::string& job = "j") {
+  absl::StatusOr<uint64_t> TryAttach(int node, int rank, int world, const std::string& job = "j",
+                                     uid_t uid = 1000) {
     AttachParams p;
     p.job_id = job;
     p.rank = rank;
     p.world_size = world;
     p.protocol_version = shm::kLayoutVersion;
     p.features = shm::kFeaturesImplemented;
-    absl::StatusOr<AttachResult> r = nodes_[node]->sm->Attach(p, Cred());
+    absl::StatusOr<AttachResult> r = nodes_[node]->sm->Attach(p, Cred(uid));
     if (!r.ok()) return r.status();
-    EXPECT_TRUE(nodes_[node]->sm->ClaimSession(r->session_id, r->token.data(), Cred()).ok());
+    EXPECT_TRUE(nodes_[node]->sm->ClaimSession(r->session_id, r->token.data(), Cred(uid)).ok());
     nodes_[node]->sid[rank] = r->session_id;
     nodes_[node]->mem[rank] = std::vector<float>(2 * kCount, 0.0f);
     return r->session_id;
@@ -80,6 +83,19 @@ class ClusterSessionTest : public ::testing::Test {
                                           uint32_t rejoin = 0) {
     return nodes_[node]->sm->NewGroup(nodes_[node]->sid.at(rank), ranks, Cred(), rejoin);
   }
+  // NewGroup of session `sid`, owned by `uid`, with its caller's `gone` flag.
+  absl::StatusOr<NewGroupResult> NewGroupOf(uint64_t sid, uid_t uid, const std::vector<int>& ranks,
+                                            std::function<bool()> gone = nullptr) {
+    return nodes_[0]->sm->NewGroup(sid, ranks, Cred(uid), 0, std::move(gone));
+  }
+  // Waits (bounded) until `n` Resolve calls are in progress.
+  bool ResolvingReaches(int n) {
+    absl::MutexLock l(&state_.mu);
+    auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu) { return state_.resolving == n; };
+    return state_.mu.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(30));
+  }
+
+  int join_timeout_ms_ = 300;
 
   // Rank `rank` on `node` submits an all-reduce (input rank + i) or a send / recv.
   void Submit(int node, int rank, uint32_t gid, uint64_t op_id, uint64_t seq, uint32_t epoch,
@@ -175,32 +191,92 @@ TEST_F(ClusterSessionTest, NewGroupWaitsForPlacementWithADeadline) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
-TEST_F(ClusterSessionTest, PlacementWaitsAreBoundedSoTheyCannotTakeEveryThread) {
-  Attach(0, 0, 64);
+// Waits are bounded per node (each holds a gRPC thread) and shared per uid:
+// one user's waits take at most its share (limits.uid_share_percent, 50% by
+// default: 8 of 16), so another user's groups still get placed.
+TEST_F(ClusterSessionTest, PlacementWaitsAreBoundedAndSharedPerUid) {
+  const absl::StatusOr<uint64_t> a = TryAttach(0, 0, 64, "job-a", 1000);
+  const absl::StatusOr<uint64_t> b = TryAttach(0, 0, 64, "job-b", 1001);
+  const absl::StatusOr<uint64_t> c = TryAttach(0, 0, 64, "job-c", 1002);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   {
     absl::MutexLock l(&state_.mu);
     state_.hold_resolve = true;
   }
   std::vector<std::thread> waiting;
   std::vector<absl::StatusCode> codes(16);
-  for (int i = 0; i < 16; ++i) {
-    waiting.emplace_back([&, i] { codes[i] = NewGroup(0, 0, {0, 1 + i}).status().code(); });
+  for (int i = 0; i < 8; ++i) {
+    waiting.emplace_back([&, i] { codes[i] = NewGroupOf(*a, 1000, {0, 1 + i}).status().code(); });
   }
-  {
-    absl::MutexLock l(&state_.mu);
-    auto all_in = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu) { return state_.resolving == 16; };
-    ASSERT_TRUE(state_.mu.AwaitWithTimeout(absl::Condition(&all_in), absl::Seconds(10)));
+  ASSERT_TRUE(ResolvingReaches(8));
+  // uid 1000 holds its whole share: its next wait is refused, naming the share ...
+  absl::StatusOr<NewGroupResult> over = NewGroupOf(*a, 1000, {0, 40});
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(), AllOf(HasSubstr("uid 1000"), HasSubstr("share of 8"),
+                                             HasSubstr("limits.uid_share_percent")));
+  // ... while uid 1001 still gets the rest of the node's waits.
+  for (int i = 8; i < 16; ++i) {
+    waiting.emplace_back([&, i] { codes[i] = NewGroupOf(*b, 1001, {0, 1 + i}).status().code(); });
   }
-  absl::StatusOr<NewGroupResult> one_more = NewGroup(0, 0, {0, 40});
-  EXPECT_EQ(one_more.status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(ResolvingReaches(16));
+  // Now the node's 16 are taken: a third uid is refused by the node's bound.
+  absl::StatusOr<NewGroupResult> full = NewGroupOf(*c, 1002, {0, 41});
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.status().message(), HasSubstr("used up: 16 of 16"));
   {
     absl::MutexLock l(&state_.mu);
     state_.hold_resolve = false;
   }
   for (std::thread& t : waiting) t.join();
-  for (absl::StatusCode c : codes) EXPECT_EQ(c, absl::StatusCode::kDeadlineExceeded);
-  // The slots are free again.
-  EXPECT_EQ(NewGroup(0, 0, {0, 41}).status().code(), absl::StatusCode::kDeadlineExceeded);
+  for (absl::StatusCode code : codes) EXPECT_EQ(code, absl::StatusCode::kDeadlineExceeded);
+  // The waits are free again.
+  EXPECT_EQ(NewGroupOf(*a, 1000, {0, 42}).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+class ClusterSessionLongWaitTest : public ClusterSessionTest {
+ protected:
+  ClusterSessionLongWaitTest() { join_timeout_ms_ = 600000; }
+};
+
+// A wait whose caller went away (its RPC cancelled, or its session ended)
+// ends then, not at cluster.join_timeout_ms (10 minutes here), and gives its
+// place back at once.
+TEST_F(ClusterSessionLongWaitTest, APlacementWaitEndsWhenItsCallerGoes) {
+  const absl::StatusOr<uint64_t> a = TryAttach(0, 0, 64, "job-a", 1000);
+  ASSERT_TRUE(a.ok());
+  std::atomic<bool> gone{false};
+  absl::StatusOr<NewGroupResult> cancelled_result;
+  std::thread cancelled_call([&] {
+    cancelled_result = NewGroupOf(*a, 1000, {0, 1}, [&] { return gone.load(); });
+  });
+  std::vector<absl::StatusCode> ended(7, absl::StatusCode::kOk);
+  std::vector<std::thread> session_calls;
+  for (int i = 0; i < 7; ++i) {
+    session_calls.emplace_back(
+        [&, i] { ended[i] = NewGroupOf(*a, 1000, {0, 2 + i}).status().code(); });
+  }
+  ASSERT_TRUE(ResolvingReaches(8));
+  gone = true;  // the caller's RPC was cancelled
+  cancelled_call.join();
+  EXPECT_EQ(cancelled_result.status().code(), absl::StatusCode::kCancelled)
+      << cancelled_result.status();
+  EXPECT_TRUE(ResolvingReaches(7));
+  // The session of the other seven ends: they end too.
+  ASSERT_TRUE(nodes_[0]->sm->Detach(*a, Cred(1000)).ok());
+  for (std::thread& t : session_calls) t.join();
+  for (absl::StatusCode code : ended) EXPECT_EQ(code, absl::StatusCode::kCancelled);
+  EXPECT_TRUE(ResolvingReaches(0));
+  // Their places are free: uid 1000 may wait again, up to its share.
+  const absl::StatusOr<uint64_t> again = TryAttach(0, 0, 64, "job-a2", 1000);
+  ASSERT_TRUE(again.ok());
+  gone = false;
+  std::thread one([&] {
+    EXPECT_EQ(NewGroupOf(*again, 1000, {0, 1}, [&] { return gone.load(); }).status().code(),
+              absl::StatusCode::kCancelled);
+  });
+  ASSERT_TRUE(ResolvingReaches(1));
+  gone = true;
+  one.join();
 }
 
 TEST_F(ClusterSessionTest, GroupAcrossNodesRunsOnceOnBothWithNonContiguousRanks) {

@@ -7,6 +7,8 @@
 #ifndef HSDP_TESTS_UNIT_SESSION_FAKE_CLUSTER_DIRECTORY_H_
 #define HSDP_TESTS_UNIT_SESSION_FAKE_CLUSTER_DIRECTORY_H_
 
+#include <algorithm>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -89,7 +91,8 @@ class FakeClusterDirectory : public ClusterDirectory {
   }
 
   absl::StatusOr<std::vector<int>> Resolve(const JobKey& job, const std::vector<int>& ranks,
-                                           absl::Time deadline) override {
+                                           absl::Time deadline,
+                                           const std::function<bool()>& cancelled = nullptr) override {
     absl::MutexLock l(&state_->mu);
     ++state_->network_calls;
     auto placed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
@@ -105,7 +108,19 @@ class FakeClusterDirectory : public ClusterDirectory {
       };
       state_->mu.Await(absl::Condition(&released));
     }
-    const bool ok = state_->mu.AwaitWithDeadline(absl::Condition(&placed), deadline);
+    // As the real one: in slices, asking `cancelled` between them.
+    bool ok = false;
+    for (;;) {
+      if (cancelled != nullptr && cancelled()) {
+        --state_->resolving;
+        return absl::CancelledError("resolving ranks: the caller went away");
+      }
+      const absl::Time slice_end =
+          cancelled == nullptr ? deadline
+                               : std::min(deadline, absl::Now() + kResolveCancelCheck);
+      ok = state_->mu.AwaitWithDeadline(absl::Condition(&placed), slice_end);
+      if (ok || absl::Now() >= deadline) break;
+    }
     --state_->resolving;
     if (!ok) return absl::DeadlineExceededError("ranks: not every rank attached in time");
     std::vector<int> nodes;

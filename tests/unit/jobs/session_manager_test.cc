@@ -3,6 +3,8 @@
 // registration, and group keys / re-joining across epochs.
 #include "daemon/jobs/session_manager.h"
 
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <optional>
@@ -12,6 +14,7 @@
 #include "fake_engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "hsdp/shm/arena.h"
 #include "hsdp/shm/layout.h"
 
 namespace hsdp {
@@ -241,6 +244,17 @@ TEST_F(SessionManagerTest, RootJoinsAnotherUsersJobOnlyByNamingItsOwner) {
   p.owner_uid.reset();
   EXPECT_TRUE(sm_->Attach(p, Cred(0)).ok());
   ASSERT_EQ(sm_->Jobs(0u).size(), 1u);
+  // A user who took the name of root's job first cannot block it: root names
+  // itself as the owner and gets a job of its own beside the user's.
+  Attach("nightly", 0, 1, /*uid=*/1000);
+  p.job_id = "nightly";
+  auto squatted = sm_->Attach(p, Cred(0));
+  EXPECT_EQ(squatted.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(squatted.status().message()), HasSubstr("set owner_uid to 0"));
+  p.owner_uid = 0;
+  EXPECT_TRUE(sm_->Attach(p, Cred(0)).ok());
+  ASSERT_EQ(sm_->Jobs(0u).size(), 2u);
+  ASSERT_EQ(sm_->Jobs(1000u).size(), 2u);
   // caller_is_admin comes from the server's Authenticator, never from the
   // client; without it, naming another owner is refused.
   p.job_id = "alpha";
@@ -338,6 +352,7 @@ TEST_F(SessionManagerTest, GroupMemberBudgetsAreCheckedBeforeAllocating) {
   l.max_mappings = 100;
   l.max_group_members_per_job = 10;
   l.max_group_members = 14;
+  config_.uid_share_percent = 100;  // the node's own bound, not a uid's share
   Make(l);
   const uint64_t a = Attach("a", 0, 8);
   const uint64_t b = Attach("b", 0, 8);
@@ -392,6 +407,121 @@ TEST_F(SessionManagerTest, GroupKeysAreGlobalAndARestartedRankRejoinsInTheNextEp
   const uint64_t x = Attach("other", 0, 1);
   EXPECT_EQ(sm_->NewGroup(x, {}, Cred(1000), g0->group_id).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// One uid (not root) holds at most its share of every node-wide pool
+// (limits.uid_share_percent): sessions, registered bytes and group members;
+// another uid is never refused because of it, and what a uid held comes back
+// when its sessions end.
+TEST_F(SessionManagerTest, EveryNodeWidePoolHasAShareForEachUid) {
+  config_.max_sessions = 4;
+  config_.uid_share_percent = 50;
+  NodeLimits l;
+  l.max_node_bytes = 64 * 4096;
+  l.max_mappings = 100;
+  l.max_group_members = 8;
+  Make(l);
+  AttachParams p;
+  p.protocol_version = shm::kLayoutVersion;
+  p.features = shm::kFeaturesImplemented;
+  const uint64_t a0 = Attach("a", 0, 1, 1000);
+  const uint64_t a1 = Attach("a2", 0, 1, 1000);
+  p.job_id = "a3";
+  absl::StatusOr<AttachResult> third = sm_->Attach(p, Cred(1000));
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(third.status().message()),
+              AllOf(HasSubstr("uid 1000"), HasSubstr("share of 2 sessions"),
+                    HasSubstr("limits.uid_share_percent")));
+  const uint64_t b0 = Attach("b", 0, 4, 1001);
+  // Bytes: uid 1000 may register half of the node's 256 KiB.
+  ASSERT_TRUE(Register(a0, 32 * 4096, 1).ok());
+  absl::StatusOr<uint64_t> over = Register(a1, 4096, 2);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over.status().message()), HasSubstr("share of 131072 bytes"));
+  sm_->FindSession(b0)->PutFd(3, SealedMemfd(32 * 4096));
+  EXPECT_TRUE(sm_->RegisterBufferSync(b0, 3, 32 * 4096, "b", Cred(1001)).ok());
+  // Group members: 4 of the node's 8 per owner.
+  EXPECT_TRUE(sm_->NewGroup(b0, {0, 1, 2, 3}, Cred(1001)).ok());
+  absl::StatusOr<NewGroupResult> members = sm_->NewGroup(b0, {0, 1}, Cred(1001));
+  EXPECT_EQ(members.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(members.status().message()), HasSubstr("share of 4 members"));
+  EXPECT_TRUE(sm_->NewGroup(a0, {0}, Cred(1000)).ok());
+  // Root is held only to the node's totals: it takes the last session.
+  p.job_id = "root-job";
+  p.world_size = 1;
+  EXPECT_TRUE(sm_->Attach(p, Cred(0)).ok());
+  // uid 1000's session ends: its session, bytes and members come back.
+  sm_->EndSession(a0, "test");
+  const uint64_t a4 = Attach("a4", 0, 1, 1000);
+  EXPECT_TRUE(Register(a4, 32 * 4096, 4).ok());
+}
+
+// Arena memory is charged to the job's owner within its share; when the
+// group ends the memory itself goes, even from a tenant that kept the fd
+// (the OS's own count of the file's blocks drops to zero, and a mapping
+// reads the retired header), and the owner's share comes back.
+TEST_F(SessionManagerTest, ArenaMemoryIsSharedPerOwnerAndReleasedWithTheGroup) {
+  config_.small_op_bytes = 4096;
+  config_.small_op_slots = 8;
+  config_.small_op_arena_mib = 1;
+  config_.uid_share_percent = 50;
+  Make(limits_);
+  const uint64_t a = Attach("a", 0, 1, 1000);
+  std::vector<UniqueFd> kept;
+  uint64_t arena_bytes = 0;
+  int with_arena = 0;
+  for (int i = 0; i < 64; ++i) {
+    absl::StatusOr<NewGroupResult> g = sm_->NewGroup(a, {0}, Cred(1000));
+    ASSERT_TRUE(g.ok()) << g.status();
+    if (g->arena == nullptr) break;  // over the share: the group runs through the daemon
+    ++with_arena;
+    arena_bytes = g->arena->bytes();
+    kept.emplace_back(::dup(g->arena->fd()));  // a tenant keeping its fd
+  }
+  ASSERT_GT(with_arena, 0);
+  ASSERT_LT(with_arena, 64) << "the share never refused";
+  EXPECT_LE(uint64_t(with_arena) * arena_bytes, (1u << 20) / 2) << "over uid 1000's share";
+  // Another owner still gets arenas.
+  const uint64_t b = Attach("b", 0, 1, 1001);
+  absl::StatusOr<NewGroupResult> other = sm_->NewGroup(b, {0}, Cred(1001));
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->arena, nullptr);
+  struct stat st;
+  ASSERT_EQ(::fstat(kept[0].get(), &st), 0);
+  EXPECT_GE(uint64_t(st.st_blocks) * 512, arena_bytes) << "allocated while the group lives";
+  // The job ends: every arena's pages go, though the tenant kept the fds.
+  sm_->EndSession(a, "test");
+  uint64_t blocks = 0;
+  for (const UniqueFd& fd : kept) {
+    ASSERT_EQ(::fstat(fd.get(), &st), 0);
+    blocks += st.st_blocks;
+    EXPECT_EQ(uint64_t(st.st_size), arena_bytes) << "the file keeps its size";
+  }
+  EXPECT_EQ(blocks, 0u) << "memory hsdpd handed out outlived the group";
+  void* m = ::mmap(nullptr, arena_bytes, PROT_READ, MAP_SHARED, kept[0].get(), 0);
+  ASSERT_NE(m, MAP_FAILED);
+  EXPECT_TRUE(shm::ArenaRetired(*static_cast<const shm::ArenaHeader*>(m)));
+  ::munmap(m, arena_bytes);
+  // uid 1000's share is back.
+  const uint64_t a2 = Attach("a2", 0, 1, 1000);
+  absl::StatusOr<NewGroupResult> again = sm_->NewGroup(a2, {0}, Cred(1000));
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(again->arena, nullptr);
+}
+
+// A session's channel is memory hsdpd hands out too: it goes with the session.
+TEST_F(SessionManagerTest, AChannelsMemoryGoesWithItsSessionEvenWhenTheFdIsKept) {
+  const uint64_t a = Attach("a", 0, 1, 1000);
+  UniqueFd kept(::dup(sm_->FindSession(a)->channel().region().fd()));
+  ASSERT_TRUE(kept.valid());
+  struct stat st;
+  ASSERT_EQ(::fstat(kept.get(), &st), 0);
+  EXPECT_GT(st.st_blocks, 0);
+  sm_->EndSession(a, "test");
+  // The daemon's last reference may be held a moment longer by in-flight work;
+  // none here.
+  ASSERT_EQ(::fstat(kept.get(), &st), 0);
+  EXPECT_EQ(st.st_blocks, 0);
 }
 
 }  // namespace
