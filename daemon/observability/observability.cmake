@@ -20,7 +20,14 @@ target_include_directories(hsdp_observability PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(hsdp_observability PUBLIC hsdp_jobs hsdp_dataplane hsdp_proto
   absl::synchronization absl::time absl::strings)
 if(HSDP_PROMETHEUS_ENABLED)
-  target_sources(hsdp_observability PRIVATE ${CMAKE_CURRENT_LIST_DIR}/metrics.cc)
+  # metrics.cc is the facade; the parts it wires together each have a header.
+  target_sources(hsdp_observability PRIVATE
+    ${CMAKE_CURRENT_LIST_DIR}/metrics.cc
+    ${CMAKE_CURRENT_LIST_DIR}/metrics_common.cc
+    ${CMAKE_CURRENT_LIST_DIR}/metrics_server.cc
+    ${CMAKE_CURRENT_LIST_DIR}/job_metrics.cc
+    ${CMAKE_CURRENT_LIST_DIR}/node_totals.cc
+    ${CMAKE_CURRENT_LIST_DIR}/series_sweeper.cc)
   target_link_libraries(hsdp_observability PUBLIC prometheus-cpp::pull prometheus-cpp::core)
   target_compile_definitions(hsdp_observability PUBLIC HSDP_HAVE_PROMETHEUS=1)
 else()
