@@ -341,6 +341,10 @@ class Group : public std::enable_shared_from_this<Group> {
   std::set<std::string> p2p_engine_keys_ ABSL_GUARDED_BY(mu_);  // bounded by kMaxRemoteP2PStreams
   // Epochs other daemons reported failed that this one has not reached yet.
   std::map<uint32_t, absl::Status> remote_failed_ ABSL_GUARDED_BY(mu_);
+  // Submissions failed (and engine tickets to abort) when the group entered
+  // an epoch another daemon had already failed; Pump delivers them.
+  std::vector<std::pair<Arrival, absl::Status>> deferred_failures_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> deferred_aborts_ ABSL_GUARDED_BY(mu_);
   // A node restarted while the current epoch ran without a link to its old
   // daemon (PeerLost): what later submissions hear if the epoch then fails on
   // a lost connection (a link still connecting reached the old daemon).

@@ -122,7 +122,11 @@ void Group::MaybeAdvanceLocked() {
     it = remote_failed_.erase(it);
   }
   if (auto it = remote_failed_.find(epoch_); it != remote_failed_.end()) {
-    epoch_failure_ = it->second;  // another daemon already failed this epoch
+    // Another daemon already failed this epoch: so do the submissions that
+    // queued for it (Pump tells them), not at their deadline.
+    std::vector<Arrival> failed;
+    FailEpochLocked(it->second, &failed, &deferred_aborts_);
+    for (Arrival& a : failed) deferred_failures_.emplace_back(std::move(a), it->second);
     remote_failed_.erase(it);
   }
   EngineGroupSpec es{spec_.key, epoch_, spec_.ranks, spec_.nodes, spec_.this_node};
@@ -248,9 +252,11 @@ void Group::PeerLost(int node, const std::string& why, const std::string& old_in
     if (!spec_.nodes.empty() && spec_.nodes[r] == node && !IsLocal(r)) lost.push_back(r);
   }
   if (lost.empty()) return;
+  // "ended" first: a completion's message has room for 208 bytes, and the
+  // member must learn that the epoch ended even when the cause is cut.
   const absl::Status status = absl::AbortedError(
-      absl::StrCat("node ", node, " hosting rank(s) ", RanksList(lost), " was lost (", why,
-                   "); the epoch of group ", spec_.id, " (job \"", spec_.job_id, "\") ended"));
+      absl::StrCat("the epoch of group ", spec_.id, " (job \"", spec_.job_id, "\") ended: node ",
+                   node, " hosting rank(s) ", RanksList(lost), " was lost (", why, ")"));
   // A restart may be heard only after the new daemon created the group in
   // this very epoch and ran operations in it with this one (see group.h).
   // The engine is asked without the lock; the epoch must not have moved

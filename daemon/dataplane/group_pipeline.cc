@@ -115,6 +115,19 @@ EngineTask Group::Lower(const PendingOp& op) const {
 }
 
 void Group::Pump() {
+  std::vector<std::pair<Arrival, absl::Status>> failed;
+  std::vector<uint64_t> aborts;
+  {
+    absl::MutexLock l(&mu_);
+    failed.swap(deferred_failures_);
+    aborts.swap(deferred_aborts_);
+  }
+  for (uint64_t t : aborts) engine_->Abort(t, absl::AbortedError("the epoch ended"));
+  for (auto& [arrival, status] : failed) {
+    std::vector<Arrival> one;
+    one.push_back(std::move(arrival));
+    Notify(std::move(one), status, 0, 0);
+  }
   for (;;) {
     auto run = std::make_shared<RunningOp>();
     {

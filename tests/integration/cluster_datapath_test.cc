@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cluster_fixture.h"
@@ -399,39 +400,45 @@ TEST_F(ClusterDatapathTest, ADaemonRestartedUnderItsTrainerAndTheOtherNodesRankG
   EXPECT_THAT(children[0]->output(), HasSubstr("REJOIN epoch"));
 }
 
-// A two-node training loop (rank 0 on node 0, rank 1 on node 1) across a
-// restart of node 1's daemon, by `hsdpctl drain` or by SIGKILL (issue 23):
-// step s all-reduces 4 floats of rank + 1 + s. A failed step is not
-// counted; the ranks then agree (all-reduce min of the steps each
-// completed) where to go on, node 0's trainer joining the group's next
-// epoch whenever a failure says the epoch ended, node 1's reconnecting by
-// itself. The sums equal an uninterrupted run's; nobody restarted.
-class ClusterRestartLoopTest : public ClusterFixture,
-                               public ::testing::WithParamInterface<bool /*drain*/> {};
+// A training loop with rank r on node r (two nodes, or three) across a
+// restart of node 1's daemon, by `hsdpctl drain` or by SIGKILL: step s
+// all-reduces 4 floats of rank + 1 + s. A failed step is not counted; the
+// ranks then agree (all-reduce min of the steps each completed) where to go
+// on, the other nodes' trainers joining the group's next epoch whenever a
+// failure says the epoch ended, node 1's reconnecting by itself. The sums
+// equal an uninterrupted run's; nobody restarted. (The restart may reach
+// the other daemons' membership only after the new daemon created the
+// group again and ran steps with them; that epoch must go on.)
+class ClusterRestartLoopTest
+    : public ClusterFixture,
+      public ::testing::WithParamInterface<std::tuple<bool /*drain*/, int /*nodes*/>> {};
 
 TEST_P(ClusterRestartLoopTest, TheLoopGoesOnAcrossARestartOfOneNodesDaemon) {
-  const bool drain = GetParam();
-  StartCluster(2, /*collective_ms=*/20000);
+  const bool drain = std::get<0>(GetParam());
+  const int nodes = std::get<1>(GetParam());
+  StartCluster(nodes, /*collective_ms=*/20000);
   constexpr int kSteps = 300;
   const std::string progress = shared_.File("progress");
   const std::string job = job_ + (drain ? "-drain" : "-kill");
+  std::vector<int> ranks;
+  for (int r = 0; r < nodes; ++r) ranks.push_back(r);
   std::vector<std::unique_ptr<Child>> children;
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < nodes; ++r) {
     const std::string socket = Socket(r);
     children.push_back(std::make_unique<Child>([=](FILE* out) {
       Trainer T;
       T.out = out;
-      T.world = 2;
-      if (!Attach(&T, socket, job, r, 2)) return 2;
+      T.world = nodes;
+      if (!Attach(&T, socket, job, r, nodes)) return 2;
       Group g;
-      if (!MakeGroup(&T, {0, 1}, &g)) return 2;
+      if (!MakeGroup(&T, ranks, &g)) return 2;
       auto* v = static_cast<float*>(T.send.data);
       auto* a = static_cast<float*>(T.recv.data);
       auto run = [&](BufferRef buf, uint64_t n, ReduceOp op) {
         absl::StatusOr<Work> w = T.client->AllReduce(g, buf, buf, n, DataType::kFloat32,
                                                      ReduceOptions{op});
         const absl::Status s = w.ok() ? w->Wait(absl::Seconds(25)) : w.status();
-        if (!s.ok() && r == 0 && !absl::IsUnavailable(s) &&
+        if (!s.ok() && r != 1 && !absl::IsUnavailable(s) &&
             absl::StrContains(s.message(), "ended")) {
           absl::StatusOr<Group> next = T.client->RejoinGroup(g);
           if (next.ok()) g = *next;
@@ -463,16 +470,20 @@ TEST_P(ClusterRestartLoopTest, TheLoopGoesOnAcrossARestartOfOneNodesDaemon) {
         history.resize(step + 1);
       }
       double want = 0;
-      for (int s = 0; s < kSteps; ++s) want += (1 + s) + (2 + s);
+      for (int s = 0; s < kSteps; ++s) {
+        for (int q = 0; q < nodes; ++q) want += q + 1 + s;
+      }
       std::fprintf(out, "TOTAL %.1f WANT %.1f FAILURES %d RECONNECTS %llu\n", history.back(),
                    want, failures, static_cast<unsigned long long>(T.client->reconnects()));
       if (step != kSteps || history.back() != want) T.Fail("the loop did not finish right");
       WriteFile(shared_.File("done") + std::to_string(r), "");
-      if (!WaitFile(shared_.File("done") + std::to_string(1 - r), kChildMs)) return 5;
+      for (int q = 0; q < nodes; ++q) {
+        if (!WaitFile(shared_.File("done") + std::to_string(q), kChildMs)) return 5;
+      }
       return Report(&T);
     }));
   }
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < nodes; ++r) {
     ASSERT_TRUE(WaitFile(progress + std::to_string(r), kChildMs))
         << children[r]->output() << Logs();
   }
@@ -485,16 +496,22 @@ TEST_P(ClusterRestartLoopTest, TheLoopGoesOnAcrossARestartOfOneNodesDaemon) {
     daemons_[1]->process.Kill();
   }
   ASSERT_TRUE(daemons_[1]->process.Start(yaml, {}, {}, /*wait_ready=*/true)) << Logs();
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < nodes; ++r) {
     EXPECT_EQ(children[r]->Finish(120000), 0) << "rank " << r << ":\n"
                                               << children[r]->output() << Logs();
   }
-  EXPECT_THAT(children[1]->output(), HasSubstr("RECONNECTS 1"));
-  EXPECT_THAT(children[0]->output(), HasSubstr("RECONNECTS 0"));
+  for (int r = 0; r < nodes; ++r) {
+    EXPECT_THAT(children[r]->output(), HasSubstr(r == 1 ? "RECONNECTS 1" : "RECONNECTS 0"));
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(DrainOrKill, ClusterRestartLoopTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "Drain" : "Sigkill"; });
+INSTANTIATE_TEST_SUITE_P(
+    DrainOrKill, ClusterRestartLoopTest,
+    ::testing::Combine(::testing::Bool(), ::testing::Values(2, 3)), [](const auto& info) {
+      const std::string what = std::get<0>(info.param) ? "Drain" : "Sigkill";
+      const int nodes = std::get<1>(info.param);
+      return nodes == 2 ? what : what + std::to_string(nodes) + "Nodes";
+    });
 
 // A daemon still waiting for its coordinator stops at once on SIGTERM
 // (it used to ignore it until cluster.join_timeout_ms).

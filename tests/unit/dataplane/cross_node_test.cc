@@ -430,6 +430,36 @@ TEST_F(CrossNodeTest, ARestartHeardBeforeAnyLinkNamesItIfTheLinkThenFails) {
               AllOf(HasSubstr("node 1"), HasSubstr("restarted"), HasSubstr("ended")));
 }
 
+// Rank 0 joined the next epoch while node 1 was still away, and queued its
+// next step there; another daemon had already reported that epoch failed
+// (it entered it before hearing of the loss). When node 1 is back the epoch
+// starts failed, and the queued step fails at once instead of waiting for
+// its deadline, saying that the epoch ended (within a completion's 208
+// bytes, however long the loss's description).
+TEST_F(CrossNodeTest, StepsQueuedForAnEpochAlreadyFailedElsewhereFailWhenItStarts) {
+  MakeGroup(1, {0, 1});
+  const std::string why =
+      "node 1 (127.0.0.1:50757) was lost (its lease in etcd expired: no heartbeat for 1s, or it "
+      "left); cluster epoch 3";
+  G(0, 1).PeerLost(1, why);
+  G(0, 1).RemoteEpochFailed(
+      2, absl::AbortedError("node 2 reports: the epoch of group 4 (job \"job\") ended: node 1 "
+                            "hosting rank(s) [1] was lost (" + why + ")"));
+  ASSERT_EQ(G(0, 1).Join(0, nodes_[0]->sessions[0]).value_or(0), 2u);
+  SubmitAllReduce(1, 0, 5, 1, 4, /*epoch=*/2);
+  EXPECT_FALSE(Result(0, 5).has_value()) << "queued for epoch 2";
+  G(0, 1).PeerJoined(1);
+  EXPECT_EQ(G(0, 1).epoch(), 2u);
+  ASSERT_TRUE(Result(0, 5).has_value()) << "must not wait for its deadline";
+  EXPECT_EQ(Result(0, 5)->code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(Result(0, 5)->message()),
+              AllOf(HasSubstr("node 2 reports"), HasSubstr("ended")));
+  // The loss seen here names the ranks, and says the epoch ended even cut.
+  SubmitAllReduce(1, 0, 6, 2, 4, /*epoch=*/2);
+  ASSERT_TRUE(Result(0, 6).has_value());
+  EXPECT_THAT(std::string(Result(0, 6)->message()), HasSubstr("ended"));
+}
+
 TEST_F(CrossNodeTest, CompositePipelinesAcrossTwoStreamOrderedPhases) {
   // One node, a 2x2 mesh: shard groups {0,2}/{1,3} are node 0 only here, so
   // use a single-node layout with the engine of node 0 for everything.
