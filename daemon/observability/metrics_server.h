@@ -32,7 +32,7 @@ class MetricsServer {
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
 
-  // Serves `collectables` on `listen` ("HOST:PORT"; port 0 picks a free
+  // Serves `collectables` (held weakly: the caller keeps them) on `listen` ("HOST:PORT"; port 0 picks a free
   // one); returns "HOST:PORT" actually bound. UNAVAILABLE when the address
   // cannot be bound. Call once.
   absl::StatusOr<std::string> Serve(

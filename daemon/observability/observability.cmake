@@ -13,6 +13,7 @@ add_library(hsdp_observability STATIC
   ${CMAKE_CURRENT_LIST_DIR}/observability.cc
   ${CMAKE_CURRENT_LIST_DIR}/observability_rpc.cc
   ${CMAKE_CURRENT_LIST_DIR}/op_labels.cc
+  ${CMAKE_CURRENT_LIST_DIR}/series_sweeper.cc
   ${CMAKE_CURRENT_LIST_DIR}/straggler_stats.cc
   ${CMAKE_CURRENT_LIST_DIR}/trace_json.cc
   ${CMAKE_CURRENT_LIST_DIR}/trace_ring.cc)
@@ -26,8 +27,7 @@ if(HSDP_PROMETHEUS_ENABLED)
     ${CMAKE_CURRENT_LIST_DIR}/metrics_common.cc
     ${CMAKE_CURRENT_LIST_DIR}/metrics_server.cc
     ${CMAKE_CURRENT_LIST_DIR}/job_metrics.cc
-    ${CMAKE_CURRENT_LIST_DIR}/node_totals.cc
-    ${CMAKE_CURRENT_LIST_DIR}/series_sweeper.cc)
+    ${CMAKE_CURRENT_LIST_DIR}/node_totals.cc)
   target_link_libraries(hsdp_observability PUBLIC prometheus-cpp::pull prometheus-cpp::core)
   target_compile_definitions(hsdp_observability PUBLIC HSDP_HAVE_PROMETHEUS=1)
 else()
