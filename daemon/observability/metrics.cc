@@ -4,6 +4,22 @@
 //   job_metrics.*     the per-job series: slot shares, overflow, retirement
 //   series_sweeper.*  retires per-job series between scrapes
 //   metrics_server.*  /metrics over HTTP, basic auth
+//
+// Every metric the parts export, by name (tests/integration/check_dashboard.py
+// reads the quoted names in this file to check deploy/grafana/hsdpd.json;
+// op_observer_test's MetricsCcNamesEveryExportedMetric checks that they are
+// exactly what an authenticated scrape serves):
+//   node_totals:  "hsdpd_node_ops_completed_total" "hsdpd_node_ops_failed_total"
+//                 "hsdpd_node_op_bytes_total" "hsdpd_node_op_duration_seconds"
+//                 "hsdpd_engine_busy_seconds_total" "hsdpd_sessions" "hsdpd_jobs"
+//                 "hsdpd_groups" "hsdpd_registered_bytes" "hsdpd_registered_bytes_limit"
+//                 "hsdpd_node_ops_in_flight" "hsdpd_build_info"
+//   job_metrics:  "hsdpd_ops_completed_total" "hsdpd_ops_failed_total"
+//                 "hsdpd_op_bytes_total" "hsdpd_op_duration_seconds"
+//                 "hsdpd_op_queue_wait_seconds" "hsdpd_op_engine_wait_seconds"
+//                 "hsdpd_rank_arrival_lag_seconds" "hsdpd_rank_waited_for_seconds_total"
+//                 "hsdpd_rank_last_arrivals_total" "hsdpd_ops_in_flight"
+//                 "hsdpd_ring_occupancy_ratio" "hsdpd_arena_ops" "hsdpd_job_priority_level"
 #include "daemon/observability/metrics.h"
 
 #include <sstream>

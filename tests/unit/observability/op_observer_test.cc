@@ -6,6 +6,10 @@
 
 #include <unistd.h>
 
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -539,6 +543,42 @@ TEST_F(ObserverTest, MetricsSweepWithoutScrapes) {
   EXPECT_EQ(held.overflows, 0u);
   EXPECT_EQ(held.ranks, 2u);
   (*obs)->StopMetrics();
+}
+
+// daemon/observability/metrics.cc names every exported metric in quotes
+// (the Grafana dashboard check reads them there): exactly the families an
+// authenticated scrape serves once every kind of series exists.
+TEST_F(ObserverTest, MetricsCcNamesEveryExportedMetric) {
+  if (!Metrics::Available()) GTEST_SKIP() << "hsdpd built without prometheus-cpp";
+  auto obs = Observability::Create(WithPassword(), [] {
+    NodeGauges g;
+    NodeGauges::Job j = AttachedJob("job", 0, {0, 1});
+    j.priority_class = "batch";
+    g.jobs.push_back(j);
+    g.group_ids = {9};
+    return g;
+  });
+  ASSERT_TRUE(obs.ok()) << obs.status();
+  auto g = NewGroup(obs->get(), 2);
+  RunOps(*g, 1);
+  g->Arrive(0, Make(0, 2, 8));
+  g->Arrive(1, Make(1, 2, 16));  // disagreement: a failure
+  std::set<std::string> served;
+  std::istringstream text((*obs)->metrics()->Text());
+  for (std::string line; std::getline(text, line);) {
+    if (line.rfind("# TYPE hsdpd_", 0) == 0) served.insert(line.substr(7, line.find(' ', 7) - 7));
+  }
+  std::ifstream source(HSDP_SOURCE_DIR "/daemon/observability/metrics.cc");
+  ASSERT_TRUE(source.good());
+  const std::string code((std::istreambuf_iterator<char>(source)),
+                         std::istreambuf_iterator<char>());
+  std::set<std::string> named;
+  static const std::regex kQuoted("\"(hsdpd_[a-z_]+)\"");
+  for (auto it = std::sregex_iterator(code.begin(), code.end(), kQuoted);
+       it != std::sregex_iterator(); ++it) {
+    named.insert((*it)[1]);
+  }
+  EXPECT_EQ(named, served);
 }
 
 }  // namespace
