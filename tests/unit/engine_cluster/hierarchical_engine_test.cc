@@ -14,7 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/cluster/fake_transport.h"
 #include "daemon/engine/cpu/cpu_engine.h"
+#include "daemon/engine/peer_instances.h"
 #include "engine_cluster_util.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace hsdp {
@@ -502,6 +504,74 @@ TEST(HierarchicalEngine, LinksAreCachedPerGroupAndEpoch) {
   // A task of a higher epoch replaces the link without CreateGroup.
   EXPECT_EQ(testing::RunAndCompare(cl.engines(), SumCase(500), p, "cached", 2, 1), "");
   EXPECT_EQ(cl.net().connects(), 6);
+}
+
+// A transport whose links tell each peer's daemon instance, as the Gloo
+// rendezvous does: node n's is "d<n>".
+class InstanceLink : public NodeLink {
+ public:
+  explicit InstanceLink(std::unique_ptr<NodeLink> inner) : inner_(std::move(inner)) {}
+  const std::vector<int>& nodes() const override { return inner_->nodes(); }
+  int self() const override { return inner_->self(); }
+  absl::Status Exchange(const std::vector<SendRange>& sends, const std::vector<RecvRange>& recvs,
+                        uint64_t tag, absl::Time deadline) override {
+    return inner_->Exchange(sends, recvs, tag, deadline);
+  }
+  void Abort(const absl::Status& why) override { inner_->Abort(why); }
+  std::string peer_instance(int peer) const override {
+    return absl::StrCat("d", inner_->nodes()[peer]);
+  }
+
+ private:
+  std::unique_ptr<NodeLink> inner_;
+};
+
+class InstanceTransport : public TransportFactory {
+ public:
+  explicit InstanceTransport(std::unique_ptr<TransportFactory> inner) : inner_(std::move(inner)) {}
+  absl::StatusOr<std::unique_ptr<NodeLink>> Connect(const std::string& key, uint32_t epoch,
+                                                    const std::vector<int>& nodes, int this_node,
+                                                    absl::Time deadline) override {
+    absl::StatusOr<std::unique_ptr<NodeLink>> link =
+        inner_->Connect(key, epoch, nodes, this_node, deadline);
+    if (!link.ok()) return link.status();
+    return std::unique_ptr<NodeLink>(new InstanceLink(std::move(*link)));
+  }
+
+ private:
+  std::unique_ptr<TransportFactory> inner_;
+};
+
+// Which daemon instance a group's links reach in an epoch, per peer node:
+// only links of that group (its own and its point-to-point ones) and epoch,
+// once connected.
+TEST(HierarchicalEngine, LinkedInstancesAreThoseOfTheGroupsConnectedLinksInThatEpoch) {
+  FakeNetwork net;
+  std::vector<std::unique_ptr<Engine>> owned;
+  std::vector<Engine*> engines;
+  for (int n = 0; n < 3; ++n) {
+    owned.push_back(MakeHierarchicalEngine(
+        std::make_unique<CpuEngine>(1, 1 << 20),
+        std::make_unique<InstanceTransport>(net.MakeTransport(n)), FakeCluster::Options()));
+    engines.push_back(owned.back().get());
+  }
+  const auto* links = dynamic_cast<const PeerInstances*>(engines[0]);
+  ASSERT_NE(links, nullptr);
+  EXPECT_TRUE(links->LinkedInstances("grp", 1, 1).empty()) << "nothing connected yet";
+  ASSERT_EQ(testing::RunAndCompare(engines, SumCase(100), testing::RoundRobin(3, 1), "grp", 1, 1),
+            "");
+  EXPECT_THAT(links->LinkedInstances("grp", 1, 1), ::testing::ElementsAre("d1"));
+  EXPECT_THAT(links->LinkedInstances("grp", 1, 2), ::testing::ElementsAre("d2"));
+  EXPECT_TRUE(links->LinkedInstances("grp", 2, 1).empty()) << "another epoch";
+  EXPECT_TRUE(links->LinkedInstances("gr", 1, 1).empty()) << "another group";
+  EXPECT_TRUE(links->LinkedInstances("grp", 1, 7).empty()) << "not a participant";
+  // A point-to-point link of the group counts too (nodes 0 and 1 only).
+  std::vector<Engine*> two = {engines[0], engines[1]};
+  ASSERT_EQ(testing::RunAndCompare(two, SumCase(10, Collective::kBroadcast),
+                                   testing::Contiguous(2, 1), "grp/p2p/0>1/5", 1, 1),
+            "");
+  EXPECT_THAT(links->LinkedInstances("grp", 1, 1), ::testing::ElementsAre("d1", "d1"));
+  EXPECT_THAT(links->LinkedInstances("grp", 1, 2), ::testing::ElementsAre("d2"));
 }
 
 TEST(HierarchicalEngine, DestroyGroupDropsItsPointToPointLinksToo) {
