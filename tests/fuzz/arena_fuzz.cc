@@ -101,7 +101,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 0: {
         const uint64_t off = f.Get<uint32_t>() % bytes;
         const std::string_view b = f.Rest();
-        std::memcpy(theirs + off, b.data(), std::min<uint64_t>(b.size(), bytes - off));
+        if (!b.empty()) std::memcpy(theirs + off, b.data(), std::min<uint64_t>(b.size(), bytes - off));
         break;
       }
       case 1: {

@@ -15,7 +15,7 @@ void BreakArena(ArenaHeader* h, const absl::Status& why) {
   uint32_t unclaimed = 0;
   if (h->broken_claim.compare_exchange_strong(unclaimed, 1, std::memory_order_acq_rel)) {
     const size_t n = std::min(why.message().size(), sizeof(h->reason));
-    std::memcpy(h->reason, why.message().data(), n);
+    if (n > 0) std::memcpy(h->reason, why.message().data(), n);  // an OK status has no data
     h->reason_len = static_cast<uint32_t>(n);
     h->broken.store(code, std::memory_order_release);
   } else {
