@@ -14,19 +14,6 @@
 
 namespace hsdp {
 
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
-  // Compare over the longer length so the loop does not stop early, and
-  // fold the length difference into the result.
-  const size_t n = std::max(a.size(), b.size());
-  volatile unsigned char diff = static_cast<unsigned char>(a.size() != b.size());
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff = diff | static_cast<unsigned char>(x ^ y);
-  }
-  return diff == 0;
-}
-
 absl::StatusOr<std::string> ReadClusterToken(const std::string& path) {
   constexpr size_t kMaxTokenBytes = 4096;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -12,13 +12,11 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/auth/authenticator.h"
+#include "daemon/util/constant_time.h"  // ConstantTimeEquals, used by callers too
 
 namespace hsdp {
 
 inline constexpr char kClusterTokenMetadata[] = "x-hsdp-cluster-token";
-
-// True when `a` equals `b`; the time taken depends only on the lengths.
-bool ConstantTimeEquals(std::string_view a, std::string_view b);
 
 // Reads the token from `path`: the file's content without surrounding
 // whitespace. INVALID_ARGUMENT when it is empty or over 4 KiB, NOT_FOUND /

@@ -6,19 +6,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/util/constant_time.h"
 
 namespace hsdp {
-
-bool SameSecret(const std::string& a, const std::string& b) {
-  const size_t n = std::max(a.size(), b.size());
-  volatile unsigned char diff = static_cast<unsigned char>(a.size() != b.size());
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff = diff | static_cast<unsigned char>(x ^ y);
-  }
-  return diff == 0;
-}
 
 MetricsServer::MetricsServer(std::string username, std::string password)
     : username_(std::move(username)), password_(std::move(password)) {}
@@ -29,8 +19,8 @@ void MetricsServer::Stop() { exposer_.reset(); }
 
 bool MetricsServer::Authorized(const std::string& user, const std::string& password) const {
   // Both compared in full, whatever the first says.
-  const bool user_ok = SameSecret(user, username_);
-  const bool password_ok = SameSecret(password, password_);
+  const bool user_ok = ConstantTimeEquals(user, username_);
+  const bool password_ok = ConstantTimeEquals(password, password_);
   return user_ok && password_ok;
 }
 

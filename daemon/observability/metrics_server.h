@@ -1,8 +1,8 @@
 // MetricsServer: the HTTP side of Metrics. Serves /metrics (prometheus-cpp's
 // Exposer) from the given collectables, in their order, and, when a
 // password is set, asks for HTTP basic auth: the user name and the password
-// are each compared in full and in constant time (SameSecret), and anything
-// else gets 401 with an empty body.
+// are each compared in full and in constant time (ConstantTimeEquals), and
+// anything else gets 401 with an empty body.
 //
 // Thread-safety: Serve and Stop from one thread; the auth check runs on the
 // Exposer's threads.
@@ -18,11 +18,6 @@
 #include "prometheus/exposer.h"
 
 namespace hsdp {
-
-// Whether `a` and `b` are equal, compared over the longer length so the time
-// tells neither where the first difference is nor (beyond its length) what
-// the secret is.
-bool SameSecret(const std::string& a, const std::string& b);
 
 class MetricsServer {
  public:

@@ -2,6 +2,7 @@
 # node-wide pools with per-uid shares
 # (layer 0).
 add_library(hsdp_util STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/constant_time.cc
   ${CMAKE_CURRENT_LIST_DIR}/executor.cc
   ${CMAKE_CURRENT_LIST_DIR}/sd_notify.cc
   ${CMAKE_CURRENT_LIST_DIR}/shortened_key.cc

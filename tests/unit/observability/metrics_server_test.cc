@@ -3,6 +3,7 @@
 // bound, and over real HTTP on loopback: 401 without the password, the
 // collectables with it, no authentication without a password.
 #include "daemon/observability/metrics_server.h"
+#include "daemon/util/constant_time.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -71,14 +72,14 @@ std::shared_ptr<prometheus::Registry> OneCounter() {
 }
 
 TEST(SameSecretTest, EqualOnlyWhenEqual) {
-  EXPECT_TRUE(SameSecret("", ""));
-  EXPECT_TRUE(SameSecret(kPassword, kPassword));
-  EXPECT_FALSE(SameSecret(kPassword, "0123456789abcdef0123456789abcdeF"));
-  EXPECT_FALSE(SameSecret("abc", "abcd"));  // a prefix
-  EXPECT_FALSE(SameSecret("abcd", "abc"));
-  EXPECT_FALSE(SameSecret("", "a"));
+  EXPECT_TRUE(ConstantTimeEquals("", ""));
+  EXPECT_TRUE(ConstantTimeEquals(kPassword, kPassword));
+  EXPECT_FALSE(ConstantTimeEquals(kPassword, "0123456789abcdef0123456789abcdeF"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "abcd"));  // a prefix
+  EXPECT_FALSE(ConstantTimeEquals("abcd", "abc"));
+  EXPECT_FALSE(ConstantTimeEquals("", "a"));
   // Shorter, padded with what the comparison pads with.
-  EXPECT_FALSE(SameSecret(std::string("abc\0", 4), "abc"));
+  EXPECT_FALSE(ConstantTimeEquals(std::string("abc\0", 4), "abc"));
 }
 
 TEST(MetricsServerTest, LetsInOnlyTheRightUserAndPassword) {
