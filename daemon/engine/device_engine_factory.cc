@@ -165,9 +165,22 @@ absl::StatusOr<DeviceStack> MakeDeviceAwareEngine(const std::string& kind,
     out.engine = std::move(host);
     return out;
   }
+  absl::StatusOr<std::unique_ptr<nccl::NcclCollectives>> collectives =
+      nccl::NcclCollectives::Create();
+  if (!collectives.ok()) {
+    if (kind == "nccl") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "engine.kind: \"nccl\" needs libnccl: ", collectives.status().message()));
+    }
+    HSDP_LOG(Warning) << "engine.kind auto: a GPU is visible but "
+                      << collectives.status().message()
+                      << "; host memory only, device memory is not offered";
+    out.engine = std::move(host);
+    return out;
+  }
+  HSDP_LOG(Info) << "NCCL " << (*collectives)->name() << " loaded";
   out.device = cuda;
-  out.engine = MakeRoutingEngine(std::move(host), cuda,
-                                 std::make_unique<nccl::NcclCollectives>(), options);
+  out.engine = MakeRoutingEngine(std::move(host), cuda, *std::move(collectives), options);
   return out;
 #else
   if (kind == "nccl") {

@@ -19,12 +19,18 @@ target_include_directories(hsdp_nccl_engine PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(hsdp_nccl_engine PUBLIC hsdp_engine_api hsdp_device hsdp_shm hsdp_common
   absl::time absl::strings absl::status)
 
-# hsdp_nccl_cuda: the collective interface on the real libnccl.
+# hsdp_nccl_cuda: the collective interface on the real libnccl, which is
+# loaded at run time (nccl_library.h), never linked: the same binary starts
+# on nodes without NCCL. The directory of the NCCL found here is one of the
+# places searched.
 if(HSDP_CUDA_ENABLED)
-  add_library(hsdp_nccl_cuda STATIC ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_collectives.cc)
-  target_include_directories(hsdp_nccl_cuda SYSTEM PRIVATE ${NCCL_INCLUDE_DIR}
-    ${CUDAToolkit_INCLUDE_DIRS})
-  target_link_libraries(hsdp_nccl_cuda PUBLIC hsdp_nccl_engine hsdp_device_cuda ${NCCL_LIBRARY})
+  add_library(hsdp_nccl_cuda STATIC ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_collectives.cc
+    ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_library.cc)
+  target_include_directories(hsdp_nccl_cuda SYSTEM PUBLIC ${NCCL_INCLUDE_DIR})
+  target_include_directories(hsdp_nccl_cuda SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  get_filename_component(HSDP_NCCL_BUILD_DIR "${NCCL_LIBRARY}" DIRECTORY)
+  target_compile_definitions(hsdp_nccl_cuda PRIVATE HSDP_NCCL_BUILD_DIR="${HSDP_NCCL_BUILD_DIR}")
+  target_link_libraries(hsdp_nccl_cuda PUBLIC hsdp_nccl_engine hsdp_device_cuda ${CMAKE_DL_LIBS})
 endif()
 
 # hsdp_device_engine: engine.kind cpu / nccl / auto — routes tasks by memory kind.

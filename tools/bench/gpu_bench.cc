@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "daemon/device/cuda_device_api.h"
 #include "daemon/engine/nccl/nccl_collectives.h"
+#include "daemon/engine/nccl/nccl_library.h"
 #include "daemon/engine/nccl/nccl_engine.h"
 
 using namespace hsdp;
@@ -155,7 +156,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int n = dev->DeviceCount();
-  nccl::NcclCollectives coll;
+  auto nccl_lib = nccl::NcclLibrary::Default();
+  if (!nccl_lib.ok()) {
+    std::printf("hsdp-gpu-bench: %s\n", std::string(nccl_lib.status().message()).c_str());
+    return 2;
+  }
+  nccl::NcclCollectives coll(*nccl_lib);
   std::printf("hsdp-gpu-bench: %d GPU rank(s), %s, %d iterations per point\n", n,
               coll.name().c_str(), iters);
   std::printf("%-15s %10s %12s %12s %14s %10s %10s %7s\n", "op", "bytes", "raw_us", "engine_us",

@@ -1,9 +1,10 @@
 #include "daemon/engine/nccl/nccl_collectives.h"
 
+#include "daemon/engine/nccl/nccl_library.h"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <algorithm>
@@ -17,15 +18,15 @@
 namespace hsdp::nccl {
 namespace {
 
-absl::Status NcclError(ncclResult_t r, ncclComm_t comm, const char* what, const char* file,
-                       int line) {
-  const char* last = ncclGetLastError(comm);
+absl::Status NcclError(const NcclLibrary& lib, ncclResult_t r, ncclComm_t comm, const char* what,
+                       const char* file, int line) {
+  const char* last = lib.GetLastError(comm);
   const absl::StatusCode code = r == ncclInvalidArgument || r == ncclInvalidUsage
                                     ? absl::StatusCode::kInvalidArgument
                                 : r == ncclRemoteError || r == ncclSystemError
                                     ? absl::StatusCode::kUnavailable
                                     : absl::StatusCode::kInternal;
-  return absl::Status(code, absl::StrCat(what, ": ", ncclGetErrorString(r),
+  return absl::Status(code, absl::StrCat(what, ": ", lib.GetErrorString(r),
                                          last != nullptr && *last ? absl::StrCat(" (", last, ")") : "",
                                          " [", file, ":", line, "]"));
 }
@@ -35,7 +36,7 @@ absl::Status NcclError(ncclResult_t r, ncclComm_t comm, const char* what, const 
   do {                                                                           \
     ncclResult_t hsdp_nccl_rc_ = (expr);                                         \
     if (hsdp_nccl_rc_ != ncclSuccess && hsdp_nccl_rc_ != ncclInProgress)         \
-      return NcclError(hsdp_nccl_rc_, (comm), #expr, __FILE__, __LINE__);        \
+      return NcclError(*lib_, hsdp_nccl_rc_, (comm), #expr, __FILE__, __LINE__);        \
   } while (0)
 
 ncclComm_t C(CommHandle h) { return reinterpret_cast<ncclComm_t>(static_cast<uintptr_t>(h)); }
@@ -70,26 +71,6 @@ absl::StatusOr<ncclRedOp_t> NcclOp(RedOp op) {
   }
 }
 
-// ncclCommShrink exists from NCCL 2.27 on. It is looked up in the libnccl
-// this process loaded, never linked: a direct call would make the daemon fail
-// to load with an older NCCL (an undefined symbol), where everything but
-// shrink works.
-using ShrinkFn = ncclResult_t (*)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int);
-
-ShrinkFn LookUpShrink() {
-  void* sym = nullptr;
-  Dl_info info{};
-  // The library that holds ncclGetVersion is the libnccl in use.
-  if (dladdr(reinterpret_cast<void*>(&ncclGetVersion), &info) != 0 && info.dli_fname != nullptr) {
-    if (void* lib = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD); lib != nullptr) {
-      sym = dlsym(lib, "ncclCommShrink");
-      dlclose(lib);  // RTLD_NOLOAD took a reference; the library stays loaded
-    }
-  }
-  if (sym == nullptr) sym = dlsym(RTLD_DEFAULT, "ncclCommShrink");
-  return reinterpret_cast<ShrinkFn>(sym);
-}
-
 ncclConfig_t NonBlockingConfig() {
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
@@ -98,20 +79,19 @@ ncclConfig_t NonBlockingConfig() {
 
 }  // namespace
 
-NcclCollectives::NcclCollectives() : shrink_(reinterpret_cast<void*>(LookUpShrink())) {}
+NcclCollectives::NcclCollectives(const NcclLibrary* lib) : lib_(lib) {}
+
+absl::StatusOr<std::unique_ptr<NcclCollectives>> NcclCollectives::Create() {
+  ASSIGN_OR_RETURN(const NcclLibrary* lib, NcclLibrary::Default());
+  return std::make_unique<NcclCollectives>(lib);
+}
 
 NcclCollectives::~NcclCollectives() = default;
 
-std::string NcclCollectives::name() const {
-  int v = 0;
-  ncclGetVersion(&v);
-  return absl::StrCat("nccl-", v);
-}
+std::string NcclCollectives::name() const { return absl::StrCat("nccl-", lib_->version); }
 
 bool NcclCollectives::SupportsShrink() const {
-  int v = 0;
-  ncclGetVersion(&v);
-  return shrink_ != nullptr && v >= 22700;
+  return lib_->CommShrink != nullptr && lib_->version >= 22700;
 }
 
 absl::StatusOr<int> NcclCollectives::DeviceOf(CommHandle comm) const {
@@ -134,7 +114,7 @@ absl::Status NcclCollectives::Prepare(CommHandle comm) const {
 
 absl::StatusOr<UniqueId> NcclCollectives::NewUniqueId() {
   ncclUniqueId id;
-  NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id), nullptr);
+  NCCL_RETURN_IF_ERROR(lib_->GetUniqueId(&id), nullptr);
   static_assert(sizeof(id) == kUniqueIdBytes);
   UniqueId out;
   std::memcpy(out.bytes.data(), &id, sizeof(id));
@@ -151,7 +131,7 @@ absl::StatusOr<std::vector<CommHandle>> NcclCollectives::InitRanks(
   std::memcpy(&id, uid.bytes.data(), sizeof(id));
   std::vector<ncclComm_t> comms(ranks.size(), nullptr);
   ncclConfig_t cfg = NonBlockingConfig();
-  NCCL_RETURN_IF_ERROR(ncclGroupStart(), nullptr);
+  NCCL_RETURN_IF_ERROR(lib_->GroupStart(), nullptr);
   absl::Status first;
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (cudaSetDevice(devices[i]) != cudaSuccess) {
@@ -159,19 +139,19 @@ absl::StatusOr<std::vector<CommHandle>> NcclCollectives::InitRanks(
       first = absl::InvalidArgumentError(absl::StrCat("device ", devices[i], " is not usable"));
       break;
     }
-    ncclResult_t r = ncclCommInitRankConfig(&comms[i], nranks, id, ranks[i], &cfg);
+    ncclResult_t r = lib_->CommInitRankConfig(&comms[i], nranks, id, ranks[i], &cfg);
     if (r != ncclSuccess && r != ncclInProgress) {
-      first = NcclError(r, nullptr, "ncclCommInitRankConfig", __FILE__, __LINE__);
+      first = NcclError(*lib_, r, nullptr, "ncclCommInitRankConfig", __FILE__, __LINE__);
       break;
     }
   }
-  ncclResult_t end = ncclGroupEnd();
+  ncclResult_t end = lib_->GroupEnd();
   if (first.ok() && end != ncclSuccess && end != ncclInProgress) {
-    first = NcclError(end, nullptr, "ncclGroupEnd (init)", __FILE__, __LINE__);
+    first = NcclError(*lib_, end, nullptr, "ncclGroupEnd (init)", __FILE__, __LINE__);
   }
   if (!first.ok()) {
     for (ncclComm_t c : comms) {
-      if (c != nullptr) (void)ncclCommAbort(c);
+      if (c != nullptr) (void)lib_->CommAbort(c);
     }
     return first;
   }
@@ -190,12 +170,11 @@ absl::StatusOr<std::vector<CommHandle>> NcclCollectives::ShrinkRanks(
     return absl::UnimplementedError(
         absl::StrCat("ncclCommShrink needs NCCL >= 2.27 (loaded: ", name(), ")"));
   }
-  const auto shrink = reinterpret_cast<ShrinkFn>(shrink_);
   std::vector<int> ex(exclude);
   std::vector<ncclComm_t> out(comms.size(), nullptr);
   std::vector<int> devs(comms.size(), -1);
   ncclConfig_t cfg = NonBlockingConfig();
-  NCCL_RETURN_IF_ERROR(ncclGroupStart(), nullptr);
+  NCCL_RETURN_IF_ERROR(lib_->GroupStart(), nullptr);
   absl::Status first;
   for (size_t i = 0; i < comms.size() && first.ok(); ++i) {
     auto d = DeviceOf(comms[i]);
@@ -206,21 +185,21 @@ absl::StatusOr<std::vector<CommHandle>> NcclCollectives::ShrinkRanks(
     devs[i] = *d;
     (void)cudaSetDevice(*d);
     int rank = -1;
-    ncclCommUserRank(C(comms[i]), &rank);
+    lib_->CommUserRank(C(comms[i]), &rank);
     if (std::find(ex.begin(), ex.end(), rank) != ex.end()) continue;  // excluded: no call
-    ncclResult_t r = shrink(C(comms[i]), ex.data(), static_cast<int>(ex.size()), &out[i], &cfg,
+    ncclResult_t r = lib_->CommShrink(C(comms[i]), ex.data(), static_cast<int>(ex.size()), &out[i], &cfg,
                             NCCL_SHRINK_DEFAULT);
     if (r != ncclSuccess && r != ncclInProgress) {
-      first = NcclError(r, C(comms[i]), "ncclCommShrink", __FILE__, __LINE__);
+      first = NcclError(*lib_, r, C(comms[i]), "ncclCommShrink", __FILE__, __LINE__);
     }
   }
-  ncclResult_t end = ncclGroupEnd();
+  ncclResult_t end = lib_->GroupEnd();
   if (first.ok() && end != ncclSuccess && end != ncclInProgress) {
-    first = NcclError(end, nullptr, "ncclGroupEnd (shrink)", __FILE__, __LINE__);
+    first = NcclError(*lib_, end, nullptr, "ncclGroupEnd (shrink)", __FILE__, __LINE__);
   }
   if (!first.ok()) {
     for (ncclComm_t c : out) {
-      if (c != nullptr) (void)ncclCommAbort(c);
+      if (c != nullptr) (void)lib_->CommAbort(c);
     }
     return first;
   }
@@ -235,12 +214,12 @@ absl::StatusOr<std::vector<CommHandle>> NcclCollectives::ShrinkRanks(
 }
 
 absl::Status NcclCollectives::GroupStart() {
-  NCCL_RETURN_IF_ERROR(ncclGroupStart(), nullptr);
+  NCCL_RETURN_IF_ERROR(lib_->GroupStart(), nullptr);
   return absl::OkStatus();
 }
 
 absl::Status NcclCollectives::GroupEnd() {
-  NCCL_RETURN_IF_ERROR(ncclGroupEnd(), nullptr);
+  NCCL_RETURN_IF_ERROR(lib_->GroupEnd(), nullptr);
   return absl::OkStatus();
 }
 
@@ -250,7 +229,7 @@ absl::Status NcclCollectives::AllReduce(DevicePtr send, DevicePtr recv, uint64_t
   RETURN_IF_ERROR(Prepare(comm));
   ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(dtype));
   ASSIGN_OR_RETURN(ncclRedOp_t o, NcclOp(op));
-  NCCL_RETURN_IF_ERROR(ncclAllReduce(P(send), P(recv), count, t, o, C(comm), S(stream)), C(comm));
+  NCCL_RETURN_IF_ERROR(lib_->AllReduce(P(send), P(recv), count, t, o, C(comm), S(stream)), C(comm));
   return absl::OkStatus();
 }
 
@@ -258,7 +237,7 @@ absl::Status NcclCollectives::AllGather(DevicePtr send, DevicePtr recv, uint64_t
                                         DataType dtype, CommHandle comm, StreamHandle stream) {
   RETURN_IF_ERROR(Prepare(comm));
   ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(dtype));
-  NCCL_RETURN_IF_ERROR(ncclAllGather(P(send), P(recv), send_count, t, C(comm), S(stream)), C(comm));
+  NCCL_RETURN_IF_ERROR(lib_->AllGather(P(send), P(recv), send_count, t, C(comm), S(stream)), C(comm));
   return absl::OkStatus();
 }
 
@@ -269,7 +248,7 @@ absl::Status NcclCollectives::ReduceScatter(DevicePtr send, DevicePtr recv, uint
   ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(dtype));
   ASSIGN_OR_RETURN(ncclRedOp_t o, NcclOp(op));
   NCCL_RETURN_IF_ERROR(
-      ncclReduceScatter(P(send), P(recv), recv_count, t, o, C(comm), S(stream)), C(comm));
+      lib_->ReduceScatter(P(send), P(recv), recv_count, t, o, C(comm), S(stream)), C(comm));
   return absl::OkStatus();
 }
 
@@ -278,7 +257,7 @@ absl::Status NcclCollectives::Broadcast(DevicePtr send, DevicePtr recv, uint64_t
                                         StreamHandle stream) {
   RETURN_IF_ERROR(Prepare(comm));
   ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(dtype));
-  NCCL_RETURN_IF_ERROR(ncclBroadcast(P(send), P(recv), count, t, root, C(comm), S(stream)), C(comm));
+  NCCL_RETURN_IF_ERROR(lib_->Broadcast(P(send), P(recv), count, t, root, C(comm), S(stream)), C(comm));
   return absl::OkStatus();
 }
 
@@ -286,7 +265,7 @@ absl::Status NcclCollectives::Send(DevicePtr buf, uint64_t count, DataType dtype
                                    CommHandle comm, StreamHandle stream) {
   RETURN_IF_ERROR(Prepare(comm));
   ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(dtype));
-  NCCL_RETURN_IF_ERROR(ncclSend(P(buf), count, t, peer, C(comm), S(stream)), C(comm));
+  NCCL_RETURN_IF_ERROR(lib_->Send(P(buf), count, t, peer, C(comm), S(stream)), C(comm));
   return absl::OkStatus();
 }
 
@@ -294,7 +273,7 @@ absl::Status NcclCollectives::Recv(DevicePtr buf, uint64_t count, DataType dtype
                                    CommHandle comm, StreamHandle stream) {
   RETURN_IF_ERROR(Prepare(comm));
   ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(dtype));
-  NCCL_RETURN_IF_ERROR(ncclRecv(P(buf), count, t, peer, C(comm), S(stream)), C(comm));
+  NCCL_RETURN_IF_ERROR(lib_->Recv(P(buf), count, t, peer, C(comm), S(stream)), C(comm));
   return absl::OkStatus();
 }
 
@@ -312,14 +291,14 @@ absl::StatusOr<RedOp> NcclCollectives::CreatePreMulSum(double scalar, DataType d
     default: return absl::InvalidArgumentError("PreMulSum: float types only");
   }
   ncclRedOp_t op;
-  NCCL_RETURN_IF_ERROR(ncclRedOpCreatePreMulSum(&op, buf, t, ncclScalarHostImmediate, C(comm)),
+  NCCL_RETURN_IF_ERROR(lib_->RedOpCreatePreMulSum(&op, buf, t, ncclScalarHostImmediate, C(comm)),
                        C(comm));
   return RedOp{ReduceOp::kPremulSum, static_cast<int64_t>(op)};
 }
 
 void NcclCollectives::DestroyRedOp(RedOp op, CommHandle comm) {
   if (op.op != ReduceOp::kPremulSum || op.custom < 0 || !Prepare(comm).ok()) return;
-  (void)ncclRedOpDestroy(static_cast<ncclRedOp_t>(op.custom), C(comm));
+  (void)lib_->RedOpDestroy(static_cast<ncclRedOp_t>(op.custom), C(comm));
 }
 
 AsyncState NcclCollectives::Query(CommHandle comm, absl::Status* error) {
@@ -328,14 +307,14 @@ AsyncState NcclCollectives::Query(CommHandle comm, absl::Status* error) {
     return AsyncState::kFailed;
   }
   ncclResult_t state = ncclSuccess;
-  ncclResult_t r = ncclCommGetAsyncError(C(comm), &state);
+  ncclResult_t r = lib_->CommGetAsyncError(C(comm), &state);
   if (r != ncclSuccess) {
-    *error = NcclError(r, C(comm), "ncclCommGetAsyncError", __FILE__, __LINE__);
+    *error = NcclError(*lib_, r, C(comm), "ncclCommGetAsyncError", __FILE__, __LINE__);
     return AsyncState::kFailed;
   }
   if (state == ncclSuccess) return AsyncState::kReady;
   if (state == ncclInProgress) return AsyncState::kInProgress;
-  *error = NcclError(state, C(comm), "communicator", __FILE__, __LINE__);
+  *error = NcclError(*lib_, state, C(comm), "communicator", __FILE__, __LINE__);
   return AsyncState::kFailed;
 }
 
@@ -354,32 +333,33 @@ absl::Status NcclCollectives::Release(const std::vector<CommHandle>& comms, bool
   // clique driven by this thread finalize or abort together.
   auto grouped = [&](auto&& call, const char* what) {
     absl::Status first;
-    ncclResult_t r = ncclGroupStart();
-    if (r != ncclSuccess) return NcclError(r, nullptr, "ncclGroupStart", __FILE__, __LINE__);
+    ncclResult_t r = lib_->GroupStart();
+    if (r != ncclSuccess) return NcclError(*lib_, r, nullptr, "ncclGroupStart", __FILE__, __LINE__);
     for (size_t i = 0; i < comms.size(); ++i) {
       (void)cudaSetDevice(devs[i]);
       r = call(C(comms[i]));
       if (r != ncclSuccess && r != ncclInProgress && first.ok()) {
-        first = NcclError(r, C(comms[i]), what, __FILE__, __LINE__);
+        first = NcclError(*lib_, r, C(comms[i]), what, __FILE__, __LINE__);
       }
     }
-    r = ncclGroupEnd();
+    r = lib_->GroupEnd();
     if (r != ncclSuccess && r != ncclInProgress && first.ok()) {
-      first = NcclError(r, nullptr, "ncclGroupEnd", __FILE__, __LINE__);
+      first = NcclError(*lib_, r, nullptr, "ncclGroupEnd", __FILE__, __LINE__);
     }
     return first;
   };
-  if (abort) return grouped([](ncclComm_t c) { return ncclCommAbort(c); }, "ncclCommAbort");
+  if (abort) return grouped([this](ncclComm_t c) { return lib_->CommAbort(c); }, "ncclCommAbort");
   // Non-blocking: finalize all, wait (bounded) until every one is quiescent,
   // then destroy them; if any does not get there in time, abort them all.
-  absl::Status s = grouped([](ncclComm_t c) { return ncclCommFinalize(c); }, "ncclCommFinalize");
+  absl::Status s = grouped([this](ncclComm_t c) { return lib_->CommFinalize(c); },
+                           "ncclCommFinalize");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   bool quiet = s.ok();
   for (size_t i = 0; i < comms.size() && quiet; ++i) {
     (void)cudaSetDevice(devs[i]);
     for (;;) {
       ncclResult_t state = ncclInProgress;
-      if (ncclCommGetAsyncError(C(comms[i]), &state) != ncclSuccess || state != ncclInProgress) {
+      if (lib_->CommGetAsyncError(C(comms[i]), &state) != ncclSuccess || state != ncclInProgress) {
         quiet = state == ncclSuccess;
         break;
       }
@@ -391,10 +371,10 @@ absl::Status NcclCollectives::Release(const std::vector<CommHandle>& comms, bool
     }
   }
   if (!quiet) {
-    absl::Status a = grouped([](ncclComm_t c) { return ncclCommAbort(c); }, "ncclCommAbort");
+    absl::Status a = grouped([this](ncclComm_t c) { return lib_->CommAbort(c); }, "ncclCommAbort");
     return s.ok() ? a : s;
   }
-  return grouped([](ncclComm_t c) { return ncclCommDestroy(c); }, "ncclCommDestroy");
+  return grouped([this](ncclComm_t c) { return lib_->CommDestroy(c); }, "ncclCommDestroy");
 }
 
 }  // namespace hsdp::nccl

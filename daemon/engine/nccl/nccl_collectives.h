@@ -2,9 +2,10 @@
 // HSDP_WITH_CUDA). Communicators are created non-blocking
 // (ncclConfig_t.blocking = 0): calls may return ncclInProgress, which is
 // success here — the engine polls Query() for readiness and errors.
-// ShrinkRanks uses ncclCommShrink (NCCL >= 2.27), looked up at run time in
-// the loaded libnccl (dlsym), so the daemon loads with an older NCCL and
-// SupportsShrink() says false there.
+// libnccl is loaded at run time (NcclLibrary: dlopen, never linked), so one
+// binary starts on nodes without NCCL; ShrinkRanks uses ncclCommShrink
+// (NCCL >= 2.27) when the loaded library has it, SupportsShrink() says
+// false otherwise.
 //
 // Handles: a CommHandle is the ncclComm_t value; the device of each is
 // remembered so every call sets it first.
@@ -14,15 +15,21 @@
 #define HSDP_DAEMON_ENGINE_NCCL_NCCL_COLLECTIVES_H_
 
 #include <map>
+#include <memory>
 #include <mutex>
 
 #include "daemon/engine/nccl/collectives_api.h"
 
 namespace hsdp::nccl {
 
+struct NcclLibrary;
+
 class NcclCollectives : public Collectives {
  public:
-  NcclCollectives();
+  // On the process's libnccl (NcclLibrary::Default): fails, saying where it
+  // looked, when there is none.
+  static absl::StatusOr<std::unique_ptr<NcclCollectives>> Create();
+  explicit NcclCollectives(const NcclLibrary* lib);  // lib outlives this
   ~NcclCollectives() override;
 
   std::string name() const override;
@@ -56,7 +63,7 @@ class NcclCollectives : public Collectives {
   absl::StatusOr<int> DeviceOf(CommHandle comm) const;
   absl::Status Prepare(CommHandle comm) const;  // sets the communicator's device
 
-  void* const shrink_;  // ncclCommShrink in the loaded libnccl, or null
+  const NcclLibrary* const lib_;
   mutable std::mutex mu_;
   std::map<CommHandle, int> devices_;  // guarded by mu_
 };

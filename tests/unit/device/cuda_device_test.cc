@@ -20,6 +20,7 @@
 
 #include "daemon/device/cuda_device_api.h"
 #include "daemon/engine/nccl/nccl_collectives.h"
+#include "daemon/engine/nccl/nccl_library.h"
 #include "daemon/engine/nccl/nccl_engine.h"
 #include "daemon/session/device_buffers.h"
 #include "gtest/gtest.h"
@@ -190,7 +191,9 @@ struct Done {
 
 TEST(NcclEngineCudaTest, CollectivesOnRealCommunicators) {
   SKIP_WITHOUT_GPU(api);
-  nccl::NcclCollectives coll;
+  auto nccl_lib = nccl::NcclLibrary::Default();
+  ASSERT_TRUE(nccl_lib.ok()) << nccl_lib.status();
+  nccl::NcclCollectives coll(*nccl_lib);
   nccl::NcclEngine engine(api.get(), &coll);
   const int n = std::min(api->DeviceCount(), 2);
   const uint64_t count = 4096;
@@ -296,7 +299,9 @@ EngineTask OneRankAllReduce(device::DevicePtr buf, uint64_t count, const std::st
 // the held-back producer finishes normally once released.
 TEST(NcclEngineCudaTest, HeldBackProducerAbortTimeoutAndANewEpoch) {
   SKIP_WITHOUT_GPU(api);
-  nccl::NcclCollectives coll;
+  auto nccl_lib = nccl::NcclLibrary::Default();
+  ASSERT_TRUE(nccl_lib.ok()) << nccl_lib.status();
+  nccl::NcclCollectives coll(*nccl_lib);
   nccl::NcclEngineOptions o;
   o.op_timeout = absl::Milliseconds(500);
   nccl::NcclEngine engine(api.get(), &coll, o);
@@ -344,7 +349,9 @@ TEST(NcclEngineCudaTest, HeldBackProducerAbortTimeoutAndANewEpoch) {
 // device's greatest priority, the all-reduce on a default-priority one.
 TEST(NcclEngineCudaTest, ShardCollectivesRunOnTheHighestPriorityStream) {
   SKIP_WITHOUT_GPU(api);
-  nccl::NcclCollectives coll;
+  auto nccl_lib = nccl::NcclLibrary::Default();
+  ASSERT_TRUE(nccl_lib.ok()) << nccl_lib.status();
+  nccl::NcclCollectives coll(*nccl_lib);
   nccl::NcclEngine engine(api.get(), &coll);
   const uint64_t count = 1024;
   auto a = api->Allocate(0, count * 4);

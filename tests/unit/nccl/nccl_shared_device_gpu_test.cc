@@ -11,6 +11,7 @@
 
 #include "daemon/device/cuda_device_api.h"
 #include "daemon/engine/nccl/nccl_collectives.h"
+#include "daemon/engine/nccl/nccl_library.h"
 #include "daemon/engine/nccl/nccl_engine.h"
 #include "gtest/gtest.h"
 #include "tests/unit/nccl/shared_device_cases.h"
@@ -23,8 +24,8 @@ using testing::EveryCase;
 using testing::RunCase;
 
 struct GpuNode {
-  explicit GpuNode(std::unique_ptr<device::CudaDeviceApi> api)
-      : owned(std::move(api)), dev(*owned), engine(&dev, &coll) {}
+  GpuNode(std::unique_ptr<device::CudaDeviceApi> api, const NcclLibrary* lib)
+      : owned(std::move(api)), dev(*owned), coll(lib), engine(&dev, &coll) {}
   ~GpuNode() { engine.Shutdown(); }
   std::unique_ptr<device::CudaDeviceApi> owned;
   device::CudaDeviceApi& dev;
@@ -38,7 +39,12 @@ std::unique_ptr<GpuNode> NodeOrSkip(std::string* reason) {
     *reason = "no GPU on this machine (" + api->unavailable_reason() + ")";
     return nullptr;
   }
-  return std::make_unique<GpuNode>(std::move(api));
+  auto lib = NcclLibrary::Default();
+  if (!lib.ok()) {
+    *reason = std::string(lib.status().message());
+    return nullptr;
+  }
+  return std::make_unique<GpuNode>(std::move(api), *lib);
 }
 
 TEST(NcclSharedDeviceGpuTest, SeveralMembersOnOneGpuRunEveryCollective) {
