@@ -15,3 +15,8 @@ include(${CMAKE_CURRENT_LIST_DIR}/bench/baselines.cmake)
 if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/bench/gpu_bench.cmake)
   include(${CMAKE_CURRENT_LIST_DIR}/bench/gpu_bench.cmake)
 endif()
+# Installed: hsdpctl and hsdp-bench (the other tools and benchmarks stay in the build).
+install(TARGETS hsdpctl RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT daemon)
+if(TARGET hsdp-bench)
+  install(TARGETS hsdp-bench RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT daemon)
+endif()

@@ -1,0 +1,73 @@
+"""Helpers of the packaging tests (tests/packaging/): an install tree, a
+daemon started from it, waits on conditions (never sleeps)."""
+import os
+import subprocess
+import time
+
+
+def run(argv, timeout=600, env=None, cwd=None):
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout, env=env, cwd=cwd)
+    if r.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)}: exit {r.returncode}\n{r.stdout[-4000:]}")
+    return r.stdout
+
+
+def wait_until(cond, timeout, what):
+    """Polls `cond` (10 ms apart) until it returns a true value; fails naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+NODE_YAML = """node:
+  socket: {socket}
+engine:
+  kind: cpu
+  threads: 2
+metrics:
+  listen: ""
+"""
+
+
+class Daemon:
+    """hsdpd from `prefix`/bin on a private socket; health-checked with hsdpctl."""
+
+    def __init__(self, prefix, workdir):
+        self.prefix = prefix
+        self.socket = os.path.join(workdir, "hsdpd.sock")
+        self.config = os.path.join(workdir, "node.yaml")
+        with open(self.config, "w") as f:
+            f.write(NODE_YAML.format(socket=self.socket))
+        self.log = open(os.path.join(workdir, "hsdpd.log"), "w+")
+        self.proc = subprocess.Popen([os.path.join(prefix, "bin", "hsdpd"), "--node-config",
+                                      self.config], stdout=self.log, stderr=subprocess.STDOUT)
+        wait_until(self.healthy, 30, "hsdpd to answer `hsdpctl health`")
+
+    def hsdpctl(self, *args):
+        return subprocess.run([os.path.join(self.prefix, "bin", "hsdpctl"), "--socket",
+                               self.socket, *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=30)
+
+    def healthy(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(f"hsdpd exited with {self.proc.returncode}:\n{self.logs()}")
+        return self.hsdpctl("health").returncode == 0
+
+    def logs(self):
+        self.log.seek(0)
+        return self.log.read()[-4000:]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
