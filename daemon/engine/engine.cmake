@@ -59,6 +59,7 @@ add_library(hsdp_engine STATIC
   ${CMAKE_CURRENT_LIST_DIR}/cluster/hierarchical_dependencies.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/hierarchical_engine.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/hierarchical_links.cc
+  ${CMAKE_CURRENT_LIST_DIR}/cluster/node_transport.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster/sidecar.cc)
 target_link_libraries(hsdp_engine PUBLIC hsdp_engine_api hsdp_device_engine hsdp_cpu_kernels
   hsdp_config hsdp_util absl::synchronization absl::strings)

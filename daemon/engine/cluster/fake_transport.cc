@@ -66,17 +66,7 @@ class FakeLink : public NodeLink {
     std::unique_lock<std::mutex> l(state_->mu);
     if (!broken_.ok()) return broken_;
     const int n = static_cast<int>(session_->nodes.size());
-    for (const SendRange& s : sends) {
-      if (s.peer < 0 || s.peer >= n || s.peer == self_) {
-        return BreakLocked(absl::InvalidArgumentError(absl::StrCat("send to link peer ", s.peer)));
-      }
-    }
-    for (const RecvRange& r : recvs) {
-      if (r.peer < 0 || r.peer >= n || r.peer == self_) {
-        return BreakLocked(
-            absl::InvalidArgumentError(absl::StrCat("receive from link peer ", r.peer)));
-      }
-    }
+    if (absl::Status s = CheckExchange(sends, recvs, n, self_); !s.ok()) return BreakLocked(s);
     if (absl::Status s = HealthLocked(); !s.ok()) return BreakLocked(s);
     const bool silent = state_->silent.count(node()) > 0;
     const absl::Time ready = absl::Now() + DelayLocked();
@@ -191,15 +181,13 @@ class FakeTransport : public TransportFactory {
   absl::StatusOr<std::unique_ptr<NodeLink>> Connect(const std::string& key, uint32_t epoch,
                                                     const std::vector<int>& nodes, int this_node,
                                                     absl::Time deadline) override {
-    if (this_node != node_ || nodes.size() < 2 ||
-        !std::is_sorted(nodes.begin(), nodes.end()) ||
-        std::adjacent_find(nodes.begin(), nodes.end()) != nodes.end() ||
-        !std::binary_search(nodes.begin(), nodes.end(), this_node)) {
+    absl::StatusOr<int> self_or = LinkSelfIndex(nodes, this_node);
+    if (!self_or.ok()) return self_or.status();
+    if (this_node != node_) {  // the fake's own rule: a factory serves one node
       return absl::InvalidArgumentError(
-          absl::StrCat("nodes [", absl::StrJoin(nodes, ", "), "] for node ", this_node));
+          absl::StrCat("node ", this_node, " connected through node ", node_, "'s factory"));
     }
-    const int self =
-        static_cast<int>(std::lower_bound(nodes.begin(), nodes.end(), this_node) - nodes.begin());
+    const int self = *self_or;
     const std::string rkey = absl::StrCat(key, "/", epoch, "/", absl::StrJoin(nodes, ","));
     std::unique_lock<std::mutex> l(state_->mu);
     if (state_->killed.count(node_) > 0) {

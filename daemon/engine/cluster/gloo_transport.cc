@@ -121,17 +121,7 @@ class GlooLink : public NodeLink {
     {
       std::lock_guard<std::mutex> l(mu_);
       if (!broken_.ok()) return broken_;
-      for (const SendRange& s : sends) {
-        if (s.peer < 0 || s.peer >= n || s.peer == self_) {
-          return BreakLocked(absl::InvalidArgumentError(absl::StrCat("send to link peer ", s.peer)));
-        }
-      }
-      for (const RecvRange& r : recvs) {
-        if (r.peer < 0 || r.peer >= n || r.peer == self_) {
-          return BreakLocked(
-              absl::InvalidArgumentError(absl::StrCat("receive from link peer ", r.peer)));
-        }
-      }
+      if (absl::Status s = CheckExchange(sends, recvs, n, self_); !s.ok()) return BreakLocked(s);
       int posting = -1;  // the link peer Gloo was given when it threw
       try {
         for (const RecvRange& r : recvs) {
@@ -285,14 +275,9 @@ class GlooTransport : public TransportFactory {
   absl::StatusOr<std::unique_ptr<NodeLink>> Connect(const std::string& key, uint32_t epoch,
                                                     const std::vector<int>& nodes, int this_node,
                                                     absl::Time deadline) override {
-    if (nodes.size() < 2 || !std::is_sorted(nodes.begin(), nodes.end()) ||
-        std::adjacent_find(nodes.begin(), nodes.end()) != nodes.end() ||
-        !std::binary_search(nodes.begin(), nodes.end(), this_node)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("nodes [", absl::StrJoin(nodes, ", "), "] for node ", this_node));
-    }
-    const int self =
-        static_cast<int>(std::lower_bound(nodes.begin(), nodes.end(), this_node) - nodes.begin());
+    absl::StatusOr<int> self_or = LinkSelfIndex(nodes, this_node);
+    if (!self_or.ok()) return self_or.status();
+    const int self = *self_or;
     absl::StatusOr<std::vector<std::shared_ptr<gloo::transport::Device>>> devices = Devices();
     if (!devices.ok()) return devices.status();
     const std::string prefix = StorePrefix(key, epoch);

@@ -73,6 +73,20 @@ class NodeLink {
   }
 };
 
+// The rules every transport applies to its arguments (one definition, so a
+// fake refuses exactly what the real link refuses).
+//
+// The index of `this_node` in `nodes` (what the link's self() returns) when
+// `nodes` is at least two ascending, distinct node ranks that include
+// `this_node`; INVALID_ARGUMENT naming both otherwise.
+absl::StatusOr<int> LinkSelfIndex(const std::vector<int>& nodes, int this_node);
+
+// An Exchange on a link of `link_size` daemons from link index `self`:
+// INVALID_ARGUMENT when a message's peer is out of range or self, or when two
+// sends to one peer (or two receives from one peer) share a part.
+absl::Status CheckExchange(const std::vector<SendRange>& sends, const std::vector<RecvRange>& recvs,
+                           int link_size, int self);
+
 class TransportFactory {
  public:
   virtual ~TransportFactory() = default;
