@@ -33,6 +33,7 @@ set(CPACK_PACKAGE_DESCRIPTION
     "hsdpd runs one per node and carries the collectives of FSDP/HSDP/ZeRO jobs.\nThe package holds hsdpd, hsdpctl, hsdp-bench, the systemd unit (not enabled),\n/etc/hsdpd/node.yaml and the C++ client library (shared, static, headers,\nCMake package, pkg-config).")
 set(CPACK_PACKAGE_DIRECTORY ${CMAKE_BINARY_DIR}/packages)
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_INSTALL_PREFIX /usr)
 # Install with DESTDIR and prefix /usr, so install_node_files.cmake sees /usr.
 set(CPACK_SET_DESTDIR ON)
 set(CPACK_STRIP_FILES ON)

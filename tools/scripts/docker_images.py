@@ -4,6 +4,7 @@
     docker_images.py build [--build-dir build] [--tag latest]   # prints the images as JSON
     docker_images.py remove --tag TAG                            # the images of TAG
     docker_images.py bases                                       # only the cached base
+    docker_images.py debian                                      # the clean Debian image
 
 Two steps, the first cached per machine by a content hash:
 
@@ -11,9 +12,15 @@ Two steps, the first cached per machine by a content hash:
    packages of deploy/docker/base-packages.txt, from the mirror this machine's
    apt uses, then `docker import`. <hash> covers the package list and the
    recipe (build_base below): a change makes a new base, and nothing else does.
-2. hsdpd:<tag> and hsdpd-trainer:<tag> -- deploy/Dockerfile: one layer of
-   this build's files (binaries stripped, the Python package, the demo, the
-   libraries hsdpd links from outside Debian's packages) on the base.
+2. hsdpd:<tag> and hsdpd-trainer:<tag> -- deploy/Dockerfile: one layer on
+   the base: this build's Debian package (tools/scripts/build_deb.sh,
+   installed with dpkg, which refuses it when the base lacks a dependency
+   the package declares) and, in the trainer, the Python package (build/python,
+   stripped, until the wheel exists) and the demo.
+
+`debian` builds (once per machine, cached like the base) hsdpd-debian:<hash>,
+plain `debootstrap --variant=minbase bookworm` with nothing added: the clean
+Debian the packaging tests install the .deb into (tests/packaging/deb_test.py).
 
 torch is not in any image: the trainer containers mount the site-packages
 of the project's environment read-only (torch_site below; the compose files
@@ -42,8 +49,9 @@ DOCKER_DIR = os.path.join(ROOT, "deploy", "docker")
 SUITE = "bookworm"
 CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
                          "hsdpd")
-# The files of the image, as deploy/Dockerfile's COPY lines name them.
+# The files of the image, as deploy/Dockerfile's COPY and RUN lines name them.
 BINARIES = ["hsdpd", "hsdpctl", "hsdp-bench"]
+DEB = "build/packages/hsdpd.deb"
 DEMO = ["tools/demo/train_demo.py", "tools/demo/transformer.py"]
 LABEL = "org.hsdpd.image"
 
@@ -152,6 +160,19 @@ def base_image():
     return tag
 
 
+def debian_image():
+    """hsdpd-debian:<hash>: debootstrap minbase of SUITE, nothing added (a
+    clean Debian for the packaging tests), built now when this machine lacks it."""
+    h = hashlib.sha256()
+    h.update(SUITE.encode())
+    h.update(inspect.getsource(build_base).encode())
+    tag = f"hsdpd-debian:{h.hexdigest()[:16]}"
+    if not image_exists(tag):
+        log(f"building {tag} (debootstrap {SUITE} minbase, nothing added; once per machine)")
+        build_base(tag, ["apt"])  # apt is minbase's own: nothing is added
+    return tag
+
+
 def torch_site(build_dir):
     """The site-packages with torch that the trainer containers mount read-only
     at /usr/local/lib/python3.11/dist-packages: $HSDP_TORCH_SITE, else the
@@ -205,7 +226,8 @@ def _foreign_libraries(files):
 
 
 def stage_context(build_dir, ctx):
-    """The build context of deploy/Dockerfile: the checkout's paths."""
+    """The build context of deploy/Dockerfile: the checkout's paths, with
+    build/packages/hsdpd.deb made from `build_dir` (tools/scripts/build_deb.sh)."""
     if os.path.exists(ctx):
         shutil.rmtree(ctx)
     bins = [os.path.join(build_dir, "bin", b) for b in BINARIES]
@@ -214,26 +236,29 @@ def stage_context(build_dir, ctx):
     for p in bins:
         if not os.path.isfile(p):
             raise ImageError(f"{p} is missing: build first (tools/scripts/build.sh)")
-    os.makedirs(os.path.join(ctx, "build", "bin"))
-    for p in bins:
-        shutil.copy2(p, os.path.join(ctx, "build", "bin"))
+    # Every library is a Debian package's: the package's dependencies are
+    # computed from them (dpkg-shlibdeps), the base must hold them.
+    foreign = _foreign_libraries(bins + ext)
+    if foreign:
+        raise ImageError(f"linked from outside Debian's packages: {', '.join(foreign)}")
+    pkg_dir = os.path.join(ctx, os.path.dirname(DEB))
+    r = subprocess.run([os.path.join(ROOT, "tools", "scripts", "build_deb.sh"), "--build-dir",
+                        build_dir, "--out", os.path.join(ctx, "cpack")],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    if r.returncode != 0:
+        raise ImageError(f"build_deb.sh failed:\n{r.stdout[-3000:]}")
+    os.makedirs(pkg_dir)
+    os.rename(r.stdout.strip().splitlines()[-1], os.path.join(ctx, DEB))
+    shutil.rmtree(os.path.join(ctx, "cpack"))
     shutil.copytree(os.path.join(build_dir, "python"), os.path.join(ctx, "build", "python"),
                     symlinks=False, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for p in DEMO + ["deploy/node.yaml"]:
+    for p in DEMO:
         os.makedirs(os.path.join(ctx, os.path.dirname(p)), exist_ok=True)
         shutil.copy2(os.path.join(ROOT, p), os.path.join(ctx, p))
-    libdir = os.path.join(ctx, "build", "docker", "lib")
-    os.makedirs(libdir)
-    for lib in _foreign_libraries(bins + ext):
-        # deploy/Dockerfile puts them in /usr/local/cuda/lib, hsdpd's RUNPATH.
-        if os.path.dirname(os.path.realpath(lib)) != os.path.realpath("/usr/local/cuda/lib"):
-            raise ImageError(f"{lib}: linked from outside Debian's packages and outside "
-                             f"/usr/local/cuda/lib; deploy/Dockerfile has no place for it")
-        shutil.copy2(os.path.realpath(lib), os.path.join(libdir, os.path.basename(lib)))
-    to_strip = [os.path.join(ctx, "build", "bin", b) for b in BINARIES] + [
-        os.path.join(ctx, "build", "python", os.path.relpath(e, os.path.join(build_dir, "python")))
-        for e in ext]
-    subprocess.run(["strip", "--strip-debug", *to_strip], check=True, timeout=300)
+    to_strip = [os.path.join(ctx, "build", "python",
+                             os.path.relpath(e, os.path.join(build_dir, "python"))) for e in ext]
+    if to_strip:
+        subprocess.run(["strip", "--strip-debug", *to_strip], check=True, timeout=300)
 
 
 def build(build_dir, tag):
@@ -251,11 +276,12 @@ def build(build_dir, tag):
                "--build-arg", f"BASE_IMAGE={base}",
                "--label", f"{LABEL}={tag}", "-f", dockerfile, "-t", ref, ctx)
     # Every library the daemon and the extension link resolves in the image.
-    r = docker("run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", refs["hsdpd"],
-               "-c", "ldd /usr/local/bin/hsdpd /usr/local/bin/hsdpctl /usr/local/bin/hsdp-bench "
-               "/opt/hsdp/python/hsdp/_hsdp*.so", timeout=300)
-    if "not found" in r.stdout:
-        raise ImageError(f"{refs['hsdpd']} lacks libraries:\n{r.stdout}")
+    for ref, files in ((refs["hsdpd"], "/usr/bin/hsdpd /usr/bin/hsdpctl /usr/bin/hsdp-bench"),
+                       (refs["trainer"], "/usr/bin/hsdpd /opt/hsdp/python/hsdp/_hsdp*.so")):
+        r = docker("run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", ref,
+                   "-c", f"ldd {files}", timeout=300)
+        if "not found" in r.stdout:
+            raise ImageError(f"{ref} lacks libraries:\n{r.stdout}")
     # The trainer image's python imports torch from the mounted site and the
     # client from the image (the extension was built for this interpreter).
     r = docker("run", "--rm", "--network", "none", "-v", f"{site}:{TORCH_MOUNT}:ro",
@@ -281,13 +307,16 @@ def remove(tag):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("command", choices=("build", "remove", "bases"))
+    ap.add_argument("command", choices=("build", "remove", "bases", "debian"))
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
     ap.add_argument("--tag", default="latest")
     args = ap.parse_args()
     try:
         if args.command == "build":
             print(json.dumps(build(os.path.abspath(args.build_dir), args.tag), indent=1))
+        elif args.command == "debian":
+            with _machine_lock():
+                print(json.dumps({"debian": debian_image()}))
         elif args.command == "bases":
             with _machine_lock():
                 print(json.dumps({"base": base_image()}))

@@ -11,7 +11,9 @@ daemon service is a node: a network namespace holding the compose
 addresses of the daemon and of its trainers, joined to the others through a
 bridge (netns_topology.py). The daemons run from this build (the image's
 entrypoint with its node.yaml, whose container paths are rewritten to a
-private run directory: socket volume, token secret), the trainers run their
+private run directory: socket volume, token secret; the image's files are
+its COPY'd files and, for a RUN that installs the Debian package, this
+build's `cmake --install` into the run directory), the trainers run their
 compose command and environment in their node's namespace once the
 services they depend on are started / healthy (their health check, run
 there). `--set KEY=VALUE` overrides a node.yaml key on every node (a test's
@@ -45,6 +47,69 @@ SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 class Stop(Exception):
     pass
+
+
+def _install_package(build_dir, root):
+    """{container path: host path} of the Debian package's files: this build
+    installed as the package installs it (`cmake --install --prefix /usr`
+    with DESTDIR=root: /usr/bin, /usr/lib, /etc/hsdpd, /lib/systemd)."""
+    r = subprocess.run(["cmake", "--install", build_dir, "--prefix", "/usr"],
+                       env=dict(os.environ, DESTDIR=root), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=300)
+    if r.returncode != 0:
+        raise netns_compose.ComposeError(f"cmake --install {build_dir} failed:\n"
+                                         f"{r.stdout[-2000:]}")
+    files = {}
+    for dp, _, fs in os.walk(root):
+        for f in fs:
+            path = os.path.join(dp, f)
+            files["/" + os.path.relpath(path, root)] = path
+    return files
+
+
+def add_run_files(model, dockerfile, build_dir, run_dir):
+    """Adds to each stage of model["images"] the files of the Debian package
+    its RUN lines install (netns_compose maps COPY and the RUN that copies a
+    stage's files, `--mount=type=bind,from=STAGE,target=T ... cp -a T/. /`):
+    `RUN --mount=type=bind,source=build/packages,... dpkg -i ...` installs
+    this build (_install_package). Any other RUN: ComposeError."""
+    with open(dockerfile) as f:
+        lines = f.read().replace("\\\n", " ").splitlines()
+    stages = model["images"]
+    added = {}
+    package = None
+    stage = None
+    for line in lines:
+        word, _, rest = line.strip().partition(" ")
+        word = word.upper()
+        if word == "FROM":
+            parts = rest.split()
+            stage = parts[2] if len(parts) == 3 and parts[1].upper() == "AS" else None
+            if stage is not None:
+                added[stage] = dict(added.get(parts[0], {}))
+            continue
+        if word != "RUN" or stage is None:
+            continue
+        args = rest.split()
+        mounts = []
+        while args and args[0].startswith("--mount="):
+            mounts.append(dict(kv.partition("=")[::2] for kv in args.pop(0)[8:].split(",")))
+        cmd = " ".join(args)
+        for m in mounts:
+            if m.get("type") != "bind":
+                raise netns_compose.ComposeError(f"{dockerfile}: RUN mount {m}: not a bind mount")
+            if m.get("source") == "build/packages" and "dpkg -i" in cmd:
+                if package is None:
+                    package = _install_package(build_dir, os.path.join(run_dir, "package"))
+                added[stage].update(package)
+            elif m.get("from") in stages and f"cp -a {m.get('target')}/. /" in cmd:
+                pass  # a stage's files: netns_compose.parse_dockerfile maps them
+            else:
+                raise netns_compose.ComposeError(f"{dockerfile}: cannot map RUN {rest[:120]}")
+    for name, files in added.items():
+        if name in stages:
+            for target, host in files.items():
+                stages[name]["files"].setdefault(target, host)
 
 
 def _on_signal(signum, _frame):
@@ -310,6 +375,14 @@ def main(argv=None):
         return 2
     run_dir = args.keep or tempfile.mkdtemp(prefix="hsdpnet-")
     os.makedirs(run_dir, exist_ok=True)
+    try:
+        add_run_files(model, os.path.join(ROOT, "deploy", "Dockerfile"),
+                      os.path.abspath(args.build_dir), run_dir)
+    except (netns_compose.ComposeError, OSError) as e:
+        print(f"netns_cluster: deploy/Dockerfile: {e}", file=sys.stderr)
+        if not args.keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        return 2
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     runner = Runner(model, run_dir, overrides, args.timeout)

@@ -103,6 +103,15 @@ def parse_dockerfile(path, context, build_dir):
             img["cmd"] = []
         elif word == "CMD":
             img["cmd"] = _json_or_shell(rest)
+        elif word == "RUN":
+            # `RUN --mount=type=bind,from=STAGE,target=T ... cp -a T/. /`
+            # copies STAGE's files (deploy/Dockerfile's trainer: one layer).
+            # Other RUNs (the package install): netns_cluster.add_run_files.
+            args = rest.split()
+            while args and args[0].startswith("--mount="):
+                m = dict(kv.partition("=")[::2] for kv in args.pop(0)[8:].split(","))
+                if m.get("from") in stages and f"cp -a {m.get('target')}/. /" in " ".join(args):
+                    img["files"].update(stages[m["from"]]["files"])
         elif word == "COPY":
             args = shlex.split(rest)
             from_stage = None
