@@ -4,7 +4,14 @@
 # works after a build. The extension never links libtorch: one build serves
 # every torch version installed for that interpreter.
 
-set(HSDP_PYTHON_EXECUTABLE /usr/bin/python3 CACHE FILEPATH
+# The wheel's build (python_client/pyproject.toml) builds for the interpreter
+# scikit-build-core runs under (it sets Python_EXECUTABLE).
+if(SKBUILD AND Python_EXECUTABLE)
+  set(hsdp_default_python ${Python_EXECUTABLE})
+else()
+  set(hsdp_default_python /usr/bin/python3)
+endif()
+set(HSDP_PYTHON_EXECUTABLE ${hsdp_default_python} CACHE FILEPATH
     "Python interpreter the hsdp extension is built for")
 set(HSDP_PYTHON_OUT ${CMAKE_BINARY_DIR}/python)
 
@@ -34,6 +41,11 @@ target_link_libraries(hsdp_python_ext PRIVATE hsdp_client)
 set_target_properties(hsdp_python_ext PROPERTIES
   OUTPUT_NAME _hsdp
   LIBRARY_OUTPUT_DIRECTORY ${HSDP_PYTHON_OUT}/hsdp)
+# The static libraries' symbols (the client library, the generated protobuf
+# and gRPC code) stay inside the extension: it exports PyInit__hsdp only, so
+# nothing in it interposes on, or is interposed by, another copy in the
+# process (libhsdp_client.so loaded by a C++ extension, another release).
+target_link_options(hsdp_python_ext PRIVATE -Wl,--exclude-libs,ALL)
 
 # Copy the pure-Python package at build time (re-copied when a file changes).
 file(GLOB_RECURSE HSDP_PY_SOURCES CONFIGURE_DEPENDS
@@ -54,3 +66,22 @@ add_dependencies(hsdp_python_ext hsdp_python_package)
 
 # `ninja hsdp_python` builds everything `import hsdp` needs.
 add_custom_target(hsdp_python DEPENDS hsdp_python_ext hsdp_python_package)
+
+# Install rules of the component `hsdp_python` (the wheel: pyproject.toml's
+# install.components): the package hsdp/ with its extension. EXCLUDE_FROM_ALL:
+# a plain `cmake --install` (the node's files, the .deb) leaves them out.
+if(SKBUILD)
+  set(hsdp_py_dest hsdp)
+else()
+  set(hsdp_py_dest lib/python3/dist-packages/hsdp)
+endif()
+set(HSDP_PYTHON_INSTALL_DIR ${hsdp_py_dest} CACHE STRING
+    "Where `cmake --install --component hsdp_python` puts the package hsdp")
+install(TARGETS hsdp_python_ext
+  LIBRARY DESTINATION ${HSDP_PYTHON_INSTALL_DIR} COMPONENT hsdp_python EXCLUDE_FROM_ALL)
+foreach(rel ${HSDP_PY_SOURCES})
+  get_filename_component(sub ${rel} DIRECTORY)
+  string(REGEX REPLACE "^hsdp/?" "" sub "${sub}")
+  install(FILES ${CMAKE_CURRENT_SOURCE_DIR}/${rel}
+    DESTINATION ${HSDP_PYTHON_INSTALL_DIR}/${sub} COMPONENT hsdp_python EXCLUDE_FROM_ALL)
+endforeach()
