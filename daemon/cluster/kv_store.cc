@@ -19,34 +19,19 @@ void KvStore::Run(std::vector<Completion>& completions) {
   completions.clear();
 }
 
-absl::Status KvStore::CheckKey(const std::string& key) const {
-  if (key.empty()) return absl::InvalidArgumentError("empty key");
-  if (key.size() > limits_.max_key_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("key of ", key.size(),
-                                                   " bytes is longer than the limit of ",
-                                                   limits_.max_key_bytes));
-  }
-  return absl::OkStatus();
-}
+absl::Status KvStore::CheckKey(const std::string& key) const { return CheckKvKey(limits_, key); }
 
 absl::Time KvStore::CapDeadline(absl::Time deadline) const {
-  return std::min(deadline, absl::Now() + limits_.max_wait);
+  return CapKvDeadline(limits_, deadline);
 }
 
 absl::Status KvStore::Store(const std::string& key, std::string value,
                             std::vector<Completion>* out) {
-  if (value.size() > limits_.max_value_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("value of ", value.size(),
-                                                     " bytes exceeds the limit of ",
-                                                     limits_.max_value_bytes, " bytes"));
-  }
+  if (absl::Status s = CheckKvValue(limits_, value); !s.ok()) return s;
   auto it = values_.find(key);
   const size_t old_bytes = it == values_.end() ? 0 : key.size() + it->second.size();
   const size_t new_bytes = key.size() + value.size();
-  if (it == values_.end() && values_.size() >= limits_.max_keys) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the key/value store is full (", limits_.max_keys, " keys)"));
-  }
+  if (it == values_.end() && values_.size() >= limits_.max_keys) return KvKeysFullError(limits_);
   if (total_bytes_ - old_bytes + new_bytes > limits_.max_total_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the key/value store is full (", limits_.max_total_bytes, " bytes of keys and values)"));
@@ -99,10 +84,7 @@ absl::StatusOr<std::string> KvStore::SetIfAbsent(const std::string& key, std::st
 }
 
 absl::Status KvStore::Delete(const std::vector<std::string>& keys) {
-  if (keys.size() > limits_.max_wait_keys) {
-    return absl::InvalidArgumentError(absl::StrCat("deleting ", keys.size(),
-                                                   " keys; the limit is ", limits_.max_wait_keys));
-  }
+  if (absl::Status s = CheckKvKeyCount(limits_, keys.size(), "deleting"); !s.ok()) return s;
   for (const std::string& k : keys) {
     if (absl::Status s = CheckKey(k); !s.ok()) return s;
   }
@@ -130,15 +112,11 @@ absl::StatusOr<int64_t> KvStore::Add(const std::string& key, int64_t delta) {
   int64_t sum = 0;
   {
     absl::MutexLock l(&mu_);
-    int64_t current = 0;
     auto it = values_.find(key);
-    if (it != values_.end() && !absl::SimpleAtoi(it->second, &current)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("key \"", key, "\" does not hold an integer counter"));
-    }
-    if (__builtin_add_overflow(current, delta, &sum)) {
-      return absl::InvalidArgumentError(absl::StrCat("counter \"", key, "\" would overflow"));
-    }
+    absl::StatusOr<int64_t> next =
+        KvCounterSum(key, it == values_.end() ? nullptr : &it->second, delta);
+    if (!next.ok()) return next.status();
+    sum = *next;
     if (absl::Status s = Store(key, absl::StrCat(sum), &completions); !s.ok()) return s;
   }
   Run(completions);
@@ -146,10 +124,8 @@ absl::StatusOr<int64_t> KvStore::Add(const std::string& key, int64_t delta) {
 }
 
 void KvStore::Wait(const std::vector<std::string>& keys, absl::Time deadline, Done done) {
-  if (keys.size() > limits_.max_wait_keys) {
-    done(absl::InvalidArgumentError(absl::StrCat("waiting for ", keys.size(),
-                                                 " keys; the limit is ",
-                                                 limits_.max_wait_keys)));
+  if (absl::Status s = CheckKvKeyCount(limits_, keys.size(), "waiting for"); !s.ok()) {
+    done(s);
     return;
   }
   for (const std::string& k : keys) {
@@ -172,8 +148,7 @@ void KvStore::Wait(const std::vector<std::string>& keys, absl::Time deadline, Do
     if (!missing.empty()) {
       if (waiters_.size() >= limits_.max_waiters) {
         l.Release();
-        done(absl::ResourceExhaustedError(absl::StrCat(
-            "too many pending waits on the coordinator (limit ", limits_.max_waiters, ")")));
+        done(KvWaitersFullError(limits_));
         return;
       }
       waiters_.push_back(
@@ -189,8 +164,8 @@ void KvStore::Barrier(const std::string& name, uint32_t count, absl::Time deadli
     done(s);
     return;
   }
-  if (count == 0) {
-    done(absl::InvalidArgumentError("barrier count must be at least 1"));
+  if (absl::Status s = CheckBarrierCount(count); !s.ok()) {
+    done(s);
     return;
   }
   std::vector<Completion> completions;
@@ -225,8 +200,7 @@ void KvStore::Barrier(const std::string& name, uint32_t count, absl::Time deadli
     } else if (waiters_.size() >= limits_.max_waiters) {
       if (b.waiting.empty()) barriers_.erase(name);
       l.Release();
-      done(absl::ResourceExhaustedError(absl::StrCat(
-          "too many pending waits on the coordinator (limit ", limits_.max_waiters, ")")));
+      done(KvWaitersFullError(limits_));
       return;
     } else {
       const uint64_t id = next_id_++;

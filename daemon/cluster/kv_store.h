@@ -26,18 +26,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/cluster/kv_limits.h"
 
 namespace hsdp {
-
-struct KvLimits {
-  size_t max_keys = 16384;
-  size_t max_key_bytes = 1024;
-  size_t max_value_bytes = 1 << 20;
-  size_t max_total_bytes = 64 << 20;  // keys + values
-  size_t max_waiters = 1024;          // pending Wait and Barrier calls together
-  size_t max_wait_keys = 1024;        // keys in one Wait
-  absl::Duration max_wait = absl::Minutes(10);
-};
 
 class KvStore {
  public:

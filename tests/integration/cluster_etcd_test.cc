@@ -214,6 +214,15 @@ TEST_F(ClusterEtcdTest, TheStoreHasTheEmbeddedStoresLimitsAndErrors) {
   EXPECT_THAT(late.message(), HasSubstr("w1"));
   std::vector<std::string> many(limits.max_wait_keys + 1, "x");
   EXPECT_EQ(store.Wait(many, t).code(), absl::StatusCode::kInvalidArgument);
+  // Deleting is bounded as on the coordinator (kv_limits.h; etcd's store had
+  // no bound), and refused before anything is removed.
+  const absl::Status too_many = store.Delete(many, t);
+  EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument) << too_many;
+  EXPECT_THAT(too_many.message(), HasSubstr("deleting 1025 keys"));
+  EXPECT_EQ(store.Barrier("b", 0, t).code(), absl::StatusCode::kInvalidArgument);
+  // The same words as the coordinator's store for the same mistake.
+  EXPECT_THAT(std::string(store.Add("text", 1, t).status().message()),
+              HasSubstr("does not hold an integer counter"));
   std::thread setter([&] {
     absl::SleepFor(absl::Milliseconds(200));
     EXPECT_TRUE(store.Set("w2", "late value", t).ok());

@@ -51,33 +51,17 @@ absl::Status EtcdStore::Named(const absl::Status& s, const std::string& what) co
                                              s.message()));
 }
 
-absl::Status EtcdStore::CheckKey(const std::string& key) const {
-  if (key.empty()) return absl::InvalidArgumentError("empty key");
-  if (key.size() > limits_.max_key_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("key of ", key.size(),
-                                                   " bytes is longer than the limit of ",
-                                                   limits_.max_key_bytes));
-  }
-  return absl::OkStatus();
-}
+absl::Status EtcdStore::CheckKey(const std::string& key) const { return CheckKvKey(limits_, key); }
 
 absl::Status EtcdStore::CheckValue(const std::string& value) const {
-  if (value.size() > limits_.max_value_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("value of ", value.size(),
-                                                     " bytes exceeds the limit of ",
-                                                     limits_.max_value_bytes, " bytes"));
-  }
-  return absl::OkStatus();
+  return CheckKvValue(limits_, value);
 }
 
 absl::Status EtcdStore::CheckRoom(absl::Time deadline) const {
   absl::StatusOr<etcd::RangeResult> r =
       etcd_->Range(kv_prefix_, etcd::PrefixEnd(kv_prefix_), Left(deadline), 0, true);
   if (!r.ok()) return r.status();
-  if (r->count >= static_cast<int64_t>(limits_.max_keys)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the key/value store is full (", limits_.max_keys, " keys)"));
-  }
+  if (r->count >= static_cast<int64_t>(limits_.max_keys)) return KvKeysFullError(limits_);
   return absl::OkStatus();
 }
 
@@ -173,26 +157,18 @@ absl::StatusOr<int64_t> EtcdStore::Add(const std::string& key, int64_t delta,
   for (int attempt = 0; absl::Now() < deadline; ++attempt) {
     absl::StatusOr<etcd::RangeResult> r = etcd_->Range(k, "", Left(deadline));
     if (!r.ok()) return Named(r.status(), what);
-    int64_t current = 0;
     Compare unchanged = Compare::Unchanged(k, 0);
     if (!r->kvs.empty()) {
-      if (!absl::SimpleAtoi(r->kvs.front().value, &current)) {
-        return Named(absl::InvalidArgumentError(absl::StrCat(
-                         "the value at \"", key.substr(0, 128), "\" is not an integer")),
-                     what);
-      }
       unchanged = Compare::Unchanged(k, r->kvs.front().mod_revision);
     } else {
       bool appeared = false;
       if (absl::Status s = CheckRoomFor(k, deadline, &appeared); !s.ok()) return Named(s, what);
       if (appeared) continue;  // read it on the next pass
     }
-    int64_t sum = 0;
-    if (__builtin_add_overflow(current, delta, &sum)) {
-      return Named(absl::InvalidArgumentError(
-                       absl::StrCat("counter \"", key.substr(0, 128), "\" would overflow")),
-                   what);
-    }
+    absl::StatusOr<int64_t> next =
+        KvCounterSum(key, r->kvs.empty() ? nullptr : &r->kvs.front().value, delta);
+    if (!next.ok()) return Named(next.status(), what);
+    const int64_t sum = *next;
     absl::StatusOr<etcd::TxnResult> t =
         etcd_->Txn({unchanged}, {Op::Put(k, absl::StrCat(sum), lease_.load())}, {}, Left(deadline));
     if (!t.ok()) return Named(t.status(), what);
@@ -207,21 +183,15 @@ absl::Status EtcdStore::Wait(const std::vector<std::string>& keys, absl::Duratio
 
 absl::StatusOr<std::vector<std::string>> EtcdStore::WaitValues(
     const std::vector<std::string>& keys, absl::Duration timeout) {
-  if (keys.size() > limits_.max_wait_keys) {
-    return Named(absl::InvalidArgumentError(absl::StrCat(
-                     "waiting for ", keys.size(), " keys; the limit is ", limits_.max_wait_keys)),
-                 "wait");
+  if (absl::Status s = CheckKvKeyCount(limits_, keys.size(), "waiting for"); !s.ok()) {
+    return Named(s, "wait");
   }
   for (const std::string& key : keys) {
     if (absl::Status s = CheckKey(key); !s.ok()) return Named(s, "wait");
   }
   const Slot slot(&waiters_, limits_.max_waiters);
-  if (!slot.ok()) {
-    return Named(absl::ResourceExhaustedError(absl::StrCat(
-                     limits_.max_waiters, " waits and barriers are pending on this node")),
-                 "wait");
-  }
-  const absl::Time deadline = absl::Now() + std::min(timeout, limits_.max_wait);
+  if (!slot.ok()) return Named(KvWaitersFullError(limits_), "wait");
+  const absl::Time deadline = CapKvDeadline(limits_, absl::Now() + timeout);
   std::map<std::string, std::string> found;  // etcd key -> value
   std::set<std::string> missing;
   for (const std::string& key : keys) missing.insert(EtcdKey(key));
@@ -296,6 +266,9 @@ absl::StatusOr<std::vector<std::string>> EtcdStore::WaitValues(
 }
 
 absl::Status EtcdStore::Delete(const std::vector<std::string>& keys, absl::Duration timeout) {
+  if (absl::Status s = CheckKvKeyCount(limits_, keys.size(), "deleting"); !s.ok()) {
+    return Named(s, "delete");
+  }
   for (const std::string& key : keys) {
     if (absl::Status s = CheckKey(key); !s.ok()) return Named(s, "delete");
   }
@@ -314,16 +287,12 @@ absl::Status EtcdStore::Delete(const std::vector<std::string>& keys, absl::Durat
 absl::Status EtcdStore::Barrier(const std::string& barrier, uint32_t count,
                                 absl::Duration timeout) {
   const std::string what = absl::StrCat("barrier \"", barrier.substr(0, 128), "\"");
-  if (count == 0) return Named(absl::InvalidArgumentError("count 0"), what);
+  if (absl::Status s = CheckBarrierCount(count); !s.ok()) return Named(s, what);
   const std::string base = absl::StrCat("hsdp/barrier/", barrier);
   if (absl::Status s = CheckKey(base + "/count"); !s.ok()) return Named(s, what);
   const Slot slot(&waiters_, limits_.max_waiters);
-  if (!slot.ok()) {
-    return Named(absl::ResourceExhaustedError(absl::StrCat(
-                     limits_.max_waiters, " waits and barriers are pending on this node")),
-                 what);
-  }
-  const absl::Time deadline = absl::Now() + std::min(timeout, limits_.max_wait);
+  if (!slot.ok()) return Named(KvWaitersFullError(limits_), what);
+  const absl::Time deadline = CapKvDeadline(limits_, absl::Now() + timeout);
   // Every caller must agree on the count (the first one sets it).
   absl::StatusOr<std::string> agreed = PutIfAbsent(base + "/count", absl::StrCat(count), 0, deadline);
   if (!agreed.ok()) return Named(agreed.status(), what);
@@ -342,16 +311,16 @@ absl::Status EtcdStore::Barrier(const std::string& barrier, uint32_t count,
     }
     absl::StatusOr<etcd::RangeResult> r = etcd_->Range(k, "", Left(deadline));
     if (!r.ok()) return Named(r.status(), what);
-    int64_t n = 0;
-    if (!r->kvs.empty() && !absl::SimpleAtoi(r->kvs.front().value, &n)) {
-      return Named(absl::InvalidArgumentError("its counter is not an integer"), what);
-    }
-    const Compare unchanged = r->kvs.empty() ? Compare::Unchanged(k, 0) : Compare::Unchanged(k, r->kvs.front().mod_revision);
+    absl::StatusOr<int64_t> next =
+        KvCounterSum(base + "/n", r->kvs.empty() ? nullptr : &r->kvs.front().value, 1);
+    if (!next.ok()) return Named(next.status(), what);
+    const Compare unchanged = r->kvs.empty() ? Compare::Unchanged(k, 0)
+                                             : Compare::Unchanged(k, r->kvs.front().mod_revision);
     absl::StatusOr<etcd::TxnResult> t =
-        etcd_->Txn({unchanged}, {Op::Put(k, absl::StrCat(n + 1))}, {}, Left(deadline));
+        etcd_->Txn({unchanged}, {Op::Put(k, absl::StrCat(*next))}, {}, Left(deadline));
     if (!t.ok()) return Named(t.status(), what);
     if (t->succeeded) {
-      arrived = n + 1;
+      arrived = *next;
       break;
     }
   }
