@@ -14,7 +14,6 @@
 3. The same main.cc compiled with `pkg-config --cflags --libs hsdp` (the
    .pc found through PKG_CONFIG_PATH, its prefix relative to it), run.
 """
-import glob
 import os
 import shutil
 import subprocess
@@ -23,7 +22,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pkg_util import Daemon, run  # noqa: E402
+from pkg_util import Daemon, build_trainer, install_tree, run  # noqa: E402
 
 SRC = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else os.getcwd()
 BUILD = os.path.abspath(sys.argv[2]) if len(sys.argv) > 2 else os.path.join(SRC, "build")
@@ -46,7 +45,7 @@ class OutOfTree(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="hsdp-oot-")
         cls.prefix = os.path.join(cls.tmp, "usr")
-        run(["cmake", "--install", BUILD, "--prefix", cls.prefix])
+        install_tree(BUILD, cls.prefix)
         cls.daemon = Daemon(cls.prefix, cls.tmp)
 
     @classmethod
@@ -81,9 +80,7 @@ class OutOfTree(unittest.TestCase):
 
     def test_a_cmake_project_finds_the_package_and_trains(self):
         build = os.path.join(self.tmp, "cmake-trainer")
-        run(["cmake", "-S", TRAINER_SRC, "-B", build, "-G", "Ninja", "-DWITH_STATIC=ON",
-             "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_PREFIX_PATH={self.prefix}"])
-        run(["cmake", "--build", build, "-j2"])
+        build_trainer(SRC, self.prefix, build, static=True)
         needed = run(["objdump", "-p", os.path.join(build, "trainer")])
         self.assertIn("libhsdp_client.so.0.2", needed)
         self.run_trainer(os.path.join(build, "trainer"), "oot-cmake")

@@ -71,3 +71,31 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+
+
+def install_tree(build, prefix):
+    """`cmake --install build --prefix prefix`."""
+    run(["cmake", "--install", build, "--prefix", prefix])
+
+
+def build_trainer(src, prefix, out, static=False):
+    """tests/packaging/trainer configured against the tree at `prefix`
+    (CMAKE_PREFIX_PATH) and built in `out`; the trainer's path."""
+    run(["cmake", "-S", os.path.join(src, "tests", "packaging", "trainer"), "-B", out, "-G",
+         "Ninja", f"-DWITH_STATIC={'ON' if static else 'OFF'}", "-DCMAKE_BUILD_TYPE=Release",
+         f"-DCMAKE_PREFIX_PATH={prefix}"])
+    run(["cmake", "--build", out, "-j2"])
+    return os.path.join(out, "trainer")
+
+
+def build_deb(src, build, out, version=None):
+    """tools/scripts/build_deb.sh: the path of the .deb."""
+    argv = [os.path.join(src, "tools", "scripts", "build_deb.sh"), "--build-dir", build,
+            "--out", out]
+    if version:
+        argv += ["--version", version]
+    return run(argv, timeout=900).strip().splitlines()[-1]
+
+
+def deb_field(deb, field):
+    return run(["dpkg-deb", "-f", deb, field]).strip()

@@ -7,7 +7,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libboost-dev libyaml-cpp-dev libgloo-dev
+  libabsl-dev libyaml-cpp-dev libgloo-dev
   libgtest-dev libgmock-dev
   prometheus-cpp-dev prometheus
   # The extension is built for Debian's python3; torch, numpy and pytest come
@@ -15,6 +15,7 @@ PACKAGES=(
   python3 python3-dev python3-venv python3-pip pybind11-dev python3-pybind11
   iproute2 docker-compose python3-yaml  # the compose check and the netns cluster tests
   docker.io debootstrap binutils  # the compose cluster on a real engine (images built locally)
+  dpkg-dev  # dpkg-shlibdeps: the Debian package's dependencies (tools/scripts/build_deb.sh)
   # The sanitizer and fuzz builds (tools/scripts/run_hardening.sh): clang with
   # its sanitizer and libFuzzer runtimes, lld, llvm-symbolizer for the stacks.
   clang lld libclang-rt-14-dev llvm
