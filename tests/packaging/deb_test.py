@@ -145,6 +145,10 @@ SUPERVISOR = ("while [ ! -e /stop ]; do ino=$(stat -c %i /usr/bin/hsdpd); "
               " do sleep 0.1; done; done")
 
 
+# The pids of hsdpd processes (minbase has no procps).
+PIDS = "grep -lx hsdpd /proc/[0-9]*/comm 2>/dev/null | cut -d/ -f3 | sort"
+
+
 class Container(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -218,7 +222,7 @@ class Container(unittest.TestCase):
     def test_install_start_upgrade_purge(self):
         # Install: dependencies resolved by apt (offline: what the first
         # container downloaded), nothing enabled or started.
-        out = self.sh(f"apt-get install -y --no-download /debs/{self.old_deb}",
+        out = self.sh(f"apt-get install -y /debs/{self.old_deb}",
                       timeout=600).stdout
         self.assertEqual(self.sh("dpkg-query -W -f='${Version}' hsdpd").stdout,
                          self.old_version)
@@ -226,25 +230,25 @@ class Container(unittest.TestCase):
                       self.sh("dpkg-query -W -f='${Conffiles}' hsdpd").stdout)
         self.assertEqual(self.sh("ls /etc/systemd/system/multi-user.target.wants/ "
                                  "2>/dev/null | grep -c hsdpd || true").stdout.strip(), "0")
-        self.assertEqual(self.sh("pgrep -x hsdpd || true").stdout.strip(), "", out)
+        self.assertEqual(self.sh(PIDS).stdout.strip(), "", out)
         # Start as the unit does (no systemd in the container).
         self.dk("exec", "-d", self.name, "sh", "-c", SUPERVISOR)
         first = wait_until(self.status, 60, "`hsdpctl status` to answer")
         self.assertIn("version", json.dumps(first))
-        pid1 = self.sh("pgrep -x hsdpd").stdout.split()
+        pid1 = self.sh(PIDS).stdout.split()
         # A job: 2 ranks, every result checked, running until /tmp/stop.
         self.dk("exec", "-d", self.name, "sh", "-c",
                 "/t/trainer --socket /run/hsdpd/hsdpd.sock --job upgrade --ranks 2 "
                 "--until /tmp/stop >/tmp/trainer.log 2>&1; echo $? >/tmp/trainer.rc")
         wait_until(lambda: "progress 100 " in self.trainer_log(), 60, "the job to train")
         # Upgrade under the job: prerm drains the old daemon.
-        out = self.sh(f"apt-get install -y --no-download /debs/{self.new_deb}",
+        out = self.sh(f"apt-get install -y /debs/{self.new_deb}",
                       timeout=600).stdout
         self.assertIn("draining the running daemon", out)
         self.assertEqual(self.sh("dpkg-query -W -f='${Version}' hsdpd").stdout,
                          deb_field(os.path.join(self.tmp, "debs", self.new_deb), "Version"))
         wait_until(self.status, 60, "the new daemon to answer `hsdpctl status`")
-        self.assertNotEqual(self.sh("pgrep -x hsdpd").stdout.split(), pid1)
+        self.assertNotEqual(self.sh(PIDS).stdout.split(), pid1)
         self.assertIn("exit 0", self.sh("cat /var/log/hsdpd.log").stdout,
                       "the drained daemon did not exit 0")
         # The job reconnected and trains on the new daemon.
@@ -259,7 +263,7 @@ class Container(unittest.TestCase):
         # Purge: the running daemon is drained, every file goes.
         self.sh("touch /stop")
         self.sh("apt-get purge -y hsdpd", timeout=600)
-        wait_until(lambda: self.sh("pgrep -x hsdpd || true").stdout.strip() == "", 60,
+        wait_until(lambda: self.sh(PIDS).stdout.strip() == "", 60,
                    "hsdpd to stop")
         left = self.sh("ls -d /etc/hsdpd /usr/bin/hsdpd /usr/bin/hsdpctl /usr/lib/libhsdp_client* "
                        "/lib/systemd/system/hsdpd.service /usr/include/hsdp "
