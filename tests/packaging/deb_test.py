@@ -6,8 +6,10 @@
 
 deps (no engine): the .deb's Depends (computed by dpkg-shlibdeps) name exactly
   the runtime libraries of deploy/docker/base-packages.txt (the image base),
-  every other one being part of Debian's minbase (Priority required); the
-  unit, node.yaml (a conffile) and the maintainer scripts are in it.
+  every other one being part of Debian's minbase (what apt and dpkg depend
+  on); each comes from a Debian source whose development package
+  tools/scripts/bootstrap.sh installs; the unit, node.yaml (a conffile) and
+  the maintainer scripts are in it.
 container: in a clean Debian container (debootstrap minbase, nothing added;
   docker_images.py debian) the previous package (same files, version
   <v>~prev1) installs with apt, its dependencies resolved from the mirror
@@ -125,8 +127,20 @@ class Deps(unittest.TestCase):
     def test_bootstrap_installs_what_the_package_build_needs(self):
         with open(os.path.join(SRC, "tools", "scripts", "bootstrap.sh")) as f:
             text = f.read()
-        self.assertIn("dpkg-dev", text)
-        self.assertNotIn("boost", text)
+        listed = text.split("PACKAGES=(", 1)[1].split("\n)", 1)[0]
+        packages = {w for line in listed.splitlines() for w in line.split("#")[0].split()}
+        self.assertIn("dpkg-dev", packages)
+        self.assertFalse([p for p in packages if "boost" in p])
+        # Every runtime library the package depends on is built against the
+        # development package of the same Debian source that bootstrap
+        # installs (libabsl20220623 <- libabsl-dev, libgrpc29 <- libgrpc++-dev).
+        def source(pkgs):
+            out = run(["dpkg-query", "-W", "-f=${Package} ${source:Package}\n", *pkgs])
+            return dict(line.split() for line in out.splitlines())
+        deps = depends_names(self.deb) - minbase_closure()
+        dev_sources = set(source(sorted(p for p in packages if p.endswith("-dev"))).values())
+        missing = {d: src for d, src in source(sorted(deps)).items() if src not in dev_sources}
+        self.assertEqual(missing, {}, "bootstrap.sh installs no development package of these")
 
 
 # --- the container test ------------------------------------------------------
