@@ -1,42 +1,17 @@
 #include "daemon/cluster/cluster_member.h"
 
 #include <map>
-#include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "hsdp/common/logging.h"
 
 namespace hsdp {
-namespace {
-
-std::string RandomInstance() {
-  std::random_device rd;
-  return absl::StrFormat("%08x%08x", rd(), rd());
-}
-
-// Errors that retrying cannot fix.
-bool Permanent(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kAlreadyExists:
-    case absl::StatusCode::kResourceExhausted:
-    case absl::StatusCode::kInvalidArgument:
-      return true;
-    default:
-      return false;
-  }
-}
-
-}  // namespace
-
 ClusterMember::ClusterMember(Options options, PeerEvents events, GroupEvents group_events)
     : options_(std::move(options)), events_(std::move(events)),
-      group_events_(std::move(group_events)), instance_(RandomInstance()),
-      client_(options_.coordinator, options_.token, options_.credentials) {}
+      group_events_(std::move(group_events)), instance_(NewInstanceId()),
+      client_(options_.coordinator, options_.token, options_.credentials),
+      outbox_(kMaxOutbox, "the coordinator") {}
 
 ClusterMember::~ClusterMember() { Stop(); }
 
@@ -56,9 +31,7 @@ absl::Status ClusterMember::JoinOnce(absl::Duration timeout) {
     absl::MutexLock l(&mu_);
     rank_ = r->node_rank();
     events_after_ = r->events_last();  // older events concern groups before this join
-    state_ = "ok";
-    detail_.clear();
-    last_contact_ = absl::Now();
+    status_.Contact(absl::Now());
   }
   Update(r->epoch(), r->nodes());
   return absl::OkStatus();
@@ -77,10 +50,9 @@ absl::Status ClusterMember::Start() {
     // Short attempts, so Stop (SIGTERM) ends a join within about a second.
     last = JoinOnce(std::min(left, absl::Seconds(1)));
     if (last.ok()) break;
-    if (Permanent(last)) {
+    if (PermanentJoinError(last)) {
       absl::MutexLock l(&mu_);
-      state_ = "failed";
-      detail_ = std::string(last.message());
+      status_.Failed(last);
       return absl::Status(last.code(), absl::StrCat("cannot join the cluster: ", last.message()));
     }
     if (attempt % 10 == 0) {
@@ -93,8 +65,7 @@ absl::Status ClusterMember::Start() {
   }
   if (!last.ok()) {
     absl::MutexLock l(&mu_);
-    state_ = "failed";
-    detail_ = std::string(last.message());
+    status_.Failed(last);
     return absl::DeadlineExceededError(absl::StrCat(
         "cannot join the cluster: the coordinator ", options_.coordinator,
         " did not accept this node within cluster.join_timeout_ms (",
@@ -113,7 +84,7 @@ void ClusterMember::Stop() {
     absl::MutexLock l(&mu_);
     if (stopping_) return;
     stopping_ = true;
-    if (state_ != "failed") state_ = "stopped";
+    status_.Stopped();
   }
   if (heartbeat_.joinable()) {
     heartbeat_.join();
@@ -150,29 +121,15 @@ void ClusterMember::Update(uint64_t epoch,
     epoch_ = epoch;
     nodes_.assign(nodes.begin(), nodes.end());
   }
-  for (const PeerEvent& e : events) {
-    if (e.kind == PeerEvent::Kind::kLost) {
-      HSDP_LOG(Warning) << "cluster: " << e.why;
-    } else {
-      HSDP_LOG(Info) << "cluster: " << e.why;
-    }
-    if (events_) events_(e);
-  }
+  FirePeerEvents(events, events_);
 }
 
 void ClusterMember::ReportGroupEvent(v1::GroupEvent event) {
   absl::MutexLock l(&mu_);
-  if (outbox_.size() >= kMaxOutbox) {
-    HSDP_LOG_EVERY_N_SEC(Warning, 5) << "cluster: dropping a group event for \""
-                                     << outbox_.front().group_key()
-                                     << "\": the coordinator has not taken " << kMaxOutbox
-                                     << " queued events";
-    outbox_.pop_front();
-  }
-  outbox_.push_back(std::move(event));
+  outbox_.Push(std::move(event));
 }
 
-bool ClusterMember::WakeLocked() const { return stopping_ || (!outbox_blocked_ && !outbox_.empty()); }
+bool ClusterMember::WakeLocked() const { return stopping_ || outbox_.ready(); }
 
 bool ClusterMember::FlushOutbox() {
   for (;;) {
@@ -182,7 +139,7 @@ bool ClusterMember::FlushOutbox() {
       if (outbox_.empty()) return true;
       req.set_node_rank(rank_);
       req.set_instance(instance_);
-      for (size_t i = 0; i < outbox_.size() && i < 64; ++i) *req.add_events() = outbox_[i];
+      for (v1::GroupEvent& e : outbox_.Front(64)) *req.add_events() = std::move(e);
     }
     rpcs_.fetch_add(1, std::memory_order_relaxed);
     const absl::Status s =
@@ -198,7 +155,7 @@ bool ClusterMember::FlushOutbox() {
       return false;
     }
     absl::MutexLock l(&mu_);
-    for (int i = 0; i < req.events_size() && !outbox_.empty(); ++i) outbox_.pop_front();
+    outbox_.Pop(req.events_size());
   }
 }
 
@@ -233,13 +190,13 @@ void ClusterMember::HeartbeatLoop() {
     if (absl::Now() < next) {
       // Woken for the outbox: a refused report waits for the next heartbeat.
       absl::MutexLock l(&mu_);
-      outbox_blocked_ = !sent;
+      outbox_.set_held_back(!sent);
       continue;
     }
     next = absl::Now() + options_.heartbeat;
     {
       absl::MutexLock l(&mu_);
-      outbox_blocked_ = false;
+      outbox_.set_held_back(false);
     }
     v1::HeartbeatRequest req;
     req.set_node_rank(node_rank());
@@ -272,9 +229,7 @@ void ClusterMember::HeartbeatLoop() {
         }
         nodes_.clear();
       }
-      for (const PeerEvent& e : lost) {
-        if (events_) events_(e);
-      }
+      FirePeerEvents(lost, events_);
       status = JoinOnce(std::max(options_.heartbeat, absl::Milliseconds(500)));
     }
     if (status.ok()) {
@@ -285,9 +240,7 @@ void ClusterMember::HeartbeatLoop() {
       failures = 0;
       degraded = false;
       absl::MutexLock l(&mu_);
-      state_ = "ok";
-      detail_.clear();
-      last_contact_ = absl::Now();
+      status_.Contact(absl::Now());
       continue;
     }
     ++failures;
@@ -300,8 +253,7 @@ void ClusterMember::HeartbeatLoop() {
           "and attaches fail; restart the coordinator (see docs/cluster.md)");
       HSDP_LOG(Error) << "cluster degraded: " << detail;
       absl::MutexLock l(&mu_);
-      state_ = "degraded";
-      detail_ = detail;
+      status_.Degraded(detail);
     }
   }
 }
@@ -310,18 +262,12 @@ v1::NodesResponse ClusterMember::View() const {
   absl::MutexLock l(&mu_);
   v1::NodesResponse r;
   r.set_enabled(true);
-  r.set_state(state_);
-  r.set_detail(detail_);
+  const double since_contact = status_.FillView(&r, absl::Now());
   r.set_epoch(epoch_);
   r.set_node_rank(rank_);
   r.set_coordinator(options_.coordinator);
   r.set_is_coordinator(options_.is_coordinator);
   r.set_expected_nodes(options_.nodes);
-  r.set_coordinator_contact_age_s(last_contact_ == absl::InfinitePast()
-                                      ? -1
-                                      : absl::ToDoubleSeconds(absl::Now() - last_contact_));
-  const double since_contact =
-      last_contact_ == absl::InfinitePast() ? 0 : absl::ToDoubleSeconds(absl::Now() - last_contact_);
   for (const v1::ClusterNode& n : nodes_) {
     v1::NodeStatus* s = r.add_nodes();
     s->set_node_rank(n.node_rank());

@@ -23,7 +23,6 @@
 #define HSDP_DAEMON_CLUSTER_CLUSTER_MEMBER_H_
 
 #include <atomic>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -34,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/cluster/cluster_client.h"
+#include "daemon/cluster/member_status.h"
 #include "daemon/cluster/membership.h"
 #include "hsdp/v1/admin.pb.h"
 #include "hsdp/v1/cluster.pb.h"
@@ -100,16 +100,13 @@ class ClusterMember : public Membership {
   ClusterClient client_;
 
   mutable absl::Mutex mu_;
-  std::string state_ ABSL_GUARDED_BY(mu_) = "joining";
-  std::string detail_ ABSL_GUARDED_BY(mu_);
+  MemberStatus status_ ABSL_GUARDED_BY(mu_);
   int rank_ ABSL_GUARDED_BY(mu_) = -1;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time last_contact_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::vector<v1::ClusterNode> nodes_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t events_after_ ABSL_GUARDED_BY(mu_) = 0;  // group event cursor
-  std::deque<v1::GroupEvent> outbox_ ABSL_GUARDED_BY(mu_);
-  bool outbox_blocked_ ABSL_GUARDED_BY(mu_) = false;  // a report failed: retry at the heartbeat
+  GroupEventOutbox outbox_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> rpcs_{0};
   std::thread heartbeat_;
 };

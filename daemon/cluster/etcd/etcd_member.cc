@@ -18,30 +18,9 @@ namespace {
 using etcd::Compare;
 using etcd::Op;
 
-std::string RandomInstance() {
-  std::random_device rd;
-  return absl::StrFormat("%08x%08x", rd(), rd());
-}
-
 absl::Duration Left(absl::Time deadline) {
   return std::max(absl::Milliseconds(1), deadline - absl::Now());
 }
-
-// Errors that retrying cannot fix.
-bool Permanent(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kAlreadyExists:
-    case absl::StatusCode::kResourceExhausted:
-    case absl::StatusCode::kInvalidArgument:
-      return true;
-    default:
-      return false;
-  }
-}
-
 
 constexpr int kRankDigits = 5;  // ranks < 4096
 
@@ -56,7 +35,8 @@ double Uniform01() {
 EtcdMember::EtcdMember(etcd::EtcdClient* etcd, EtcdStore* store, Options options,
                        PeerEvents events, GroupEvents group_events)
     : etcd_(etcd), store_(store), options_(std::move(options)), events_(std::move(events)),
-      group_events_(std::move(group_events)), instance_(RandomInstance()) {}
+      group_events_(std::move(group_events)), instance_(NewInstanceId()),
+      outbox_(kMaxOutbox, etcd_->name()) {}
 
 EtcdMember::~EtcdMember() { Stop(); }
 
@@ -228,9 +208,7 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
       absl::MutexLock l(&mu_);
       rank_ = rank;
       epoch_ = std::max<uint64_t>(epoch_, epoch + 1);
-      state_ = "ok";
-      detail_.clear();
-      last_contact_ = absl::Now();
+      status_.Contact(absl::Now());
       for (auto& [r, n] : live) {
         if (r == rank) continue;
         auto it = peers_.find(r);
@@ -248,7 +226,7 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
       // Changes after the read are replayed by the watch (idempotently).
       watch_from_ = read->revision + 1;
     }
-    Fire(fired);
+    FirePeerEvents(fired, events_);
     return absl::OkStatus();
   }
   return absl::DeadlineExceededError("the membership kept changing while joining");
@@ -266,10 +244,9 @@ absl::Status EtcdMember::Start() {
     }
     last = JoinOnce(std::min(left, absl::Seconds(5)));
     if (last.ok()) break;
-    if (Permanent(last)) {
+    if (PermanentJoinError(last)) {
       absl::MutexLock l(&mu_);
-      state_ = "failed";
-      detail_ = std::string(last.message());
+      status_.Failed(last);
       const std::string hint =
           last.code() == absl::StatusCode::kPermissionDenied
               ? absl::StrCat(" (the etcd user needs read-write access to the keys under "
@@ -293,8 +270,7 @@ absl::Status EtcdMember::Start() {
   }
   if (!last.ok()) {
     absl::MutexLock l(&mu_);
-    state_ = "failed";
-    detail_ = std::string(last.message());
+    status_.Failed(last);
     return absl::DeadlineExceededError(absl::StrCat(
         "cannot join the cluster: ", etcd_->name(),
         " did not take this node within cluster.join_timeout_ms (",
@@ -316,7 +292,7 @@ void EtcdMember::Stop() {
     absl::MutexLock l(&mu_);
     if (stopping_) return;
     stopping_ = true;
-    if (state_ != "failed") state_ = "stopped";
+    status_.Stopped();
     if (watch_ != nullptr) watch_->Cancel();
     lease = lease_;
   }
@@ -332,29 +308,12 @@ void EtcdMember::Stop() {
   }
 }
 
-void EtcdMember::Fire(const std::vector<PeerEvent>& events) {
-  for (const PeerEvent& e : events) {
-    if (e.kind == PeerEvent::Kind::kLost) {
-      HSDP_LOG(Warning) << "cluster: " << e.why;
-    } else {
-      HSDP_LOG(Info) << "cluster: " << e.why;
-    }
-    if (events_) events_(e);
-  }
-}
-
 void EtcdMember::ReportGroupEvent(v1::GroupEvent event) {
   absl::MutexLock l(&mu_);
-  if (outbox_.size() >= kMaxOutbox) {
-    HSDP_LOG_EVERY_N_SEC(Warning, 5) << "cluster: dropping a group event for \""
-                                     << outbox_.front().group_key() << "\": " << etcd_->name()
-                                     << " has not taken " << kMaxOutbox << " queued events";
-    outbox_.pop_front();
-  }
-  outbox_.push_back(std::move(event));
+  outbox_.Push(std::move(event));
 }
 
-bool EtcdMember::WakeLocked() const { return stopping_ || (!outbox_blocked_ && !outbox_.empty()); }
+bool EtcdMember::WakeLocked() const { return stopping_ || outbox_.ready(); }
 
 bool EtcdMember::FlushOutbox() {
   const absl::Duration timeout = std::max(options_.heartbeat, absl::Milliseconds(500));
@@ -368,9 +327,9 @@ bool EtcdMember::FlushOutbox() {
       req.set_node_rank(rank_);
       req.set_instance(instance_);
       lease = lease_;
-      for (size_t i = 0; i < outbox_.size() && i < kMaxReportEvents; ++i) {
+      for (v1::GroupEvent& queued : outbox_.Front(kMaxReportEvents)) {
         v1::GroupEvent* e = req.add_events();
-        *e = outbox_[i];
+        *e = std::move(queued);
         e->set_origin_node(rank_);
         e->mutable_group_key()->resize(std::min(e->group_key().size(), kMaxEventField));
         e->mutable_why()->resize(std::min(e->why().size(), kMaxEventField));
@@ -400,7 +359,7 @@ bool EtcdMember::FlushOutbox() {
       }
     }
     absl::MutexLock l(&mu_);
-    for (int i = 0; i < req.events_size() && !outbox_.empty(); ++i) outbox_.pop_front();
+    outbox_.Pop(req.events_size());
   }
 }
 
@@ -421,7 +380,7 @@ void EtcdMember::Rejoin(const std::string& why) {
     rank_ = -1;
   }
   store_->SetLease(0);
-  Fire(lost);
+  FirePeerEvents(lost, events_);
 }
 
 void EtcdMember::HeartbeatLoop() {
@@ -438,14 +397,14 @@ void EtcdMember::HeartbeatLoop() {
     const bool sent = joined && FlushOutbox();
     if (absl::Now() < next) {
       absl::MutexLock l(&mu_);
-      outbox_blocked_ = !sent;
+      outbox_.set_held_back(!sent);
       continue;
     }
     next = absl::Now() + options_.heartbeat;
     int64_t lease;
     {
       absl::MutexLock l(&mu_);
-      outbox_blocked_ = false;
+      outbox_.set_held_back(false);
       lease = lease_;
     }
     absl::Status status;
@@ -472,9 +431,7 @@ void EtcdMember::HeartbeatLoop() {
       failures = 0;
       degraded = false;
       absl::MutexLock l(&mu_);
-      state_ = "ok";
-      detail_.clear();
-      last_contact_ = absl::Now();
+      status_.Contact(absl::Now());
       continue;
     }
     ++failures;
@@ -486,8 +443,7 @@ void EtcdMember::HeartbeatLoop() {
           "and attaches fail until etcd has a quorum again (see docs/cluster.md)");
       HSDP_LOG(Error) << "cluster degraded: " << detail;
       absl::MutexLock l(&mu_);
-      state_ = "degraded";
-      detail_ = detail;
+      status_.Degraded(detail);
     }
   }
 }
@@ -496,18 +452,12 @@ v1::NodesResponse EtcdMember::View() const {
   absl::MutexLock l(&mu_);
   v1::NodesResponse r;
   r.set_enabled(true);
-  r.set_state(state_);
-  r.set_detail(detail_);
+  const double since_contact = status_.FillView(&r, absl::Now());
   r.set_epoch(epoch_);
   r.set_node_rank(rank_);
   r.set_coordinator(etcd_->name());
   r.set_is_coordinator(false);
   r.set_expected_nodes(options_.nodes);
-  r.set_coordinator_contact_age_s(last_contact_ == absl::InfinitePast()
-                                      ? -1
-                                      : absl::ToDoubleSeconds(absl::Now() - last_contact_));
-  const double since_contact =
-      last_contact_ == absl::InfinitePast() ? 0 : absl::ToDoubleSeconds(absl::Now() - last_contact_);
   for (const auto& [rank, p] : peers_) {
     v1::NodeStatus* s = r.add_nodes();
     s->set_node_rank(rank);

@@ -34,7 +34,6 @@
 #define HSDP_DAEMON_CLUSTER_ETCD_ETCD_MEMBER_H_
 
 #include <atomic>
-#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -46,6 +45,7 @@
 #include "absl/time/time.h"
 #include "daemon/cluster/etcd/etcd_client.h"
 #include "daemon/cluster/etcd/etcd_store.h"
+#include "daemon/cluster/member_status.h"
 #include "daemon/cluster/membership.h"
 
 namespace hsdp {
@@ -110,7 +110,6 @@ class EtcdMember : public Membership {
   void Rejoin(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   bool FlushOutbox() ABSL_LOCKS_EXCLUDED(mu_);
   bool WakeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Fire(const std::vector<PeerEvent>& events);
   std::string Key(const std::string& suffix) const { return options_.prefix + "m/" + suffix; }
   std::string HistoryKey(const std::string& suffix) const {
     return options_.prefix + "h/ranks/" + suffix;
@@ -125,17 +124,14 @@ class EtcdMember : public Membership {
   const std::string instance_;
 
   mutable absl::Mutex mu_;
-  std::string state_ ABSL_GUARDED_BY(mu_) = "joining";
-  std::string detail_ ABSL_GUARDED_BY(mu_);
+  MemberStatus status_ ABSL_GUARDED_BY(mu_);
   int rank_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time last_contact_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::map<int, Peer> peers_ ABSL_GUARDED_BY(mu_);  // every node seen, by rank (self included)
   int64_t watch_from_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<v1::GroupEvent> outbox_ ABSL_GUARDED_BY(mu_);
-  bool outbox_blocked_ ABSL_GUARDED_BY(mu_) = false;
+  GroupEventOutbox outbox_ ABSL_GUARDED_BY(mu_);
   etcd::Watch* watch_ ABSL_GUARDED_BY(mu_) = nullptr;  // the watch in use, for Stop
   std::atomic<uint64_t> rpcs_{0};
   std::thread heartbeat_;

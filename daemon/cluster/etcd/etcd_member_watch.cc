@@ -173,7 +173,7 @@ void EtcdMember::WatchLoop(int64_t from) {
           from = std::max(from, e.kv.mod_revision + 1);
         }
         if (lost_at != 0) AdvanceEpochPast(lost_at);
-        Fire(fired);
+        FirePeerEvents(fired, events_);
         for (const v1::GroupEvent& g : groups) {
           if (group_events_) group_events_(g);
         }
@@ -217,7 +217,7 @@ void EtcdMember::WatchLoop(int64_t from) {
           Apply(etcd::WatchEvent{etcd::WatchEvent::Type::kDelete, kv}, &fired, &ignored, &lost_at);
         }
         if (lost_at != 0) AdvanceEpochPast(lost_at);
-        Fire(fired);
+        FirePeerEvents(fired, events_);
         from = all->revision + 1;
       }
     }
