@@ -150,7 +150,10 @@ import hsdp.torch
 out = {
     "hsdp": hsdp.__file__, "ext": hsdp._hsdp.__file__, "torch": torch.__version__,
     "backend": "hsdpd" in dist.Backend.backend_list,
-    "build_on_path": [p for p in sys.path if p.startswith(build)],
+    # Every other hsdp on the path (the build folder's build/python above all).
+    "other_hsdp": [p for p in sys.path if p and os.path.realpath(p) != os.path.realpath(site)
+                   and (os.path.exists(os.path.join(p, "hsdp")) or
+                        os.path.realpath(p).startswith(os.path.join(build, "python")))],
     "version": md.version("hsdp"),
     "torch_backends": sorted(f"{e.name} = {e.value}"
                              for e in md.entry_points(group="torch.backends")),
@@ -170,8 +173,8 @@ def check_imports(py, site, build, version, tmp):
     for key in ("hsdp", "ext"):
         if not got[key].startswith(site + os.sep):
             fail(f"{key} imported from {got[key]}, not from the venv ({site})")
-    if got["build_on_path"]:
-        fail(f"the build folder is on sys.path: {got['build_on_path']}")
+    if got["other_hsdp"]:
+        fail(f"another hsdp is on sys.path: {got['other_hsdp']}")
     if not got["backend"]:
         fail("import hsdp.torch did not register the backend \"hsdpd\"")
     if got["version"] != version:
@@ -252,6 +255,7 @@ def main():
     ap.add_argument("--torch", choices=("link", "install"),
                     default=os.environ.get("HSDP_WHEEL_TEST_TORCH", "link"))
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--wheel", help="test this wheel instead of building one")
     args = ap.parse_args()
     source, build = os.path.abspath(args.source), os.path.abspath(args.build)
     cache = os.environ.get("HSDP_WHEEL_CACHE") or os.path.join(
@@ -260,13 +264,17 @@ def main():
         version = re.search(r"project\(hsdpd\s+VERSION\s+([0-9.]+)", f.read()).group(1)
     tmp = tempfile.mkdtemp(prefix="hsdp-wheel-test-")
     try:
-        dist_dir = os.path.join(tmp, "dist")
-        p, dt = run(["bash", os.path.join(source, "tools", "scripts", "build_wheel.sh"), dist_dir],
-                    env=dict(os.environ, HSDP_BUILD_DIR=build,
-                             HSDP_WHEEL_BUILD_DIR=os.path.join(build, "wheel", "cmake")),
-                    timeout=1500)
-        whl = p.stdout.strip().splitlines()[-1]
-        log(f"wheel built in {dt:.0f} s")
+        if args.wheel:
+            whl = os.path.abspath(args.wheel)
+        else:
+            dist_dir = os.path.join(tmp, "dist")
+            p, dt = run(["bash", os.path.join(source, "tools", "scripts", "build_wheel.sh"),
+                         dist_dir],
+                        env=dict(os.environ, HSDP_BUILD_DIR=build,
+                                 HSDP_WHEEL_BUILD_DIR=os.path.join(build, "wheel", "cmake")),
+                        timeout=1500)
+            whl = p.stdout.strip().splitlines()[-1]
+            log(f"wheel built in {dt:.0f} s")
         check_wheel(whl, version)
         venv, py, site = venv_with_wheel(tmp, whl, cache, args.torch, args.test_python, source)
         check_abi(os.path.join(site, "hsdp", "_hsdp.cpython-311-x86_64-linux-gnu.so"))
