@@ -3,6 +3,7 @@ add_library(hsdp_config STATIC
   ${CMAKE_CURRENT_LIST_DIR}/config_diff.cc
   ${CMAKE_CURRENT_LIST_DIR}/config_values.cc
   ${CMAKE_CURRENT_LIST_DIR}/node_config.cc
+  ${CMAKE_CURRENT_LIST_DIR}/node_config_cluster.cc
   ${CMAKE_CURRENT_LIST_DIR}/node_config_parser.cc
   ${CMAKE_CURRENT_LIST_DIR}/node_config_yaml.cc
   ${CMAKE_CURRENT_LIST_DIR}/priority_classes.cc

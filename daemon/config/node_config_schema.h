@@ -1,7 +1,8 @@
 // The node configuration's schema: one table of sections and keys, each key
 // naming its parser, its renderer and a one-line comment, so that parsing
 // (node_config.cc) and rendering (node_config_yaml.cc) cannot drift apart.
-// Internal to daemon/config; the table itself is defined in node_config.cc.
+// Internal to daemon/config; the table itself is defined in node_config.cc
+// (the cluster section's keys in node_config_cluster.cc).
 #ifndef HSDP_DAEMON_CONFIG_NODE_CONFIG_SCHEMA_H_
 #define HSDP_DAEMON_CONFIG_NODE_CONFIG_SCHEMA_H_
 
@@ -11,6 +12,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "daemon/config/config_values.h"
 #include "daemon/config/node_config.h"
 
@@ -39,6 +41,34 @@ struct SectionSpec {
   std::span<const KeySpec> keys;
   SectionCheck check = nullptr;
 };
+
+// Renderers shared by several keys: the member's value as YAML.
+template <auto kMember>
+std::string RenderNumber(const NodeConfig& config) {
+  return absl::StrCat(config.*kMember);
+}
+template <auto kMember>
+std::string RenderBool(const NodeConfig& config) {
+  return config.*kMember ? "true" : "false";
+}
+template <auto kMember>
+std::string RenderSize(const NodeConfig& config) {
+  return FormatSize(config.*kMember);
+}
+template <auto kMember>
+std::string RenderString(const NodeConfig& config) {
+  return YamlQuote(config.*kMember);
+}
+
+// An absolute path without NUL bytes ("" allowed: unset).
+absl::Status ParsePath(const Field& f, std::string* out);
+
+// The cluster section (node_config_cluster.cc): its keys and the checks
+// across them.
+std::span<const KeySpec> ClusterKeys();
+absl::Status CheckCluster(const std::string& source,
+                          const std::function<int(std::string_view)>& line_of,
+                          const NodeConfig& config);
 
 // jobs.priority_classes (priority_classes_yaml.cc): a list of maps.
 absl::Status ParsePriorityClasses(const Field& f, NodeConfig* config);
