@@ -175,7 +175,9 @@ TEST_F(ClusterDatapathTest, TrainerKilledFailsOpsOnTheOtherNodeNamingTheRank) {
   });
   ASSERT_TRUE(WaitFile(victim_ready, kChildMs)) << victim.output() << Logs();
   ASSERT_TRUE(WaitFile(formed, kChildMs)) << survivor.output() << Logs();
-  absl::SleepFor(absl::Milliseconds(200));  // the survivor's op is in flight
+  // The survivor's operation has reached its daemon before rank 1 dies.
+  ASSERT_TRUE(Eventually([&] { return OpsInDaemon(s0, job) >= 1; }, kChildMs))
+      << survivor.output() << Logs();
   ::kill(victim.pid(), SIGKILL);
   ASSERT_EQ(survivor.Finish(kChildMs), 0) << survivor.output() << Logs();
   const std::string out = survivor.output();
@@ -239,7 +241,11 @@ TEST_F(ClusterDatapathTest, DaemonKilledFailsOpsNamingTheNodeAndSurvivorsGoOn) {
     ASSERT_TRUE(WaitFile(formed + std::to_string(r), kChildMs))
         << "rank " << r << ": " << children[r]->output() << Logs();
   }
-  absl::SleepFor(absl::Milliseconds(200));
+  // The survivors' operation has reached nodes 0 and 1 before node 2 dies.
+  for (int node : {0, 1}) {
+    ASSERT_TRUE(Eventually([&] { return OpsInDaemon(Socket(node), job) >= 1; }, kChildMs))
+        << "node " << node << Logs();
+  }
   daemons_[2]->process.Kill();
   for (int r : {0, 1, 3}) {
     ASSERT_TRUE(children[r]->WaitFor("RESULT", kChildMs))
@@ -317,7 +323,9 @@ TEST_F(ClusterDatapathTest, ARestartedTrainerRejoinsTheGroupInTheNextEpoch) {
     return Report(&T);
   });
   ASSERT_TRUE(WaitFile(ready, kChildMs)) << first->output() << survivor.output() << Logs();
-  absl::SleepFor(absl::Milliseconds(200));
+  // The survivor's operation waits for rank 1 in node 0's daemon.
+  ASSERT_TRUE(Eventually([&] { return OpsInDaemon(s0, job) >= 1; }, kChildMs))
+      << survivor.output() << Logs();
   ::kill(first->pid(), SIGKILL);
   ASSERT_TRUE(survivor.WaitFor("EPOCH 2", kChildMs)) << survivor.output() << Logs();
   Child second(trainer1(again));

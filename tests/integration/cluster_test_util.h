@@ -1,4 +1,4 @@
-// Helpers for the cluster integration tests: free loopback ports, a token
+// Helpers for the cluster integration tests: loopback addresses, a token
 // file, a daemon's cluster config, and `hsdpctl nodes --json` parsed.
 #ifndef HSDP_TESTS_INTEGRATION_CLUSTER_TEST_UTIL_H_
 #define HSDP_TESTS_INTEGRATION_CLUSTER_TEST_UTIL_H_
@@ -14,27 +14,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/ports.h"  // FreePort
 #include "test_util.h"
 
 namespace hsdp::testing {
-
-// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0 and
-// closed), distinct from the previous ones this process handed out.
-inline int FreePort() {
-  static int last = 0;
-  for (;;) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    socklen_t len = sizeof(addr);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    ::close(fd);
-    const int port = ntohs(addr.sin_port);
-    if (port != last) return last = port;
-  }
-}
 
 inline std::string Loopback(int port) { return absl::StrCat("127.0.0.1:", port); }
 

@@ -21,6 +21,7 @@
 namespace hsdp::etcd {
 namespace {
 
+using ::hsdp::testing::Eventually;
 using ::hsdp::testing::EtcdTestCluster;
 
 constexpr absl::Duration kTimeout = absl::Seconds(5);
@@ -43,17 +44,6 @@ absl::Status CollectEvents(Watch* watch, size_t n, absl::Duration timeout,
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
-}
-
-// Polls `pred` every 50 ms until it holds or `timeout` passed.
-template <typename Pred>
-bool Eventually(absl::Duration timeout, Pred pred) {
-  const absl::Time deadline = absl::Now() + timeout;
-  for (;;) {
-    if (pred()) return true;
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
 }
 
 // ---------------------------------------------------------------------------
@@ -105,7 +95,7 @@ TEST(EtcdConnect, MalformedEndpointsAreInvalidArgument) {
 }
 
 TEST(EtcdConnect, UnreachableFailsWithinTimeoutNamingEtcd) {
-  const std::string ep = hsdp::testing::EtcdLoopback(hsdp::testing::EtcdFreePort());
+  const std::string ep = hsdp::testing::EtcdLoopback(hsdp::testing::FreePort());
   auto client = MustConnect({ep});
   ASSERT_NE(client, nullptr);
   EXPECT_EQ(client->name(), absl::StrCat("etcd (", ep, ")"));
@@ -311,10 +301,10 @@ TEST_F(EtcdClientTest, LeaseKeepAliveAndExpiry) {
 
   // Not kept alive: gone after its TTL (etcd checks expiry every 500 ms).
   const absl::Time stopped = absl::Now();
-  EXPECT_TRUE(Eventually(absl::Seconds(10), [&] {
+  EXPECT_TRUE(Eventually([&] {
     auto r = client_->Range(k, "", kTimeout);
     return r.ok() && r->kvs.empty();
-  }));
+  }, 10000, 50));
   EXPECT_GE(absl::Now() - stopped, absl::Seconds(1));
   auto ttl = client_->LeaseKeepAlive(*lease, kTimeout);
   ASSERT_FALSE(ttl.ok());
@@ -573,10 +563,10 @@ TEST(EtcdFailoverTest, KilledMemberFailsOverAndQuorumLossFailsWithinTimeout) {
   cluster.Kill(leader);
   const absl::Time killed = absl::Now();
   absl::StatusOr<int64_t> after_leader;
-  ASSERT_TRUE(Eventually(absl::Seconds(15), [&] {
+  ASSERT_TRUE(Eventually([&] {
     after_leader = client->Put("k", "after-leader", 0, absl::Seconds(2));
     return after_leader.ok();
-  })) << after_leader.status();
+  }, 15000, 50)) << after_leader.status();
   std::cerr << "leader killed: puts work again after " << absl::Now() - killed << "\n";
   got = client->Range("k", "", kTimeout);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -600,11 +590,11 @@ TEST(EtcdFailoverTest, KilledMemberFailsOverAndQuorumLossFailsWithinTimeout) {
   std::cerr << "quorum lost: put took " << took << ": " << lost.status() << "\n";
   // Reads too (linearizable; with "hasleader" the survivor refuses at once
   // once it knows it has no leader).
-  EXPECT_TRUE(Eventually(absl::Seconds(10), [&] {
+  EXPECT_TRUE(Eventually([&] {
     auto r = client->Range("k", "", absl::Seconds(2));
     if (!r.ok()) std::cerr << "quorum lost: range: " << r.status() << "\n";
     return !r.ok() && absl::StrContains(r.status().message(), "no leader");
-  }));
+  }, 10000, 50));
   auto lost_watch = client->StartWatch("k", "", 0, absl::Seconds(2));
   EXPECT_FALSE(lost_watch.ok());
   std::cerr << "quorum lost: watch: " << lost_watch.status() << "\n";
@@ -616,10 +606,10 @@ TEST(EtcdFailoverTest, KilledMemberFailsOverAndQuorumLossFailsWithinTimeout) {
   absl::Status healthy = cluster.WaitHealthy(absl::Seconds(30));
   ASSERT_TRUE(healthy.ok()) << healthy << cluster.Logs();
   absl::StatusOr<int64_t> again;
-  ASSERT_TRUE(Eventually(absl::Seconds(10), [&] {
+  ASSERT_TRUE(Eventually([&] {
     again = client->Put("k", "recovered", 0, kTimeout);
     return again.ok();
-  })) << again.status();
+  }, 10000, 50)) << again.status();
   got = client->Range("k", "", kTimeout);
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->kvs.size(), 1u);
@@ -655,10 +645,10 @@ TEST(EtcdFailoverTest, HungMemberTimesOutAndLaterCallsMoveOn) {
   // The next calls go to another member (after a new election if member 0
   // led).
   absl::StatusOr<int64_t> put;
-  ASSERT_TRUE(Eventually(absl::Seconds(10), [&] {
+  ASSERT_TRUE(Eventually([&] {
     put = client->Put("k", "moved-on", 0, absl::Seconds(2));
     return put.ok();
-  })) << put.status();
+  }, 10000, 50)) << put.status();
 
   // A watch on the hung member alone: not created within its timeout, and
   // StartWatch returns on time.
@@ -677,7 +667,7 @@ TEST(EtcdFailoverTest, HungMemberTimesOutAndLaterCallsMoveOn) {
   // "hung": a put that timed out on the hung member may still be applied
   // once it resumes (it was queued there), after "moved-on".
   std::string seen;
-  EXPECT_TRUE(Eventually(absl::Seconds(10), [&] {
+  EXPECT_TRUE(Eventually([&] {
     auto mine = single->Range("k", "", kTimeout);
     auto theirs = client->Range("k", "", kTimeout);
     if (!mine.ok() || !theirs.ok() || mine->kvs.size() != 1 || theirs->kvs.size() != 1) {
@@ -686,7 +676,7 @@ TEST(EtcdFailoverTest, HungMemberTimesOutAndLaterCallsMoveOn) {
     seen = mine->kvs[0].value;
     return mine->kvs[0].mod_revision == theirs->kvs[0].mod_revision &&
            mine->kvs[0].mod_revision >= *put;
-  }));
+  }, 10000, 50));
   EXPECT_TRUE(seen == "moved-on" || seen == "hung") << seen;
 }
 
@@ -731,10 +721,10 @@ TEST(EtcdAuthTest, WrongPasswordFailsClearlyAndTokenIsRenewedAfterRestart) {
   absl::Status healthy = cluster.WaitHealthy(absl::Seconds(30));
   ASSERT_TRUE(healthy.ok()) << healthy;
   absl::StatusOr<int64_t> put;
-  ASSERT_TRUE(Eventually(absl::Seconds(10), [&] {
+  ASSERT_TRUE(Eventually([&] {
     put = (*client)->Put("k", "v2", 0, kTimeout);
     return put.ok();
-  })) << put.status();
+  }, 10000, 50)) << put.status();
   auto got = (*client)->Range("k", "", kTimeout);
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->kvs.size(), 1u);

@@ -29,6 +29,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "daemon/cluster/etcd/etcd_client.h"
+#include "common/ports.h"  // FreePort
 #include "test_util.h"
 
 namespace hsdp::testing {
@@ -37,24 +38,6 @@ inline std::string EtcdBinary() { return HSDP_ETCD_BIN; }
 
 inline std::string EtcdLoopback(int port) { return absl::StrCat("127.0.0.1:", port); }
 
-// A TCP port on 127.0.0.1 that was free a moment ago, never one this
-// function handed out before in this process. (Not cluster_test_util.h's
-// FreePort: that header includes this one.)
-inline int EtcdFreePort() {
-  static std::set<int> used;
-  for (;;) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    socklen_t len = sizeof(addr);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    ::close(fd);
-    const int port = ntohs(addr.sin_port);
-    if (port != 0 && used.insert(port).second) return port;
-  }
-}
 inline std::string EtcdctlBinary() { return HSDP_ETCDCTL_BIN; }
 
 class EtcdTestCluster {
@@ -85,8 +68,8 @@ class EtcdTestCluster {
       if (dir_->path().empty()) return absl::InternalError("mkdtemp failed");
       nodes_.assign(members_, Node{});
       for (int i = 0; i < members_; ++i) {
-        nodes_[i].client_port = EtcdFreePort();
-        nodes_[i].peer_port = EtcdFreePort();
+        nodes_[i].client_port = FreePort();
+        nodes_[i].peer_port = FreePort();
       }
       bool spawned = true;
       for (int i = 0; i < members_ && spawned; ++i) spawned = Spawn(i, /*existing=*/false);

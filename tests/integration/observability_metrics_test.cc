@@ -406,7 +406,7 @@ TEST(ObservabilityMetricsTest, PrometheusScrapesTheDaemon) {
   ASSERT_GT(metrics_port, 0);
 
   // Prometheus reads the same password file (as deploy/prometheus/ shows).
-  const int prom_port = testing::FreeTcpPort();
+  const int prom_port = testing::FreePort();
   testing::WriteFile(dir.File("prometheus.yml"),
                      "global:\n  scrape_interval: 100ms\n  scrape_timeout: 100ms\n"
                      "scrape_configs:\n  - job_name: hsdpd\n"

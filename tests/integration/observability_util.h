@@ -16,6 +16,7 @@
 
 #include "absl/strings/escaping.h"
 #include "hsdp/client.h"
+#include "common/ports.h"  // FreePort
 #include "test_util.h"
 
 namespace hsdp::testing {
@@ -185,22 +186,6 @@ inline bool ParsePromText(const std::string& text, std::map<std::string, double>
     (*out)[line.substr(0, space)] = v;
   }
   return true;
-}
-
-// A port nothing listens on right now (bind to 0, read it, close).
-inline int FreeTcpPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  ::close(fd);
-  return port;
 }
 
 // A subprocess (stdout+stderr to `log`) terminated and reaped on scope exit.

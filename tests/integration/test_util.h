@@ -24,8 +24,11 @@
 #include <thread>
 #include <vector>
 
+#include "common/wait.h"  // Eventually, EventuallyValue
 #include "google/protobuf/util/json_util.h"
 #include "hsdp/common/unix_socket.h"
+#include "grpcpp/grpcpp.h"
+#include "hsdp/v1/admin.grpc.pb.h"
 #include "hsdp/v1/admin.pb.h"
 
 namespace hsdp::testing {
@@ -237,14 +240,25 @@ inline int CountSessions(const std::string& socket, const std::string& job = "")
   return n;
 }
 
-// Polls `pred` every 20 ms for up to `timeout_ms`.
-inline bool Eventually(const std::function<bool()>& pred, int timeout_ms) {
-  const int64_t deadline = NowMs() + timeout_ms;
-  while (NowMs() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+// The operations of `job` that the daemon on `socket` holds right now,
+// queued in its groups or running (the Activity RPC's pending + running),
+// or -1 when the daemon does not answer. A test waits on this, never on a
+// sleep, for "the trainer's operation has reached the daemon".
+inline int64_t OpsInDaemon(const std::string& socket, const std::string& job) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  auto admin = v1::Admin::NewStub(
+      grpc::CreateCustomChannel("unix:" + socket, grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ActivityResponse act;
+  if (!admin->Activity(&ctx, v1::ActivityRequest(), &act).ok()) return -1;
+  int64_t n = 0;
+  for (const auto& j : act.jobs()) {
+    if (j.job_id() != job) continue;
+    for (const auto& g : j.groups()) n += static_cast<int64_t>(g.pending() + g.running());
   }
-  return pred();
+  return n;
 }
 
 // A forked child process running `body(out)`; whatever it writes to `out`

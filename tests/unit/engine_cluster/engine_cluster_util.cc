@@ -277,4 +277,50 @@ std::string RunAndCompare(const std::vector<Engine*>& engines, const Case& c, co
   return CompareOutputs(c, p, bufs, ref);
 }
 
+namespace {
+
+class ProbedLink : public NodeLink {
+ public:
+  ProbedLink(std::unique_ptr<NodeLink> inner, std::shared_ptr<TransportProbe> probe)
+      : inner_(std::move(inner)), probe_(std::move(probe)) {}
+  const std::vector<int>& nodes() const override { return inner_->nodes(); }
+  int self() const override { return inner_->self(); }
+  absl::Status Exchange(const std::vector<SendRange>& sends, const std::vector<RecvRange>& recvs,
+                        uint64_t tag, absl::Time deadline) override {
+    probe_->exchanges.fetch_add(1);
+    return inner_->Exchange(sends, recvs, tag, deadline);
+  }
+  void Abort(const absl::Status& why) override { inner_->Abort(why); }
+  std::string peer_instance(int peer) const override { return inner_->peer_instance(peer); }
+
+ private:
+  std::unique_ptr<NodeLink> inner_;
+  std::shared_ptr<TransportProbe> probe_;
+};
+
+class ProbedTransport : public TransportFactory {
+ public:
+  ProbedTransport(std::unique_ptr<TransportFactory> inner, std::shared_ptr<TransportProbe> probe)
+      : inner_(std::move(inner)), probe_(std::move(probe)) {}
+  absl::StatusOr<std::unique_ptr<NodeLink>> Connect(const std::string& key, uint32_t epoch,
+                                                    const std::vector<int>& nodes, int this_node,
+                                                    absl::Time deadline) override {
+    probe_->connects.fetch_add(1);
+    auto link = inner_->Connect(key, epoch, nodes, this_node, deadline);
+    if (!link.ok()) return link.status();
+    return std::unique_ptr<NodeLink>(std::make_unique<ProbedLink>(std::move(*link), probe_));
+  }
+
+ private:
+  std::unique_ptr<TransportFactory> inner_;
+  std::shared_ptr<TransportProbe> probe_;
+};
+
+}  // namespace
+
+std::unique_ptr<TransportFactory> Probed(std::unique_ptr<TransportFactory> inner,
+                                         std::shared_ptr<TransportProbe> probe) {
+  return std::make_unique<ProbedTransport>(std::move(inner), std::move(probe));
+}
+
 }  // namespace hsdp::testing

@@ -5,6 +5,7 @@
 #ifndef HSDP_TESTS_UNIT_ENGINE_CLUSTER_ENGINE_CLUSTER_UTIL_H_
 #define HSDP_TESTS_UNIT_ENGINE_CLUSTER_ENGINE_CLUSTER_UTIL_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -14,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "daemon/engine/cluster/node_transport.h"
 #include "daemon/engine/engine.h"
 
 namespace hsdp::testing {
@@ -81,6 +83,19 @@ class Completions {
   std::vector<int> launched_, completed_;
   std::vector<bool> order_ok_;
 };
+
+// What one node's transport has been asked to do, counted as each call
+// begins: a test waits on these ("node 0 is connecting", "node 0 waits in
+// the network stage") instead of sleeping.
+struct TransportProbe {
+  std::atomic<int> connects{0};   // TransportFactory::Connect calls entered
+  std::atomic<int> exchanges{0};  // NodeLink::Exchange calls entered
+};
+
+// `inner` with every Connect and every Exchange of its links counted in
+// `probe`; otherwise the same transport.
+std::unique_ptr<TransportFactory> Probed(std::unique_ptr<TransportFactory> inner,
+                                         std::shared_ptr<TransportProbe> probe);
 
 // Runs `c` on engines[n] for every node n (placement p) and compares with
 // the flat run; "" when every output matches, else what differs.

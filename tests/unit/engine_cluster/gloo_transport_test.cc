@@ -21,6 +21,7 @@
 #include "daemon/engine/cluster/gloo_peer_name.h"
 #include "daemon/engine/cluster/hierarchical_engine.h"
 #include "daemon/engine/cpu/cpu_engine.h"
+#include "common/wait.h"
 #include "engine_cluster_util.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gloo/rendezvous/prefix_store.h"
@@ -53,6 +54,7 @@ class GlooCluster {
     o.timeout = timeout;
     o.chunk_bytes = 8192;
     for (int n = 0; n < nodes; ++n) {
+      probes_.push_back(std::make_shared<testing::TransportProbe>());
       GlooTransportOptions t;
       t.data_address = "127.0.0.1";
       t.devices = devices;
@@ -61,7 +63,9 @@ class GlooCluster {
         return std::unique_ptr<gloo::rendezvous::Store>(new SharedPrefixStore(prefix, store));
       };
       engines_.push_back(MakeHierarchicalEngine(std::make_unique<CpuEngine>(1, 1 << 20),
-                                                MakeGlooTransport(std::move(t)), o));
+                                                testing::Probed(MakeGlooTransport(std::move(t)),
+                                                                probes_[n]),
+                                                o));
     }
   }
   std::vector<Engine*> engines() {
@@ -71,8 +75,11 @@ class GlooCluster {
   }
   Engine* engine(int n) { return engines_[n].get(); }
   void Stop(int n) { engines_[n].reset(); }
+  // Node n's Connect and Exchange calls so far.
+  testing::TransportProbe& probe(int n) { return *probes_[n]; }
 
  private:
+  std::vector<std::shared_ptr<testing::TransportProbe>> probes_;
   std::vector<std::unique_ptr<Engine>> engines_;
 };
 
@@ -165,8 +172,10 @@ TEST(GlooTransport, APeerThatGoesAwayFailsTheOperationNamingIt) {
   ASSERT_EQ(testing::RunAndCompare(cl.engines(), c, p, "g", 1, 1), "");
   RankBuffers bufs(c, 2, 1);
   Completions done(1);
+  const int entered = cl.probe(0).exchanges.load();
   cl.engine(0)->Launch(testing::BuildTask(c, p, 0, &bufs, "g", 1, 2), done.Callbacks(0));
-  absl::SleepFor(absl::Milliseconds(100));
+  // Node 0 waits for node 1 in the network stage.
+  ASSERT_TRUE(testing::Eventually([&] { return cl.probe(0).exchanges.load() > entered; }, 10000));
   cl.Stop(1);  // its links close
   ASSERT_TRUE(done.Wait(absl::Seconds(10)));
   EXPECT_EQ(done.status(0).code(), absl::StatusCode::kUnavailable) << done.status(0);
@@ -199,9 +208,11 @@ TEST(GlooTransport, AbortEndsAWaitingOperation) {
   ASSERT_EQ(testing::RunAndCompare(cl.engines(), c, p, "g", 1, 1), "");
   RankBuffers bufs(c, 2, 1);
   Completions done(1);
+  const int entered = cl.probe(0).exchanges.load();
   const uint64_t t =
       cl.engine(0)->Launch(testing::BuildTask(c, p, 0, &bufs, "g", 1, 2), done.Callbacks(0));
-  absl::SleepFor(absl::Milliseconds(100));
+  // Waiting for node 1 in the network stage.
+  ASSERT_TRUE(testing::Eventually([&] { return cl.probe(0).exchanges.load() > entered; }, 10000));
   cl.engine(0)->Abort(t, absl::AbortedError("aborted by the test"));
   ASSERT_TRUE(done.Wait(absl::Seconds(10)));
   EXPECT_EQ(done.status(0).code(), absl::StatusCode::kAborted) << done.status(0);
