@@ -8,6 +8,7 @@ this object started (SIGTERM, then SIGKILL after 10 s).
 """
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import tempfile
 import time
 
 from conftest import BUILD, Daemon
+from waiting import eventually
 
 HEARTBEAT_MS = 100
 MISSED_HEARTBEATS = 5
@@ -61,6 +63,22 @@ def alive_nodes(view):
     return sum(1 for n in (view or {}).get("nodes", []) if n.get("state") == "alive")
 
 
+def queued_ops(socket_path):
+    """Operations the daemon holds right now (queued in groups or running), all
+    jobs together: the QUEUED column of `hsdpctl top`; None if it did not answer."""
+    hsdpctl = os.path.join(BUILD, "bin", "hsdpctl")
+    try:
+        r = subprocess.run([hsdpctl, "--socket", socket_path, "--timeout", "2", "top",
+                            "--interval", "0.05"], capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return None
+    if r.returncode != 0:
+        return None
+    # A job's row ends with QUEUED, then the slowest rank ("rank N (x s)" or "-").
+    rows = re.findall(r"\s(\d+)\s+(?:rank \d+ \([^)]*\)|-)\s*$", r.stdout, re.MULTILINE)
+    return sum(int(q) for q in rows)
+
+
 class Cluster:
     """`nodes` hsdpd daemons forming one cluster on 127.0.0.1."""
 
@@ -98,11 +116,10 @@ class Cluster:
         """Until every daemon sees all nodes alive (bounded)."""
         deadline = time.monotonic() + FORM_TIMEOUT_S
         for d in self.daemons:
-            while alive_nodes(nodes_view(d.socket)) != self.nodes:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"cluster of {self.nodes} did not form in "
-                                       f"{FORM_TIMEOUT_S} s:\n{self.logs()}")
-                time.sleep(0.1)
+            if not eventually(lambda: alive_nodes(nodes_view(d.socket)) == self.nodes,
+                              max(0.0, deadline - time.monotonic()), interval=0.1):
+                raise RuntimeError(f"cluster of {self.nodes} did not form in "
+                                   f"{FORM_TIMEOUT_S} s:\n{self.logs()}")
 
     @property
     def sockets(self):

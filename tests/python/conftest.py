@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
@@ -25,22 +24,24 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def _accepts(path):
+    if not os.path.exists(path):
+        return False
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
 def _wait_for_socket(path, proc, timeout=20.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            return False
-        if os.path.exists(path):
-            s = socket.socket(socket.AF_UNIX)
-            try:
-                s.connect(path)
-                return True
-            except OSError:
-                pass
-            finally:
-                s.close()
-        time.sleep(0.05)
-    return False
+    """True once `path` accepts connections; False if `proc` exited first or on timeout."""
+    from waiting import eventually
+    return eventually(lambda: proc.poll() is not None or _accepts(path), timeout) and \
+        proc.poll() is None
 
 
 def _die_with_parent():

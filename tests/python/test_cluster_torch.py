@@ -320,13 +320,18 @@ def test_send_recv_across_nodes(cluster2, cluster_run):
 VICTIM = 2  # on node 1 in the interleaved placement
 
 
-def killed_trainer_worker(rank, world):
+def killed_trainer_worker(rank, world, sockets):
     import os
     import signal
     import torch.distributed as dist
+    from cluster_util import queued_ops
+    from waiting import wait_until
     dist.barrier()  # every rank attached and the world group formed on both nodes
     if rank == VICTIM:
-        time.sleep(1.0)  # let the others submit first
+        # The others' all_reduce has reached both daemons (the victim's node
+        # holds its other rank's arrival; the other node its ranks' op).
+        wait_until(lambda: all((queued_ops(s) or 0) >= 1 for s in sockets), 60,
+                   "the others' all_reduce never reached both daemons")
         os.kill(os.getpid(), signal.SIGKILL)
     t0 = time.monotonic()
     try:
@@ -340,7 +345,8 @@ def test_killed_trainer_fails_the_others_naming_the_rank(cluster2, cluster_run):
     # The process-group timeout (60 s) and the daemons' collective timeout (60 s) are far
     # above what the test allows, so only the failure path can end these waits in time.
     survivors = [r for r in range(4) if r != VICTIM]
-    res = cluster_run(cluster2, killed_trainer_worker, INTERLEAVED, expect=survivors,
+    res = cluster_run(cluster2, killed_trainer_worker, INTERLEAVED, cluster2.sockets,
+                      expect=survivors,
                       pg_timeout=60, timeout=120)
     for r in survivors:
         err = res[r]["error"]

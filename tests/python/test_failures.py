@@ -73,13 +73,14 @@ def fsdp2_adapter_worker(rank, world):
     rs(rs_out, rs_in, dist.distributed_c10d._get_default_group(), dist.ReduceOp.SUM)
     got_rs = rs_out.tolist()
     import gc
-    import time
+    from waiting import eventually
     free_before = client.staging.stats()["free_buffers"]
     del out, inp, rs_in, rs_out
-    deadline = time.time() + 5  # the completer thread drops its references shortly after
-    while client.staging.stats()["free_buffers"] - free_before < 3 and time.time() < deadline:
+
+    def freed():  # the completer thread drops its references shortly after
         gc.collect()
-        time.sleep(0.01)
+        return client.staging.stats()["free_buffers"] - free_before >= 3
+    eventually(freed, 5, interval=0.01)
     return got_ag, got_rs, client.staging.stats()["free_buffers"] - free_before
 
 

@@ -5,12 +5,12 @@ process group the runner sets up.
 """
 import os
 import tempfile
-import time
 
 import numpy as np
 import pytest
 
 import hsdp
+from waiting import wait_until
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_send_recv_ring_tags_and_any_source(run, world_size):
     assert res[0]["any"] == [(r, r * 1000) for r in range(1, world_size)]
 
 
-def _mismatch_and_timeout(rank, world_size, job):
+def _mismatch_and_timeout(rank, world_size, job, timed_out_file):
     with _client(job, rank, world_size) as c:
         if rank == 0:
             try:
@@ -109,6 +109,8 @@ def _mismatch_and_timeout(rank, world_size, job):
                 timeout = str(e)
             else:
                 timeout = "no error"
+            with open(timed_out_file, "w"):
+                pass
             return mismatch, timeout
         try:
             c.recv(np.zeros(5, dtype=np.float32), 0, tag=5)
@@ -116,13 +118,15 @@ def _mismatch_and_timeout(rank, world_size, job):
             mismatch = str(e)
         else:
             mismatch = "no error"
-        time.sleep(3)  # stay attached while rank 0's unmatched send times out
+        # Stay attached until rank 0's unmatched send has timed out.
+        wait_until(lambda: os.path.exists(timed_out_file), 60, "rank 0's send never returned")
         return mismatch, None
 
 
 def test_send_recv_size_mismatch_and_unmatched_timeout(hsdpd_short_timeout, tmp_path):
     import mp_runner
-    res = mp_runner.launch(_mismatch_and_timeout, 2, ("p2p-errors",), "gloo", str(tmp_path), 120)
+    res = mp_runner.launch(_mismatch_and_timeout, 2, ("p2p-errors", str(tmp_path / "timed-out")),
+                           "gloo", str(tmp_path), 120)
     for mismatch, _ in res:
         assert "sends 4 float32" in mismatch and "expects 5 float32" in mismatch, mismatch
     assert "timed out after" in res[0][1] and "waiting for the matching recv" in res[0][1]

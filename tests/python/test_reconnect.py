@@ -8,18 +8,14 @@ again, registered the buffers again and re-created the groups by itself.
 """
 import os
 import threading
-import time
 
 import mp_runner
 from conftest import BUILD, Daemon
+from waiting import wait_until
 
 
 def _wait_for(path, timeout=60):
-    end = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > end:
-            raise TimeoutError(path)
-        time.sleep(0.01)
+    wait_until(lambda: os.path.exists(path), timeout, path, interval=0.01)
 
 
 def reconnect_worker(rank, world, marks):
