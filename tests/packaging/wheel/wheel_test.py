@@ -57,7 +57,8 @@ def clean_env(**extra):
     """The environment of everything run in the venv: no PYTHONPATH, no virtualenv."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP",
-                        "HSDP_DEFAULT_BACKEND", "HSDP_REPLACE_GLOO")}
+                        "HSDP_DEFAULT_BACKEND", "HSDP_REPLACE_GLOO",
+                        "TORCH_DEVICE_BACKEND_AUTOLOAD")}
     env.update(extra)
     return env
 
