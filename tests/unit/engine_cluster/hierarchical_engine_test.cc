@@ -15,6 +15,7 @@
 #include "daemon/engine/cluster/fake_transport.h"
 #include "daemon/engine/cpu/cpu_engine.h"
 #include "daemon/engine/peer_instances.h"
+#include "common/wait.h"
 #include "engine_cluster_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -24,6 +25,7 @@ namespace {
 
 using testing::Case;
 using testing::Completions;
+using testing::Eventually;
 using testing::Placement;
 using testing::RankBuffers;
 
@@ -32,8 +34,10 @@ class FakeCluster {
  public:
   explicit FakeCluster(int nodes, HierarchicalEngineOptions options = Options()) {
     for (int n = 0; n < nodes; ++n) {
+      probes_.push_back(std::make_shared<testing::TransportProbe>());
       engines_.push_back(MakeHierarchicalEngine(std::make_unique<CpuEngine>(1, 1 << 20),
-                                                net_.MakeTransport(n), options));
+                                                testing::Probed(net_.MakeTransport(n), probes_[n]),
+                                                options));
     }
   }
   static HierarchicalEngineOptions Options() {
@@ -51,12 +55,15 @@ class FakeCluster {
   }
   Engine* engine(int n) { return engines_[n].get(); }
   FakeNetwork& net() { return net_; }
+  // Node n's Connect and Exchange calls so far.
+  testing::TransportProbe& probe(int n) { return *probes_[n]; }
   void Destroy(const std::string& key) {
     for (auto& e : engines_) e->DestroyGroup(key);
   }
 
  private:
   FakeNetwork net_;
+  std::vector<std::shared_ptr<testing::TransportProbe>> probes_;
   std::vector<std::unique_ptr<Engine>> engines_;
 };
 
@@ -423,7 +430,8 @@ TEST(HierarchicalEngine, LocalPhaseTwoFailsWhenCrossNodePhaseOneFails) {
   ar.members = {m};
   Completions p2(1);
   cl.engine(0)->Launch(ar, p2.Callbacks(0));
-  absl::SleepFor(absl::Milliseconds(50));
+  // Phase 1 is running (connecting to node 1, which never comes).
+  ASSERT_TRUE(Eventually([&] { return cl.probe(0).connects.load() >= 1; }, 10000));
   EXPECT_FALSE(p2.Wait(absl::ZeroDuration())) << "phase 2 ran before phase 1 finished";
   cl.engine(0)->Abort(t1, absl::AbortedError("test abort"));
   ASSERT_TRUE(p1.Wait(absl::Seconds(10)));
@@ -442,7 +450,8 @@ TEST(HierarchicalEngine, AbortOfARunningTaskEndsItAndANewEpochWorks) {
   Completions one(1);
   const uint64_t ticket =
       cl.engine(0)->Launch(testing::BuildTask(c, p, 0, &bufs, "g", 1, 1), one.Callbacks(0));
-  absl::SleepFor(absl::Milliseconds(20));
+  // Running: connecting to node 1, which has not launched its part.
+  ASSERT_TRUE(Eventually([&] { return cl.probe(0).connects.load() >= 1; }, 10000));
   cl.engine(0)->Abort(ticket, absl::AbortedError("epoch ended by the test"));
   ASSERT_TRUE(one.Wait(absl::Seconds(10)));
   EXPECT_EQ(one.status(0).code(), absl::StatusCode::kAborted);
@@ -625,8 +634,14 @@ TEST(HierarchicalEngine, AKilledNodeFailsEveryParticipantAndOtherGroupsGoOn) {
   Case big = SumCase(20000);
   RankBuffers bufs(big, 6, 5);
   Completions done(3);
+  int entered[3];
+  for (int n = 0; n < 3; ++n) entered[n] = cl.probe(n).exchanges.load();
   LaunchOn(cl, {0, 1, 2}, big, three, &bufs, "wide", 1, 2, &done);
-  absl::SleepFor(absl::Milliseconds(50));
+  // Mid-task: every node is in the task's network stage.
+  for (int n = 0; n < 3; ++n) {
+    ASSERT_TRUE(Eventually([&] { return cl.probe(n).exchanges.load() > entered[n]; }, 10000))
+        << "node " << n;
+  }
   cl.net().KillNode(2);
   ASSERT_TRUE(done.Wait(absl::Seconds(10)));
   for (int i = 0; i < 2; ++i) {
@@ -812,7 +827,8 @@ TEST(HierarchicalEngine, ShutdownCompletesEverythingWithUnavailable) {
   for (int i = 0; i < 3; ++i) {
     cl.engine(0)->Launch(testing::BuildTask(c, p, 0, &bufs, "g", 1, i + 1), done.Callbacks(i));
   }
-  absl::SleepFor(absl::Milliseconds(20));
+  // The first is running (connecting); the others wait behind it.
+  ASSERT_TRUE(Eventually([&] { return cl.probe(0).connects.load() >= 1; }, 10000));
   const absl::Time start = absl::Now();
   cl.engine(0)->Shutdown();
   ASSERT_TRUE(done.Wait(absl::Seconds(5)));

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -48,11 +49,22 @@ TEST(ConnectionLimiterTest, RootIsCountedButNeverRefused) {
 
 TEST(ConnectionLimiterTest, SlotsOutliveTheirLimiterOwner) {
   std::optional<ConnectionSlot> slot;
+  std::weak_ptr<ConnectionLimiter> seen;
   {
     auto limiter = ConnectionLimiter::Create(1);
+    seen = limiter;
     slot = limiter->TryAcquire(5);
+    ASSERT_TRUE(slot.has_value());
   }
-  slot.reset();  // must not touch freed memory (ASan would say)
+  // The owner's pointer is gone; the slot keeps the limiter alive and still
+  // counted against uid 5.
+  std::shared_ptr<ConnectionLimiter> alive = seen.lock();
+  ASSERT_NE(alive, nullptr) << "the slot did not keep its limiter alive";
+  EXPECT_EQ(alive->Live(5), 1u);
+  EXPECT_FALSE(alive->TryAcquire(5).has_value());
+  alive.reset();
+  slot.reset();  // the last owner: releases into a live limiter, then frees it (ASan checks)
+  EXPECT_TRUE(seen.expired()) << "the limiter outlived its last slot";
 }
 
 struct Pair {
