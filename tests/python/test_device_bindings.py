@@ -8,11 +8,12 @@ import mmap
 import os
 import struct
 import tempfile
-import time
 
 import pytest
 
+from cluster_util import queued_ops
 from conftest import Daemon
+from waiting import wait_until
 
 EVENT_MAGIC = 0x544E5645484D5346  # "FSHMEVNT", fake_shm.h kEventMagic
 
@@ -81,7 +82,9 @@ def test_device_buffers_and_producer_event_through_the_bindings(fake_device_daem
         struct.pack_into("<4f", mem, 0, -1, -1, -1, -1)  # what a premature read would see
         ev.record()
         w = c.all_reduce(g, (buf, 0), (buf, 4096), 4, "float32", wait_event=ev_id)
-        time.sleep(0.3)
+        # The daemon holds the operation (behind the producer event) before we look.
+        wait_until(lambda: (queued_ops(fake_device_daemon.socket) or 0) >= 1, 30,
+                   "the all_reduce never reached the daemon")
         assert not w.test(), "the collective ran before its producer event completed"
         struct.pack_into("<4f", mem, 0, 1.5, 2.5, 3.5, 4.5)
         ev.complete()
