@@ -3,7 +3,8 @@
 Each torch process group maps to one hsdpd group (the same global ranks);
 every torch collective becomes exactly one hsdpd operation, so all members
 issue the same sequence of operations whatever their memory placement
-(sparse all-reduce: three all-gathers; monitored_barrier: the group's store).
+(sparse all-reduce: three all-gathers, sparse.py; monitored_barrier: the
+group's store).
 Tensors already in hsdpd memory (hsdp.torch.empty / Client.tensor) are used
 in place (zero-copy); others are staged through the session's pool of
 registered buffers. Returned Work objects complete on a helper thread (see
@@ -23,7 +24,7 @@ from torch._C._distributed_c10d import ProcessGroup
 
 from hsdp.memory import ALIGN, address_of, is_contiguous
 from hsdp.plan import Plan, region_like
-from hsdp.torch import reduce_ops, session
+from hsdp.torch import fsdp2_auto, reduce_ops, session, sparse
 from hsdp.torch._tensors import _as_list, _check, _nbytes, _opt, _reducible, _wire
 from hsdp.torch.completion import Completer, completed_work
 from hsdp.torch.name_holder import BACKEND_NAME, attach_name_holder
@@ -130,6 +131,9 @@ class ProcessGroupHsdp(PointToPointMixin, RootedMixin, ProcessGroup):
         except BaseException:
             plan.release()
             raise
+        # The inputs stay referenced until the operation completes (a zero-copy one may be
+        # a pool lease, which must not go back to the pool while the daemon reads it).
+        plan.hold = inputs
         return self._completer.add(raw, plan, result, f"{what} on {self._desc()}",
                                    (_PROFILE_NAMES.get(what, what), inputs))
 
@@ -192,7 +196,7 @@ class ProcessGroupHsdp(PointToPointMixin, RootedMixin, ProcessGroup):
         t = tensors[0]
         op = _opt(opts, "reduceOp", dist.ReduceOp.SUM)
         if isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo:
-            return self._sparse_allreduce(t, op)
+            return sparse.allreduce(self, t, op)
         if isinstance(t, torch.Tensor) and t.is_cuda:
             return self._cuda().allreduce(t, op)
         _check(t, "allreduce")
@@ -220,42 +224,6 @@ class ProcessGroupHsdp(PointToPointMixin, RootedMixin, ProcessGroup):
         count = plan.staged_bytes // tensors[0].element_size()
         return self._submit("allreduce_coalesced", plan, lambda: self._client.raw.all_reduce(
             self._group, ref, ref, count, dt, op=name, premul=premul), tensors, tensors)
-
-    def _sparse_allreduce(self, t, op):
-        """Sum of the members' sparse COO tensors, coalesced, into `t` (as Gloo does).
-
-        Three all-gathers (nnz; indices; values, padded to the largest nnz),
-        then a local sum. Runs on the calling thread; the Work is complete when
-        returned.
-        """
-        kind = getattr(op, "op", op)
-        if kind != dist.ReduceOp.RedOpType.SUM:
-            raise RuntimeError(f"hsdpd backend allreduce: sparse tensors support only "
-                               f"ReduceOp.SUM, got {kind}")
-        if t.device.type != "cpu":
-            _check(t, "allreduce")
-        local = t.coalesce()
-        n = self.size()
-        indices, values = local.indices(), local.values()
-        nnz = torch.tensor([indices.shape[1]], dtype=torch.int64)
-        all_nnz = torch.empty(n, dtype=torch.int64)
-        self._allgather_base(all_nnz, nnz).wait()
-        width = int(all_nnz.max())
-        pad_i = torch.zeros((indices.shape[0], width), dtype=torch.int64)
-        pad_i[:, :indices.shape[1]] = indices
-        pad_v = torch.zeros((width,) + tuple(values.shape[1:]), dtype=values.dtype)
-        pad_v[:values.shape[0]] = values
-        all_i = torch.empty((n,) + tuple(pad_i.shape), dtype=torch.int64)
-        all_v = torch.empty((n,) + tuple(pad_v.shape), dtype=values.dtype)
-        self._allgather_base(all_i, pad_i).wait()
-        self._allgather_base(all_v, pad_v).wait()
-        counts = [int(c) for c in all_nnz]
-        total = torch.sparse_coo_tensor(
-            torch.cat([all_i[r, :, :c] for r, c in enumerate(counts)], dim=1),
-            torch.cat([all_v[r, :c] for r, c in enumerate(counts)], dim=0),
-            t.shape, dtype=t.dtype).coalesce()
-        t.copy_(total)
-        return completed_work([t])
 
     # -- all-gather ----------------------------------------------------------
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -598,6 +566,7 @@ def create_process_group(store, group_rank, group_size, timeout):
             f"group {ranks}, torch at {group_rank}/{group_size}")
     pg = ProcessGroupHsdp(client, group, group_rank, group_size, timeout, store)
     attach_name_holder(pg)
+    fsdp2_auto.arm()  # FSDP2 buffers in hsdpd memory by default (HSDP_COMM_BUFFERS=0: off)
     return pg
 
 

@@ -28,6 +28,8 @@ from hsdp import _hsdp
 from hsdp.torch import profiling
 
 _COMPAT_LOCK = threading.Lock()
+# Operands of operations given up on while hsdpd may still use them (see _complete).
+_ABANDONED = []
 
 
 def completed_work(result=None):
@@ -187,6 +189,8 @@ class Completer:
         except _hsdp.DeadlineExceeded as e:
             if "still pending after" in str(e):  # our wait's deadline: the op goes on
                 plan.abandon()  # the daemon may still write the staging buffers
+                # ... and zero-copy operands (pool leases among them): never freed either.
+                _ABANDONED.append((getattr(plan, "hold", None), result))
                 _deliver(fut, _Failure(timeout_error(what, timeout, e)))
             else:  # hsdpd failed the operation
                 self._count(raw, True)

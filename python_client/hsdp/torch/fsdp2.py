@@ -33,6 +33,12 @@ try:  # the protocol classes, where this torch defines them
     from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _RSBase
 except Exception:  # noqa: BLE001 - older torch or fsdp not importable
     _AllGatherBase = _RSBase = object
+try:  # torch's comms that take their buffers from the process group (torch >= 2.8)
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
+        ProcessGroupAllocAllGather as _PGAllocAllGather,
+        ProcessGroupAllocReduceScatter as _PGAllocReduceScatter)
+except Exception:  # noqa: BLE001
+    _PGAllocAllGather = _PGAllocReduceScatter = None
 
 
 class _LeaseReturn:
@@ -105,6 +111,45 @@ class HsdpReduceScatter(_SharedAllocator, _RSBase):
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         return self._counted(lambda: dist.reduce_scatter_tensor(
             output_tensor, input_tensor, op=op, group=group, async_op=async_op))
+
+
+class _AutoComm(_SharedAllocator):
+    """What hsdp.torch.fsdp2_auto installs by default: torch's ProcessGroupAlloc comm
+    (so FSDP2's set_allocate_memory_from_process_group accepts it) with its buffers
+    from hsdpd memory, or torch.empty when hsdpd cannot give one (`fallbacks`)."""
+
+    auto = True
+
+    def __init__(self, group):
+        _SharedAllocator.__init__(self)
+        self._group = group
+        self.fallbacks = 0
+
+    def allocate(self, size, *, dtype, device):
+        from hsdp.torch.fsdp2_auto import allocate_or_fallback
+        tensor, in_hsdpd = allocate_or_fallback(size, dtype, device)
+        with self._lock:
+            self.allocations += 1
+            self.fallbacks += int(not in_hsdpd)
+        return tensor
+
+
+if _PGAllocAllGather is not None:
+    class HsdpAutoAllGather(_AutoComm, _PGAllocAllGather):
+        """FSDP2's all-gather (all_gather_single) with its output in hsdpd memory."""
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            return self._counted(lambda: _PGAllocAllGather.__call__(
+                self, output_tensor, input_tensor, group, async_op))
+
+    class HsdpAutoReduceScatter(_AutoComm, _PGAllocReduceScatter):
+        """FSDP2's reduce-scatter (reduce_scatter_single), its buffers in hsdpd memory."""
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            return self._counted(lambda: _PGAllocReduceScatter.__call__(
+                self, output_tensor, input_tensor, group, op, async_op))
+else:
+    HsdpAutoAllGather = HsdpAutoReduceScatter = None
 
 
 class HsdpCompositeReduceScatter(HsdpReduceScatter):
@@ -230,19 +275,57 @@ def use_hsdp_comm_buffers(module, *, composite=False):
     return count
 
 
+def _torch_pg_alloc_on_hsdpd(comm):
+    if _PGAllocAllGather is None or isinstance(comm, _SharedAllocator) or not isinstance(
+            comm, (_PGAllocAllGather, _PGAllocReduceScatter)):
+        return False
+    holder = getattr(getattr(comm, "_group", None), "_hsdp_name_holder", None)
+    return holder is not None and holder.supports_tensor_alloc(torch.device("cpu"))
+
+
 def comm_buffer_stats(module):
-    """Totals over the adapters installed under `module`: allocations (buffers FSDP2 took
-    from hsdpd memory), calls, staged_calls (collectives the backend had to copy for:
+    """Which path FSDP2's collectives under `module` took, and totals over hsdp's comms.
+
+    path: "hsdpd" (every param group's all-gather and reduce-scatter comm is hsdp's and
+    none of their collectives was staged), "staged" (none is: torch's defaults, e.g.
+    HSDP_COMM_BUFFERS=0, another backend, CUDA), "mixed" (some of each, or staged
+    calls), "none" (no FSDP2 module under `module`). auto: comms installed by default
+    (hsdp.torch.fsdp2_auto); default_comms: torch's own comms with torch.empty buffers;
+    pg_alloc_comms: torch's comms taking hsdpd memory from the backend
+    (set_allocate_memory_from_process_group_for_comm(True); their calls are not
+    counted here: the group's name holder counts `allocations`). allocations (buffers
+    FSDP2 took from hsdp's comms), fallbacks (of those, torch.empty because hsdpd could
+    not give memory), calls, staged_calls (collectives the backend had to copy for:
     0 when every buffer was in hsdpd memory) and composites."""
-    out = {"allocations": 0, "calls": 0, "staged_calls": 0, "composites": 0}
+    out = {"path": "none", "auto": 0, "default_comms": 0, "pg_alloc_comms": 0,
+           "allocations": 0, "fallbacks": 0,
+           "calls": 0, "staged_calls": 0, "composites": 0}
     seen = set()
+    ours = 0
     for _, groups in _param_groups(module):
         for g in groups:
             for comm in (g._all_gather_comm, g._reduce_scatter_comm):
-                if isinstance(comm, _SharedAllocator) and id(comm) not in seen:
-                    seen.add(id(comm))
-                    out["allocations"] += comm.allocations
-                    out["calls"] += comm.calls
-                    out["staged_calls"] += comm.staged_calls
-                    out["composites"] += getattr(comm, "composites", 0)
+                if _torch_pg_alloc_on_hsdpd(comm):
+                    # set_allocate_memory_from_process_group_for_comm(True): torch's comm,
+                    # its buffers from the backend's allocate_tensor (name_holder.py).
+                    out["pg_alloc_comms"] += 1
+                    ours += 1
+                    continue
+                if not isinstance(comm, _SharedAllocator):
+                    out["default_comms"] += 1
+                    continue
+                ours += 1
+                if id(comm) in seen:
+                    continue
+                seen.add(id(comm))
+                out["auto"] += int(getattr(comm, "auto", False))
+                out["allocations"] += comm.allocations
+                out["fallbacks"] += getattr(comm, "fallbacks", 0)
+                out["calls"] += comm.calls
+                out["staged_calls"] += comm.staged_calls
+                out["composites"] += getattr(comm, "composites", 0)
+    if ours and not out["default_comms"]:
+        out["path"] = "hsdpd" if out["staged_calls"] == 0 else "mixed"
+    elif out["default_comms"]:
+        out["path"] = "staged" if not ours else "mixed"
     return out

@@ -30,6 +30,21 @@ class _NameHolder(c10d.Backend):
     supports_abort_hooks = False
     _supports_time_estimate = False
 
+    # torch's hook for communication buffers from the backend (FSDP2's
+    # set_allocate_memory_from_process_group_for_comm, ProcessGroupAllocMixin):
+    # CPU buffers in hsdpd memory, so the group's collectives on them are
+    # zero-copy; off with HSDP_COMM_BUFFERS=0 (torch then allocates its own).
+    allocations = 0
+
+    def supports_tensor_alloc(self, device):
+        from hsdp.torch import fsdp2_auto
+        return torch.device(device).type == "cpu" and fsdp2_auto.comm_buffers_enabled()
+
+    def allocate_tensor(self, size, *, dtype, device):
+        from hsdp.torch import fsdp2_auto
+        self.allocations += 1
+        return fsdp2_auto.allocate_or_fallback((int(size),), dtype, device)[0]
+
 
 def attach_name_holder(pg):
     """Registers a _NameHolder on `pg` for cpu (and cuda where torch has a
