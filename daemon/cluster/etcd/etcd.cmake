@@ -96,7 +96,8 @@ target_include_directories(hsdp_etcd_proto SYSTEM PUBLIC ${HSDP_ETCD_GEN})
 target_link_libraries(hsdp_etcd_proto PUBLIC protobuf::libprotobuf gRPC::grpc++)
 target_compile_options(hsdp_etcd_proto PRIVATE -w)
 
-add_library(hsdp_etcd STATIC ${CMAKE_CURRENT_LIST_DIR}/etcd_client.cc)
+add_library(hsdp_etcd STATIC ${CMAKE_CURRENT_LIST_DIR}/etcd_client.cc
+  ${CMAKE_CURRENT_LIST_DIR}/etcd_client_internal.cc ${CMAKE_CURRENT_LIST_DIR}/etcd_watch.cc)
 target_include_directories(hsdp_etcd PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(hsdp_etcd
   PUBLIC absl::status absl::statusor absl::time

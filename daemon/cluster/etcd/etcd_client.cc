@@ -1,9 +1,9 @@
 // The etcd v3 client: one gRPC channel per endpoint, every call with a
 // deadline, "hasleader=true" and (with a user) the auth token; failover to
-// the next endpoint once per call; watches on a reader thread each.
-// Read whole: the watch and the unary calls share the endpoint, token and
-// error-message plumbing, and the failover and re-authentication rules are
-// easiest to check side by side (StartWatch applies the same ones as Call).
+// the next endpoint once per call, re-authentication once on a stale token
+// (Call for unary calls, StartWatch for watches: the same rules side by
+// side). The watch stream is etcd_watch.cc; the conversions to and from
+// etcd's protos are etcd_client_internal.cc.
 #include "daemon/cluster/etcd/etcd_client.h"
 
 #include <atomic>
@@ -20,9 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
-#include "etcd/etcdserver/etcdserverpb/rpc.pb.h"
-#include "etcd/mvcc/mvccpb/kv.pb.h"
+#include "daemon/cluster/etcd/etcd_client_internal.h"
+#include "daemon/cluster/etcd/etcd_watch.h"
 #include "grpcpp/grpcpp.h"
 #include "hsdp/common/logging.h"
 
@@ -30,323 +29,18 @@ namespace hsdp::etcd {
 namespace {
 
 namespace pb = ::etcdserverpb;
-
-// etcd's require-leader metadata (clientv3's WithRequireLeader): a member
-// without a leader fails the call (UNAVAILABLE "etcdserver: no leader") and
-// cancels a watch, instead of blocking or staying silent.
-constexpr char kHasLeaderKey[] = "hasleader";
-constexpr char kTokenKey[] = "token";
-// Larger than any response hsdpd reads (etcd's own limit on a request is
-// 1.5 MiB; a range of many keys can exceed gRPC's default 4 MiB).
-constexpr int kMaxReceiveBytes = 64 << 20;
-
-// What etcd answers when the token is unknown to the member (a member that
-// restarted forgot its simple tokens) or older than the auth store.
-bool IsStaleToken(const grpc::Status& s) {
-  return (s.error_code() == grpc::StatusCode::UNAUTHENTICATED &&
-          absl::StrContains(s.error_message(), "invalid auth token")) ||
-         absl::StrContains(s.error_message(), "revision of auth store is old");
-}
-
-absl::StatusCode ToAbsl(grpc::StatusCode code) { return static_cast<absl::StatusCode>(code); }
-
-std::string Quote(const std::string& key) { return absl::StrCat("\"", absl::CHexEscape(key), "\""); }
-
-std::string RangeText(const std::string& key, const std::string& range_end) {
-  if (range_end.empty()) return Quote(key);
-  return absl::StrCat("[", Quote(key), ", ", Quote(range_end), ")");
-}
-
-// HOST:PORT with a port in 1..65535; HOST may be a bracketed IPv6 address.
-absl::Status ValidateEndpoint(const std::string& ep) {
-  auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("etcd endpoint \"", absl::CHexEscape(ep), "\": ", why,
-                     " (expected HOST:PORT, e.g. 127.0.0.1:2379)"));
-  };
-  if (ep.empty()) return bad("empty");
-  if (absl::StrContains(ep, "://")) return bad("a URL; give HOST:PORT without a scheme");
-  for (char c : ep) {
-    if (absl::ascii_isspace(static_cast<unsigned char>(c)) || c == '/' ||
-        !absl::ascii_isprint(static_cast<unsigned char>(c))) {
-      return bad("contains a space, a slash or a control character");
-    }
-  }
-  const size_t colon = ep.rfind(':');
-  if (colon == std::string::npos) return bad("no port");
-  const std::string host = ep.substr(0, colon);
-  const std::string port = ep.substr(colon + 1);
-  if (host.empty()) return bad("no host");
-  if (host.front() == '[' ? host.back() != ']' || host.size() < 3
-                          : absl::StrContains(host, ':') || absl::StrContains(host, ']')) {
-    return bad("malformed host (an IPv6 address needs brackets: [::1]:2379)");
-  }
-  int value = 0;
-  if (port.empty() || port.size() > 5 ||
-      port.find_first_not_of("0123456789") != std::string::npos ||
-      !absl::SimpleAtoi(port, &value) || value < 1 || value > 65535) {
-    return bad("the port must be a number in 1..65535");
-  }
-  return absl::OkStatus();
-}
-
-KeyValue FromPb(const mvccpb::KeyValue& kv) {
-  KeyValue out;
-  out.key = kv.key();
-  out.value = kv.value();
-  out.create_revision = kv.create_revision();
-  out.mod_revision = kv.mod_revision();
-  out.version = kv.version();
-  out.lease = kv.lease();
-  return out;
-}
-
-void ToPb(const Compare& c, pb::Compare* out) {
-  out->set_key(c.key);
-  switch (c.result) {
-    case Compare::Result::kEqual: out->set_result(pb::Compare::EQUAL); break;
-    case Compare::Result::kGreater: out->set_result(pb::Compare::GREATER); break;
-    case Compare::Result::kLess: out->set_result(pb::Compare::LESS); break;
-    case Compare::Result::kNotEqual: out->set_result(pb::Compare::NOT_EQUAL); break;
-  }
-  switch (c.target) {
-    case Compare::Target::kVersion:
-      out->set_target(pb::Compare::VERSION);
-      out->set_version(c.number);
-      break;
-    case Compare::Target::kCreate:
-      out->set_target(pb::Compare::CREATE);
-      out->set_create_revision(c.number);
-      break;
-    case Compare::Target::kMod:
-      out->set_target(pb::Compare::MOD);
-      out->set_mod_revision(c.number);
-      break;
-    case Compare::Target::kValue:
-      out->set_target(pb::Compare::VALUE);
-      out->set_value(c.value);
-      break;
-    case Compare::Target::kLease:
-      out->set_target(pb::Compare::LEASE);
-      out->set_lease(c.number);
-      break;
-  }
-}
-
-void ToPb(const Op& op, pb::RequestOp* out) {
-  switch (op.kind) {
-    case Op::Kind::kPut: {
-      pb::PutRequest* put = out->mutable_request_put();
-      put->set_key(op.key);
-      put->set_value(op.value);
-      put->set_lease(op.lease);
-      break;
-    }
-    case Op::Kind::kRange: {
-      pb::RangeRequest* range = out->mutable_request_range();
-      range->set_key(op.key);
-      range->set_range_end(op.range_end);
-      break;
-    }
-    case Op::Kind::kDelete: {
-      pb::DeleteRangeRequest* del = out->mutable_request_delete_range();
-      del->set_key(op.key);
-      del->set_range_end(op.range_end);
-      break;
-    }
-  }
-}
-
-struct Endpoint {
-  std::string address;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<pb::KV::Stub> kv;
-  std::unique_ptr<pb::Lease::Stub> lease;
-  std::shared_ptr<pb::Watch::Stub> watch;  // shared with the watches it started
-  std::unique_ptr<pb::Auth::Stub> auth;
-};
-
-// ---------------------------------------------------------------------------
-// Watch: a reader thread drains the stream into `pending_`; Next waits on the
-// mutex with its deadline; Cancel ends the stream with TryCancel.
-
-class WatchImpl final : public Watch {
- public:
-  WatchImpl(std::string name, std::string what, std::shared_ptr<pb::Watch::Stub> stub,
-            std::string token)
-      : name_(std::move(name)), what_(std::move(what)), stub_(std::move(stub)),
-        token_(std::move(token)) {
-    ctx_.AddMetadata(kHasLeaderKey, "true");
-    if (!token_.empty()) ctx_.AddMetadata(kTokenKey, token_);
-  }
-
-  ~WatchImpl() override {
-    Cancel();
-    if (reader_.joinable()) reader_.join();
-  }
-
-  // Opens the stream and waits up to `timeout` for etcd's "created". OK once
-  // created; otherwise the error that ended it (the watch is then over).
-  // `*stream_status` is the gRPC status that ended the stream, when it did.
-  absl::Status Begin(const pb::WatchRequest& create, absl::Duration timeout,
-                     grpc::Status* stream_status) {
-    reader_ = std::thread([this, create] { Run(create); });
-    absl::MutexLock lock(&mu_);
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return created_ || ended_; };
-    mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
-    // Created: the watch is on, even if it already ended (a compacted start
-    // revision is reported right after "created"): Next reports that.
-    if (created_) return absl::OkStatus();
-    if (ended_) {
-      *stream_status = cancel_status_.ok() ? grpc_status_ : cancel_status_;
-      return final_;
-    }
-    // Not created in time: end the attempt; the reader ends promptly.
-    *stream_status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                                  "no answer to the watch's create request in time");
-    EndLocked(absl::UnavailableError(
-        absl::StrCat(name_, ": ", what_, ": ", stream_status->error_message(), " (",
-                     absl::FormatDuration(timeout), ")")));
-    return final_;
-  }
-
-  absl::Status Next(std::vector<WatchEvent>* events, absl::Time deadline) override {
-    absl::MutexLock lock(&mu_);
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !pending_.empty() || ended_;
-    };
-    mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-    if (!pending_.empty()) {
-      for (WatchEvent& e : pending_) events->push_back(std::move(e));
-      pending_.clear();
-      return absl::OkStatus();
-    }
-    return ended_ ? final_ : absl::OkStatus();
-  }
-
-  void Cancel() override {
-    {
-      absl::MutexLock lock(&mu_);
-      if (!ended_) EndLocked(absl::CancelledError(absl::StrCat(name_, ": ", what_, ": cancelled")));
-    }
-    // The reader sees its Read fail at once.
-    ctx_.TryCancel();
-  }
-
- private:
-  void EndLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (ended_) return;
-    ended_ = true;
-    final_ = std::move(status);
-  }
-
-  void End(absl::Status status) {
-    {
-      absl::MutexLock lock(&mu_);
-      EndLocked(std::move(status));
-    }
-    ctx_.TryCancel();
-  }
-
-  void Run(const pb::WatchRequest& create) {
-    auto stream = stub_->Watch(&ctx_);
-    if (stream->Write(create)) {
-      pb::WatchResponse resp;
-      while (stream->Read(&resp)) {
-        if (!Handle(resp)) break;
-      }
-    }
-    // Ended by us (Cancel, an error found in a response) or by the stream.
-    ctx_.TryCancel();
-    const grpc::Status s = stream->Finish();
-    absl::MutexLock lock(&mu_);
-    grpc_status_ = s;
-    if (ended_) return;
-    // The stream ended by itself: etcd unreachable, restarted, or without a
-    // leader ("etcdserver: no leader" with hasleader).
-    std::string why;
-    if (s.ok()) {
-      why = "the watch stream ended";
-    } else if (s.error_code() == grpc::StatusCode::CANCELLED) {
-      // etcd cancels the streams of a member that lost its leader.
-      why = absl::StrCat("etcd cancelled the watch stream (", s.error_message(),
-                         "; a member that lost its leader does so)");
-    } else {
-      why = absl::StrCat(s.error_message(), " (gRPC code ", static_cast<int>(s.error_code()), ")");
-    }
-    EndLocked(absl::UnavailableError(absl::StrCat(name_, ": ", what_, ": ", why)));
-  }
-
-  // False when the watch is over.
-  bool Handle(const pb::WatchResponse& resp) {
-    if (resp.compact_revision() != 0) {
-      End(absl::OutOfRangeError(absl::StrCat(
-          name_, ": ", what_, ": the start revision was compacted (compact revision ",
-          resp.compact_revision(), "); watch again from that revision or later")));
-      return false;
-    }
-    if (resp.canceled()) {
-      // E.g. at create: "rpc error: code = Unauthenticated desc = etcdserver:
-      // invalid auth token", "... permission denied".
-      const std::string& reason = resp.cancel_reason();
-      absl::StatusCode code = absl::StatusCode::kUnavailable;
-      grpc::StatusCode grpc_code = grpc::StatusCode::UNAVAILABLE;
-      if (absl::StrContains(reason, "permission denied")) {
-        code = absl::StatusCode::kPermissionDenied;
-        grpc_code = grpc::StatusCode::PERMISSION_DENIED;
-      } else if (absl::StrContains(reason, "Unauthenticated") ||
-                 absl::StrContains(reason, "invalid auth token")) {
-        code = absl::StatusCode::kUnauthenticated;
-        grpc_code = grpc::StatusCode::UNAUTHENTICATED;
-      }
-      {
-        absl::MutexLock lock(&mu_);
-        cancel_status_ = grpc::Status(grpc_code, reason);
-      }
-      End(absl::Status(code, absl::StrCat(name_, ": ", what_, ": cancelled by etcd: ",
-                                          reason.empty() ? "(no reason given)" : reason)));
-      return false;
-    }
-    absl::MutexLock lock(&mu_);
-    if (ended_) return false;
-    if (resp.created()) created_ = true;
-    if (pending_.size() + resp.events_size() > kMaxPendingEvents) {
-      // Nobody is taking them (or etcd floods us): bounded memory, and the
-      // owner sees why and watches again from its last revision.
-      EndLocked(absl::ResourceExhaustedError(
-          absl::StrCat(name_, ": ", what_, ": more than ", kMaxPendingEvents,
-                       " events not taken by Next; watch again from the last revision seen")));
-      return false;
-    }
-    for (const mvccpb::Event& e : resp.events()) {
-      WatchEvent out;
-      out.type = e.type() == mvccpb::Event::DELETE ? WatchEvent::Type::kDelete
-                                                    : WatchEvent::Type::kPut;
-      out.kv = FromPb(e.kv());
-      pending_.push_back(std::move(out));
-    }
-    return true;
-  }
-
-  static constexpr size_t kMaxPendingEvents = 1 << 16;
-
-  const std::string name_;
-  const std::string what_;
-  const std::shared_ptr<pb::Watch::Stub> stub_;
-  const std::string token_;
-  grpc::ClientContext ctx_;
-  std::thread reader_;
-
-  absl::Mutex mu_;
-  bool created_ ABSL_GUARDED_BY(mu_) = false;
-  bool ended_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status final_ ABSL_GUARDED_BY(mu_);
-  grpc::Status grpc_status_ ABSL_GUARDED_BY(mu_);    // how the stream ended
-  grpc::Status cancel_status_ ABSL_GUARDED_BY(mu_);  // etcd's cancel_reason
-  std::vector<WatchEvent> pending_ ABSL_GUARDED_BY(mu_);
-};
-
-// ---------------------------------------------------------------------------
+using internal::Endpoint;
+using internal::FromPb;
+using internal::IsStaleToken;
+using internal::kHasLeaderKey;
+using internal::kMaxReceiveBytes;
+using internal::kTokenKey;
+using internal::OpenWatch;
+using internal::Quote;
+using internal::RangeText;
+using internal::ToAbsl;
+using internal::ToPb;
+using internal::ValidateEndpoint;
 
 class EtcdClientImpl final : public EtcdClient {
  public:
@@ -571,11 +265,11 @@ class EtcdClientImpl final : public EtcdClient {
       const size_t index = current_.load() % endpoints_.size();
       Endpoint& ep = endpoints_[index];
       std::string token = Token();
-      auto watch = std::make_unique<WatchImpl>(name_, what, ep.watch, token);
       grpc::Status stream_status;
-      absl::Status s = watch->Begin(create, deadline - absl::Now(), &stream_status);
-      if (s.ok()) return std::unique_ptr<Watch>(std::move(watch));
-      watch.reset();
+      absl::StatusOr<std::unique_ptr<Watch>> watch =
+          OpenWatch(name_, what, ep.watch, token, create, deadline - absl::Now(), &stream_status);
+      if (watch.ok()) return watch;
+      const absl::Status s = watch.status();
       const bool time_left = absl::Now() < deadline;
       if (!reauthenticated && time_left && IsStaleToken(stream_status) && !options_.user.empty()) {
         reauthenticated = true;
