@@ -143,7 +143,7 @@ absl::StatusOr<Work> SessionChannel::Submit(shm::OpDescriptor desc, bool composi
           shm::NowNanos() + kLivenessSliceNs, SpinMode());
     }
     // Not while a WaitOnStream of `prev` still has to enqueue its stream
-    // wait: this op's completion event is prev's (issue 20, finding 8).
+    // wait: this op's completion event is prev's.
     const uint64_t slot = op_id & (entries_ - 1);
     absl::MutexLock l(&mu_);
     mu_.Await(absl::Condition(

@@ -133,8 +133,8 @@ class DeviceApi {
   // types have the same size.
   virtual absl::Status ScaleCastAsync(DevicePtr src, DataType from, DevicePtr dst, DataType to,
                                       uint64_t count, double scale, StreamHandle stream) = 0;
-  // The intra-device reduction (several members of a collective on one GPU,
-  // issue 20): dst[i] = (to) op(acc, op_k ((from) srcs[k][i] * scale)), where
+  // The intra-device reduction (several members of a collective on one
+  // GPU): dst[i] = (to) op(acc, op_k ((from) srcs[k][i] * scale)), where
   // acc is dst[i] itself when `accumulate`, else nothing. op: kSum, kMin,
   // kMax or kProduct. Float types compute in float (double with float64);
   // integer types need from == to and scale 1 and wrap as the CPU kernels do.

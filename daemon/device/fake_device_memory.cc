@@ -2,7 +2,7 @@
 // export and import of VMM fds and legacy handles (in-process and across
 // processes), unmapping, device UUIDs. Streams, events and copies are in
 // fake_device_api.cc. Where the driver is less kind than a naive fake, this
-// follows the driver (docs/gpu.md, issue 20): exported VMM fds are open files
+// follows the driver (docs/gpu.md): exported VMM fds are open files
 // of one file (same inode), a legacy handle opened again is the same pointer
 // with one more reference, only exportable allocations export.
 #include <fcntl.h>

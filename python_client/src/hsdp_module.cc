@@ -116,7 +116,7 @@ class PyWork {
   }
   // Work::WaitOnStream: `stream_wait(event_id)` (Python, called with the GIL)
   // enqueues the stream wait before the op reusing the completion event can
-  // be submitted (issue 20, finding 8). Raises the op's or the callback's error.
+  // be submitted. Raises the op's or the callback's error.
   void WaitOnStream(const py::function& stream_wait, std::optional<double> timeout) {
     const absl::Duration d = SecondsOrInfinite(timeout);
     std::optional<py::error_already_set> raised;

@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
   }
   nccl::NcclEngine engine(dev.get(), &coll);  // the daemon's options (spin window)
   nccl::NcclEngineOptions sleeping;
-  sleeping.spin_window = absl::ZeroDuration();  // every poll a 50 us sleep (before the first GPU run)
+  sleeping.spin_window = absl::ZeroDuration();  // every poll a 50 us sleep (no spin window)
   nccl::NcclEngine engine_sleep(dev.get(), &coll, sleeping);
   int failures = 0;
   for (Collective c : {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {

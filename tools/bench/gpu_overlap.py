@@ -96,8 +96,8 @@ def separate(torch, steps, dim, comm_mb, tmp, side_kind, env=None):
 
 
 def mps_running():
-    # -x: the process name itself ("-f" also matched any shell whose command
-    # line merely mentions the control program, as the first GPU run's did).
+    # -x: the process name itself ("-f" also matches any shell whose command
+    # line merely mentions the control program).
     return subprocess.call(["pgrep", "-x", "nvidia-cuda-mps"], stdout=subprocess.DEVNULL) == 0 or \
         subprocess.call(["pgrep", "-x", "nvidia-cuda-mps-control"], stdout=subprocess.DEVNULL) == 0
 

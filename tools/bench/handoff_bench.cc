@@ -11,7 +11,7 @@
 // word nobody writes (as hsdpd's dispatcher or another rank does while an
 // operation is in flight): with 2 + K spinners on fewer CPUs, what a hand-off
 // costs then depends on how the spins share the CPUs, which is what the mode
-// chooses (docs/benchmarks.md, issue 29). "before" is the spin hsdpd used
+// chooses (docs/benchmarks.md). "before" is the spin hsdpd used
 // before the modes (a yield at the first failed poll, then every 64 polls).
 // Prints p50 / p99 of the one-way time per mode, measured by A.
 #include <sys/mman.h>

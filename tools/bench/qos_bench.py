@@ -19,7 +19,7 @@ and records each op's latency. Scenarios, alternating in rounds:
   A + B, B interactive   the same with B in the higher class
 
 Prints one table per B size: medians over the rounds, and each round's values.
-Targets (issue 25): B's p99 with priority within 3x its p99 alone; A's
+Targets: B's p99 with priority within 3x its p99 alone; A's
 throughput with B idle within 10% of A alone. Ops up to engine.inline_max_bytes
 (64 KiB) run on the dispatcher thread and never queue; the 1 MiB case shows
 the engine's queue.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Warm restart of a trainer against a fresh start, same run (issue 23).
+"""Warm restart of a trainer against a fresh start, same run.
 
     PYTHONPATH=build/python build/venv/bin/python tools/bench/warm_restart_bench.py \\
         [--bin build/bin] [--rounds 3]

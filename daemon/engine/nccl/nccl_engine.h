@@ -41,7 +41,7 @@
 // (the coordinator's store), the daemon hosting the first member creating
 // it. No shrink across nodes: a new epoch initialises anew.
 //
-// Producer events and failure (issue 20, finding 4): a task is issued only
+// Producer events and failure: a task is issued only
 // once its members' producer events completed (polled on the engine thread;
 // the device is never asked to wait on a trainer's event), so an abort never
 // leaves work queued behind an event that may never fire, to run after the

@@ -1,5 +1,5 @@
-// The NCCL engine's producer gate and the draining of failed work (issue 20,
-// finding 4; see nccl_engine.h).
+// The NCCL engine's producer gate and the draining of failed work (see
+// nccl_engine.h, "Producer events and failure").
 //
 // Why a gate: cudaStreamWaitEvent on a trainer's producer event would queue
 // the collective behind work the daemon does not control. If that event never

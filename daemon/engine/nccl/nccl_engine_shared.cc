@@ -1,4 +1,4 @@
-// Several members of a collective on one GPU (issue 20): NCCL refuses two
+// Several members of a collective on one GPU: NCCL refuses two
 // ranks of one communicator on the same device, so a node whose trainers
 // share a GPU (several per GPU, MPS) runs the hierarchical shape the CPU
 // engine has across nodes: within each device hsdpd's own kernels work on

@@ -65,7 +65,7 @@ struct NcclEngine::CommSet {
   uint64_t last_ticket = 0;  // the set's latest task: the next one runs after it
   // The set's own streams, (device, high priority?) -> stream: never shared
   // with another set, so two daemons issuing two groups in opposite orders
-  // cannot deadlock (issue 20, finding 7).
+  // cannot deadlock.
   std::map<std::pair<int, bool>, device::StreamHandle> streams;
   // Scratch buffers by (stream, slot): stream-ordered reuse.
   struct ScratchBuf {
