@@ -85,7 +85,8 @@ def capabilities():
         "available." if fsdp2_ok else f"unavailable here ({fsdp2_why})."))
     have = [k for k, v in hooks.items() if v]
     lines.append("FSDP2 comm hooks: " + (
-        f"{', '.join(have)} (use hsdp.torch.use_hsdp_comm_buffers for zero-copy buffers)."
+        f"{', '.join(have)} (FSDP2's buffers are in hsdpd memory by default, "
+        "HSDP_COMM_BUFFERS=0 stages them; docs/torch-defaults.md)."
         if have else "none in this torch (FSDP2 buffers are staged)."))
     from hsdp.torch import cuda as _cuda
     cuda_ok, cuda_why = _cuda.cuda_available()
