@@ -247,3 +247,37 @@ def test_enable_is_idempotent_and_disable_restores():
     assert autoload.requested_devices("cpu, cuda") == ("cpu", "cuda")
     with pytest.raises(ValueError, match="HSDP_DEFAULT_BACKEND"):
         autoload.requested_devices("gpu")
+
+
+def test_registration_by_name_through_torch_entry_points(hsdpd, tmp_path):
+    """torch 2.15 looks a backend it does not know up by name in the entry point group
+    `torch.distributed.backends` (its own built-ins are registered that way):
+    hsdp.torch.backend:register works as that registrar, so init_process_group("hsdpd")
+    needs no `import hsdp.torch` where a wheel declares it."""
+    d = tmp_path / "ep" / "hsdp_by_name_test-0.0.dist-info"
+    d.mkdir(parents=True)
+    (d / "METADATA").write_text("Metadata-Version: 2.1\nName: hsdp-by-name-test\n"
+                                "Version: 0.0\n")
+    (d / "entry_points.txt").write_text(
+        "[torch.distributed.backends]\nhsdpd = hsdp.torch.backend:register\n")
+    script = tmp_path / "by_name.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, sys
+        import torch
+        import torch.distributed as dist
+        before = "hsdp" in sys.modules
+        dist.init_process_group("hsdpd", init_method="file://{tmp_path}/store", rank=0,
+                                world_size=1)
+        t = torch.ones(3)
+        dist.all_reduce(t)
+        print(json.dumps({{"before": before, "name": dist.group.WORLD.name(),
+                           "ok": t.tolist() == [1.0, 1.0, 1.0]}}))
+        dist.destroy_process_group()
+    """))
+    e = _env()
+    e["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "ep"), e.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, str(script)], env=e, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-4000:]
+    r = json.loads(res.stdout.strip().splitlines()[-1])
+    assert r == {"before": _wheel_entry_point_installed(), "name": "hsdpd", "ok": True}, r
