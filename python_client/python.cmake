@@ -34,6 +34,7 @@ message(STATUS "hsdpd: Python client for ${HSDP_PYTHON_EXECUTABLE} (pybind11 ${p
 
 pybind11_add_module(hsdp_python_ext MODULE NO_EXTRAS
   ${CMAKE_CURRENT_SOURCE_DIR}/src/hsdp_module.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/arguments.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/py_buffer.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/dlpack.cc
   ${CMAKE_CURRENT_SOURCE_DIR}/src/errors.cc)
