@@ -22,6 +22,7 @@ import titan_util
 Daemon, BUILD = fw_launch.daemon_class()
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 
 @pytest.fixture
@@ -48,9 +49,8 @@ def _same_training(gloo, hsdpd):
         assert g["group"] == "gloo" and h["group"] == "hsdpd"
         assert len(g["losses"]) == 4
         assert h["losses"] == g["losses"]
-    assert gloo[0]["params_sha256"] == hsdpd[0]["params_sha256"]
-    assert gloo[0]["params_sha256"] != gloo[1]["params_sha256"] or \
-        "accelerate" in json.dumps(gloo)  # Fabric gathers the full state on rank 0 only
+    # Rank 0 holds the full parameters (Fabric gathers them there only).
+    assert gloo[0]["params_sha256"] == hsdpd[0]["params_sha256"] != EMPTY_SHA256
 
 
 def test_accelerate_fsdp2_plugin(daemon, tmp_path):
