@@ -88,12 +88,7 @@ std::string Snapshot(uintptr_t lo, size_t n) {
 
 // Waits (bounded) for `path` to exist.
 bool WaitForFile(const std::string& path, int timeout_ms) {
-  const int64_t deadline = NowMs() + timeout_ms;
-  while (::access(path.c_str(), F_OK) != 0) {
-    if (NowMs() >= deadline) return false;
-    ::usleep(2000);
-  }
-  return true;
+  return testing::Eventually([&] { return ::access(path.c_str(), F_OK) == 0; }, timeout_ms, 2);
 }
 
 struct Member {
@@ -357,11 +352,9 @@ TEST(ArenaHostileTest, MemoryTheDaemonHandedOutGoesWithTheGroupThoughTheFdsAreKe
     }
     // The daemon releases them as each session ends; wait (bounded) for the
     // last one.
-    const int64_t deadline = NowMs() + 20000;
-    while ((HeldBlocks(arenas).first > 0 || HeldBlocks(channels).first > 0) &&
-           NowMs() < deadline) {
-      ::usleep(10000);
-    }
+    (void)testing::Eventually(
+        [&] { return HeldBlocks(arenas).first == 0 && HeldBlocks(channels).first == 0; }, 20000,
+        10);
     std::fprintf(out, "jobs with an arena: %d of 24\n", with_arena);
     std::fprintf(out, "kept %d arena fds holding %lu blocks, %d channel fds holding %lu blocks\n",
                  HeldBlocks(arenas).second, static_cast<unsigned long>(HeldBlocks(arenas).first),

@@ -287,6 +287,7 @@ TEST(ArenaTest, AMemberKilledWhileAnotherWaitsFailsItAtOnce) {
       }
       const int64_t start = NowMs();
       w = R.client->AllReduce(R.group, {R.send.id, 0}, {R.recv.id, 0}, 8, DataType::kFloat32);
+      if (w.ok()) std::fprintf(out, "second submitted\n");  // its arrival is in the arena
       absl::Status s = w.ok() ? w->Wait(absl::Seconds(50)) : w.status();
       std::fprintf(out, "second after %lld ms: %s\n", (long long)(NowMs() - start),
                    s.ToString().c_str());
@@ -296,7 +297,8 @@ TEST(ArenaTest, AMemberKilledWhileAnotherWaitsFailsItAtOnce) {
   Child r0(rank_body(0)), r1(rank_body(1));
   ASSERT_TRUE(r0.WaitFor("first done", 30000)) << r0.output();
   ASSERT_TRUE(r1.WaitFor("first done", 30000)) << r1.output();
-  ::usleep(300 * 1000);  // rank 0 is waiting for rank 1 in the arena
+  // Rank 0's second operation is in the arena, waiting for rank 1.
+  ASSERT_TRUE(r0.WaitFor("second submitted", 30000)) << r0.output();
   r1.Kill(SIGKILL);
   EXPECT_EQ(r1.Finish(5000), 128 + SIGKILL);
   ASSERT_EQ(r0.Finish(20000), 0) << r0.output();
@@ -321,7 +323,11 @@ TEST(ArenaTest, ADeadlineBreaksTheArenaAndRejoiningUsesTheDaemon) {
       absl::Status s = w.ok() ? w->Wait(absl::Seconds(30)) : w.status();
       std::fprintf(out, "late op: %s\n", s.ToString().c_str());
       if (s.ok()) return 2;
-      if (rank == 0) ::usleep(2000 * 1000);  // both go on at about 3 s
+      // Both rejoin once both late operations have failed.
+      const std::string failed = dir.File("late-failed" + std::to_string(rank));
+      testing::WriteFile(failed, "");
+      const std::string other = dir.File("late-failed" + std::to_string(1 - rank));
+      if (!testing::Eventually([&] { return testing::Exists(other); }, 20000)) return 5;
       auto g = R.client->RejoinGroup(R.group);
       if (!g.ok()) {
         std::fprintf(out, "rejoin: %s\n", g.status().ToString().c_str());
@@ -386,9 +392,7 @@ TEST(ArenaTest, AMemberScribblingOverTheArenaHurtsOnlyItsOwnGroup) {
         // an operation: rank 0 may still be reading the last one's slot).
         const std::string past = dir.File(job + ".rank0-past"), done = dir.File(job + ".scribbled");
         auto wait_file = [](const std::string& path) {
-          const int64_t deadline = NowMs() + 20000;
-          while (::access(path.c_str(), F_OK) != 0 && NowMs() < deadline) ::usleep(1000);
-          return ::access(path.c_str(), F_OK) == 0;
+          return testing::Eventually([&] { return ::access(path.c_str(), F_OK) == 0; }, 20000, 1);
         };
         if (rank == 0) {
           testing::WriteFile(past, "");

@@ -152,6 +152,8 @@ TEST_F(ClusterKvTest, NcclIdExchangeThroughTheCoordinator) {
 }
 
 TEST_F(ClusterKvTest, FloodIsResourceExhaustedAndTheClusterKeepsWorking) {
+  v1::NodesResponse before;
+  ASSERT_TRUE(QueryNodes(member_.socket(), &before));
   ClusterClient flooder(coordinator_, kToken);
   const absl::Duration t = absl::Seconds(5);
   // One oversized value.
@@ -175,12 +177,17 @@ TEST_F(ClusterKvTest, FloodIsResourceExhaustedAndTheClusterKeepsWorking) {
   EXPECT_EQ(flooder.Wait(keys, absl::Milliseconds(100)).code(),
             absl::StatusCode::kInvalidArgument);
 
-  // Heartbeats and membership are unaffected; reads and barriers still work.
-  absl::SleepFor(absl::Milliseconds(kHeartbeatMs * kMissed + 200));
+  // Heartbeats and membership are unaffected (the member's heartbeat
+  // succeeded after the flood, in the same epoch: never lost and rejoined);
+  // reads and barriers still work.
+  const int64_t flooded = NowMs();
+  EXPECT_TRUE(Eventually([&] { return HeartbeatSince(member_.socket(), flooded); }, 10000))
+      << member_.log();
   ASSERT_TRUE(Formed());
   v1::NodesResponse view;
   ASSERT_TRUE(QueryNodes(member_.socket(), &view));
   EXPECT_EQ(AliveNodes(view), 2);
+  EXPECT_EQ(view.epoch(), before.epoch()) << "a node was lost and joined again";
   ClusterClient other(coordinator_, kToken);
   EXPECT_TRUE(other.Get("flood/0", t).ok());
   std::thread peer([&] { EXPECT_TRUE(other.Barrier("after", 2, absl::Seconds(5)).ok()); });

@@ -140,8 +140,12 @@ TEST_F(ClusterTest, WrongTokenIsRefusedAndTheClusterKeepsWorking) {
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   EXPECT_THAT(s.message(), HasSubstr("wrong cluster token"));
 
-  // The cluster is untouched: still two live nodes, heartbeats flowing.
-  absl::SleepFor(absl::Milliseconds(kHeartbeatMs * 3));
+  // The cluster is untouched: still two live nodes, heartbeats flowing (the
+  // member's heartbeat succeeded after the hostile calls).
+  const int64_t after_calls = NowMs();
+  EXPECT_TRUE(Eventually([&] { return HeartbeatSince(daemons_[1].socket(), after_calls); },
+                         kFormMs))
+      << daemons_[1].log();
   v1::NodesResponse view = WaitFormed(daemons_[1], 2);
   EXPECT_EQ(view.nodes_size(), 2);
   ClusterClient good(coordinator_, "correct horse battery staple");

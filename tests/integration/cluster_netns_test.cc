@@ -252,7 +252,11 @@ void ClusterNetnsTest::FailureScenario(bool link_down) {
   }
   const uint64_t epoch0 = EpochOf(Socket(0));
   ASSERT_GT(epoch0, 0u);
-  absl::SleepFor(absl::Milliseconds(300));  // the survivors' all-reduce is in flight
+  // The survivors' all-reduce is in flight on nodes 0 and 1.
+  for (int node : {0, 1}) {
+    ASSERT_TRUE(Eventually([&] { return OpsInDaemon(Socket(node), job_) >= 1; }, kChildMs))
+        << "node " << node << Logs();
+  }
   const int64_t disrupted = NowMs();
   if (link_down) {
     ASSERT_TRUE(topo_.SetLink(2, false));

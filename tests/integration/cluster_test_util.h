@@ -124,6 +124,16 @@ inline bool QueryNodes(const std::string& socket, v1::NodesResponse* out) {
   return google::protobuf::util::JsonStringToMessage(r.output, out, o).ok();
 }
 
+// True once the daemon on `socket` is "ok" and has had a successful
+// heartbeat since `since_ms` (a NowMs() value): its contact with the
+// coordinator (or etcd) is younger than the time passed since then.
+inline bool HeartbeatSince(const std::string& socket, int64_t since_ms) {
+  v1::NodesResponse view;
+  return QueryNodes(socket, &view) && view.state() == "ok" &&
+         view.coordinator_contact_age_s() >= 0 &&
+         view.coordinator_contact_age_s() * 1000.0 < static_cast<double>(NowMs() - since_ms);
+}
+
 inline int AliveNodes(const v1::NodesResponse& r) {
   int n = 0;
   for (const auto& node : r.nodes()) n += node.state() == "alive";

@@ -33,6 +33,30 @@ import netns_topology  # noqa: E402
 FAST = ["--set", "cluster.heartbeat_ms=200", "--set", "cluster.missed_heartbeats=5"]
 
 
+def daemons_under(pid):
+    """hsdpd processes descended from `pid` (the runner starts them in its namespaces)."""
+    parent, comm = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        head, _, rest = stat.rpartition(")")
+        comm[int(entry)] = head.split("(", 1)[1]
+        parent[int(entry)] = int(rest.split()[1])
+    found = 0
+    for p, name in comm.items():
+        if name != "hsdpd":
+            continue
+        while p in parent and p not in (0, 1, pid):
+            p = parent[p]
+        found += p == pid
+    return found
+
+
 def namespaces_of(pid):
     return [n for n in netns_topology.list_namespaces()
             if n.startswith(f"{netns_topology.PREFIX}{pid}-")]
@@ -104,7 +128,11 @@ class ComposeNetnsTest(unittest.TestCase):
         while time.monotonic() < deadline and len(namespaces_of(p.pid)) < 3:
             time.sleep(0.1)
         self.assertEqual(len(namespaces_of(p.pid)), 3, "the runner never made its namespaces")
-        time.sleep(1.0)  # daemons starting
+        # Both daemons are running in their namespaces before the runner is stopped.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and daemons_under(p.pid) < 2:
+            time.sleep(0.1)
+        self.assertEqual(daemons_under(p.pid), 2, "the runner never started its daemons")
         p.send_signal(signal.SIGTERM)
         out = self.finish(p, 60)
         self.assertEqual(p.returncode, 1, out)

@@ -91,7 +91,10 @@ TEST(DrainTest, OpsStillInFlightAfterTheTimeoutFailAndAttachIsRefusedMeanwhile) 
   }
   ASSERT_TRUE(testing::Eventually([&] { return testing::CountSessions(d.socket()) == 2; }, 10000))
       << d.Log();
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // rank 0's op is submitted
+  // Rank 0's operation is in the daemon.
+  ASSERT_TRUE(testing::Eventually([&] { return testing::OpsInDaemon(d.socket(), w.job) >= 1; },
+                                  10000))
+      << d.Log();
 
   testing::CommandResult drained;
   std::thread drain([&] {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/wait.h"
 #include "hsdp/client.h"
 
 namespace hsdp::testing {
@@ -54,11 +55,7 @@ inline int CheckedRank(FILE* out, const std::string& socket, uid_t uid, const st
     return 12;
   }
   std::fprintf(out, "grouped\n");
-  bool started = false;
-  for (int i = 0; i < 1000 && !started; ++i) {  // at most 20 s
-    started = ::access(go.c_str(), F_OK) == 0;
-    if (!started) ::usleep(20000);
-  }
+  const bool started = Eventually([&] { return ::access(go.c_str(), F_OK) == 0; }, 20000);
   if (!started) {
     std::fprintf(out, "no go\n");
     return 13;

@@ -93,10 +93,7 @@ inline int RunRank(const Workload& w, int rank, FILE* out) {
   }
   std::fprintf(out, "done\n");
   if (!w.hold_file.empty()) {
-    const int64_t deadline = NowMs() + 15000;
-    while (!Exists(w.hold_file) && NowMs() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    (void)Eventually([&] { return Exists(w.hold_file); }, 15000, 10);
   }
   return 0;
 }

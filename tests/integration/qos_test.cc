@@ -171,7 +171,14 @@ TEST(QosTest, AJobOverItsOpsInFlightIsRefusedAndItsPeersFailAtOnce) {
     ASSERT_TRUE(w.ok()) << w.status();
     w0.push_back(*w);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // all 5 in the daemon
+  // All 5 reached the daemon: each waits there for rank 1 or was already
+  // refused (over the job's limit).
+  auto handled = [&] {
+    int64_t n = testing::OpsInDaemon(d.socket(), "busy");
+    for (Work& w : w0) n += w.Test();
+    return n;
+  };
+  ASSERT_EQ(testing::EventuallyEq(handled, int64_t{5}, 10000), 5) << d.Log();
   for (int i = 0; i < 5; ++i) {
     auto w = (*c1)->AllReduce(*g1, {b1->id, 0}, {b1->id, 0}, 16, DataType::kFloat32);
     ASSERT_TRUE(w.ok()) << w.status();

@@ -172,10 +172,7 @@ std::vector<RankResult> RunLoop(const std::string& socket, const std::string& jo
       return 0;
     }));
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (shared->progress.load() < 200 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  (void)testing::Eventually([&] { return shared->progress.load() >= 200; }, 30000, 2);
   disrupt();
   std::vector<RankResult> results(2);
   for (int r = 0; r < 2; ++r) {

@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "common/wait.h"
 
 namespace hsdp {
 namespace {
@@ -124,10 +125,9 @@ TEST(ClusterMemberTest, DeadCoordinatorMeansDegraded) {
   EXPECT_EQ(a.View().state(), "ok");
   const std::string address = coordinator->address();
   coordinator.reset();
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (a.View().state() != "degraded" && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  EXPECT_EQ(hsdp::testing::EventuallyEq([&] { return a.View().state(); }, std::string("degraded"),
+                                         5000, 10),
+            "degraded");
   const v1::NodesResponse view = a.View();
   EXPECT_EQ(view.state(), "degraded");
   EXPECT_THAT(view.detail(), HasSubstr(address));
@@ -334,13 +334,13 @@ TEST(KvClusterDirectoryTest, AReportedFailureMovesTheFirstEpochOfTheGroup) {
   const absl::Time soon = absl::Now() + absl::Seconds(5);
   EXPECT_EQ(*da.FirstEpoch("g", soon), 1u);
   da.ReportEpochFailed("g", 3, "rank 1 left");
-  const absl::Time until = absl::Now() + absl::Seconds(5);
-  while (*da.FirstEpoch("g", soon) != 4u && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  EXPECT_EQ(*da.FirstEpoch("g", soon), 4u);
+  EXPECT_EQ(hsdp::testing::EventuallyEq([&] { return *da.FirstEpoch("g", soon); }, 4u, 5000), 4u);
   da.ReportEpochFailed("g", 2, "older news");  // never moves it back
-  absl::SleepFor(absl::Milliseconds(300));
+  // A fence: the member sends its reports in order, so once this later one
+  // (another group) took effect, the older news about "g" has been handled.
+  da.ReportEpochFailed("fence", 1, "fence");
+  ASSERT_EQ(hsdp::testing::EventuallyEq([&] { return *da.FirstEpoch("fence", soon); }, 2u, 5000),
+            2u);
   EXPECT_EQ(*da.FirstEpoch("g", soon), 4u);
 }
 

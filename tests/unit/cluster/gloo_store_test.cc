@@ -7,6 +7,7 @@
 #include "daemon/cluster/cluster_client.h"
 #include "daemon/cluster/cluster_service.h"
 #include "daemon/cluster/token_authenticator.h"
+#include "common/wait.h"
 #include "gloo/common/error.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -38,9 +39,10 @@ TEST(GlooStoreTest, SetGetWaitAcrossThreads) {
     b.wait({"rank0"});
     got = b.get("rank1");  // get waits for the key
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // The reader waits in the store for rank0, then (get) for rank1.
+  ASSERT_TRUE(testing::Eventually([&] { return kv.waiter_count() == 1; }, 5000, 1));
   a.set("rank0", {'h', 'i'});
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(testing::Eventually([&] { return kv.waiter_count() == 1; }, 5000, 1));
   a.set("rank1", {'\0', 'x', '\xff'});
   reader.join();
   EXPECT_EQ(got, (std::vector<char>{'\0', 'x', '\xff'}));

@@ -11,6 +11,7 @@
 #include "daemon/session/shm_channel.h"
 #include "gtest/gtest.h"
 #include "hsdp/shm/layout.h"
+#include "common/wait.h"
 
 namespace hsdp {
 namespace {
@@ -41,11 +42,7 @@ class DispatcherSpinTest : public ::testing::TestWithParam<uint32_t> {
   }
   // Waits (bounded) until the session's channel shows `want`; what it shows.
   static uint32_t AwaitMode(Session& s, uint32_t want) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (Header(s)->spin_mode.load() != want && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-    return Header(s)->spin_mode.load();
+    return hsdp::testing::EventuallyEq([&] { return Header(s)->spin_mode.load(); }, want, 10000, 1);
   }
 
   FakeStreamEngine engine_;

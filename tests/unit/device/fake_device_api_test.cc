@@ -10,6 +10,7 @@
 
 #include "daemon/device/fake_shm.h"
 #include "gtest/gtest.h"
+#include "common/wait.h"
 
 namespace hsdp::device {
 namespace {
@@ -189,9 +190,7 @@ TEST(FakeDeviceApiTest, ADestroyedStreamRunsItsQueuedWorkLate) {
   EXPECT_FALSE(ran.load());
   gate.set_value();
   dev.SyncStream(*producer);
-  for (int i = 0; i < 2000 && dev.draining_streams() > 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  EXPECT_TRUE(hsdp::testing::Eventually([&] { return dev.draining_streams() == 0; }, 2000, 1));
   EXPECT_TRUE(ran.load());
   EXPECT_EQ(dev.draining_streams(), 0);
 }

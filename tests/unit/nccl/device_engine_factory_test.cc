@@ -8,6 +8,7 @@
 #include "daemon/engine/cpu/cpu_engine.h"
 #include "gtest/gtest.h"
 #include "tests/unit/nccl/engine_test_util.h"
+#include "common/wait.h"
 
 namespace hsdp {
 namespace {
@@ -89,9 +90,7 @@ TEST(DeviceEngineFactoryTest, DependenciesAndAbortReachTheRightEngine) {
   rig.fake->Stall(true);
   Pending p1;
   const uint64_t t1 = rig.engine->Launch(DeviceAllReduce(rig, &bufs, 1.0f), p1.Callbacks());
-  for (int i = 0; i < 2000 && rig.fake->calls().size() < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  ASSERT_TRUE(hsdp::testing::Eventually([&] { return rig.fake->calls().size() >= 2; }, 2000, 1));
   std::vector<device::DevicePtr> bufs2;
   EngineTask dep = DeviceAllReduce(rig, &bufs2, 1.0f, "g2");
   dep.depends_on = {t1};

@@ -12,6 +12,7 @@
 #include "daemon/engine/nccl/nccl_engine.h"
 #include "gtest/gtest.h"
 #include "tests/unit/nccl/engine_test_util.h"
+#include "common/wait.h"
 
 namespace hsdp::nccl {
 namespace {
@@ -89,10 +90,8 @@ TEST(NcclAbortTest, ADependentAbortedWhileItsDependencyIsStuckLeavesNothingQueue
   node.coll.Stall(true);
   testing::Pending p1, p2;
   const uint64_t t1 = node.engine.Launch(first.task, p1.Callbacks());
-  for (int i = 0; i < 2000 && node.coll.calls().size() < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  ASSERT_EQ(node.coll.calls().size(), 2u);
+  ASSERT_EQ(hsdp::testing::EventuallyEq([&] { return node.coll.calls().size(); }, size_t{2}, 2000, 1),
+            2u);
   node.coll.Stall(false);
   EngineTask second;
   second.collective = Collective::kAllReduce;

@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/unit/nccl/engine_test_util.h"
+#include "common/wait.h"
 
 namespace hsdp::nccl {
 namespace {
@@ -368,10 +369,8 @@ TEST(NcclEngineTest, AsyncCommunicatorErrorFailsTheOpsInFlight) {
   Pending pa;
   node.engine.Launch(a.task, pa.Callbacks());
   // Wait until the collective was issued, then a peer is lost.
-  for (int i = 0; i < 2000 && node.coll.calls().size() < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  ASSERT_EQ(node.coll.calls().size(), 2u);
+  ASSERT_EQ(hsdp::testing::EventuallyEq([&] { return node.coll.calls().size(); }, size_t{2}, 2000, 1),
+            2u);
   node.coll.FailAsync(node.coll.calls()[0].comm, absl::UnavailableError("remote process exited"));
   auto oa = pa.Wait();
   EXPECT_EQ(oa.status.code(), absl::StatusCode::kUnavailable) << oa.status;
@@ -385,9 +384,8 @@ TEST(NcclEngineTest, AbortOfARunningTaskAbortsItsCommunicators) {
   FloatTask a = MakeTask(node, Collective::kAllReduce, 2, 4, [](int, uint64_t) { return 1.0f; });
   Pending pa;
   const uint64_t t = node.engine.Launch(a.task, pa.Callbacks());
-  for (int i = 0; i < 2000 && node.coll.calls().size() < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  // Running: both ranks' collectives were issued (and stall).
+  ASSERT_TRUE(hsdp::testing::Eventually([&] { return node.coll.calls().size() >= 2; }, 2000, 1));
   node.engine.Abort(t, absl::AbortedError("member rank 1 left"));
   auto oa = pa.Wait();
   EXPECT_EQ(oa.status.code(), absl::StatusCode::kAborted);
@@ -505,9 +503,7 @@ TEST(NcclEngineTest, ShutdownAbortsWhatIsStillRunningAfterTheGracePeriod) {
   FloatTask a = MakeTask(node, Collective::kAllReduce, 2, 4, [](int, uint64_t) { return 1.0f; });
   Pending pa;
   node.engine.Launch(a.task, pa.Callbacks());
-  for (int i = 0; i < 2000 && node.coll.calls().size() < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  ASSERT_TRUE(hsdp::testing::Eventually([&] { return node.coll.calls().size() >= 2; }, 2000, 1));
   node.engine.Shutdown();  // returns after the grace period, not after op_timeout (30 s)
   auto oa = pa.Wait();
   EXPECT_EQ(oa.status.code(), absl::StatusCode::kUnavailable) << oa.status;

@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hsdp/shm/doorbell.h"
+#include "common/wait.h"
 
 namespace hsdp {
 namespace {
@@ -534,10 +535,7 @@ TEST_F(ObserverTest, MetricsSweepWithoutScrapes) {
   }
   // Only the last job is attached: the others' series go without a scrape.
   const Metrics* m = (*obs)->metrics();
-  const int64_t deadline = shm::NowNanos() + 30'000'000'000;
-  while (m->Held().jobs > 1 && shm::NowNanos() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  (void)hsdp::testing::Eventually([&] { return m->Held().jobs <= 1; }, 30000, 5);
   const MetricsHeld held = m->Held();
   EXPECT_EQ(held.jobs, 1u);
   EXPECT_EQ(held.overflows, 0u);
