@@ -1,6 +1,7 @@
 # hsdp_dataplane: descriptors read from the rings, validated, matched into
 # group operations and handed to the engine.
 add_library(hsdp_dataplane STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/agreement.cc
   ${CMAKE_CURRENT_LIST_DIR}/dispatcher.cc
   ${CMAKE_CURRENT_LIST_DIR}/group.cc
   ${CMAKE_CURRENT_LIST_DIR}/group_epochs.cc

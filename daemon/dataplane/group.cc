@@ -1,7 +1,7 @@
 // Group: construction, and the members' submissions of collectives matched per
 // (epoch, sequence number): each is checked against the epoch, the sequence
 // window and the queue bound, then an operation's submissions against each
-// other (Disagreement); the operation is ready when every local member's is in.
+// other (agreement.h); the operation is ready when every local member's is in.
 // Also the descriptions that name an operation in errors, one operation failing
 // (remembered for late arrivals), who arrived last (RankWait), and the stats.
 // The rest of Group: group.h lists its files (same class, same locking rules).
@@ -9,10 +9,10 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/dataplane/agreement.h"
 #include "daemon/dataplane/op_observer.h"
 #include "hsdp/shm/doorbell.h"
 #include "hsdp/shm/op_rules.h"
@@ -22,8 +22,6 @@ namespace {
 
 constexpr size_t kMaxRememberedFailures = 4096;
 constexpr size_t kMaxListedRanks = 16;
-
-bool SameDouble(double a, double b) { return std::memcmp(&a, &b, sizeof(double)) == 0; }
 
 // "[0, 1, 2]", or the first kMaxListedRanks and a count of the rest, so a
 // huge group cannot flood logs and completion messages.
@@ -107,102 +105,6 @@ std::string Group::Describe(const PendingOp& op) const {
       ")");
 }
 
-std::string Group::Disagreement(const PendingOp& op) const {
-  const Arrival& ref = op.arrivals.begin()->second;
-  const int ref_rank = spec_.ranks[local_ranks_[op.arrivals.begin()->first]];
-  std::vector<std::string> problems;
-  auto check = [&](const char* field, auto get, auto show) {
-    for (const auto& [li, a] : op.arrivals) {
-      if (!(get(a) == get(ref))) {
-        problems.push_back(absl::StrCat(field, ": rank ", ref_rank, " has ", show(ref), ", rank ",
-                                        spec_.ranks[local_ranks_[li]], " has ", show(a)));
-        return;
-      }
-    }
-  };
-  auto op_name = [](const Arrival& a) {
-    return std::string(CollectiveName(static_cast<Collective>(a.desc.collective)));
-  };
-  check(
-      "collective", [](const Arrival& a) { return a.desc.collective; }, op_name);
-  check(
-      "count", [](const Arrival& a) { return a.desc.count; },
-      [](const Arrival& a) { return absl::StrCat(a.desc.count); });
-  check(
-      "dtype", [](const Arrival& a) { return a.desc.dtype; },
-      [](const Arrival& a) {
-        return std::string(DataTypeName(static_cast<DataType>(a.desc.dtype)));
-      });
-  // One engine runs an operation: every member's buffers are host memory, or
-  // every member's are device memory.
-  check(
-      "memory", [](const Arrival& a) { return a.kind; },
-      [](const Arrival& a) {
-        return std::string(a.kind == MemoryKind::kDevice ? "device buffers" : "host buffers");
-      });
-  const Collective c = static_cast<Collective>(ref.desc.collective);
-  if (shm::IsReducing(c)) {
-    check(
-        "reduce_op", [](const Arrival& a) { return a.desc.reduce_op; },
-        [](const Arrival& a) {
-          return std::string(ReduceOpName(static_cast<ReduceOp>(a.desc.reduce_op)));
-        });
-    check(
-        "reduce_dtype", [](const Arrival& a) { return a.desc.reduce_dtype; },
-        [](const Arrival& a) {
-          return a.desc.reduce_dtype == 0
-                     ? std::string("(buffer dtype)")
-                     : std::string(DataTypeName(static_cast<DataType>(a.desc.reduce_dtype)));
-        });
-    for (auto [field, member] : {std::pair{"premul_factor", &shm::OpDescriptor::premul_factor},
-                                 std::pair{"pre_divide", &shm::OpDescriptor::pre_divide},
-                                 std::pair{"post_divide", &shm::OpDescriptor::post_divide}}) {
-      for (const auto& [li, a] : op.arrivals) {
-        if (!SameDouble(a.desc.*member, ref.desc.*member)) {
-          problems.push_back(absl::StrCat(field, ": rank ", ref_rank, " has ", ref.desc.*member,
-                                          ", rank ", spec_.ranks[local_ranks_[li]], " has ",
-                                          a.desc.*member));
-          break;
-        }
-      }
-    }
-  }
-  if (c == Collective::kBroadcast) {
-    check(
-        "root", [](const Arrival& a) { return a.desc.root; },
-        [](const Arrival& a) { return absl::StrCat(a.desc.root); });
-  }
-  if (c == Collective::kAllToAll) {
-    check(
-        "splits", [](const Arrival& a) { return a.send_counts.empty(); },
-        [](const Arrival& a) { return a.send_counts.empty() ? "equal blocks" : "splits"; });
-    // What i sends to j must be what j expects from i (local pairs; remote
-    // members are checked by their own daemons).
-    if (problems.empty() && !ref.send_counts.empty()) {
-      for (const auto& [li, a] : op.arrivals) {
-        const int i = local_ranks_[li];
-        for (const auto& [lj, b] : op.arrivals) {
-          const int j = local_ranks_[lj];
-          if (a.send_counts[j] != b.recv_counts[i]) {
-            problems.push_back(absl::StrCat("splits: rank ", spec_.ranks[i], " sends ",
-                                            a.send_counts[j], " elements to rank ", spec_.ranks[j],
-                                            ", which expects ", b.recv_counts[i]));
-            break;
-          }
-        }
-        if (!problems.empty()) break;
-      }
-    }
-  }
-  if (ref.phase2) {
-    check(
-        "shard group size", [](const Arrival& a) { return a.shard_size; },
-        [](const Arrival& a) { return absl::StrCat(a.shard_size); });
-  }
-  if (problems.empty()) return "";
-  return absl::StrCat("members disagree: ", absl::StrJoin(problems, "; "));
-}
-
 void Group::Arrive(int group_rank, Arrival arrival) {
   const auto kind = static_cast<Collective>(arrival.desc.collective);
   if (kind == Collective::kSend || kind == Collective::kRecv) {
@@ -283,7 +185,8 @@ void Group::Arrive(int group_rank, Arrival arrival) {
         op.first_ns = std::min(op.first_ns, arrival.first_ns);
         op.arrivals[li] = std::move(arrival);
         if (++op.arrived == static_cast<int>(local_ranks_.size())) {
-          if (std::string why = Disagreement(op); !why.empty()) {
+          if (std::string why = MembersDisagree(op.arrivals, local_ranks_, spec_.ranks);
+              !why.empty()) {
             fail_status = absl::InvalidArgumentError(absl::StrCat(Describe(op), ": ", why));
             to_fail = FailLocked({epoch, seq}, fail_status);
           } else {

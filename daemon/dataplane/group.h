@@ -33,7 +33,8 @@
 // Thread-safety: all public methods are thread-safe. mu_ is never held while
 // calling the engine, completing sessions or calling into another group.
 //
-// Files (one class): group.cc (construction, submissions matched, stats),
+// Files (one class): group.cc (construction, submissions matched, stats;
+// whether they agree is agreement.h, a rule of its own),
 // group_epochs.cc (joining, epochs failing and re-forming, a member or a
 // peer node lost), group_pipeline.cc (lowering to the engine, launching in
 // order, completions, the composite's second phase), group_timeouts.cc
@@ -245,8 +246,6 @@ class Group : public std::enable_shared_from_this<Group> {
 
   std::string Describe(const PendingOp& op) const;
   std::string RanksList(const std::vector<int>& group_ranks) const;
-  // Empty when all arrivals agree; otherwise names the fields and ranks.
-  std::string Disagreement(const PendingOp& op) const;
   EngineTask Lower(const PendingOp& op) const;
   const Arrival& AnyArrival(const PendingOp& op) const;
 
