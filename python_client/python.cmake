@@ -62,6 +62,16 @@ foreach(rel ${HSDP_PY_SOURCES})
     VERBATIM)
   list(APPEND HSDP_PY_OUTPUTS ${HSDP_PYTHON_OUT}/${rel})
 endforeach()
+# torch's plugin hook (the wheel's torch.backends entry point): a top-level
+# module next to the package, so that torch importing it imports no hsdp.
+add_custom_command(
+  OUTPUT ${HSDP_PYTHON_OUT}/hsdp_autoload.py
+  COMMAND ${CMAKE_COMMAND} -E copy_if_different ${CMAKE_CURRENT_SOURCE_DIR}/hsdp_autoload.py
+          ${HSDP_PYTHON_OUT}/hsdp_autoload.py
+  DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/hsdp_autoload.py
+  COMMENT "hsdp python: hsdp_autoload.py"
+  VERBATIM)
+list(APPEND HSDP_PY_OUTPUTS ${HSDP_PYTHON_OUT}/hsdp_autoload.py)
 add_custom_target(hsdp_python_package ALL DEPENDS ${HSDP_PY_OUTPUTS})
 add_dependencies(hsdp_python_ext hsdp_python_package)
 
@@ -80,6 +90,12 @@ set(HSDP_PYTHON_INSTALL_DIR ${hsdp_py_dest} CACHE STRING
     "Where `cmake --install --component hsdp_python` puts the package hsdp")
 install(TARGETS hsdp_python_ext
   LIBRARY DESTINATION ${HSDP_PYTHON_INSTALL_DIR} COMPONENT hsdp_python EXCLUDE_FROM_ALL)
+get_filename_component(hsdp_py_root ${HSDP_PYTHON_INSTALL_DIR} DIRECTORY)
+if(hsdp_py_root STREQUAL "")
+  set(hsdp_py_root .)
+endif()
+install(FILES ${CMAKE_CURRENT_SOURCE_DIR}/hsdp_autoload.py
+  DESTINATION ${hsdp_py_root} COMPONENT hsdp_python EXCLUDE_FROM_ALL)
 foreach(rel ${HSDP_PY_SOURCES})
   get_filename_component(sub ${rel} DIRECTORY)
   string(REGEX REPLACE "^hsdp/?" "" sub "${sub}")

@@ -21,3 +21,11 @@ def default_pre_divide_factor(world_size):
 
 __all__ = ["Buffer", "Client", "Group", "Work", "default_pre_divide_factor",
            "default_socket_path"] + list(_error_names)
+
+# Initialised: torch's plugin hook (hsdp_autoload.py) may have run while this
+# package imported torch, and left making hsdpd torch's default backend to now.
+_ready = True
+if globals().pop("_autoload_pending", False):
+    from hsdp.torch import autoload as _autoload
+
+    _autoload._torch_autoload()

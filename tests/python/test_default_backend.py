@@ -69,7 +69,8 @@ GLOO = textwrap.dedent("""
 """)
 
 PROBE = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
+    exec(os.environ.get("PROBE_FIRST", ""))  # the script's first import, if any
     import torch
     import torch.distributed as dist
     print(json.dumps({"map": dict(dist.Backend.default_device_backend_map),
@@ -174,7 +175,7 @@ def _entry_point_dir(tmp_path):
     (d / "METADATA").write_text("Metadata-Version: 2.1\nName: hsdp-entry-point-test\n"
                                 "Version: 0.0\n")
     (d / "entry_points.txt").write_text(
-        "[torch.backends]\nhsdpd = hsdp.torch.autoload:_torch_autoload\n")
+        "[torch.backends]\nhsdpd = hsdp_autoload:autoload\n")
     return str(tmp_path / "ep")
 
 
@@ -183,13 +184,25 @@ def test_torch_backends_entry_point(tmp_path):
     # torch runs it at the end of its own import: hsdp.torch imports fine there.
     r = _probe(tmp_path, [ep], HSDP_DEFAULT_BACKEND="1")
     assert r["map"]["cpu"] == "hsdpd", r
-    # Without the variable the map is torch's (the entry point's module is imported,
-    # which registers the name "hsdpd" but makes it nobody's default).
+    # Without the variable the map is torch's and hsdp is not even imported: torch
+    # imports the entry point's module with every `import torch`, and that module
+    # (hsdp_autoload) imports nothing then.
     r = _probe(tmp_path, [ep])
     assert r["map"]["cpu"] == "gloo", r
+    assert not r["hsdp_imported"] and not r["hsdpd_registered"], r
     # TORCH_DEVICE_BACKEND_AUTOLOAD=0, torch's switch for every such plugin.
     r = _probe(tmp_path, [ep], HSDP_DEFAULT_BACKEND="1", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     assert r["map"]["cpu"] == "gloo" and not r["hsdp_imported"], r
+
+
+@pytest.mark.parametrize("first", ["import hsdp", "import hsdp.torch", "import torch"])
+def test_any_first_import_gets_the_default(tmp_path, first):
+    """hsdp imports torch while it initialises: when a script's first import is hsdp's,
+    torch's plugin hook runs inside hsdp's own import, and the step is finished at the
+    end of it (hsdp/__init__.py) instead of failing the import."""
+    for path in ([_boot_dir()], [_entry_point_dir(tmp_path / first.replace(" ", "_"))]):
+        r = _probe(tmp_path, path, HSDP_DEFAULT_BACKEND="1", PROBE_FIRST=first)
+        assert r["map"]["cpu"] == "hsdpd" and r["hsdpd_registered"], (path, r)
 
 
 def test_bad_value_is_a_clear_error(tmp_path):

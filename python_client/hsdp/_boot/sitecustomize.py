@@ -22,8 +22,8 @@ _ENV = "HSDP_DEFAULT_BACKEND"
 
 
 def _enable():
-    from hsdp.torch import autoload
-    autoload._torch_autoload()
+    import hsdp_autoload  # next to the package hsdp (build/python, site-packages)
+    hsdp_autoload.autoload()
 
 
 class _AfterTorchImport:

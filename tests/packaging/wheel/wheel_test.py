@@ -82,7 +82,7 @@ def check_wheel(whl, version):
     stray = [n for n in names if not (n.startswith("hsdp/") or n.startswith("hsdp-"))]
     if stray:
         fail(f"files outside hsdp/ in the wheel: {stray}")
-    for line in ("hsdprun = hsdp.run:main", "hsdpd = hsdp.torch.autoload:_torch_autoload"):
+    for line in ("hsdprun = hsdp.run:main", "hsdpd = hsdp_autoload:autoload"):
         if line not in eps:
             fail(f"entry point {line!r} not declared:\n{eps}")
     if "Requires-Dist: torch>=2.7; extra == \"torch\"" not in meta:
@@ -180,7 +180,7 @@ def check_imports(py, site, build, version, tmp):
         fail("import hsdp.torch did not register the backend \"hsdpd\"")
     if got["version"] != version:
         fail(f"installed hsdp {got['version']}, expected {version}")
-    if "hsdpd = hsdp.torch.autoload:_torch_autoload" not in got["torch_backends"]:
+    if "hsdpd = hsdp_autoload:autoload" not in got["torch_backends"]:
         fail(f"torch.backends entry points: {got['torch_backends']}")
     # torch's autoload of `torch.backends` entry points, with the opt-in set.
     p, _ = run([py, "-c", AUTOLOAD], env=clean_env(HSDP_DEFAULT_BACKEND="1"), cwd=tmp)
