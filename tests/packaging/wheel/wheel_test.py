@@ -74,12 +74,15 @@ def check_wheel(whl, version):
         meta = z.read(f"hsdp-{version}.dist-info/METADATA").decode()
     exts = [n for n in names if re.fullmatch(r"hsdp/_hsdp\.cpython-311-x86_64-linux-gnu\.so", n)]
     for need in ("hsdp/__init__.py", "hsdp/client.py", "hsdp/torch/__init__.py",
-                 "hsdp/torch/backend.py"):
+                 "hsdp/torch/backend.py", "hsdp_autoload.py"):
         if need not in names:
             fail(f"{need} missing from the wheel: {names}")
     if len(exts) != 1:
         fail(f"the wheel holds {len(exts)} extensions: {names}")
-    stray = [n for n in names if not (n.startswith("hsdp/") or n.startswith("hsdp-"))]
+    # The package, its dist-info, and torch's plugin hook (a module of its own, so
+    # that torch importing it imports no hsdp).
+    stray = [n for n in names
+             if not (n.startswith("hsdp/") or n.startswith("hsdp-") or n == "hsdp_autoload.py")]
     if stray:
         fail(f"files outside hsdp/ in the wheel: {stray}")
     for line in ("hsdprun = hsdp.run:main", "hsdpd = hsdp_autoload:autoload"):
