@@ -201,6 +201,10 @@ absl::Status SessionChannel::Wait(WorkState* w, absl::Duration timeout) {
       return w->status;
     }
     if (absl::Status alive = CheckAlive(); !alive.ok()) {
+      // The session ended, but this op's completion may have been written just
+      // before (a drain fails the ops in flight with its reason, then ends the
+      // sessions): one last look, so the op's own reason wins over the generic one.
+      if (Poll(w)) return w->status;
       Close(alive);
       if (w->done.load(std::memory_order_acquire)) return w->status;
       return alive;
