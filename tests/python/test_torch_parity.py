@@ -149,10 +149,12 @@ def test_profiler_shows_hsdpd_events_until_completion(run):
         for name, is_async, count, shapes, _ in ev:
             assert is_async and count == 1, (name, is_async, count)
             assert shapes == [[2, 3]], (name, shapes)
-        # The second all_reduce on rank 0 waits ~0.4 s for rank 1: the event must
-        # span enqueue to completion, not just the enqueue.
+        # The second all_reduce on rank 0 waits for rank 1's 0.4 s sleep: the event must
+        # span enqueue to completion, not just the enqueue (microseconds). Less than
+        # 0.4 s when rank 0 got the CPU late after the first one (a loaded machine), so
+        # the bound is well below the sleep and far above an enqueue.
         longest = max(e[4] for e in ev if e[0] == "hsdpd:all_reduce")
-        assert longest >= 250_000, (kind, ev)
+        assert longest >= 100_000, (kind, ev)
 
 
 # -- sparse all-reduce ---------------------------------------------------------------
