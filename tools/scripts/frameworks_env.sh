@@ -38,21 +38,10 @@ if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.hsdp-stamp" 2>/dev/null)" = "$h
 fi
 
 log() { echo "frameworks_env: $*" >&2; }
-if ! "$BASE_PY" -c 'import ensurepip' >/dev/null 2>&1; then
-  log "installing python3-venv"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
-fi
-
-mkdir -p "$CACHE"
-exec 9>"$CACHE/.lock"
-flock 9
-if ! "$BASE_PY" -m pip download -q --only-binary=:all: -d "$CACHE" -r "$REQ" --no-index \
-     --find-links "$CACHE" >/dev/null 2>&1; then
-  log "downloading the pinned wheels into $CACHE (once per machine)"
-  "$BASE_PY" -m pip download -q --only-binary=:all: -d "$CACHE" -r "$REQ" \
-    --find-links "$CACHE" >&2
-fi
+# shellcheck source=wheel_cache.sh
+. "$ROOT/tools/scripts/wheel_cache.sh"
+ensure_venv_support
+fill_wheel_cache "$CACHE" "$REQ"
 
 rm -rf "$VENV"
 log "creating $VENV"
