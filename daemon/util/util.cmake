@@ -1,7 +1,8 @@
-# hsdp_util: the control executor, systemd notification, bounded key names,
+# hsdp_util: the injectable clock, the control executor, systemd notification, bounded key names,
 # node-wide pools with per-uid shares
 # (layer 0).
 add_library(hsdp_util STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/clock.cc
   ${CMAKE_CURRENT_LIST_DIR}/constant_time.cc
   ${CMAKE_CURRENT_LIST_DIR}/executor.cc
   ${CMAKE_CURRENT_LIST_DIR}/sd_notify.cc

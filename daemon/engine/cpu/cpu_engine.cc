@@ -8,7 +8,6 @@
 #include "hsdp/kernels/reduce_kernels.h"
 #include "hsdp/common/logging.h"
 
-#include "hsdp/shm/doorbell.h"
 
 namespace hsdp {
 namespace {
@@ -205,8 +204,9 @@ int ClassIndex(int qos_class) {
 }  // namespace
 
 CpuEngine::CpuEngine(int threads, uint64_t inline_max_bytes, uint64_t slice_bytes, int bulk_nice,
-                     bool idle_lower_classes)
-    : inline_max_bytes_(inline_max_bytes),
+                     bool idle_lower_classes, const Clock* clock)
+    : clock_(clock != nullptr ? clock : Clock::Real()),
+      inline_max_bytes_(inline_max_bytes),
       slice_bytes_(std::max<uint64_t>(slice_bytes, 64 * 1024)),
       idle_lower_classes_(IdleAllowed(idle_lower_classes)),
       pool_(std::max(1, threads), "hsdp-pool", bulk_nice) {
@@ -230,7 +230,7 @@ uint64_t CpuEngine::Launch(EngineTask task, EngineCallbacks cb) {
   // No lock on the inline path: the dispatcher never waits for the executor.
   const uint64_t ticket = next_ticket_.fetch_add(1, std::memory_order_relaxed);
   if (idle_lower_classes_) {
-    class_active_ns_[ClassIndex(task.qos_class)].store(shm::NowNanos(),
+    class_active_ns_[ClassIndex(task.qos_class)].store(clock_->NowNanos(),
                                                        std::memory_order_relaxed);
   }
   if (!task.AllLocal() || !task.AllHost()) {
@@ -295,9 +295,9 @@ void CpuEngine::Execute(uint64_t ticket, const EngineTask& task, const EngineCal
   // Inline, just launched: nobody can have aborted it yet, so only a
   // dependency needs the lock.
   absl::Status status = task.depends_on.empty() ? absl::OkStatus() : Precondition(task, ticket);
-  const int64_t start = shm::NowNanos();
+  const int64_t start = clock_->NowNanos();
   if (status.ok()) Run(task, pool);
-  Finish(ticket, std::move(status), static_cast<uint64_t>(shm::NowNanos() - start), cb);
+  Finish(ticket, std::move(status), static_cast<uint64_t>(clock_->NowNanos() - start), cb);
 }
 
 bool CpuEngine::RunSlice(uint64_t ticket, Queued& q) {
@@ -320,7 +320,7 @@ bool CpuEngine::RunSlice(uint64_t ticket, Queued& q) {
     return true;
   }
   const size_t es = DataTypeSize(task.spec.dtype);
-  const int64_t now = shm::NowNanos();
+  const int64_t now = clock_->NowNanos();
   if (task.qos_class != last_served_.first || task.job != last_served_.second) {
     if (!last_served_.second.empty()) last_switch_ns_ = now;  // not the first task
     last_served_ = {task.qos_class, task.job};  // copied only on a switch
@@ -346,9 +346,9 @@ bool CpuEngine::RunSlice(uint64_t ticket, Queued& q) {
     idle_slices_.fetch_add(1, std::memory_order_relaxed);
   }
   slices_run_.fetch_add(1, std::memory_order_relaxed);
-  const int64_t start = shm::NowNanos();
+  const int64_t start = clock_->NowNanos();
   RunRange(task, &pool_, q.next, end);
-  q.exec_ns += static_cast<uint64_t>(shm::NowNanos() - start);
+  q.exec_ns += static_cast<uint64_t>(clock_->NowNanos() - start);
   if (idle) {
     pool_.SetWorkersIdle(false);
     cpu::ThreadPool::SetIdle(0, false);
@@ -371,7 +371,7 @@ bool CpuEngine::AwaitQuietGap(int qos_class, int64_t now) {
   bool waited = false;
   const int64_t give_up = now + kMaxYieldNs;
   for (int64_t t = now; BetterClassActive(qos_class, t, kQuietGapNs) && t < give_up;
-       t = shm::NowNanos()) {
+       t = clock_->NowNanos()) {
     for (int level = 0; level < ClassIndex(qos_class); ++level) {
       if (queued_by_class_[level].load(std::memory_order_relaxed) > 0) return false;
     }

@@ -47,6 +47,7 @@
 #include "daemon/engine/cpu/fair_queue.h"
 #include "daemon/engine/cpu/thread_pool.h"
 #include "daemon/engine/engine.h"
+#include "daemon/util/clock.h"
 
 namespace hsdp {
 
@@ -67,8 +68,10 @@ class CpuEngine : public Engine {
   // run queued work; tasks run inline keep the caller's priority.
   // idle_lower_classes: see above; off when the process could not leave
   // SCHED_IDLE again (not root, no CAP_SYS_NICE), with a log line.
+  // clock: what the windows and gaps above are measured on (tests pass a
+  // FakeClock; null = Clock::Real()); task durations use it too.
   CpuEngine(int threads, uint64_t inline_max_bytes, uint64_t slice_bytes = kDefaultSliceBytes,
-            int bulk_nice = 0, bool idle_lower_classes = false);
+            int bulk_nice = 0, bool idle_lower_classes = false, const Clock* clock = nullptr);
   ~CpuEngine() override;
 
   absl::Status CreateGroup(const EngineGroupSpec&) override { return absl::OkStatus(); }
@@ -130,6 +133,7 @@ class CpuEngine : public Engine {
   // a better class's task is queued (it runs first).
   bool AwaitQuietGap(int qos_class, int64_t now);
 
+  const Clock* const clock_;
   const uint64_t inline_max_bytes_;
   const uint64_t slice_bytes_;
   const bool idle_lower_classes_;

@@ -24,6 +24,7 @@
 #include "bench_util.h"
 #include "hsdp/kernels/reduce_kernels.h"
 #include "daemon/engine/cpu/thread_pool.h"
+#include "daemon/util/clock.h"
 #include "gtest/gtest.h"
 
 namespace hsdp {
@@ -655,8 +656,11 @@ std::vector<std::string> ThreadsNamed(const std::string& name) {
 }
 
 TEST(CpuEngineQosTest, ALowerClassComputesInIdleTimeWhileAHigherOneIsActive) {
+  // Time is the engine's clock, moved 1 us by every read: the windows below
+  // are counted in the engine's own reads, not in how fast this machine is.
+  FakeClock clock(/*start_ns=*/1'000'000'000, /*step_per_read_ns=*/1'000);
   CpuEngine engine(2, /*inline_max_bytes=*/4096, /*slice_bytes=*/64 << 10, /*bulk_nice=*/0,
-                   /*idle_lower_classes=*/true);
+                   /*idle_lower_classes=*/true, &clock);
   if (!engine.idle_lower_classes()) GTEST_SKIP() << "this process cannot leave SCHED_IDLE";
   const uint64_t count = 16 * (64 << 10) / 4;  // 16 slices
   std::vector<float> low, high;
@@ -671,52 +675,36 @@ TEST(CpuEngineQosTest, ALowerClassComputesInIdleTimeWhileAHigherOneIsActive) {
   // Alone: no slice yields.
   EXPECT_EQ(run(BigAllReduce(&low, count, "batch", /*qos_class=*/6)), SCHED_OTHER);
   EXPECT_EQ(engine.idle_slices(), 0u);
-  // A higher class's small (inline) op ran just now: the lower class's
-  // slices compute in SCHED_IDLE, and the executor is back in SCHED_OTHER
-  // before it reports (the completion takes locks others share).
-  // A loaded machine (or ThreadSanitizer) may start the lower class's first
-  // slice after the higher class's window closed: up to 20 attempts, each
-  // correct and back in SCHED_OTHER, at least one with slices in SCHED_IDLE
-  // (an engine that never yields fails all 20).
-  bool yielded = false;
-  for (int attempt = 0; attempt < 20 && !yielded; ++attempt) {
-    run(BigAllReduce(&high, 16, "urgent", /*qos_class=*/1));
-    const uint64_t before = engine.slices_run();
-    const uint64_t idle_before = engine.idle_slices();
-    EXPECT_EQ(run(BigAllReduce(&low, count, "batch", 6)), SCHED_OTHER);
-    ExpectAllReduced(low, count);
-    EXPECT_LE(engine.idle_slices() - idle_before, engine.slices_run() - before);
-    yielded = engine.idle_slices() > idle_before;
-  }
-  EXPECT_TRUE(yielded) << "no slice of the lower class ran in SCHED_IDLE in 20 attempts";
+  EXPECT_EQ(engine.yield_waits(), 0u);
+  // A higher class's small (inline) op ran just now: each of the lower
+  // class's 16 slices computes in SCHED_IDLE (a few reads each, far inside
+  // the window), the first after waiting for the quiet gap, and the executor
+  // is back in SCHED_OTHER before it reports (the completion takes locks
+  // others share).
+  run(BigAllReduce(&high, 16, "urgent", /*qos_class=*/1));
+  const uint64_t before = engine.slices_run();
+  EXPECT_EQ(run(BigAllReduce(&low, count, "batch", 6)), SCHED_OTHER);
+  ExpectAllReduced(low, count);
+  EXPECT_EQ(engine.slices_run() - before, 16u);
+  EXPECT_EQ(engine.idle_slices(), 16u);
+  EXPECT_EQ(engine.yield_waits(), 1u);
   // The same class, or a lower one, never makes a task yield.
-  const uint64_t idle = engine.idle_slices();
   run(BigAllReduce(&high, 16, "other-batch", 6));
   run(BigAllReduce(&high, 16, "bulk", 7));
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // class 1's window is over
+  clock.Advance(CpuEngine::kSharedWindowNs);  // class 1's window is over
   run(BigAllReduce(&low, count, "batch", 6));
-  EXPECT_EQ(engine.idle_slices(), idle);
+  EXPECT_EQ(engine.idle_slices(), 16u);
+  EXPECT_EQ(engine.yield_waits(), 1u);
   engine.Shutdown();
 }
 
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define HSDP_UNDER_TSAN 1
-#endif
-#endif
-#if defined(__SANITIZE_THREAD__)
-#define HSDP_UNDER_TSAN 1
-#endif
-
 TEST(CpuEngineQosTest, ALowerClassWaitsInSchedIdleWhileAHigherOneKeepsLaunchingButIsNotStarved) {
-#ifdef HSDP_UNDER_TSAN
-  // The loop below must launch class 1 more often than every kQuietGapNs
-  // (200 us) while it also reads /proc; under ThreadSanitizer one pass takes
-  // longer, the slices find their gap, and the test would test nothing
-  // (the normal build runs it; the other QoS tests run here too).
-  GTEST_SKIP() << "timing: class 1's launch loop is slower than the 200 us gap under TSan";
-#endif
-  CpuEngine engine(2, 4096, /*slice_bytes=*/64 << 10, 0, /*idle_lower_classes=*/true);
+  // The engine's clock moves 5 us with every read (the launches below, the
+  // waiting slice's polls): the quiet gap (200 us) is 40 reads without a
+  // launch, the bound on a wait (5 ms) 1000 reads, whatever the speed of
+  // this machine or ThreadSanitizer's.
+  FakeClock clock(/*start_ns=*/1'000'000'000, /*step_per_read_ns=*/5'000);
+  CpuEngine engine(2, 4096, /*slice_bytes=*/64 << 10, 0, /*idle_lower_classes=*/true, &clock);
   if (!engine.idle_lower_classes()) GTEST_SKIP() << "this process cannot leave SCHED_IDLE";
   // Each thread names itself once running: wait (bounded) for both names.
   std::vector<std::string> engine_tids, pool_tids;
@@ -732,11 +720,10 @@ TEST(CpuEngineQosTest, ALowerClassWaitsInSchedIdleWhileAHigherOneKeepsLaunchingB
   EXPECT_EQ(PolicyOf(engine_tids[0]), SCHED_OTHER);
   // A low-class task of 16 slices while class 1 launches small ops without
   // a pause: its slices wait for a quiet gap that never comes, each at most
-  // kMaxYieldNs, so it still ends (16 x 5 ms); both engine threads are seen
-  // in SCHED_IDLE meanwhile. "Without a pause" is up to the scheduler: on a
-  // loaded machine (ctest runs tests side by side) this thread can be off
-  // its CPU for the whole task, and a slice starting in such a gap rightly
-  // does not wait. So every attempt must end (no starvation) with the
+  // kMaxYieldNs, so it still ends; both engine threads are seen in
+  // SCHED_IDLE meanwhile. "Without a pause" is still up to the scheduler:
+  // this thread can be off its CPU for 40 of the waiting slice's polls
+  // (2 ms), and a slice starting in such a gap rightly does not wait. So every attempt must end (no starvation) with the
   // threads back in SCHED_OTHER, and at least one of 30 attempts must show
   // the waits and both threads in SCHED_IDLE; an engine that never waits
   // fails all 30.
