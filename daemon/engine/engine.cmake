@@ -48,19 +48,19 @@ add_library(hsdp_engine STATIC
   ${CMAKE_CURRENT_LIST_DIR}/cpu/fair_queue.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu/partial_reduce.cc
   ${CMAKE_CURRENT_LIST_DIR}/cpu/thread_pool.cc
-  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_all_gather.cc
-  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_all_reduce.cc
-  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_all_to_all.cc
-  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_broadcast.cc
-  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_ops.cc
-  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_reduce_scatter.cc
-  ${CMAKE_CURRENT_LIST_DIR}/cluster/cross_node_task.cc
-  ${CMAKE_CURRENT_LIST_DIR}/cluster/fake_transport.cc
-  ${CMAKE_CURRENT_LIST_DIR}/cluster/hierarchical_dependencies.cc
-  ${CMAKE_CURRENT_LIST_DIR}/cluster/hierarchical_engine.cc
-  ${CMAKE_CURRENT_LIST_DIR}/cluster/hierarchical_links.cc
-  ${CMAKE_CURRENT_LIST_DIR}/cluster/node_transport.cc
-  ${CMAKE_CURRENT_LIST_DIR}/cluster/sidecar.cc)
+  ${CMAKE_CURRENT_LIST_DIR}/crossnode/cross_node_all_gather.cc
+  ${CMAKE_CURRENT_LIST_DIR}/crossnode/cross_node_all_reduce.cc
+  ${CMAKE_CURRENT_LIST_DIR}/crossnode/cross_node_all_to_all.cc
+  ${CMAKE_CURRENT_LIST_DIR}/crossnode/cross_node_broadcast.cc
+  ${CMAKE_CURRENT_LIST_DIR}/crossnode/cross_node_ops.cc
+  ${CMAKE_CURRENT_LIST_DIR}/crossnode/cross_node_reduce_scatter.cc
+  ${CMAKE_CURRENT_LIST_DIR}/crossnode/cross_node_task.cc
+  ${CMAKE_CURRENT_LIST_DIR}/crossnode/fake_transport.cc
+  ${CMAKE_CURRENT_LIST_DIR}/crossnode/hierarchical_dependencies.cc
+  ${CMAKE_CURRENT_LIST_DIR}/crossnode/hierarchical_engine.cc
+  ${CMAKE_CURRENT_LIST_DIR}/crossnode/hierarchical_links.cc
+  ${CMAKE_CURRENT_LIST_DIR}/crossnode/node_transport.cc
+  ${CMAKE_CURRENT_LIST_DIR}/crossnode/sidecar.cc)
 target_link_libraries(hsdp_engine PUBLIC hsdp_engine_api hsdp_device_engine hsdp_cpu_kernels
   hsdp_config hsdp_util absl::synchronization absl::strings)
 if(NOT HSDP_SANITIZE)  # as the kernels (kernels.cmake)
@@ -72,7 +72,7 @@ endif()
 if(HSDP_GLOO_ENABLED)
   # gloo_peer_name.cc interposes one Gloo function (see its header): it must
   # end up in the executable, which a static library linked there does.
-  add_library(hsdp_engine_gloo STATIC ${CMAKE_CURRENT_LIST_DIR}/cluster/gloo_transport.cc
-    ${CMAKE_CURRENT_LIST_DIR}/cluster/gloo_peer_name.cc)
+  add_library(hsdp_engine_gloo STATIC ${CMAKE_CURRENT_LIST_DIR}/crossnode/gloo_transport.cc
+    ${CMAKE_CURRENT_LIST_DIR}/crossnode/gloo_peer_name.cc)
   target_link_libraries(hsdp_engine_gloo PUBLIC hsdp_engine gloo ${CMAKE_DL_LIBS})
 endif()

@@ -10,8 +10,8 @@
 
 #if HSDP_HAVE_CLUSTER_ENGINE
 #include "daemon/cluster/gloo_store.h"
-#include "daemon/engine/cluster/gloo_transport.h"
-#include "daemon/engine/cluster/hierarchical_engine.h"
+#include "daemon/engine/crossnode/gloo_transport.h"
+#include "daemon/engine/crossnode/hierarchical_engine.h"
 #endif
 
 namespace hsdp {

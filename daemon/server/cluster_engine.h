@@ -1,5 +1,5 @@
 // The engine of a daemon in a cluster: the node's own engine wrapped in the
-// hierarchical cross-node engine (daemon/engine/cluster/), whose links are
+// hierarchical cross-node engine (daemon/engine/crossnode/), whose links are
 // Gloo over TCP on cluster.data_address (the listen host by default) and
 // rendezvous through the coordinator's key/value store (GlooStore), with
 // engine.threads workers and timeouts.collective_ms per cross-node task.

@@ -12,7 +12,7 @@ target_link_libraries(hsdp_server PUBLIC hsdp_observability hsdp_cluster hsdp_jo
   hsdp_auth hsdp_config hsdp_util hsdp_proto hsdp_shm hsdp_common
   absl::synchronization absl::time absl::strings gRPC::grpc++)
 target_compile_definitions(hsdp_server PRIVATE HSDP_VERSION="${PROJECT_VERSION}")
-# The cross-node engine when this build has Gloo (daemon/engine/cluster/).
+# The cross-node engine when this build has Gloo (daemon/engine/crossnode/).
 if(HSDP_GLOO_ENABLED)
   target_link_libraries(hsdp_server PUBLIC hsdp_cluster_gloo)
   set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/cluster_engine.cc

@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
-#include "daemon/engine/cluster/gloo_transport.h"
-#include "daemon/engine/cluster/hierarchical_engine.h"
+#include "daemon/engine/crossnode/gloo_transport.h"
+#include "daemon/engine/crossnode/hierarchical_engine.h"
 #include "daemon/engine/cpu/cpu_engine.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"

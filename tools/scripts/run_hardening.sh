@@ -17,6 +17,9 @@
 #
 #   tools/scripts/run_hardening.sh            both
 #   tools/scripts/run_hardening.sh asan|tsan  one of them
+#   tools/scripts/run_hardening.sh build      only build both (run_tests.sh
+#                                             does it in the background while
+#                                             the main tests run)
 # Extra arguments after the mode go to ctest (e.g. -R kv_store).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -80,9 +83,13 @@ run_asan() {
   report_logs "$logs" || status=1
 }
 
+build_tsan() {
+  "$ROOT/tools/scripts/sanitizer_build.sh" tsan "${TSAN_TESTS[@]}" sanitizer_self_test hsdpd hsdpctl
+}
+
 run_tsan() {
   local start=$SECONDS
-  "$ROOT/tools/scripts/sanitizer_build.sh" tsan "${TSAN_TESTS[@]}" sanitizer_self_test hsdpd hsdpctl
+  build_tsan
   echo "run_hardening: build-tsan built in $(( SECONDS - start )) s"
   local logs="$TSAN_DIR/sanitizer-logs"
   rm -rf "$logs"
@@ -101,6 +108,7 @@ for m in $modes; do
   case "$m" in
     asan) run_asan ;;
     tsan) run_tsan ;;
+    build) "$ROOT/tools/scripts/sanitizer_build.sh" asan && build_tsan; exit $? ;;
     *) echo "run_hardening.sh: unknown mode $m (asan or tsan)" >&2; exit 2 ;;
   esac
 done
