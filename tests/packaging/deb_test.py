@@ -20,8 +20,14 @@ container: in a clean Debian container (debootstrap minbase, nothing added;
   a 2-rank C++ trainer (tests/packaging/trainer, linked to the packaged
   libhsdp_client.so) trains; `apt-get install` of the current package drains
   the old daemon (prerm), the new one starts, the trainer reconnects and
-  goes on training with every result right; purge removes /etc/hsdpd and
-  every file of the package.
+  goes on training with every result right; then the Python client: the
+  wheel (tools/scripts/build_wheel.sh) installs with pip into a clean venv
+  of the container's python3 (python3-venv from the mirror, nothing else;
+  torch, the tested 2.15.0, comes from the project's environment mounted
+  read-only where the trainer images mount it: PyPI's torch is a 3 GB CUDA
+  build, which the vfs storage driver would copy into the container), and
+  the demo (tools/demo/train_demo.py, FSDP2, 2 ranks) trains through the
+  packaged daemon; purge removes /etc/hsdpd and every file of the package.
 Exit 77 (skipped) where no engine can run (not root, no dockerd); with
 HSDP_REQUIRE_DOCKER=1 (.ci/run) a failure instead. Every wait is on a
 condition, bounded.
@@ -195,14 +201,26 @@ class Container(unittest.TestCase):
         shutil.rmtree(prefix)
         apt = [f"{os.path.join(cls.tmp, 'lists')}:/var/lib/apt/lists",
                f"{os.path.join(cls.tmp, 'archives')}:/var/cache/apt/archives"]
-        cls.mounts = ["-v", f"{debs}:/debs:ro", "-v", f"{cls.tmp}/t:/t:ro"]
+        # The Python client's wheel (a persistent CMake folder, shared with
+        # packaging.wheel: one compile), the demo, and torch's site-packages.
+        wheels = os.path.join(cls.tmp, "wheel")
+        run(["bash", os.path.join(SRC, "tools", "scripts", "build_wheel.sh"), wheels],
+            env=dict(os.environ, HSDP_BUILD_DIR=BUILD,
+                     HSDP_WHEEL_BUILD_DIR=os.path.join(BUILD, "wheel", "cmake")), timeout=1500)
+        cls.wheel = os.path.basename(
+            next(f for f in sorted(os.listdir(wheels)) if f.endswith(".whl")))
+        cls.mounts = ["-v", f"{debs}:/debs:ro", "-v", f"{cls.tmp}/t:/t:ro",
+                      "-v", f"{wheels}:/wheel:ro",
+                      "-v", f"{os.path.join(SRC, 'tools', 'demo')}:/demo:ro",
+                      "-v", f"{docker_images.torch_site(BUILD)}:{docker_images.TORCH_MOUNT}:ro"]
         for m in apt:
             os.makedirs(m.split(":")[0], exist_ok=True)
             cls.mounts += ["-v", m]
         # The dependencies, from the mirror (host network), into the shared
         # apt lists and archives; the test's container has no network.
         cls.dk("run", "--rm", "--network", "host", *cls.mounts, cls.image, "sh", "-c",
-               f"apt-get update -qq && apt-get install -qq -y --download-only /debs/{cls.new_deb}",
+               f"apt-get update -qq && apt-get install -qq -y --download-only /debs/{cls.new_deb} "
+               "python3-venv",
                timeout=900)
         cls.dk("run", "-d", "--name", cls.name, "--network", "none", *cls.mounts, cls.image,
                "sleep", "infinity")
@@ -268,12 +286,15 @@ class Container(unittest.TestCase):
         # The job reconnected and trains on the new daemon.
         wait_until(lambda: any(line.startswith("progress") and not line.endswith(" 0")
                                for line in self.trainer_log().splitlines()), 120,
-                   f"the job to train after reconnecting:\n{self.trainer_log()}")
+                   "the job to train after reconnecting",
+                   lambda: f"trainer:\n{self.trainer_log()[-1500:]}\nhsdpd:\n"
+                           f"{self.sh('cat /var/log/hsdpd.log').stdout[-3000:]}")
         self.sh("touch /tmp/stop")
         wait_until(lambda: self.sh("cat /tmp/trainer.rc 2>/dev/null || true").stdout.strip(),
                    120, "the trainer to finish")
         self.assertEqual(self.sh("cat /tmp/trainer.rc").stdout.strip(), "0", self.trainer_log())
         self.assertIn("trainer: OK", self.trainer_log())
+        self.wheel_trains_the_demo()
         # Purge: the running daemon is drained, every file goes.
         self.sh("touch /stop")
         self.sh("apt-get purge -y hsdpd", timeout=600)
@@ -284,6 +305,28 @@ class Container(unittest.TestCase):
                        "/usr/lib/cmake/hsdp /usr/lib/pkgconfig/hsdp.pc 2>/dev/null || true")
         self.assertEqual(left.stdout.strip(), "")
         self.assertNotIn("ii", self.sh("dpkg -l hsdpd 2>/dev/null | tail -n 1 || true").stdout)
+
+    def wheel_trains_the_demo(self):
+        """The wheel in a clean venv; the demo through the packaged daemon."""
+        self.sh("apt-get install -y python3-venv", timeout=600)
+        self.assertEqual(self.sh("ls /opt/venv 2>/dev/null || true").stdout.strip(), "")
+        # --system-site-packages: the mounted torch (and its numpy) is the
+        # system's; everything of hsdp comes from the wheel, offline.
+        self.sh("python3 -m venv --system-site-packages /opt/venv && "
+                f"/opt/venv/bin/pip install -q --no-index /wheel/{self.wheel}", timeout=600)
+        where = self.sh("cd / && /opt/venv/bin/python -c "
+                        "'import hsdp, hsdp.torch, torch; print(hsdp.__file__, torch.__version__)'"
+                        ).stdout.split()
+        self.assertTrue(where[0].startswith("/opt/venv/lib/python3.11/site-packages/hsdp/"),
+                        where)
+        self.assertEqual(self.sh("test -x /opt/venv/bin/hsdprun && echo yes").stdout.strip(),
+                         "yes")
+        r = self.sh("cd / && HSDPD_SOCKET=/run/hsdpd/hsdpd.sock /opt/venv/bin/python "
+                    "/demo/train_demo.py --mode fsdp2 --world 2 --steps 6", check=False,
+                    timeout=600)
+        self.assertEqual(r.returncode, 0, r.stdout[-4000:])
+        self.assertIn("FSDP2 fully_shard", r.stdout)
+        self.assertIn("loss ", r.stdout)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,17 @@ def run(argv, timeout=600, env=None, cwd=None):
     return r.stdout
 
 
-def wait_until(cond, timeout, what):
-    """Polls `cond` (10 ms apart) until it returns a true value; fails naming `what`."""
+def wait_until(cond, timeout, what, details=None):
+    """Polls `cond` (10 ms apart) until it returns a true value; fails naming
+    `what`, with `details()` (what to look at) when given."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         v = cond()
         if v:
             return v
         time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}"
+                         + (f"\n{details()}" if details else ""))
 
 
 NODE_YAML = """node:
