@@ -335,7 +335,7 @@ TEST_F(ClusterDatapathTest, ARestartedTrainerRejoinsTheGroupInTheNextEpoch) {
   EXPECT_THAT(second.output(), HasSubstr("EPOCH 2"));
 }
 
-// Node 1's daemon is killed and started again under its trainer (issue 23):
+// Node 1's daemon is killed and started again under its trainer:
 // the cluster sees node 1 lost and back; node 1's trainer reconnects by
 // itself (ClientOptions::reconnect) and creates the group again, node 0's
 // trainer, which never restarts, joins the group's next epoch; they run.

@@ -253,7 +253,7 @@ TEST(DeviceDaemonTest, ProducerEventOrdersTheCollectiveAndCompletionEventsAreRec
 // handing an address out again): with a new generation the daemon maps the
 // new memory even while the old allocation is still mapped for another
 // buffer. Data proves which memory the collective read.
-// Finding 8 of issue 20: completion events are one per ring slot, so the op
+// Completion events are one per ring slot, so the op
 // `ring_entries` later records the same event. WaitOnStream must enqueue the
 // stream wait before that op can be submitted, else the wait captures the
 // later op's record. The fake records the slot's event again (recorded
@@ -319,7 +319,7 @@ TEST(DeviceDaemonTest, CompletionSlotIsNotReusedBeforeTheStreamWaitIsEnqueued) {
   EXPECT_EQ(d.Stop(), 0);
 }
 
-// Finding 1 of issue 20 through a real hsdpd: a trainer's VMM fds are open
+// Through a real hsdpd: a trainer's VMM fds are open
 // files of one file (same inode, as the driver's are). A second allocation
 // registered without an allocation id must get its own mapping: the
 // collective reads the second allocation's data, not the first's.
@@ -374,7 +374,7 @@ TEST(DeviceDaemonTest, TwoVmmAllocationsSharingAnInodeStayApart) {
   EXPECT_EQ(d.Stop(), 0);
 }
 
-// Finding 6 of issue 20: each trainer numbers the GPUs the other way round
+// Each trainer numbers the GPUs the other way round
 // (as CUDA_VISIBLE_DEVICES=1,0 would) but sends the GPU's UUID: the daemon
 // uses its own ordinal for that UUID, so the data lands on the right
 // device; an unknown UUID is refused by name.

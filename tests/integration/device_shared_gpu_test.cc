@@ -1,6 +1,6 @@
 // Several trainers on one GPU through a real hsdpd on the fake device
 // (engine.device: fake; the fake NCCL refuses two ranks of a communicator on
-// one device, as NCCL does): the NCCL engine's intra-device plan (issue 20)
+// one device, as NCCL does): the NCCL engine's intra-device plan
 // reduces and copies between the trainers' buffers on the device itself.
 // Two trainers on device 0 run every collective; four run the HSDP
 // composite on a 2x2 mesh. This is also the shape a one-GPU machine uses to

@@ -1,4 +1,4 @@
-// hsdpctl drain and SIGHUP through a real hsdpd (issue 23). Drain: the daemon
+// hsdpctl drain and SIGHUP through a real hsdpd. Drain: the daemon
 // stops taking new work, lets the operations in flight finish (or fails them
 // after the timeout), tells its sessions why and exits 0, so a service
 // manager starts the new binary; attaching during the drain is refused with a

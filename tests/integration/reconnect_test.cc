@@ -1,5 +1,5 @@
 // The client reconnects by itself when its daemon comes back on the same
-// socket (issue 23): after SIGKILL and a restart, and after `hsdpctl drain`
+// socket: after SIGKILL and a restart, and after `hsdpctl drain`
 // and a restart, a training loop of two trainer processes keeps running with the Buffer and
 // Group values it had; only the operations in flight fail (UNAVAILABLE), the
 // loop retries its step after the ranks agree which one that is, and the

@@ -127,7 +127,7 @@ def test_share_spec_of_a_cuda_tensor_names_its_allocation_and_offset():
     assert len(handle) == 64
 
 
-# --- issue 20, finding 3: torch's 66-byte handle, handles per allocation,
+# --- torch's 66-byte handle, handles per allocation,
 # anchors, the CudaWork's lifetime and stream-wait order ----------------------
 
 def test_share_handle_of_torch_2_4_and_later_is_66_bytes():

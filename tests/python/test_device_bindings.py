@@ -91,8 +91,8 @@ def test_device_buffers_and_producer_event_through_the_bindings(fake_device_daem
         w.wait(30)
         assert struct.unpack_from("<4f", mem, 4096) == (1.5, 2.5, 3.5, 4.5)
         assert 1 <= w.completion_event_id <= len(events)
-        # wait_on_stream hands the completion event id to the callback (issue
-        # 20, finding 8: the stream wait is enqueued inside it); its error
+        # wait_on_stream hands the completion event id to the callback (the
+        # stream wait is enqueued inside it); its error
         # comes back as raised.
         seen = []
         w.wait_on_stream(seen.append, 30)
@@ -104,7 +104,7 @@ def test_device_buffers_and_producer_event_through_the_bindings(fake_device_daem
 
         with pytest.raises(ValueError, match="stream wait failed"):
             w2.wait_on_stream(boom, 30)
-        # The GPU named by UUID (finding 6): the fake daemon's GPU 0.
+        # The GPU named by UUID (trainers and the daemon may number GPUs differently): the fake daemon's GPU 0.
         uuid = b"hsdp-fake-gpu" + bytes([0, 0, 0])
         assert len(c.completion_events(5, device_uuid=uuid)) == len(events)
         with pytest.raises(InvalidArgument, match="GPU-5a5a5a5a"):

@@ -1,4 +1,4 @@
-"""A torch process group over hsdpd survives a restart of the daemon (issue 23).
+"""A torch process group over hsdpd survives a restart of the daemon.
 
 Two ranks all-reduce through the "hsdpd" backend; the test kills the daemon
 and starts a new one on the same socket; the ranks' next all-reduce fails

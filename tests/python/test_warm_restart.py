@@ -1,4 +1,4 @@
-"""Warm restart of a trainer (issue 23, $HSDP_WARM_RESTART=1): rank 1 of a two-rank torch job over
+"""Warm restart of a trainer ($HSDP_WARM_RESTART=1): rank 1 of a two-rank torch job over
 hsdpd dies in the middle of training; a new rank-1 process starts from its
 last checkpoint. The survivor keeps its process group: its failed step's
 error tells the backend the group's epoch ended, its retry of the step joins

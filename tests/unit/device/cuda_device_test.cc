@@ -293,7 +293,7 @@ EngineTask OneRankAllReduce(device::DevicePtr buf, uint64_t count, const std::st
   return t;
 }
 
-// Issue 27 (3, 4): work queued behind a producer that never finishes is
+// Work queued behind a producer that never finishes is
 // failed (abort, then the op timeout) without hanging the engine or poisoning
 // the context: the group's next epoch gets new communicators and runs, and
 // the held-back producer finishes normally once released.

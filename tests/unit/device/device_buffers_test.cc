@@ -98,7 +98,7 @@ TEST_F(DeviceBuffersTest, AFreedAndReusedAddressNeverHitsAStaleMapping) {
   EXPECT_EQ(dev_.imports(), 4);
 }
 
-// Finding 1 of issue 20: an exported cuMem fd is an open file of the
+// An exported cuMem fd is an open file of the
 // driver's control device, so every exported fd has the same (st_dev,
 // st_ino). The fake exports fds that way; two allocations of one session must
 // still get two mappings, and buffers of one allocation (the same open file)

@@ -59,7 +59,7 @@ TEST(FakeDeviceApiTest, AddressRangeAndFdExport) {
   EXPECT_FALSE(dev.Allocate(2, 16).ok());       // no such device
 }
 
-// Finding 9 (scratch half) of issue 20: memory nobody exports asks for no
+// Memory nobody exports asks for no
 // shareable handle type, so it still works where POSIX-fd handles are not
 // supported (the fake models such a device); only exportable allocations
 // need the support, and only they can be exported as an fd.
@@ -77,7 +77,7 @@ TEST(FakeDeviceApiTest, PrivateAllocationsNeedNoShareableHandleType) {
   EXPECT_TRUE(dev.ExportFd(*exportable).ok());
 }
 
-// Finding 6 of issue 20: a trainer's ordinal is not the daemon's
+// A trainer's ordinal is not the daemon's
 // (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER); the GPU's UUID is the same in
 // every process. ResolveDevice maps a UUID to the daemon's ordinal and
 // refuses an unknown one by name.
@@ -252,7 +252,7 @@ TEST(FakeDeviceApiTest, ReduceScalesCombinesAccumulatesAndCasts) {
   EXPECT_EQ(dev.faults(), 0);
 }
 
-// Finding 2 of issue 20: opening a legacy handle that is open already
+// Opening a legacy handle that is open already
 // returns the same pointer and counts a reference (cuIpcOpenMemHandle, CUDA
 // 13 cuda.h). The fake does the same; each open is its own mapping, and the
 // memory goes only with the last Unmap.

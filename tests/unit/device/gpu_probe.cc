@@ -4,12 +4,12 @@
 //
 //   * two cuMem allocations exported as POSIX fds: fstat (st_dev, st_ino,
 //     mode), the /proc/self/fd link, and whether kcmp(2) tells the open files
-//     apart (issue 20, finding 1: the inode names no allocation);
+//     apart (the inode names no allocation);
 //   * a legacy cudaIpcMemHandle opened twice by a child process: the same
-//     pointer? (finding 2: the driver counts references per handle); both
+//     pointer? (the driver counts references per handle); both
 //     closes succeed and the data reads back;
-//   * the device UUIDs (finding 6);
-//   * whether the device supports POSIX-fd handles (finding 9).
+//   * the device UUIDs;
+//   * whether the device supports POSIX-fd handles.
 // The child is this program run again with `--child <socket fd>`.
 #include <linux/kcmp.h>
 #include <spawn.h>
