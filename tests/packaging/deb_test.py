@@ -22,7 +22,8 @@ container: in a clean Debian container (debootstrap minbase, nothing added;
   the old daemon (prerm), the new one starts, the trainer reconnects and
   goes on training with every result right; then the Python client: the
   wheel (tools/scripts/build_wheel.sh) installs with pip into a clean venv
-  of the container's python3 (python3-venv from the mirror, nothing else;
+  of the container's python3 (the wheel packaging.wheel built, or built
+  here: pkg_util.the_wheel; python3-venv from the mirror, nothing else;
   torch, the tested 2.15.0, comes from the project's environment mounted
   read-only where the trainer images mount it: PyPI's torch is a 3 GB CUDA
   build, which the vfs storage driver would copy into the container), and
@@ -46,7 +47,7 @@ BUILD = os.path.abspath(sys.argv[3]) if len(sys.argv) > 3 else os.path.join(SRC,
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(SRC, "tools", "scripts"))
 from pkg_util import (build_deb, build_trainer, deb_field, install_tree, run,  # noqa: E402
-                      wait_until)
+                      the_wheel, wait_until)
 
 SKIP = 77
 REQUIRED = os.environ.get("HSDP_REQUIRE_DOCKER") == "1"
@@ -203,12 +204,11 @@ class Container(unittest.TestCase):
                f"{os.path.join(cls.tmp, 'archives')}:/var/cache/apt/archives"]
         # The Python client's wheel (a persistent CMake folder, shared with
         # packaging.wheel: one compile), the demo, and torch's site-packages.
+        wheel, _ = the_wheel(SRC, BUILD)
         wheels = os.path.join(cls.tmp, "wheel")
-        run(["bash", os.path.join(SRC, "tools", "scripts", "build_wheel.sh"), wheels],
-            env=dict(os.environ, HSDP_BUILD_DIR=BUILD,
-                     HSDP_WHEEL_BUILD_DIR=os.path.join(BUILD, "wheel", "cmake")), timeout=1500)
-        cls.wheel = os.path.basename(
-            next(f for f in sorted(os.listdir(wheels)) if f.endswith(".whl")))
+        os.makedirs(wheels)
+        shutil.copy2(wheel, wheels)
+        cls.wheel = os.path.basename(wheel)
         cls.mounts = ["-v", f"{debs}:/debs:ro", "-v", f"{cls.tmp}/t:/t:ro",
                       "-v", f"{wheels}:/wheel:ro",
                       "-v", f"{os.path.join(SRC, 'tools', 'demo')}:/demo:ro",

@@ -1,5 +1,6 @@
 """Helpers of the packaging tests (tests/packaging/): an install tree, a
 daemon started from it, waits on conditions (never sleeps)."""
+import glob
 import os
 import subprocess
 import time
@@ -101,3 +102,42 @@ def build_deb(src, build, out, version=None):
 
 def deb_field(deb, field):
     return run(["dpkg-deb", "-f", deb, field]).strip()
+
+
+# What the wheel is made from (python_client/pyproject.toml: the project's
+# CMake with HSDP_PYTHON_ONLY builds the client side only).
+WHEEL_INPUTS = ("CMakeLists.txt", "client", "proto", "python_client", "tests/sanitizers",
+                "tools/scripts/build_wheel.sh")
+
+
+def _newest_input(src):
+    newest = 0.0
+    for top in WHEEL_INPUTS:
+        path = os.path.join(src, top)
+        if os.path.isfile(path):
+            newest = max(newest, os.stat(path).st_mtime)
+        for dirpath, dirnames, names in os.walk(path):
+            dirnames[:] = [d for d in dirnames if d not in ("__pycache__", "build")]
+            for n in names:
+                newest = max(newest, os.stat(os.path.join(dirpath, n)).st_mtime)
+    return newest
+
+
+def the_wheel(src, build):
+    """The Python client's wheel of this checkout, BUILD/wheel/dist/hsdp-*.whl,
+    and how long building it took (0 when reused). Built with
+    tools/scripts/build_wheel.sh unless the one there is newer than every file
+    it is made from: packaging.wheel and packaging.deb_container both test it,
+    and a build is a full compile every time (pip's build isolation gives each
+    build a new temporary environment, so CMake's persistent folder is
+    configured anew)."""
+    dist = os.path.join(build, "wheel", "dist")
+    found = sorted(glob.glob(os.path.join(dist, "hsdp-*.whl")))
+    if len(found) == 1 and os.stat(found[0]).st_mtime > _newest_input(src):
+        return found[0], 0.0
+    start = time.monotonic()
+    out = run(["bash", os.path.join(src, "tools", "scripts", "build_wheel.sh"), dist],
+              env=dict(os.environ, HSDP_BUILD_DIR=build,
+                       HSDP_WHEEL_BUILD_DIR=os.path.join(build, "wheel", "cmake")),
+              timeout=1500)
+    return out.strip().splitlines()[-1], time.monotonic() - start

@@ -21,11 +21,14 @@ status=0
 # idle I/O class) while the main tests run: most of those tests wait on
 # daemons, containers and the network, and the compiler takes only the CPU
 # they leave; a test's own threads always go first (the CPU engine's
-# SCHED_IDLE slices share with it). Its output: build/hardening-build.log; the
+# SCHED_IDLE slices share with it). One compiler at a time: caches and
+# memory bandwidth are shared even when the CPU is not, and a run with
+# several idle-class compilers beside the tests took about twice as long in
+# its Python and torch suites. Its output: build/hardening-build.log; the
 # hardening step builds again whatever it did not finish (and shows errors).
 prebuild_pid=""
 if [ $# -eq 0 ] && [ "${HSDP_HARDENING:-1}" != 0 ]; then
-  setsid chrt --idle 0 ionice -c 3 "$ROOT/tools/scripts/run_hardening.sh" build \
+  HSDP_JOBS=1 setsid chrt --idle 0 ionice -c 3 "$ROOT/tools/scripts/run_hardening.sh" build \
     >"$BUILD_DIR/hardening-build.log" 2>&1 &
   prebuild_pid=$!
   trap '[ -n "$prebuild_pid" ] && kill -- "-$prebuild_pid" 2>/dev/null; true' EXIT

@@ -2,8 +2,10 @@
 """packaging.wheel: the pip wheel of python_client/ trains the demo from a fresh venv.
 
 1. Builds the wheel with tools/scripts/build_wheel.sh (scikit-build-core and
-   pybind11 from the project's wheel cache; a persistent CMake folder under
-   the build folder, so a rerun rebuilds only what changed).
+   pybind11 from the project's wheel cache) into BUILD/wheel/dist, or takes
+   the one there when it is newer than every file it is made from
+   (tests/packaging/pkg_util.py the_wheel: packaging.deb_container tests the
+   same wheel, and a build is a full compile each time).
 2. Checks the wheel: its name and tag, hsdp/ and hsdp/_hsdp*.so, the entry
    points, and the extension's ABI (docs/packaging.md): what it links (no
    libtorch, no libpython), every library found, exports PyInit__hsdp only.
@@ -271,14 +273,10 @@ def main():
         if args.wheel:
             whl = os.path.abspath(args.wheel)
         else:
-            dist_dir = os.path.join(tmp, "dist")
-            p, dt = run(["bash", os.path.join(source, "tools", "scripts", "build_wheel.sh"),
-                         dist_dir],
-                        env=dict(os.environ, HSDP_BUILD_DIR=build,
-                                 HSDP_WHEEL_BUILD_DIR=os.path.join(build, "wheel", "cmake")),
-                        timeout=1500)
-            whl = p.stdout.strip().splitlines()[-1]
-            log(f"wheel built in {dt:.0f} s")
+            sys.path.insert(0, os.path.join(source, "tests", "packaging"))
+            from pkg_util import the_wheel
+            whl, dt = the_wheel(source, build)
+            log(f"wheel built in {dt:.0f} s" if dt else f"wheel of this checkout: {whl}")
         check_wheel(whl, version)
         venv, py, site = venv_with_wheel(tmp, whl, cache, args.torch, args.test_python, source)
         check_abi(os.path.join(site, "hsdp", "_hsdp.cpython-311-x86_64-linux-gnu.so"))
