@@ -14,7 +14,9 @@ add_library(hsdp_nccl_engine STATIC
   ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_engine_gate.cc
   ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_engine_shared.cc
   ${CMAKE_CURRENT_LIST_DIR}/nccl/nccl_engine_issue.cc
-  ${CMAKE_CURRENT_LIST_DIR}/nccl/reduce_plan.cc)
+  ${CMAKE_CURRENT_LIST_DIR}/nccl/producer_gate.cc
+  ${CMAKE_CURRENT_LIST_DIR}/nccl/reduce_plan.cc
+  ${CMAKE_CURRENT_LIST_DIR}/nccl/shared_device_plan.cc)
 target_include_directories(hsdp_nccl_engine PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(hsdp_nccl_engine PUBLIC hsdp_engine_api hsdp_device hsdp_shm hsdp_common
   absl::time absl::strings absl::status)

@@ -21,7 +21,7 @@ constexpr size_t kMaxRememberedTickets = 4096;
 }  // namespace
 
 NcclEngine::NcclEngine(device::DeviceApi* dev, Collectives* coll, NcclEngineOptions options)
-    : dev_(dev), coll_(coll), options_(options) {
+    : dev_(dev), coll_(coll), options_(options), gate_(dev, options_.op_timeout) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -170,7 +170,7 @@ void NcclEngine::Loop() {
     {
       std::unique_lock<std::mutex> l(mu_);
       if (queue_.empty() && control_.empty()) {
-        if (running_.empty() && gated_.empty() && draining_.empty()) {
+        if (running_.empty() && gate_.empty() && draining_.empty()) {
           if (stopping_) break;
           cv_.wait(l, [&] { return stopping_ || !queue_.empty() || !control_.empty(); });
         } else if (absl::Now() - last_progress < options_.spin_window) {
@@ -184,17 +184,17 @@ void NcclEngine::Loop() {
       controls.swap(control_);
       tasks.swap(queue_);
     }
-    const size_t in_flight = running_.size() + gated_.size();
+    const size_t in_flight = running_.size() + gate_.groups();
     if (!tasks.empty()) last_progress = absl::Now();
     // New tasks enter the gate first, so an Abort that came with them finds
     // them; controls run before anything is issued, so a CreateGroup queued
     // before a Launch is seen by it.
-    for (Queued& q : tasks) Gate(std::move(q));
+    for (Queued& q : tasks) gate_.Add(std::move(q));
     for (const Control& c : controls) RunControl(c);
     ReleaseGated();
     Poll();
     PollDraining();
-    if (running_.size() + gated_.size() < in_flight + tasks.size()) last_progress = absl::Now();
+    if (running_.size() + gate_.groups() < in_flight + tasks.size()) last_progress = absl::Now();
   }
   // Stopped and drained: release everything (device memory only once the
   // work that may touch it has passed, with a bound).

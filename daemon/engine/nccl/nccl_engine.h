@@ -50,7 +50,12 @@
 //
 // Files: nccl_engine.cc (lifecycle, polling, failure), nccl_engine_issue.cc
 // (communicator sets, streams, issuing a task), nccl_engine_gate.cc (the
-// producer gate, draining failed work).
+// engine's side of the producer gate, draining failed work),
+// nccl_engine_shared.cc (issuing a task whose members share GPUs). Classes of
+// their own: ProducerGate (producer_gate.h: holding a task back until its
+// producer events completed and its dependencies finished, its abort and
+// deadline) and SharedDevicePlan (shared_device_plan.h: which members share a
+// device, what runs within a device and what through NCCL).
 //
 // Threads: one engine thread issues every library call (so group calls are
 // never interleaved) and polls in-flight work every `poll_interval`. Launch,
@@ -77,6 +82,7 @@
 #include "daemon/device/device_api.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/nccl/collectives_api.h"
+#include "daemon/engine/nccl/producer_gate.h"
 #include "daemon/engine/nccl/reduce_plan.h"
 
 namespace hsdp::nccl {
@@ -148,12 +154,7 @@ class NcclEngine : public Engine {
  private:
   struct CommSet;
   struct Running;
-  struct Queued {
-    uint64_t ticket;
-    EngineTask task;
-    EngineCallbacks cb;
-    absl::Time deadline;  // launch + op_timeout
-  };
+  using Queued = QueuedTask;
   struct Control {  // CreateGroup / DestroyGroup / Abort, run on the engine thread
     enum Kind { kCreate, kDestroy, kAbort } kind;
     EngineGroupSpec spec;
@@ -171,7 +172,6 @@ class NcclEngine : public Engine {
   // `shared`): nccl_engine_shared.cc.
   absl::Status IssueShared(const EngineTask& t, Running& run,
                            const std::vector<device::StreamHandle>& streams);
-  static bool FusableInPlace(const EngineTask& t, uint64_t block_bytes, bool rs);
   // One group call of `calls` (each issues one rank's NCCL calls), then the
   // wait until the communicators left the in-progress state; on failure the
   // set is failed (aborted).
@@ -190,14 +190,16 @@ class NcclEngine : public Engine {
   // bound, when `final`).
   void FreeRetired(bool final);
   void Poll();
-  // The producer gate (nccl_engine_gate.cc): a task is issued only once the
-  // producer events of its members completed and no task it depends on is
-  // still gated, in launch order per group; nothing is ever enqueued behind
-  // an event that may never fire. Gate() queues, ReleaseGated() issues what
-  // is ready and fails what waited past its deadline, AbortGated() drops one.
-  void Gate(Queued q);
+  // The producer gate (gate_, producer_gate.h; nccl_engine_gate.cc): a task
+  // is issued only once the producer events of its members completed and no
+  // task it depends on is still gated or running, in launch order per group;
+  // nothing is ever enqueued behind an event that may never fire.
+  // ReleaseGated() issues what is ready and fails what waited past its
+  // deadline, AbortGated() drops one; FailUnissued() completes a task that
+  // never reached the device.
   void ReleaseGated();
   bool AbortGated(uint64_t ticket, const absl::Status& why);
+  void FailUnissued(Queued q, const absl::Status& why);
   // A failed task completes (its callbacks release the mappings and buffers
   // it used) only once the device passed its work — its completion events,
   // recorded behind all of it, are done — or after shutdown_grace.
@@ -231,8 +233,7 @@ class NcclEngine : public Engine {
   std::map<std::string, std::shared_ptr<CommSet>> sets_;   // by set key
   std::map<std::string, EngineGroupSpec> groups_;          // by group key
   std::map<uint64_t, std::unique_ptr<Running>> running_;   // by ticket
-  std::map<std::string, std::deque<Queued>> gated_;        // by group key, launch order
-  std::set<uint64_t> gated_tickets_;
+  ProducerGate gate_;
   struct Draining {
     std::unique_ptr<Running> run;
     absl::Status status;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/engine/nccl/nccl_engine_state.h"
+#include "daemon/engine/nccl/shared_device_plan.h"
 #include "hsdp/common/logging.h"
 #include "hsdp/common/status_macros.h"
 #include "hsdp/shm/doorbell.h"
@@ -66,16 +67,10 @@ absl::StatusOr<std::shared_ptr<NcclEngine::CommSet>> NcclEngine::CommsFor(const 
   if (all_local) {
     // One NCCL rank per device, in order of first appearance; members that
     // share a device share its communicator (and its intra-device plan).
-    for (size_t i = 0; i < t.members.size(); ++i) {
-      const int d = t.members[i].send.device;
-      auto pos = std::find(comm_devices.begin(), comm_devices.end(), d);
-      if (pos == comm_devices.end()) {
-        nccl_ranks.push_back(static_cast<int>(comm_devices.size()));
-        comm_devices.push_back(d);
-        pos = comm_devices.end() - 1;
-      }
-      comm_of[i] = static_cast<int>(pos - comm_devices.begin());
-    }
+    SharedDevicePlan::Ranks assigned = SharedDevicePlan::AssignRanks(devices);
+    comm_of = std::move(assigned.comm_of);
+    comm_devices = std::move(assigned.devices);
+    for (size_t c = 0; c < comm_devices.size(); ++c) nccl_ranks.push_back(static_cast<int>(c));
   } else {
     for (size_t i = 0; i < t.members.size(); ++i) {
       if (!t.members[i].local) continue;
@@ -283,7 +278,7 @@ absl::Status NcclEngine::IssueOrError(Queued& q, Running& run) {
       }
     }
     // The producer event completed before the task left the gate
-    // (nccl_engine_gate.cc); no stream waits on it: a wait would capture the
+    // (producer_gate.h); no stream waits on it: a wait would capture the
     // trainer's next record of the event if it came meanwhile.
     for (device::EventHandle e : dep_events[d]) RETURN_IF_ERROR(dev_->StreamWaitEvent(streams[r], e));
   }

@@ -12,6 +12,7 @@
 
 #include "absl/time/time.h"
 #include "daemon/config/priority_classes.h"
+#include "daemon/engine/nccl/collective_name.h"
 #include "daemon/engine/nccl/nccl_engine.h"
 
 namespace hsdp::nccl {
@@ -32,17 +33,6 @@ inline bool HighPriority(const EngineTask& t) {
   if (t.qos_class > kDefault) return false;
   return t.priority < 0 || t.collective == Collective::kAllGather ||
          t.collective == Collective::kReduceScatter;
-}
-inline const char* CollName(Collective c) {
-  switch (c) {
-    case Collective::kAllReduce: return "all-reduce";
-    case Collective::kAllGather: return "all-gather";
-    case Collective::kReduceScatter: return "reduce-scatter";
-    case Collective::kBroadcast: return "broadcast";
-    case Collective::kBarrier: return "barrier";
-    case Collective::kAllToAll: return "all-to-all";
-    default: return "unsupported collective";
-  }
 }
 
 struct NcclEngine::CommSet {
