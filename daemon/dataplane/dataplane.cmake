@@ -8,6 +8,8 @@ add_library(hsdp_dataplane STATIC
   ${CMAKE_CURRENT_LIST_DIR}/group_p2p.cc
   ${CMAKE_CURRENT_LIST_DIR}/group_pipeline.cc
   ${CMAKE_CURRENT_LIST_DIR}/group_timeouts.cc
+  ${CMAKE_CURRENT_LIST_DIR}/op_deadlines.cc
+  ${CMAKE_CURRENT_LIST_DIR}/op_matcher.cc
   ${CMAKE_CURRENT_LIST_DIR}/small_op_arena.cc
   ${CMAKE_CURRENT_LIST_DIR}/validate.cc)
 target_include_directories(hsdp_dataplane PUBLIC ${PROJECT_SOURCE_DIR})

@@ -1,9 +1,10 @@
 // Group: construction, and the members' submissions of collectives matched per
-// (epoch, sequence number): each is checked against the epoch, the sequence
-// window and the queue bound, then an operation's submissions against each
-// other (agreement.h); the operation is ready when every local member's is in.
-// Also the descriptions that name an operation in errors, one operation failing
-// (remembered for late arrivals), who arrived last (RankWait), and the stats.
+// (epoch, sequence number): each is checked against the epoch, then against
+// the sequence window and the queue bound (OpMatcher, op_matcher.h), then an
+// operation's submissions against each other (agreement.h); the operation is
+// ready when every local member's is in. Also the descriptions that name an
+// operation in errors, one operation failing (counted; OpMatcher remembers it
+// for late arrivals), who arrived last (RankWait), and the stats.
 // The rest of Group: group.h lists its files (same class, same locking rules).
 #include "daemon/dataplane/group.h"
 
@@ -20,7 +21,6 @@
 namespace hsdp {
 namespace {
 
-constexpr size_t kMaxRememberedFailures = 4096;
 constexpr size_t kMaxListedRanks = 16;
 
 // "[0, 1, 2]", or the first kMaxListedRanks and a count of the rest, so a
@@ -30,6 +30,15 @@ std::string ListRanks(const std::vector<int>& ranks) {
   std::vector<int> head(ranks.begin(), ranks.begin() + kMaxListedRanks);
   return absl::StrCat("[", absl::StrJoin(head, ", "), ", ... (", ranks.size() - kMaxListedRanks,
                       " more)]");
+}
+
+// How many of the group's members this daemon hosts (as local_ranks_ counts them).
+int LocalMembers(const GroupSpec& spec) {
+  int n = 0;
+  for (size_t r = 0; r < spec.ranks.size(); ++r) {
+    if (spec.nodes.empty() || spec.nodes[r] == spec.this_node) ++n;
+  }
+  return n;
 }
 
 }  // namespace
@@ -44,7 +53,10 @@ Group::Group(GroupSpec spec, Engine* engine, GroupLookup lookup)
       job_{spec_.owner_uid, spec_.job_id},
       job_encoded_(job_.Encoded()),
       engine_(engine),
-      lookup_(std::move(lookup)) {
+      lookup_(std::move(lookup)),
+      deadlines_(spec_.timeout_ns),
+      matcher_(spec_.id, LocalMembers(spec_), spec_.max_pending,
+               std::max<uint32_t>(1, spec_.first_epoch)) {
   const int n = size();
   local_index_.assign(n, -1);
   for (int r = 0; r < n; ++r) {
@@ -125,8 +137,7 @@ void Group::Arrive(int group_rank, Arrival arrival) {
     const bool local = IsLocal(group_rank);
     const bool next_epoch_queue = local && !epoch_failure_.ok() && epoch == epoch_ + 1 &&
                                   joined_epoch_[group_rank] == epoch_ + 1;
-    const bool runnable_slot = epoch == epoch_ && epoch_failure_.ok() && seq >= next_run_ &&
-                               seq <= next_run_ + spec_.max_pending;
+    const bool runnable_slot = epoch_failure_.ok() && matcher_.InWindow(epoch, seq);
     if (!local) {
       reject_one(absl::InvalidArgumentError(
           absl::StrCat("group_id: group rank ", group_rank, " is not on this node")));
@@ -143,57 +154,44 @@ void Group::Arrive(int group_rank, Arrival arrival) {
       reject_one(absl::InvalidArgumentError(absl::StrCat(
           "epoch: ", epoch, " is not an epoch group ", spec_.id, " can run (current ", epoch_,
           epoch_failure_.ok() ? ")" : ", failed; join the group again first)")));
-    } else if (epoch == epoch_ && failed_.count(seq) > 0) {
-      reject_one(failed_.at(seq));
-    } else if (seq == 0 || (epoch == epoch_ && seq < next_run_)) {
-      reject_one(absl::InvalidArgumentError(absl::StrCat(
-          "seq: ", seq, " in group ", spec_.id, " already ran (next is ", next_run_, ")")));
-    } else if (seq > (epoch == epoch_ ? next_run_ : 1) + spec_.max_pending) {
-      reject_one(absl::InvalidArgumentError(
-          absl::StrCat("seq: ", seq, " in group ", spec_.id, " is more than ", spec_.max_pending,
-                       " operations ahead of the next one to run")));
-    } else if (pending_.count({epoch, seq}) == 0 && pending_.size() >= spec_.max_pending) {
-      reject_one(absl::ResourceExhaustedError(
-          absl::StrCat("group ", spec_.id, " already has ", pending_.size(),
-                       " operations waiting for members (limits.max_pending_ops)")));
+    } else if (absl::Status slot = matcher_.Check(epoch, seq); !slot.ok()) {
+      reject_one(std::move(slot));
     } else {
-      PendingOp& op = pending_[{epoch, seq}];
-      if (op.seq == 0) {
-        op.epoch = epoch;
-        op.seq = seq;
-        op.first_ns = arrival.first_ns;
-      }
-      const int li = local_index_[group_rank];
-      if (op.arrivals.count(li) > 0) {
-        reject_one(absl::InvalidArgumentError(absl::StrCat("seq: rank ", spec_.ranks[group_rank],
-                                                           " submitted seq ", seq, " of group ",
-                                                           spec_.id, " twice")));
-      } else if (!arrival.rejected.ok()) {
-        // An invalid submission fails the operation for every member.
-        const absl::Status rejected = arrival.rejected;
-        const bool first_phase_failed = arrival.phase2;  // its only way to be rejected
-        op.arrivals[li] = std::move(arrival);            // so Describe names its collective
-        const absl::Status s =
-            first_phase_failed
-                ? rejected
-                : absl::Status(rejected.code(),
-                               absl::StrCat(Describe(op), ": rank ", spec_.ranks[group_rank],
-                                            "'s submission was rejected: ", rejected.message()));
-        to_fail = FailLocked({epoch, seq}, s);
-        fail_status = s;
-      } else {
-        op.first_ns = std::min(op.first_ns, arrival.first_ns);
-        op.arrivals[li] = std::move(arrival);
-        if (++op.arrived == static_cast<int>(local_ranks_.size())) {
-          if (std::string why = MembersDisagree(op.arrivals, local_ranks_, spec_.ranks);
+      // Read before Add moves the arrival into the operation.
+      const absl::Status rejected = arrival.rejected;
+      const bool first_phase_failed = arrival.phase2;  // its only way to be rejected
+      const PendingOp* op = nullptr;
+      switch (matcher_.Add(local_index_[group_rank], arrival, &op)) {
+        case OpMatcher::Added::kDuplicate:
+          reject_one(absl::InvalidArgumentError(absl::StrCat("seq: rank ", spec_.ranks[group_rank],
+                                                             " submitted seq ", seq, " of group ",
+                                                             spec_.id, " twice")));
+          break;
+        case OpMatcher::Added::kRejected: {
+          // An invalid submission fails the operation for every member (it
+          // is in the operation, so Describe names its collective).
+          const absl::Status s =
+              first_phase_failed
+                  ? rejected
+                  : absl::Status(rejected.code(),
+                                 absl::StrCat(Describe(*op), ": rank ", spec_.ranks[group_rank],
+                                              "'s submission was rejected: ", rejected.message()));
+          to_fail = FailLocked({epoch, seq}, s);
+          fail_status = s;
+          break;
+        }
+        case OpMatcher::Added::kAllArrived:
+          if (std::string why = MembersDisagree(op->arrivals, local_ranks_, spec_.ranks);
               !why.empty()) {
-            fail_status = absl::InvalidArgumentError(absl::StrCat(Describe(op), ": ", why));
+            fail_status = absl::InvalidArgumentError(absl::StrCat(Describe(*op), ": ", why));
             to_fail = FailLocked({epoch, seq}, fail_status);
           } else {
-            RecordWaitsLocked(op);
-            if (spec_.observer != nullptr) spec_.observer->OnMatched(spec_, op.arrivals);
+            RecordWaitsLocked(*op);
+            if (spec_.observer != nullptr) spec_.observer->OnMatched(spec_, op->arrivals);
           }
-        }
+          break;
+        case OpMatcher::Added::kWaiting:
+          break;
       }
     }
   }
@@ -224,18 +222,8 @@ void Group::RecordWaitsLocked(const PendingOp& op) {
 }
 
 std::vector<Arrival> Group::FailLocked(OpKey key, const absl::Status& status) {
-  std::vector<Arrival> out;
-  auto it = pending_.find(key);
-  if (it != pending_.end()) {
-    for (auto& [li, a] : it->second.arrivals) out.push_back(std::move(a));
-    pending_.erase(it);
-  }
-  if (key.first == epoch_) {
-    failed_[key.second] = status;
-    while (failed_.size() > kMaxRememberedFailures) failed_.erase(failed_.begin());
-  }
   ++ops_failed_;
-  return out;
+  return matcher_.Fail(key, status);
 }
 
 GroupStats Group::stats() const {
@@ -243,7 +231,7 @@ GroupStats Group::stats() const {
   GroupStats st;
   st.ops_started = ops_started_;
   st.ops_failed = ops_failed_;
-  st.pending = pending_.size();
+  st.pending = matcher_.size();
   st.running = running_.size();
   st.epoch = epoch_;
   st.broken = !epoch_failure_.ok();

@@ -34,12 +34,18 @@
 // calling the engine, completing sessions or calling into another group.
 //
 // Files (one class): group.cc (construction, submissions matched, stats;
-// whether they agree is agreement.h, a rule of its own),
-// group_epochs.cc (joining, epochs failing and re-forming, a member or a
-// peer node lost), group_pipeline.cc (lowering to the engine, launching in
-// order, completions, the composite's second phase), group_timeouts.cc
-// (matching timeouts and running operations' deadlines) and group_p2p.cc
-// (send and receive).
+// whether they agree is agreement.h, a rule of its own), group_epochs.cc
+// (joining, epochs failing and re-forming, a member or a peer node lost),
+// group_pipeline.cc (lowering to the engine, launching in order,
+// completions, the composite's second phase), group_timeouts.cc (acting on
+// matching timeouts and running operations' deadlines) and group_p2p.cc
+// (send and receive). Two concepts with state and rules of their own are
+// classes of their own, which Group owns and calls under mu_: OpMatcher
+// (op_matcher.h: the table of partially matched operations by (epoch, seq),
+// the sequence window, failed sequence numbers remembered for late
+// submissions) and OpDeadlines (op_deadlines.h: which waiting or running
+// operations are past the timeout, at an explicit time). Arrival (a member's
+// submission) is in arrival.h.
 #ifndef HSDP_DAEMON_DATAPLANE_GROUP_H_
 #define HSDP_DAEMON_DATAPLANE_GROUP_H_
 
@@ -60,8 +66,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/engine/engine.h"
+#include "daemon/dataplane/arrival.h"
+#include "daemon/dataplane/op_deadlines.h"
+#include "daemon/dataplane/op_matcher.h"
 #include "daemon/dataplane/small_op_arena.h"
+#include "daemon/engine/engine.h"
 #include "daemon/session/session.h"
 #include "hsdp/shm/layout.h"
 
@@ -94,44 +103,6 @@ struct GroupSpec {
 // the job's owner (JobKey::Encoded), so two users' same-named jobs never
 // share engine state, links or cluster keys.
 std::string GroupKey(const JobKey& job, const std::vector<int>& ranks, int k);
-
-// One member's submission of one operation, validated and resolved.
-struct Arrival {
-  std::shared_ptr<Session> session;
-  shm::OpDescriptor desc{};
-  uint32_t epoch = 1;    // epoch of the group it arrives at
-  uint64_t seq = 0;      // sequence number in that epoch
-  bool phase2 = false;   // second phase of a reduce-scatter+all-reduce
-  int shard_size = 0;    // phase 2: size of the member's shard group
-  const void* send = nullptr;
-  void* recv = nullptr;
-  std::shared_ptr<MappedBuffer> send_buf;  // keep the mappings alive
-  std::shared_ptr<MappedBuffer> recv_buf;
-  int64_t first_ns = 0;   // when the operation first entered the daemon
-  int64_t arrived_ns = 0; // when this submission reached this group
-  std::vector<uint64_t> depends_on;  // phase 2: the first phase's ticket
-  // Uneven all-to-all: elements sent to / received from each group rank
-  // (copied out of shared memory); empty for equal blocks.
-  std::vector<uint64_t> send_counts;
-  std::vector<uint64_t> recv_counts;
-  // ... and the bytes they add up to (checked against the buffers).
-  uint64_t splits_send_bytes = 0;
-  uint64_t splits_recv_bytes = 0;
-  absl::Status rejected;  // not OK: this member's submission was invalid
-  // Device buffers (kFeatureDeviceMemory): `send` / `recv` are addresses in
-  // the daemon's device address space on `device`; the keeps hold their
-  // mappings until the operation completes. wait_event: the producer event
-  // the engine's stream waits on; done_event: the completion event it
-  // records (DeviceApi handles, 0 = none), reported to the client as
-  // completion_event_id (ring slot + 1) in the completion record.
-  MemoryKind kind = MemoryKind::kHost;
-  int device = -1;
-  std::shared_ptr<const void> send_keep;
-  std::shared_ptr<const void> recv_keep;
-  uint64_t wait_event = 0;
-  uint64_t done_event = 0;
-  uint64_t completion_event_id = 0;
-};
 
 // How often, and for how long in total, the others waited for a rank that
 // arrived last (the raw material of straggler reports).
@@ -226,15 +197,6 @@ class Group : public std::enable_shared_from_this<Group> {
   GroupStats stats() const;
 
  private:
-  struct PendingOp {
-    uint32_t epoch = 1;
-    uint64_t seq = 0;
-    // By local index: only what arrived, so memory follows the members that
-    // submitted, never the (client-chosen) size of the group.
-    std::map<int, Arrival> arrivals;
-    int arrived = 0;
-    int64_t first_ns = 0;
-  };
   struct RunningOp {
     PendingOp op;
     int64_t start_ns = 0;
@@ -242,20 +204,16 @@ class Group : public std::enable_shared_from_this<Group> {
     bool forwarded = false;      // composite: phase 2 already handed on
     std::atomic<bool> finished{false};
   };
-  using OpKey = std::pair<uint32_t, uint64_t>;  // (epoch, seq)
+  using OpKey = OpMatcher::Key;  // (epoch, seq)
 
   std::string Describe(const PendingOp& op) const;
   std::string RanksList(const std::vector<int>& group_ranks) const;
   EngineTask Lower(const PendingOp& op) const;
   const Arrival& AnyArrival(const PendingOp& op) const;
 
-  // Takes (epoch, seq) out of pending_, records the failure for late
-  // arrivals and returns the arrivals to notify.
+  // Fails (epoch, seq) in matcher_ (remembered for late arrivals), counts
+  // it, and returns the arrivals to notify.
   std::vector<Arrival> FailLocked(OpKey key, const absl::Status& status)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes `session`'s arrivals out of the operations queued for an epoch that
-  // has not started (the others' stay queued) and returns them to notify.
-  std::vector<Arrival> TakeQueuedLocked(const Session* session)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a link of `epoch` reaches daemon `instance` of node `node` (or
   // the engine cannot tell).
@@ -313,6 +271,7 @@ class Group : public std::enable_shared_from_this<Group> {
   const GroupLookup lookup_;
   std::vector<int> local_index_;   // by group rank: index among local members, or -1
   std::vector<int> local_ranks_;   // group ranks of local members
+  const OpDeadlines deadlines_;    // spec_.timeout_ns
 
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<Session>> members_ ABSL_GUARDED_BY(mu_);  // by group rank
@@ -320,11 +279,10 @@ class Group : public std::enable_shared_from_this<Group> {
   uint32_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status epoch_failure_ ABSL_GUARDED_BY(mu_);  // not OK: the current epoch failed
   std::shared_ptr<SmallOpArena> arena_ ABSL_GUARDED_BY(mu_);
-  std::map<OpKey, PendingOp> pending_ ABSL_GUARDED_BY(mu_);
-  // Failed sequence numbers of the current epoch, so late arrivals get the same answer.
-  std::map<uint64_t, absl::Status> failed_ ABSL_GUARDED_BY(mu_);
+  // Partially matched operations, the next sequence number to run and the
+  // failed ones of the current epoch (it sequences epoch_).
+  OpMatcher matcher_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<RunningOp>> running_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_run_ ABSL_GUARDED_BY(mu_) = 1;
   bool awaiting_launch_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t ops_started_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t ops_failed_ ABSL_GUARDED_BY(mu_) = 0;

@@ -115,9 +115,8 @@ void Group::MaybeAdvanceLocked() {
   ++epoch_;
   epoch_failure_ = absl::OkStatus();
   restart_cause_ = absl::OkStatus();
-  failed_.clear();
+  matcher_.StartEpoch(epoch_);
   p2p_posted_.clear();
-  next_run_ = 1;
   for (auto it = remote_failed_.begin(); it != remote_failed_.end() && it->first < epoch_;) {
     it = remote_failed_.erase(it);
   }
@@ -150,13 +149,11 @@ bool Group::FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to
   }
   // Members waiting in the arena fail now too, not at their deadline.
   if (arena_ != nullptr && arena_->epoch() == epoch_) arena_->MarkBroken(status);
-  std::vector<OpKey> keys;
-  for (auto& [key, op] : pending_) {
-    if (key.first == epoch_) keys.push_back(key);
+  size_t failed_ops = 0;
+  for (Arrival& a : matcher_.FailEpoch(epoch_, status, &failed_ops)) {
+    to_fail->push_back(std::move(a));
   }
-  for (const OpKey& key : keys) {
-    for (Arrival& a : FailLocked(key, status)) to_fail->push_back(std::move(a));
-  }
+  ops_failed_ += failed_ops;
   for (P2POp& p : TakeAllP2PLocked()) to_fail->push_back(std::move(p.arrival));
   for (const std::shared_ptr<RunningOp>& run : running_) {
     if (run->ticket != 0) to_abort->push_back(run->ticket);
@@ -186,26 +183,6 @@ void Group::FailEpoch(const absl::Status& status, uint32_t epoch, bool report,
   if (!to_fail.empty()) Notify(std::move(to_fail), status, 0, 0);
 }
 
-std::vector<Arrival> Group::TakeQueuedLocked(const Session* session) {
-  std::vector<Arrival> out;
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    PendingOp& op = it->second;
-    if (it->first.first != epoch_) {
-      for (auto a = op.arrivals.begin(); a != op.arrivals.end();) {
-        if (a->second.session.get() == session) {
-          out.push_back(std::move(a->second));
-          a = op.arrivals.erase(a);
-          --op.arrived;
-        } else {
-          ++a;
-        }
-      }
-    }
-    it = op.arrivals.empty() ? pending_.erase(it) : std::next(it);
-  }
-  return out;
-}
-
 void Group::MemberLeft(const Session* session, const std::string& why) {
   absl::Status status;
   std::vector<Arrival> queued;
@@ -215,7 +192,7 @@ void Group::MemberLeft(const Session* session, const std::string& why) {
     // Its submissions queued for an epoch that has not started yet: failing
     // the current epoch does not reach them, and a complete set of them
     // waits for the epoch without a timeout, so they end here.
-    queued = TakeQueuedLocked(session);
+    queued = matcher_.TakeQueued(session);
     if (!queued.empty()) {
       queued_status = absl::AbortedError(absl::StrCat(
           "the member left the job (", why, ") before group ", spec_.id, " (job \"",

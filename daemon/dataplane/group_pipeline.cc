@@ -7,6 +7,7 @@
 // rest of Group: group.h lists its files (same class, same locking rules).
 #include <algorithm>
 #include <atomic>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/dataplane/group.h"
@@ -132,15 +133,11 @@ void Group::Pump() {
     auto run = std::make_shared<RunningOp>();
     {
       absl::MutexLock l(&mu_);
-      while (failed_.count(next_run_) > 0) ++next_run_;
-      auto it = pending_.find({epoch_, next_run_});
-      if (awaiting_launch_ || !epoch_failure_.ok() || it == pending_.end() ||
-          it->second.arrived < static_cast<int>(local_ranks_.size())) {
-        return;
-      }
-      run->op = std::move(it->second);
-      pending_.erase(it);
-      ++next_run_;
+      matcher_.SkipFailed();
+      if (awaiting_launch_ || !epoch_failure_.ok()) return;
+      std::optional<PendingOp> ready = matcher_.TakeReady();
+      if (!ready.has_value()) return;
+      run->op = std::move(*ready);
       ++ops_started_;
       awaiting_launch_ = true;
       run->start_ns = shm::NowNanos();

@@ -1,10 +1,12 @@
-// Group timeouts (CheckTimeouts, on the dispatcher's tick): partially matched
-// operations, and sends and receives with no counterpart, older than
-// spec.timeout_ns fail naming who is missing (across nodes a matching timeout
-// ends the epoch everywhere); a sequence number no member submitted is failed
-// so the operations queued behind it can run; running operations past their
-// deadline are aborted in the engine and end the epoch. The rest of Group:
-// group.h lists its files (same class, same locking rules).
+// Group timeouts (CheckTimeouts, on the dispatcher's tick): what is past the
+// timeout is OpDeadlines' answer (op_deadlines.h); here the group acts on it.
+// Partially matched operations, and sends and receives with no counterpart,
+// older than spec.timeout_ns fail naming who is missing (across nodes a
+// matching timeout ends the epoch everywhere); a sequence number no member
+// submitted is failed so the operations queued behind it can run; running
+// operations past their deadline are aborted in the engine and end the
+// epoch. The rest of Group: group.h lists its files (same class, same locking
+// rules).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -19,17 +21,8 @@ void Group::CheckTimeouts(int64_t now_ns) {
   bool skipped = false;
   {
     absl::MutexLock l(&mu_);
-    std::vector<OpKey> expired;
-    for (auto& [key, op] : pending_) {
-      // Complete ones of an epoch that has not started wait for members to
-      // join it: bounded by the same timeout.
-      const bool waiting = op.arrived < static_cast<int>(local_ranks_.size()) || key.first != epoch_;
-      if (waiting && now_ns - op.first_ns > spec_.timeout_ns) {
-        expired.push_back(key);
-      }
-    }
-    for (const OpKey& key : expired) {
-      const PendingOp& op = pending_[key];
+    for (const OpKey& key : deadlines_.ExpiredOps(matcher_, now_ns)) {
+      const PendingOp& op = *matcher_.Find(key);
       std::vector<int> missing, arrived;
       for (int r : local_ranks_) {
         (op.arrivals.count(local_index_[r]) > 0 ? arrived : missing).push_back(r);
@@ -41,10 +34,10 @@ void Group::CheckTimeouts(int64_t now_ns) {
       }
       absl::Status s = absl::DeadlineExceededError(
           op.arrived < static_cast<int>(local_ranks_.size())
-              ? absl::StrCat(Describe(op), ": timed out after ", spec_.timeout_ns / 1000000,
+              ? absl::StrCat(Describe(op), ": timed out after ", deadlines_.timeout_ms(),
                              " ms waiting for rank(s) ", RanksList(missing),
                              "; arrived: ", RanksList(arrived))
-              : absl::StrCat(Describe(op), ": timed out after ", spec_.timeout_ns / 1000000,
+              : absl::StrCat(Describe(op), ": timed out after ", deadlines_.timeout_ms(),
                              " ms waiting for rank(s) ", RanksList(missing), " to join epoch ",
                              key.first));
       // Across nodes the others already run this operation: the epoch ends
@@ -55,21 +48,21 @@ void Group::CheckTimeouts(int64_t now_ns) {
       fails.emplace_back(FailLocked(key, s), s);
     }
     for (const std::shared_ptr<RunningOp>& run : running_) {
-      if (now_ns - run->start_ns > spec_.timeout_ns && !run->finished.load()) {
+      if (deadlines_.Expired(run->start_ns, now_ns) && !run->finished.load()) {
         overdue.push_back(run);
       }
     }
     for (auto* queues : {&p2p_sends_, &p2p_recvs_}) {
       const bool sends = queues == &p2p_sends_;
       for (auto& [key, q] : *queues) {
-        while (!q.empty() && now_ns - q.front().arrival.first_ns > spec_.timeout_ns) {
+        while (!q.empty() && deadlines_.Expired(q.front().arrival.first_ns, now_ns)) {
           const auto [src, dst, tag] = key;
           const std::string peer = sends               ? absl::StrCat("rank ", spec_.ranks[dst])
                                    : src == kAnySource ? std::string("any rank")
                                                        : absl::StrCat("rank ", spec_.ranks[src]);
           absl::Status s = absl::DeadlineExceededError(absl::StrCat(
               sends ? "send to " : "recv from ", peer, " (tag ", tag, ") in group ", spec_.id,
-              " (job \"", spec_.job_id, "\"): timed out after ", spec_.timeout_ns / 1000000,
+              " (job \"", spec_.job_id, "\"): timed out after ", deadlines_.timeout_ms(),
               " ms waiting for the matching ", sends ? "recv" : "send"));
           std::vector<Arrival> one;
           one.push_back(std::move(q.front().arrival));
@@ -83,19 +76,14 @@ void Group::CheckTimeouts(int64_t now_ns) {
     // Complete operations queued behind a sequence number nobody submitted
     // (only a misbehaving client can cause this): fail that number so the
     // queue moves on instead of waiting forever.
-    if (!awaiting_launch_ && epoch_failure_.ok() && !pending_.empty() &&
-        pending_.count({epoch_, next_run_}) == 0 && failed_.count(next_run_) == 0) {
-      int64_t oldest = now_ns;
-      for (auto& [key, op] : pending_) {
-        if (key.first == epoch_) oldest = std::min(oldest, op.first_ns);
-      }
-      if (now_ns - oldest > spec_.timeout_ns) {
-        failed_[next_run_] = absl::DeadlineExceededError(absl::StrCat(
-            "seq ", next_run_, " in group ", spec_.id, " was never submitted by any member within ",
-            spec_.timeout_ns / 1000000, " ms; later operations were waiting for it"));
-        ++ops_failed_;
-        skipped = true;
-      }
+    if (!awaiting_launch_ && epoch_failure_.ok() &&
+        deadlines_.NextNeverSubmitted(matcher_, now_ns)) {
+      matcher_.FailNext(absl::DeadlineExceededError(absl::StrCat(
+          "seq ", matcher_.next_seq(), " in group ", spec_.id,
+          " was never submitted by any member within ", deadlines_.timeout_ms(),
+          " ms; later operations were waiting for it")));
+      ++ops_failed_;
+      skipped = true;
     }
   }
   for (auto& [arrivals, s] : fails) Notify(std::move(arrivals), s, 0, 0);
@@ -104,7 +92,7 @@ void Group::CheckTimeouts(int64_t now_ns) {
   }
   for (const std::shared_ptr<RunningOp>& run : overdue) {
     const absl::Status s = absl::DeadlineExceededError(
-        absl::StrCat(Describe(run->op), ": still running after ", spec_.timeout_ns / 1000000,
+        absl::StrCat(Describe(run->op), ": still running after ", deadlines_.timeout_ms(),
                      " ms (timeouts.collective_ms); aborted, and the group's epoch ended"));
     uint64_t ticket;
     bool forwarded;
