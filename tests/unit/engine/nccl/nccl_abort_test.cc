@@ -1,4 +1,4 @@
-// Issue 20, finding 4: an abort while a task's work would wait behind a
+// An abort while a task's work would wait behind a
 // trainer's producer event. The fake device runs a destroyed stream's queued
 // work late (when the event fires, as a GPU does) and faults on a kernel that
 // touches freed memory or a released communicator, so work left queued

@@ -135,7 +135,7 @@ TEST(NcclCrossNodeTest, TwoDaemonsAgreeOnTheIdAndRunOneCommunicator) {
   there.Shutdown();
 }
 
-// Issue 20, finding 7: two daemons issue two groups' collectives in opposite
+// Two daemons issue two groups' collectives in opposite
 // orders (both groups span both daemons). NCCL kernels block until their
 // peers arrive, so on one stream per device shared by every group, daemon A's
 // X waits for B's X, queued behind B's Y, which waits for A's Y, queued

@@ -1,4 +1,4 @@
-// Several members of a collective on one GPU (issue 20): the fake NCCL
+// Several members of a collective on one GPU: the fake NCCL
 // refuses two ranks of a communicator on one device, as NCCL does, so these
 // pass only through the engine's own intra-device plan (hsdpd's reduce and
 // copy kernels within a device, NCCL with one rank per device between

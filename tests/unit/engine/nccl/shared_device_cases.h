@@ -1,4 +1,4 @@
-// The cases of the several-members-per-GPU tests (issue 20), shared by the
+// The cases of the several-members-per-GPU tests, shared by the
 // fake-device test (nccl_shared_device_test.cc) and the real-GPU one
 // (nccl_shared_device_gpu_test.cc): every collective and reduce option the
 // NCCL engine runs, checked against a reference computed here. `Node` has
