@@ -33,7 +33,7 @@ absl::Status ClusterMember::JoinOnce(absl::Duration timeout) {
     events_after_ = r->events_last();  // older events concern groups before this join
     status_.Contact(absl::Now());
   }
-  Update(r->epoch(), r->nodes());
+  Update(r->epoch(), {r->nodes().begin(), r->nodes().end()});
   return absl::OkStatus();
 }
 
@@ -92,8 +92,27 @@ void ClusterMember::Stop() {
   }
 }
 
-void ClusterMember::Update(uint64_t epoch,
-                           const google::protobuf::RepeatedPtrField<v1::ClusterNode>& nodes) {
+std::vector<v1::ClusterNode> ClusterMember::Merged(const v1::HeartbeatResponse& r) const {
+  if (!r.nodes_delta()) return {r.nodes().begin(), r.nodes().end()};
+  std::map<int, v1::ClusterNode> by_rank;
+  {
+    absl::MutexLock l(&mu_);
+    for (const v1::ClusterNode& n : nodes_) {
+      v1::ClusterNode& mine = by_rank[n.node_rank()];
+      mine = n;
+      // Alive in the coordinator's answer just now (an entry that changed
+      // would be in the delta): its heartbeats are current.
+      if (mine.state() == "alive") mine.set_last_heartbeat_age_s(0);
+    }
+  }
+  for (const v1::ClusterNode& n : r.nodes()) by_rank[n.node_rank()] = n;
+  std::vector<v1::ClusterNode> out;
+  out.reserve(by_rank.size());
+  for (auto& [rank, n] : by_rank) out.push_back(std::move(n));
+  return out;
+}
+
+void ClusterMember::Update(uint64_t epoch, std::vector<v1::ClusterNode> nodes) {
   std::vector<PeerEvent> events;
   {
     absl::MutexLock l(&mu_);
@@ -119,7 +138,7 @@ void ClusterMember::Update(uint64_t epoch,
       }
     }
     epoch_ = epoch;
-    nodes_.assign(nodes.begin(), nodes.end());
+    nodes_ = std::move(nodes);
   }
   FirePeerEvents(events, events_);
 }
@@ -204,13 +223,14 @@ void ClusterMember::HeartbeatLoop() {
     {
       absl::MutexLock l(&mu_);
       req.set_events_after(events_after_);
+      req.set_nodes_epoch(nodes_.empty() ? 0 : epoch_);
     }
     rpcs_.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<v1::HeartbeatResponse> r =
         client_.Heartbeat(req, std::max(options_.heartbeat, absl::Milliseconds(200)));
     absl::Status status = r.status();
     if (r.ok()) {
-      Update(r->epoch(), r->nodes());
+      Update(r->epoch(), Merged(*r));
       Deliver(*r);
     } else if (status.code() == absl::StatusCode::kFailedPrecondition) {
       // Declared lost, or a new coordinator: join again. The others failed

@@ -85,7 +85,11 @@ class ClusterMember : public Membership {
  private:
   absl::Status JoinOnce(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   // Replaces the view, firing events for differences (outside the lock).
-  void Update(uint64_t epoch, const google::protobuf::RepeatedPtrField<v1::ClusterNode>& nodes)
+  void Update(uint64_t epoch, std::vector<v1::ClusterNode> nodes) ABSL_LOCKS_EXCLUDED(mu_);
+  // The view after a heartbeat's answer: its whole list, or this node's list
+  // with the answer's changed entries merged in (nodes_delta), where every
+  // node the coordinator still counts alive is vouched for as of now.
+  std::vector<v1::ClusterNode> Merged(const v1::HeartbeatResponse& r) const
       ABSL_LOCKS_EXCLUDED(mu_);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Sends queued events; false when the coordinator refused or is unreachable.

@@ -13,7 +13,9 @@ constexpr size_t kMaxFieldBytes = 512;
 
 }  // namespace
 
-Coordinator::Coordinator(Options options) : options_(std::move(options)) {
+Coordinator::Coordinator(Options options)
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {
   nodes_.resize(options_.nodes);
 }
 
@@ -26,7 +28,7 @@ void Coordinator::Start() {
     absl::MutexLock l(&mu_);
     while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), tick)) {
       mu_.Unlock();
-      CheckLiveness(absl::Now());
+      CheckLiveness();
       mu_.Lock();
     }
   });
@@ -46,10 +48,10 @@ uint64_t Coordinator::epoch() const {
 }
 
 void Coordinator::FillNodes(google::protobuf::RepeatedPtrField<v1::ClusterNode>* out,
-                            absl::Time now) const {
+                            absl::Time now, uint64_t changed_after) const {
   for (size_t r = 0; r < nodes_.size(); ++r) {
     const Node& n = nodes_[r];
-    if (!n.used) continue;
+    if (!n.used || n.changed_epoch <= changed_after) continue;
     v1::ClusterNode* c = out->Add();
     c->set_node_rank(static_cast<int32_t>(r));
     c->set_address(n.address);
@@ -86,7 +88,7 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& req) {
         options_.self_address, ")"));
   }
   absl::MutexLock l(&mu_);
-  const absl::Time now = absl::Now();
+  const absl::Time now = Now();
   int rank = -1;
   // A node that was here before (same address) gets its rank back.
   for (size_t r = 0; r < nodes_.size(); ++r) {
@@ -128,7 +130,10 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& req) {
   Node& n = nodes_[rank];
   const bool changed = !n.used || !n.alive || n.instance != req.instance();
   epoch_ = std::max(epoch_, req.last_epoch());
-  if (changed) ++epoch_;
+  if (changed) {
+    ++epoch_;
+    n.changed_epoch = epoch_;
+  }
   n.used = true;
   n.alive = true;
   n.address = req.address();
@@ -215,16 +220,26 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
         "node ", rank, " is not a live member of this cluster (declared lost, or the "
         "coordinator restarted); join again"));
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = Now();
   nodes_[rank].last_heartbeat = now;
   v1::HeartbeatResponse resp;
   resp.set_epoch(epoch_);
-  FillNodes(resp.mutable_nodes(), now);
+  // A node that holds the list of an epoch of this coordinator (it joined
+  // here, so its epoch is one of ours) gets what changed since: nothing in
+  // the steady state. Any other gets the whole list.
+  const uint64_t known = req.nodes_epoch();
+  if (known != 0 && known <= epoch_) {
+    resp.set_nodes_delta(true);
+    if (known < epoch_) FillNodes(resp.mutable_nodes(), now, known);
+  } else {
+    FillNodes(resp.mutable_nodes(), now);
+  }
   FillEvents(req.events_after(), &resp);
   return resp;
 }
 
-void Coordinator::CheckLiveness(absl::Time now) {
+void Coordinator::CheckLiveness() {
+  const absl::Time now = Now();
   const absl::Duration limit =
       absl::Milliseconds(uint64_t{options_.heartbeat_ms} * options_.missed_heartbeats);
   absl::MutexLock l(&mu_);
@@ -233,6 +248,7 @@ void Coordinator::CheckLiveness(absl::Time now) {
     if (!n.used || !n.alive || now - n.last_heartbeat <= limit) continue;
     n.alive = false;
     ++epoch_;
+    n.changed_epoch = epoch_;
     HSDP_LOG(Warning) << "cluster: node " << r << " (" << n.address << ") lost: no heartbeat for "
                       << absl::FormatDuration(now - n.last_heartbeat) << "; epoch " << epoch_;
   }

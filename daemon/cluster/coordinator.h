@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/util/clock.h"
 #include "hsdp/v1/cluster.pb.h"
 
 namespace hsdp {
@@ -35,6 +36,10 @@ class Coordinator {
     uint32_t nodes = 1;
     uint32_t heartbeat_ms = 1000;
     uint32_t missed_heartbeats = 5;
+    // What liveness is measured on: a monotonic clock, so a step of the
+    // wall clock (NTP, an operator) never declares nodes lost. Null:
+    // Clock::Real(); tests pass a FakeClock.
+    const Clock* clock = nullptr;
   };
 
   explicit Coordinator(Options options);
@@ -65,9 +70,9 @@ class Coordinator {
   static constexpr size_t kMaxEventField = 1024;
 
   uint64_t epoch() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Declares nodes silent for too long lost; called by the monitor thread
-  // (public for tests, with an explicit `now`).
-  void CheckLiveness(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // Declares nodes silent for too long (on the clock) lost; called by the
+  // monitor thread (public for tests).
+  void CheckLiveness() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Node {
@@ -75,15 +80,21 @@ class Coordinator {
     bool alive = false;
     std::string address, data_address, name, instance;
     absl::Time last_heartbeat;
+    uint64_t changed_epoch = 0;  // the epoch in which this entry last changed
   };
   bool IsLiveLocked(int rank, const std::string& instance) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillEvents(uint64_t after, v1::HeartbeatResponse* resp) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FillNodes(google::protobuf::RepeatedPtrField<v1::ClusterNode>* out, absl::Time now) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The entries that changed after epoch `changed_after` (0: every entry).
+  void FillNodes(google::protobuf::RepeatedPtrField<v1::ClusterNode>* out, absl::Time now,
+                 uint64_t changed_after = 0) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The clock's time as an absl::Time (only differences of two are used).
+  absl::Time Now() const { return absl::FromUnixNanos(clock_->NowNanos()); }
 
   const Options options_;
+  const Clock* const clock_;
   mutable absl::Mutex mu_;
   std::vector<Node> nodes_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;

@@ -3,11 +3,14 @@
 // heartbeats, its bounds).
 #include "daemon/cluster/coordinator.h"
 
+#include "daemon/util/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace hsdp {
 namespace {
+
+using ::testing::ElementsAre;
 
 v1::JoinRequest Req(const std::string& address, const std::string& instance, int rank = -1,
                     uint32_t nodes = 3) {
@@ -21,8 +24,9 @@ v1::JoinRequest Req(const std::string& address, const std::string& instance, int
   return r;
 }
 
-Coordinator::Options Opts() {
-  return {.self_address = "c:1", .nodes = 3, .heartbeat_ms = 100, .missed_heartbeats = 3};
+Coordinator::Options Opts(const Clock* clock = nullptr) {
+  return {.self_address = "c:1", .nodes = 3, .heartbeat_ms = 100, .missed_heartbeats = 3,
+          .clock = clock};
 }
 
 TEST(CoordinatorTest, RanksByJoinOrderWithZeroForTheCoordinator) {
@@ -62,20 +66,21 @@ TEST(CoordinatorTest, ConflictsAndMismatches) {
 }
 
 TEST(CoordinatorTest, SilentNodeIsLostAndRejoinsWithItsRank) {
-  Coordinator c(Opts());
+  FakeClock clock;  // time moves only below (the monitor thread is not started)
+  Coordinator c(Opts(&clock));
   ASSERT_TRUE(c.Join(Req("c:1", "ic")).ok());
   ASSERT_TRUE(c.Join(Req("a:1", "ia")).ok());
   const uint64_t before = c.epoch();
   v1::HeartbeatRequest hb;
   hb.set_node_rank(0);
   hb.set_instance("ic");
-  c.CheckLiveness(absl::Now() + absl::Milliseconds(200));
+  clock.Advance(300'000'000);  // silent for exactly 3 x 100 ms: not yet lost
+  c.CheckLiveness();
   EXPECT_EQ(c.epoch(), before);
-  // 0 keeps heartbeating; 1 is silent past 3 x 100 ms.
+  // 0 heartbeats; 1 stays silent past 3 x 100 ms.
   ASSERT_TRUE(c.Heartbeat(hb).ok());
-  absl::SleepFor(absl::Milliseconds(350));
-  ASSERT_TRUE(c.Heartbeat(hb).ok());
-  c.CheckLiveness(absl::Now());
+  clock.Advance(1'000'000);
+  c.CheckLiveness();
   EXPECT_EQ(c.epoch(), before + 1);
   auto view = c.Heartbeat(hb);
   ASSERT_TRUE(view.ok());
@@ -98,6 +103,73 @@ TEST(CoordinatorTest, RestartedCoordinatorContinuesTheEpoch) {
   auto a = c.Join(r);
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->epoch(), 18u);
+}
+
+// Heartbeat answers carry the node list only as far as the asking node lacks
+// it: nothing while the epoch stands still, the entries that changed after
+// the node's epoch when it moved, the whole list to a node that names none.
+TEST(CoordinatorTest, HeartbeatsCarryOnlyTheNodesThatChangedAfterTheNodesEpoch) {
+  FakeClock clock;
+  Coordinator c(Opts(&clock));
+  auto zero = c.Join(Req("c:1", "ic"));
+  ASSERT_TRUE(zero.ok());
+  ASSERT_TRUE(c.Join(Req("a:1", "ia")).ok());
+  auto b = c.Join(Req("b:1", "ib"));
+  ASSERT_TRUE(b.ok());
+  const uint64_t e = b->epoch();
+  EXPECT_EQ(b->nodes_size(), 3);
+  auto beat = [&](int rank, const std::string& instance, uint64_t nodes_epoch) {
+    v1::HeartbeatRequest h;
+    h.set_node_rank(rank);
+    h.set_instance(instance);
+    h.set_nodes_epoch(nodes_epoch);
+    absl::StatusOr<v1::HeartbeatResponse> r = c.Heartbeat(h);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : v1::HeartbeatResponse();
+  };
+  auto ranks = [](const v1::HeartbeatResponse& r) {
+    std::vector<int> out;
+    for (const v1::ClusterNode& n : r.nodes()) out.push_back(n.node_rank());
+    return out;
+  };
+  // Steady state: the epoch the node holds is current.
+  v1::HeartbeatResponse r = beat(2, "ib", e);
+  EXPECT_TRUE(r.nodes_delta());
+  EXPECT_EQ(r.epoch(), e);
+  EXPECT_EQ(r.nodes_size(), 0);
+  // Node 0 holds the list of its own join (the epoch before a's and b's).
+  r = beat(0, "ic", zero->epoch());
+  EXPECT_TRUE(r.nodes_delta());
+  EXPECT_THAT(ranks(r), ElementsAre(1, 2));
+  // No epoch named (a node that predates nodes_epoch): the whole list.
+  r = beat(0, "ic", 0);
+  EXPECT_FALSE(r.nodes_delta());
+  EXPECT_THAT(ranks(r), ElementsAre(0, 1, 2));
+  // An epoch this coordinator never reached (it restarted under the node;
+  // the node would have had to join again first): the whole list.
+  r = beat(0, "ic", e + 5);
+  EXPECT_FALSE(r.nodes_delta());
+  EXPECT_EQ(r.nodes_size(), 3);
+  // Node 1 goes silent and is lost: the others get that one entry.
+  beat(0, "ic", e);
+  beat(2, "ib", e);
+  clock.Advance(250'000'000);
+  beat(0, "ic", e);
+  beat(2, "ib", e);
+  clock.Advance(100'000'000);
+  c.CheckLiveness();
+  ASSERT_EQ(c.epoch(), e + 1);
+  r = beat(2, "ib", e);
+  EXPECT_TRUE(r.nodes_delta());
+  ASSERT_THAT(ranks(r), ElementsAre(1));
+  EXPECT_EQ(r.nodes(0).state(), "lost");
+  EXPECT_EQ(beat(2, "ib", e + 1).nodes_size(), 0);
+  // It joins again (a new instance): that entry once more.
+  ASSERT_TRUE(c.Join(Req("a:1", "ia2")).ok());
+  r = beat(0, "ic", e + 1);
+  ASSERT_THAT(ranks(r), ElementsAre(1));
+  EXPECT_EQ(r.nodes(0).state(), "alive");
+  EXPECT_EQ(r.nodes(0).instance(), "ia2");
 }
 
 
