@@ -334,31 +334,49 @@ bool GroupArena::CompleteFrontLocked(int64_t deadline_ns) {
     return true;
   }
   const int64_t until = deadline_ns < 0 ? p.deadline_ns : std::min(deadline_ns, p.deadline_ns);
-  const bool ready = AwaitLocked(
-      [&] { return header_->broken.load(std::memory_order_acquire) != 0 || AllArrived(p.seq); },
+  AwaitLocked(
+      [&] {
+        return AllArrived(p.seq) || header_->broken.load(std::memory_order_acquire) != 0 ||
+               shm::ArenaFrozen(*header_);
+      },
       until);
-  if (AllArrived(p.seq)) {
-    // Every input is in (a member that left after submitting left it here).
+  if (SettleLocked(p, /*freeze=*/false)) return true;
+  if (shm::NowNanos() < p.deadline_ns) {
+    pending_.push_front(std::move(p));
+    return false;
+  }
+  // Past the operation's deadline: the same message the daemon gives.
+  Break(absl::DeadlineExceededError(absl::StrCat(
+      Describe(p.key), ": timed out after ", op_timeout_ns_ / 1000000, " ms waiting for rank(s) ",
+      RanksAt(p.seq, false), "; arrived: ", RanksAt(p.seq, true))));
+  SettleLocked(p, /*freeze=*/true);
+  return true;
+}
+
+bool GroupArena::SettleLocked(Pending& p, bool freeze) {
+  auto complete = [&] {
     const absl::Status status = Execute(p);
     lane(rank_)->consumed.store(p.seq, std::memory_order_release);
     shm::RingDoorbell(&header_->bell);
     Finish(p, status);
     return true;
+  };
+  // Every input is in (a member that left after submitting left it here).
+  if (AllArrived(p.seq) && shm::CommitArenaOp(header_, p.seq)) return complete();
+  if (!shm::ArenaFrozen(*header_)) {
+    // Broken, but its breaker has not frozen the word yet (or a member
+    // wrote `broken` alone): freeze it, so that nobody commits from now on.
+    if (!freeze && header_->broken.load(std::memory_order_acquire) == 0) return false;
+    shm::FreezeArena(header_);
+    // A member may have committed it just before the freeze.
+    if (AllArrived(p.seq) && shm::CommitArenaOp(header_, p.seq)) return complete();
   }
-  if (absl::Status s = BrokenLocked(); !s.ok()) {
-    Finish(p, s);
-    return true;
+  absl::Status why = BrokenLocked();
+  if (why.ok()) {
+    why = absl::AbortedError(
+        "the group's small-operation arena was stopped by a member (its settle word is frozen)");
   }
-  if (!ready && shm::NowNanos() < p.deadline_ns) {
-    pending_.push_front(std::move(p));
-    return false;
-  }
-  // Past the operation's deadline: the same message the daemon gives.
-  const absl::Status why = absl::DeadlineExceededError(absl::StrCat(
-      Describe(p.key), ": timed out after ", op_timeout_ns_ / 1000000, " ms waiting for rank(s) ",
-      RanksAt(p.seq, false), "; arrived: ", RanksAt(p.seq, true)));
-  Break(why);
-  Finish(p, BrokenLocked());
+  Finish(p, why);
   return true;
 }
 
@@ -466,11 +484,37 @@ void GroupArena::Fail(const absl::Status& why) {
 
 void GroupArena::Close(const absl::Status& why) {
   absl::MutexLock l(&mu_);
-  if (closed_.ok()) closed_ = why;
-  while (!pending_.empty()) {
-    Finish(pending_.front(), closed_);
-    pending_.pop_front();
+  if (!closed_.ok()) return;
+  if (shm::ArenaRetired(*header_)) {
+    // hsdpd released it (the group ended): nobody else is there to tell,
+    // and a write would only fault in pages of an emptied file.
+    closed_ = why.ok() ? absl::CancelledError("the arena was closed") : why;
+    const absl::Status ended = absl::AbortedError(
+        "the group ended (hsdpd released its small-operation arena) before this operation "
+        "completed");
+    while (!pending_.empty()) {
+      Finish(pending_.front(), ended);
+      pending_.pop_front();
+    }
+    return;
   }
+  // What every member submitted completes (the buffers are still mapped:
+  // the callers close before unmapping); then this member leaves, and the
+  // arena breaks with `why` for the others, so that what it leaves pending
+  // fails for every member alike, not only here.
+  while (!pending_.empty() && AllArrived(pending_.front().seq) &&
+         shm::CommitArenaOp(header_, pending_.front().seq)) {
+    Pending p = std::move(pending_.front());
+    pending_.pop_front();
+    SettleLocked(p, /*freeze=*/false);
+  }
+  Break(why.ok() ? absl::CancelledError("a member closed the group's arena") : why);
+  while (!pending_.empty()) {
+    Pending p = std::move(pending_.front());
+    pending_.pop_front();
+    SettleLocked(p, /*freeze=*/true);
+  }
+  closed_ = why.ok() ? absl::CancelledError("the arena was closed") : why;
 }
 
 }  // namespace hsdp::internal

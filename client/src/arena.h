@@ -18,8 +18,12 @@
 // (a member's session ended): every operation fails with its status. An
 // operation still waiting at its deadline (timeouts.collective_ms) breaks the
 // arena for every member (DEADLINE_EXCEEDED): the members' sequences can no
-// longer be trusted to agree. Either way the group's later operations fail
-// until the members call RejoinGroup, which gives them the daemon's path.
+// longer be trusted to agree. A member that leaves the arena (Close: it
+// reconnected to a new daemon, rejoined or detached) breaks it with its
+// reason. Either way the group's later operations fail until the members call
+// RejoinGroup (or reconnect), which gives them the daemon's path or a new
+// arena; each operation's outcome is the same at every member (settling,
+// hsdp/shm/arena.h).
 //
 // Thread-safety: all methods are thread-safe (one mutex; a waiting
 // operation holds it, so operations of one group complete one at a time, in
@@ -93,8 +97,11 @@ class GroupArena : public std::enable_shared_from_this<GroupArena> {
   // Breaks the arena for every member with `why` (hsdpd went away: each
   // member's operations fail, and they go on in their new sessions).
   void Fail(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
-  // Fails the pending operations with `why` and every later one; nothing is
-  // written to any buffer from now on (the client detached or reconnected).
+  // This member leaves the arena (the client detached, reconnected or
+  // rejoined): the pending operations every member submitted complete if
+  // they can still commit, then the arena breaks with `why` for every member
+  // and the rest fail, here and at the others alike; every later operation
+  // fails with `why`. Nothing is written to any buffer after Close returns.
   void Close(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
 
   uint64_t slot_bytes() const { return slot_bytes_; }
@@ -120,6 +127,12 @@ class GroupArena : public std::enable_shared_from_this<GroupArena> {
   // (NowNanos scale; the operation's own deadline is also honoured).
   // Returns false when it is still incomplete at `deadline_ns`.
   bool CompleteFrontLocked(int64_t deadline_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Decides `p` (popped from pending_) when it can be decided now, the same
+  // way at every member (hsdp/shm/arena.h, "Settling"): completes it when it
+  // commits, fails it when the arena froze first. With `freeze`, or when the
+  // arena is broken, freezes the arena first, so `p` is always decided.
+  // False: undecided (every input not in yet, the arena healthy).
+  bool SettleLocked(Pending& p, bool freeze) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until `ready()` or `until_ns` (returns ready() then); breaks the
   // arena when the daemon went away meanwhile.
   bool AwaitLocked(const std::function<bool()>& ready, int64_t until_ns)

@@ -122,6 +122,9 @@ class Client::Impl {
       if (detached) return absl::OkStatus();
       detached = true;
     }
+    // The arenas first: the others hear that this member left while hsdpd
+    // still holds them (the Detach below ends the groups and releases them).
+    CloseArenas(absl::CancelledError("the client detached"));
     absl::Status rpc = absl::OkStatus();
     if (stub != nullptr && session_id != 0) {
       grpc::ClientContext ctx;
@@ -132,7 +135,6 @@ class Client::Impl {
       rpc = internal::FromGrpc(stub->Detach(&ctx, req, &resp), "Detach");
     }
     if (auto ch = Channel(); ch != nullptr) ch->Close(absl::CancelledError("the client detached"));
-    CloseArenas(absl::CancelledError("the client detached"));
     return rpc;
   }
 

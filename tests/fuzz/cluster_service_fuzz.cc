@@ -7,8 +7,8 @@
 //
 // Records (fuzz_input.h), op % 10: 0 Join, 1 Heartbeat, 2 Report, 3 Set,
 // 4 Get, 5 Wait, 6 Add, 7 Barrier, 8 Delete (payload: the request message),
-// 9 time passes (the coordinator's liveness check at now + payload[0]
-// seconds: nodes are declared lost).
+// 9 time passes (payload[0] seconds on the coordinator's fake clock, then
+// its liveness check: nodes are declared lost).
 //
 // Oracles beyond "no crash, no sanitizer report": every call finishes exactly
 // once (waits and barriers by the end, when the store shuts down); the epoch
@@ -21,10 +21,12 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "daemon/auth/authenticator.h"
 #include "daemon/cluster/cluster_service.h"
 #include "daemon/cluster/coordinator.h"
 #include "daemon/cluster/kv_store.h"
+#include "daemon/util/clock.h"
 #include "fuzz_input.h"
 #include "grpcpp/test/default_reactor_test_peer.h"
 
@@ -83,10 +85,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static TrustedPeer auth;
   std::deque<std::unique_ptr<CallBase>> calls;
   {
-    Coordinator coord(Coordinator::Options{kSelf, 3, 1000, 5});
+    FakeClock clock;
+    Coordinator::Options options{kSelf, 3, 1000, 5};
+    options.clock = &clock;
+    Coordinator coord(options);
     KvStore kv(Limits());
     ClusterServiceImpl svc(&auth, &coord, &kv, kSelf);
-    absl::Time now = absl::Now();
     uint64_t epoch = coord.epoch();
     Script script(data, size);
     Record r;
@@ -159,8 +163,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           }
           break;
         case 9:
-          now += absl::Seconds(r.payload.empty() ? 1 : static_cast<uint8_t>(r.payload[0]));
-          coord.CheckLiveness(now);
+          clock.Advance(absl::ToInt64Nanoseconds(
+              absl::Seconds(r.payload.empty() ? 1 : static_cast<uint8_t>(r.payload[0]))));
+          coord.CheckLiveness();
           break;
       }
       HSDP_FUZZ_CHECK(coord.epoch() >= epoch, "the epoch went back");

@@ -37,7 +37,12 @@
 #include <thread>
 #include <vector>
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HSDP_FUZZ_HAS_SANITIZER 1
 #include <sanitizer/common_interface_defs.h>
+#endif
+#endif
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -122,8 +127,10 @@ struct Daemon {
     // The sanitizer runtime starts llvm-symbolizer (two pipes) the first
     // time it names a function, e.g. when libFuzzer prints NEW_FUNC: start
     // it now, so its fds are in the baseline.
+#ifdef HSDP_FUZZ_HAS_SANITIZER  // not in the replay build (replay_main.cc)
     char name[256];
     __sanitizer_symbolize_pc(reinterpret_cast<void*>(&CountFds), "%f", name, sizeof(name));
+#endif
     baseline = CountFds();
   }
 };

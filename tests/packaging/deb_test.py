@@ -263,16 +263,6 @@ class Container(unittest.TestCase):
         self.assertEqual(self.sh("ls /etc/systemd/system/multi-user.target.wants/ "
                                  "2>/dev/null | grep -c hsdpd || true").stdout.strip(), "0")
         self.assertEqual(self.sh(PIDS).stdout.strip(), "", out)
-        # OPEN DEFECT, worked around here: with the small-op arena on (the
-        # default, data_plane.small_op_bytes), a drain under this 2-rank job
-        # sometimes leaves rank 1 in the old arena: its next op fails
-        # "members disagree: count: rank 0 has 0, rank 1 has 4" while rank 0
-        # reconnected, so the job never resumes (2 of 4 runs on 2026-11-28).
-        # Until the arena's drain path is fixed, this test's daemon runs the
-        # job's ops through the daemon (small_op_bytes: 0); the packaged
-        # node.yaml is identical in both versions, so dpkg keeps the edit.
-        self.sh("sed -i 's/^\\( *small_op_bytes:\\) *[0-9]*/\\1 0/' /etc/hsdpd/node.yaml")
-        self.assertIn("small_op_bytes: 0", self.sh("cat /etc/hsdpd/node.yaml").stdout)
         # Start as the unit does (no systemd in the container).
         self.dk("exec", "-d", self.name, "sh", "-c", SUPERVISOR)
         first = wait_until(self.status, 60, "`hsdpctl status` to answer")

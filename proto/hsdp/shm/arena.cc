@@ -25,7 +25,30 @@ void BreakArena(ArenaHeader* h, const absl::Status& why) {
     uint32_t healthy = 0;
     h->broken.compare_exchange_strong(healthy, code, std::memory_order_acq_rel);
   }
+  // After `broken` (a member that sees the freeze reads the code), before
+  // the bell (a waiter that wakes sees the freeze).
+  FreezeArena(h);
   RingDoorbell(&h->bell);
+}
+
+bool CommitArenaOp(ArenaHeader* h, uint64_t seq) {
+  uint64_t st = h->settled.load(std::memory_order_acquire);
+  for (;;) {
+    const uint64_t committed = st & ~kArenaFrozen;
+    if (committed >= seq) return true;
+    if ((st & kArenaFrozen) != 0) return false;
+    const uint64_t want = seq & ~kArenaFrozen;  // a sequence never reaches bit 63
+    if (h->settled.compare_exchange_weak(st, want, std::memory_order_acq_rel,
+                                         std::memory_order_acquire)) {
+      return true;
+    }
+  }
+}
+
+void FreezeArena(ArenaHeader* h) { h->settled.fetch_or(kArenaFrozen, std::memory_order_acq_rel); }
+
+bool ArenaFrozen(const ArenaHeader& h) {
+  return (h.settled.load(std::memory_order_acquire) & kArenaFrozen) != 0;
 }
 
 absl::Status ArenaBrokenStatus(const ArenaHeader& h) {

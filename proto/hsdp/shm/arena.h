@@ -14,8 +14,21 @@
 //   * a member writes slot k's area only when every lane's `consumed` is
 //     >= k - slots (nobody still reads the slot's previous operation).
 //   Every publish rings `bell` (a futex word; a syscall only when someone
-//   sleeps). An operation every member submitted completes even when the
-//   arena broke meanwhile (its inputs are all there).
+//   sleeps).
+//
+// Settling: every member must reach the same outcome for each operation,
+// or their sequences part (one retries what another completed) and the
+// group's next operations mismatch. One word decides, `settled`: bits 0-62
+// hold the highest operation a member committed, bit 63 says the arena froze
+// (broke). A member completes operation k only by committing it (every
+// input in, then a CAS raising the committed number to k while not frozen:
+// CommitArenaOp); a member fails k only once the arena froze with fewer than
+// k committed. Both are read-modify-writes of one word, so every member sees
+// them in one order: k succeeds for all (committed before the freeze) or
+// fails for all. Whoever breaks the arena (the daemon, a member at a
+// deadline, a member leaving it for a new session) writes `broken` and
+// then freezes (BreakArena); a member that sees `broken` set but the word not
+// yet frozen freezes it itself before failing anything.
 //
 // Trust: the arena is shared by the members of one group of one job (the
 // trust domain its collectives already are), and root may be one of them
@@ -54,7 +67,9 @@
 namespace hsdp::shm {
 
 inline constexpr char kArenaMagic[8] = {'H', 'S', 'D', 'P', 'A', 'R', 'N', '1'};
-inline constexpr uint32_t kArenaVersion = 1;
+// 2: the settle word (an arena of version 1 let one member fail an operation
+// another completed).
+inline constexpr uint32_t kArenaVersion = 2;
 inline constexpr uint32_t kArenaMaxMembers = 64;
 inline constexpr uint32_t kArenaMaxSlots = 64;
 inline constexpr uint64_t kArenaMaxSlotBytes = uint64_t{1} << 20;
@@ -67,7 +82,10 @@ struct alignas(64) ArenaHeader {
   uint32_t reserved0;
   uint64_t slot_bytes;  // data bytes of one member's area in one slot (multiple of 64)
   uint64_t total_bytes;
-  uint64_t reserved1[4];
+  // The settle word (above): the highest committed operation, kArenaFrozen
+  // once broken. Zero in a new arena. Only through the functions below.
+  std::atomic<uint64_t> settled;
+  uint64_t reserved1[3];
   // 0 while the arena may be used, otherwise the absl::StatusCode every
   // operation in it that not every member submitted fails with: the daemon's
   // when the group's epoch failed, or a member's when an operation passed its
@@ -140,11 +158,22 @@ inline T ReadOnce(const T& word) {
   return __atomic_load_n(&word, __ATOMIC_RELAXED);
 }
 
+inline constexpr uint64_t kArenaFrozen = uint64_t{1} << 63;
+
 // The break protocol. Marks the arena broken with `why`'s code (ABORTED for
 // an OK status: a broken arena never reads as healthy) and, when this caller
-// is the first to claim it, `why`'s message as the reason; rings the bell.
+// is the first to claim it, `why`'s message as the reason; then freezes the
+// settle word (FreezeArena) and rings the bell.
 // Thread- and process-safe, never blocks.
 void BreakArena(ArenaHeader* h, const absl::Status& why);
+// Commits operation `seq` (the caller saw every member's input in): true
+// when it completes, now or because a member committed it (or a later one)
+// already; false when the arena froze before anyone did, so it fails for
+// every member. Never blocks.
+bool CommitArenaOp(ArenaHeader* h, uint64_t seq);
+// Freezes the settle word: nothing commits from now on. Idempotent.
+void FreezeArena(ArenaHeader* h);
+bool ArenaFrozen(const ArenaHeader& h);
 // OK while `broken` is 0; otherwise the code a breaker wrote with its reason
 // (printable, at most sizeof(reason) bytes), or UNKNOWN when the word holds
 // no status code (a member overwrote it).
