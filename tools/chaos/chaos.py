@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""A chaos run: an HSDP training job across several hsdpd nodes meets a seeded
+schedule of faults and must end with the parameters of an undisturbed run.
+
+    tools/chaos/chaos.py --seed 7 --seconds 120 [--nodes 3] [--ranks-per-node 2]
+        [--steps 60] [--ckpt-every 5] [--kinds kill_trainer,stop_trainer,...]
+        [--build build] [--python build/venv/bin/python] [--out DIR] [--keep]
+
+1. The cluster: one hsdpd per node on loopback (cluster.py), node 0 the
+   embedded coordinator.
+2. The undisturbed run: the job (trainer.py: FSDP2 on a nodes x ranks mesh,
+   DCP checkpoints) from step 0 to --steps; its final parameters are the
+   reference, its per-step time the baseline; then each daemon's resources
+   (fds, memfds, threads, RSS from /proc) are its baseline.
+3. The chaos run: the same job from scratch while the faults of
+   schedule.draw(seed, ...) hit it (faults.py); the supervisor (job.py)
+   restarts the job from its last checkpoint whenever a rank fails or it
+   stops making progress (the stacks of every rank are dumped first).
+4. The verdict (verdict.py): the job reached its last step; its parameters
+   are bitwise equal to the reference; every fault was followed by new
+   progress within --recover-s; after the job every daemon is back at its
+   baseline (a restarted one: against the node's baseline); no trainer is left.
+
+Prints the schedule, what each fault did, the time each cost, and the
+verdict; writes report.json in --out. Exit 0 when the verdict holds, 1 when
+it does not, 2 for bad arguments, 77 when it cannot run here.
+A run is replayed exactly (the same schedule) by passing the same --seed,
+--seconds, --kinds, --nodes and --ranks-per-node.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+import cluster as cluster_mod  # noqa: E402
+import faults as faults_mod  # noqa: E402
+import job as job_mod  # noqa: E402
+import schedule as schedule_mod  # noqa: E402
+import verdict as verdict_mod  # noqa: E402
+
+SKIP = 77
+LOOPBACK_KINDS = schedule_mod.TRAINER_KINDS + schedule_mod.DAEMON_KINDS + ("disk_full",)
+
+
+def say(line):
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+
+def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None):
+    """Drives `job` to its end (or the deadline): restarts it when it fails or
+    stalls, injects `plan`'s faults at their times (from t0). Returns 'done' or why not."""
+    plan = list(plan)
+    restart_wanted, next_formed_check = True, 0.0
+    while time.monotonic() < deadline:
+        now_s = time.monotonic() - (t0 or 0)
+        if injector is not None:
+            while plan and plan[0].at_s <= now_s:
+                f = plan.pop(0)
+                if job.state() == "done":
+                    report["faults"].append({"fault": f.describe(), "did": "skipped: job done"})
+                    continue
+                did = injector.inject(f, now_s)
+                entry = {"fault": f.describe(), "kind": f.kind, "at": time.time(),
+                         "did": did or "skipped: its target was not running"}
+                report["faults"].append(entry)
+                say(f"fault {f.describe()}: {entry['did']}")
+            for line in injector.undo_due(now_s):
+                say(line)
+        st = job.state()
+        if st == "done":
+            return "done"
+        if st.startswith("failed"):
+            say(f"job incarnation {job.incarnation} {st}: ending it")
+            job.end(st)
+            restart_wanted = True
+        elif job.stalled():
+            say(f"job incarnation {job.incarnation} made no progress for {job.stall_s} s: "
+                "dumping its stacks and ending it")
+            job.dump_stacks()
+            job.end("stalled")
+            if report is not None:
+                report["stalls"] += 1
+            restart_wanted = True
+        if restart_wanted and (injector is None or not injector.daemons_down()) and \
+                time.monotonic() >= next_formed_check:
+            next_formed_check = time.monotonic() + 1.0
+            if all(n.alive() for n in cl.nodes) and cl.wait_formed(0):
+                job.start([n.socket for n in cl.nodes])
+                restart_wanted = False
+                say(f"job incarnation {job.incarnation} started")
+        time.sleep(0.1)
+    return "deadline"
+
+
+def sessions(node):
+    view = node.ctl_json("sessions")
+    return None if view is None else len(view.get("sessions", []))
+
+
+def quiesced_snapshots(cl, timeout=60):
+    """Each daemon's snapshot once it holds no session (bounded wait)."""
+    deadline = time.monotonic() + timeout
+    cluster_mod.wait_for(lambda: all(sessions(n) == 0 for n in cl.nodes), timeout, 0.5)
+    # A session's memory goes right after it ends: until two snapshots 0.5 s
+    # apart agree on fds, memfds and threads (bounded).
+    def key(snaps):
+        return [None if s is None else (s["fds"], s["memfds"], s["threads"]) for s in snaps]
+    last = None
+    while True:
+        now = [n.snapshot() for n in cl.nodes]
+        if key(now) == last or time.monotonic() >= deadline:
+            return now
+        last = key(now)
+        time.sleep(0.5)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--seconds", type=float, default=120, help="the fault window")
+    p.add_argument("--nodes", type=int, default=3)
+    p.add_argument("--ranks-per-node", type=int, default=2)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument("--kinds", default=",".join(LOOPBACK_KINDS))
+    p.add_argument("--rate", type=float, default=4.0, help="faults per minute")
+    p.add_argument("--recover-s", type=float, default=180,
+                   help="each fault must be followed by new progress within this")
+    p.add_argument("--deadline-s", type=float, default=1800)
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--python", default=None)
+    p.add_argument("--out", default=None)
+    p.add_argument("--keep", action="store_true")
+    a = p.parse_args()
+    kinds = [k for k in a.kinds.split(",") if k]
+    unsupported = set(kinds) - set(LOOPBACK_KINDS)
+    if unsupported:
+        print(f"chaos: kinds {sorted(unsupported)} need network namespaces, not in this mode",
+              file=sys.stderr)
+        return 2
+    build = os.path.abspath(a.build)
+    python = a.python or os.path.join(build, "venv", "bin", "python")
+    if not os.access(os.path.join(build, "bin", "hsdpd"), os.X_OK) or not os.access(python,
+                                                                                     os.X_OK):
+        print(f"chaos: needs {build}/bin/hsdpd and {python} (build first)", file=sys.stderr)
+        return SKIP
+    out = os.path.abspath(a.out) if a.out else tempfile.mkdtemp(prefix="hsdp-chaos-")
+    os.makedirs(out, exist_ok=True)
+    ckpt_mount = None
+    if "disk_full" in kinds:
+        if os.geteuid() != 0:
+            say("disk_full needs root (a tmpfs for the checkpoints): left out")
+            kinds.remove("disk_full")
+        else:
+            ckpt_mount = os.path.join(out, "ckpt-fs")
+            os.makedirs(ckpt_mount, exist_ok=True)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "chaos-ckpt", ckpt_mount],
+                           check=True)
+    world = a.nodes * a.ranks_per_node
+    plan = schedule_mod.draw(a.seed, a.seconds, kinds, a.nodes, world, a.rate)
+    report = {"seed": a.seed, "seconds": a.seconds, "nodes": a.nodes,
+              "ranks_per_node": a.ranks_per_node, "steps": a.steps, "kinds": kinds,
+              "schedule": [f.describe() for f in plan], "faults": [], "stalls": 0}
+    say(f"seed {a.seed}: {len(plan)} faults over {a.seconds:.0f} s, {a.nodes} nodes x "
+        f"{a.ranks_per_node} ranks, {a.steps} steps, checkpoint every {a.ckpt_every}; out {out}")
+    for f in plan:
+        say(f"  plan: {f.describe()}")
+    cl = cluster_mod.Cluster(build, out, a.nodes)
+    problems = []
+    job = ref = None
+    try:
+        if not cl.start(90):
+            print(f"chaos: the cluster did not form\n{cl.logs()}", file=sys.stderr)
+            return 1
+        # The undisturbed run.
+        ref = job_mod.Job(python, build, os.path.join(out, "reference"),
+                          os.path.join(out, "reference-ckpt"), a.nodes, a.ranks_per_node,
+                          a.steps, a.ckpt_every)
+        t = time.monotonic()
+        res = run_job(ref, cl, t + a.deadline_s)
+        ref_s = time.monotonic() - t
+        if res != "done" or ref.incarnation != 1:
+            print(f"chaos: the undisturbed run did not finish in one go ({res}, "
+                  f"{ref.incarnation} incarnations)\n{cl.logs()}", file=sys.stderr)
+            return 1
+        step_s = verdict_mod.step_seconds(ref.out)
+        baseline = quiesced_snapshots(cl)
+        say(f"undisturbed run: {ref_s:.1f} s, {step_s:.3f} s a step; daemons' baseline "
+            f"{baseline}")
+        report.update(reference_seconds=ref_s, step_seconds=step_s, baseline=baseline)
+        # The chaos run.
+        job = job_mod.Job(python, build, os.path.join(out, "chaos"),
+                          ckpt_mount or os.path.join(out, "chaos-ckpt"), a.nodes,
+                          a.ranks_per_node, a.steps, a.ckpt_every)
+        injector = faults_mod.Injector(cl, job, ckpt_mount)
+        t0 = time.monotonic()
+        res = run_job(job, cl, t0 + a.deadline_s, injector, plan, t0, report)
+        chaos_s = time.monotonic() - t0
+        for line in injector.undo_due(0, force=True):
+            say(line)
+        if res != "done":
+            job.dump_stacks()
+            problems.append(f"the job did not finish within {a.deadline_s:.0f} s "
+                            "(its ranks' stacks are in their logs)")
+        report.update(chaos_seconds=chaos_s, incarnations=job.incarnation,
+                      resumed_from=verdict_mod.resumes(job.out))
+        # The verdict.
+        equal, line = verdict_mod.compare_params(ref.out, job.out)
+        if not equal:
+            problems.append(line)
+        report["params"] = line
+        for entry in report["faults"]:
+            if entry.get("did", "").startswith("skipped"):
+                continue
+            lost = verdict_mod.time_lost(job.out, entry["at"])
+            entry["time_lost_s"] = lost
+            if lost is None or lost > a.recover_s:
+                problems.append(f"{entry['fault']}: no new progress within {a.recover_s:.0f} s")
+        if not cl.wait_formed(90):
+            problems.append("the cluster did not form again after the faults")
+        final = quiesced_snapshots(cl)
+        report["final"] = final
+        for i, (b, f) in enumerate(zip(baseline, final)):
+            for prob in verdict_mod.compare_resources(b, f):
+                problems.append(f"node {i} hsdpd: {prob}")
+        left = [pid for pid in job.pids() + ref.pids()]
+        if left:
+            problems.append(f"trainer processes left: {left}")
+        report["problems"] = problems
+        # The figures.
+        say(f"chaos run: {chaos_s:.1f} s (undisturbed {ref_s:.1f} s), {job.incarnation} "
+            f"incarnations, resumed from steps {report['resumed_from']}, "
+            f"{report['stalls']} stalls")
+        by_kind = {}
+        for entry in report["faults"]:
+            if entry.get("time_lost_s") is not None:
+                by_kind.setdefault(entry["kind"], []).append(entry["time_lost_s"])
+        for kind, lost in sorted(by_kind.items()):
+            say(f"time lost, {kind}: {len(lost)} faults, mean {sum(lost) / len(lost):.1f} s, "
+                f"max {max(lost):.1f} s")
+        report["time_lost_by_kind"] = {k: {"count": len(v), "mean_s": sum(v) / len(v),
+                                           "max_s": max(v)} for k, v in by_kind.items()}
+        say(line)
+        for prob in problems:
+            say(f"PROBLEM: {prob}")
+        say("verdict: " + ("OK" if not problems else f"FAILED ({len(problems)} problems)"))
+        return 0 if not problems else 1
+    finally:
+        for j in (job, ref):
+            if j is not None and j.procs:
+                j.end("chaos run over")
+        cl.stop()
+        with open(os.path.join(out, "report.json"), "w") as f:
+            json.dump(report, f, indent=1, default=str)
+        if ckpt_mount is not None:
+            subprocess.run(["umount", ckpt_mount], check=False)
+        if not a.keep and not problems:
+            shutil.rmtree(out, ignore_errors=True)
+        elif problems or a.keep:
+            say(f"kept {out} (logs: node*/hsdpd.log, chaos/rank*.log, report.json)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""The chaos run's nodes: one hsdpd per node on loopback, node 0 the embedded
+coordinator, each with its own directory, socket, node.yaml and log (kept
+across restarts: a restarted daemon appends to it).
+
+Node.kill() is SIGKILL, Node.drain() is `hsdpctl drain` (the daemon exits 0
+as for an upgrade), Node.start() starts it again with the same
+configuration. Resource snapshots (fds, memfds, threads, RSS) come from
+/proc: the OS's own accounting.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+
+def free_ports(n):
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def wait_for(pred, timeout, interval=0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v or time.monotonic() >= deadline:
+            return v
+        time.sleep(interval)
+
+
+def snapshot(pid):
+    """{fds, memfds, threads, rss_kib} of a live process, from /proc; None if it is gone."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+        memfds = 0
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:"):
+                    memfds += 1
+            except OSError:
+                pass
+        threads = len(os.listdir(f"/proc/{pid}/task"))
+        with open(f"/proc/{pid}/status") as f:
+            rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        return {"fds": len(fds), "memfds": memfds, "threads": threads, "rss_kib": rss}
+    except (OSError, StopIteration):
+        return None
+
+
+class Node:
+    def __init__(self, build, root, index, nodes, ports, token_file, heartbeat_ms,
+                 missed_heartbeats, collective_ms):
+        self.build = build
+        self.index = index
+        self.dir = os.path.join(root, f"node{index}")
+        os.makedirs(self.dir, exist_ok=True)
+        self.socket = os.path.join(self.dir, "hsdpd.sock")
+        self.log_path = os.path.join(self.dir, "hsdpd.log")
+        self.config = os.path.join(self.dir, "node.yaml")
+        with open(self.config, "w") as f:
+            f.write(f'cluster:\n  coordinator: "127.0.0.1:{ports[0]}"\n'
+                    f'  listen: "127.0.0.1:{ports[index]}"\n'
+                    f"  nodes: {nodes}\n  node_rank: {index}\n  token_file: \"{token_file}\"\n"
+                    f"  heartbeat_ms: {heartbeat_ms}\n  missed_heartbeats: {missed_heartbeats}\n"
+                    "  join_timeout_ms: 60000\n"
+                    f"timeouts:\n  collective_ms: {collective_ms}\n  shutdown_grace_ms: 500\n"
+                    "engine:\n  threads: 1\n")
+        self.proc = None
+        self.starts = 0
+
+    def start(self):
+        if os.path.exists(self.socket):
+            os.unlink(self.socket)  # a killed daemon's socket file
+        logf = open(self.log_path, "a")
+        logf.write(f"=== chaos: start {self.starts + 1} at {time.time():.3f}\n")
+        logf.flush()
+        self.proc = subprocess.Popen(
+            [os.path.join(self.build, "bin", "hsdpd"), "--node-config", self.config,
+             "--socket", self.socket, "--log-level", "info"],
+            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        logf.close()
+        self.starts += 1
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def ready(self):
+        """The daemon accepts connections on its socket (it joined the cluster)."""
+        if not self.alive() or not os.path.exists(self.socket):
+            return False
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(self.socket)
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def kill(self):
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def drain(self, timeout_s=30):
+        """`hsdpctl drain`; returns (exit code of hsdpctl, exit code of hsdpd or None)."""
+        r = self.ctl("drain", "--timeout", str(timeout_s), timeout=timeout_s + 30)
+        try:
+            code = self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            code = None
+        return r.returncode, code
+
+    def stop(self):
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def ctl(self, *args, timeout=15):
+        """hsdpctl against this node; options (--json) before the command."""
+        opts = [a for a in args if a == "--json"]
+        rest = [a for a in args if a != "--json"]
+        return subprocess.run([os.path.join(self.build, "bin", "hsdpctl"), "--socket",
+                               self.socket, "--timeout", "5", *opts, *rest],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def ctl_json(self, *args):
+        try:
+            r = self.ctl("--json", *args)
+            return json.loads(r.stdout) if r.stdout.strip() else None
+        except (subprocess.TimeoutExpired, ValueError):
+            return None
+
+    def alive_nodes(self):
+        view = self.ctl_json("nodes") or {}
+        return sum(1 for n in view.get("nodes", []) if n.get("state") == "alive")
+
+    def snapshot(self):
+        return snapshot(self.proc.pid) if self.alive() else None
+
+    def log_tail(self, n=3000):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()[-n:]
+        except OSError:
+            return ""
+
+
+class Cluster:
+    def __init__(self, build, root, nodes, heartbeat_ms=200, missed_heartbeats=15,
+                 collective_ms=60000):
+        self.root = root
+        self.token_file = os.path.join(root, "token")
+        with open(os.open(self.token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write("chaos cluster token\n")
+        ports = free_ports(nodes)
+        self.nodes = [Node(build, root, i, nodes, ports, self.token_file, heartbeat_ms,
+                           missed_heartbeats, collective_ms) for i in range(nodes)]
+
+    def start(self, timeout=60):
+        for n in self.nodes:
+            if not n.alive():
+                n.start()
+        return self.wait_formed(timeout)
+
+    def wait_formed(self, timeout=60):
+        """True once every daemon runs, accepts trainers and sees every node alive."""
+        want = len(self.nodes)
+        return bool(wait_for(lambda: all(n.ready() for n in self.nodes) and
+                             all(n.alive_nodes() == want for n in self.nodes), timeout, 0.2))
+
+    def stop(self):
+        for n in self.nodes:
+            n.stop()
+
+    def logs(self, tail=3000):
+        return "".join(f"--- node {n.index} hsdpd log (tail) ---\n{n.log_tail(tail)}\n"
+                       for n in self.nodes)

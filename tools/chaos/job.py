@@ -1,0 +1,124 @@
+"""The chaos job's supervisor (what torchrun's elastic agent is to a job):
+starts every rank of an incarnation, notices a rank that failed or a job that
+stopped making progress, ends the incarnation and starts the next one from
+the last checkpoint once the cluster is whole again.
+
+Rank r runs on node r // ranks_per_node; the mesh is (nodes, ranks_per_node),
+replicate x shard, so shard groups stay within a node and replicas span the
+nodes (HSDP). Each incarnation gets a fresh torch store file (so a new job
+id); trainer logs are appended per rank (out/rank<r>.log).
+"""
+import os
+import signal
+import subprocess
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Job:
+    def __init__(self, python, build, out, ckpt_dir, nodes, ranks_per_node, steps, ckpt_every,
+                 backend="hsdpd", pg_timeout=60, stall_s=120):
+        self.python, self.build, self.out, self.ckpt_dir = python, build, out, ckpt_dir
+        self.nodes, self.per_node = nodes, ranks_per_node
+        self.world = nodes * ranks_per_node
+        self.steps, self.ckpt_every = steps, ckpt_every
+        self.backend, self.pg_timeout, self.stall_s = backend, pg_timeout, stall_s
+        self.procs = []
+        self.incarnation = 0
+        self.events = []  # (time, what)
+        self.started_at = None
+        os.makedirs(out, exist_ok=True)
+        os.makedirs(ckpt_dir, exist_ok=True)
+
+    def node_of(self, rank):
+        return rank // self.per_node
+
+    def start(self, sockets):
+        """Starts incarnation n + 1; sockets[i]: node i's hsdpd socket."""
+        self.incarnation += 1
+        store = os.path.join(self.out, f"store-{self.incarnation}")
+        pypath = os.pathsep.join([os.path.join(self.build, "python")] +
+                                 [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                  if p])
+        self.procs = []
+        for r in range(self.world):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(self.world),
+                       LOCAL_RANK=str(r % self.per_node), PYTHONPATH=pypath,
+                       OMP_NUM_THREADS="1", HSDPD_SOCKET=sockets[self.node_of(r)],
+                       HSDP_CHAOS_RUN=self.out)
+            log = open(os.path.join(self.out, f"rank{r}.log"), "a")
+            log.write(f"=== incarnation {self.incarnation} at {time.time():.3f}\n")
+            log.flush()
+            self.procs.append(subprocess.Popen(
+                [self.python, os.path.join(HERE, "trainer.py"), "--steps", str(self.steps),
+                 "--ckpt-every", str(self.ckpt_every), "--ckpt-dir", self.ckpt_dir,
+                 "--out", self.out, "--mesh", f"{self.nodes},{self.per_node}",
+                 "--backend", self.backend, "--store", store,
+                 "--pg-timeout", str(self.pg_timeout)],
+                env=env, stdout=log, stderr=subprocess.STDOUT))
+            log.close()
+        self.started_at = time.monotonic()
+        self.events.append((time.time(), f"incarnation {self.incarnation} started"))
+
+    def pids(self):
+        return [p.pid for p in self.procs if p.poll() is None]
+
+    def pid_of(self, rank):
+        if rank < len(self.procs) and self.procs[rank].poll() is None:
+            return self.procs[rank].pid
+        return None
+
+    def state(self):
+        """'idle', 'running', 'done', or 'failed: rank r exit c' (the first one seen)."""
+        if not self.procs:
+            return "idle"
+        codes = [p.poll() for p in self.procs]
+        for r, c in enumerate(codes):
+            if c not in (None, 0):
+                return f"failed: rank {r} exit {c}"
+        if all(c == 0 for c in codes):
+            return "done"
+        return "running"
+
+    def last_progress(self):
+        """Unix time of the last line rank 0 wrote to progress.log (0: none)."""
+        try:
+            with open(os.path.join(self.out, "progress.log"), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 200))
+                tail = f.read().decode(errors="replace").strip().splitlines()
+            return float(tail[-1].split()[0]) if tail else 0.0
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
+    def stalled(self):
+        """No progress for stall_s (counted from the incarnation's start at the earliest)."""
+        if self.state() != "running":
+            return False
+        since = max(self.last_progress(), time.time() - (time.monotonic() - self.started_at))
+        return time.time() - since > self.stall_s
+
+    def dump_stacks(self):
+        """Every live rank prints its Python stacks to its log (faulthandler, SIGUSR1)."""
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+        time.sleep(1.0)  # let faulthandler write (bounded; the processes are killed next)
+
+    def end(self, why):
+        """Ends the incarnation: SIGCONT (a stopped rank), SIGKILL, reap."""
+        for p in self.procs:
+            if p.poll() is None:
+                for sig in (signal.SIGCONT, signal.SIGKILL):
+                    try:
+                        os.kill(p.pid, sig)
+                    except ProcessLookupError:
+                        pass
+        for p in self.procs:
+            p.wait()
+        self.events.append((time.time(), f"incarnation {self.incarnation} ended: {why}"))
+        self.procs = []

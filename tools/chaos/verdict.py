@@ -1,0 +1,89 @@
+"""Judging a chaos run: the final parameters against the undisturbed run's, the
+time each fault cost, and every daemon's resources against its baseline.
+
+All inputs are files and /proc snapshots; nothing here changes the run.
+"""
+import os
+import statistics
+
+import numpy as np
+
+
+def progress(out_dir):
+    """[(unix time, kind, n)] from a job's progress.log (kind: step, resume, ...)."""
+    rows = []
+    try:
+        with open(os.path.join(out_dir, "progress.log")) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and parts[2].lstrip("-").isdigit():
+                    rows.append((float(parts[0]), parts[1], int(parts[2])))
+    except FileNotFoundError:
+        pass
+    return rows
+
+
+def step_seconds(out_dir):
+    """Median seconds between consecutive steps of one incarnation (no resume between)."""
+    rows = progress(out_dir)
+    gaps = [b[0] - a[0] for a, b in zip(rows, rows[1:])
+            if a[1] == "step" and b[1] == "step" and b[2] == a[2] + 1]
+    return statistics.median(gaps) if gaps else None
+
+
+def time_lost(out_dir, fault_time):
+    """Seconds from a fault (unix time) to the first step beyond every step
+    completed before it; None when training never got past it."""
+    rows = [r for r in progress(out_dir) if r[1] == "step"]
+    high = max((n for t, _, n in rows if t < fault_time), default=0)
+    for t, _, n in rows:
+        if t >= fault_time and n > high:
+            return t - fault_time
+    return None
+
+
+def resumes(out_dir):
+    """The steps each incarnation resumed from, in order."""
+    return [n for _, kind, n in progress(out_dir) if kind == "resume"]
+
+
+def compare_params(ref_dir, run_dir):
+    """(equal bit for bit, a line saying so or naming the first difference)."""
+    try:
+        ref = np.load(os.path.join(ref_dir, "final.npz"))
+        got = np.load(os.path.join(run_dir, "final.npz"))
+    except FileNotFoundError as e:
+        return False, f"missing final parameters: {e}"
+    if sorted(ref.files) != sorted(got.files):
+        return False, f"parameter names differ: {sorted(ref.files)} vs {sorted(got.files)}"
+    for n in sorted(ref.files):
+        a, b = ref[n], got[n]
+        if a.shape != b.shape or a.dtype != b.dtype or a.tobytes() != b.tobytes():
+            diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) \
+                if a.shape == b.shape else float("nan")
+            return False, f"parameter {n} differs (max |diff| {diff:.3g})"
+    return True, f"{len(ref.files)} parameters bitwise equal to the undisturbed run's"
+
+
+# What "back at its baseline" allows: the sessions' shared memory and the
+# threads exactly; a few fds (connections between daemons come and go with
+# restarts); RSS within the allocator's slack.
+FD_SLACK = 8
+RSS_SLACK_KIB = 32 * 1024
+
+
+def compare_resources(baseline, now):
+    """Problems (lines) of one daemon's snapshot against its baseline."""
+    if now is None:
+        return ["not running"]
+    out = []
+    if now["memfds"] > baseline["memfds"]:
+        out.append(f"memfds {now['memfds']} > baseline {baseline['memfds']}")
+    if now["threads"] > baseline["threads"]:
+        out.append(f"threads {now['threads']} > baseline {baseline['threads']}")
+    if now["fds"] > baseline["fds"] + FD_SLACK:
+        out.append(f"fds {now['fds']} > baseline {baseline['fds']} + {FD_SLACK}")
+    if now["rss_kib"] > baseline["rss_kib"] * 1.25 + RSS_SLACK_KIB:
+        out.append(f"RSS {now['rss_kib']} KiB > 1.25 x baseline {baseline['rss_kib']} KiB "
+                   f"+ {RSS_SLACK_KIB} KiB")
+    return out
