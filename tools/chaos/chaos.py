@@ -53,11 +53,12 @@ def say(line):
     print(f"[chaos {time.strftime('%H:%M:%S')}] {line}", flush=True)
 
 
-def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None):
+def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None, detect_s=20.0):
     """Drives `job` to its end (or the deadline): restarts it when it fails or
     stalls, injects `plan`'s faults at their times (from t0). Returns 'done' or why not."""
     plan = list(plan)
     restart_wanted, next_formed_check = True, 0.0
+    failing_since, first_exit, first_state = None, {}, None
     while time.monotonic() < deadline:
         now_s = time.monotonic() - (t0 or 0)
         if injector is not None:
@@ -77,9 +78,31 @@ def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None):
         if st == "done":
             return "done"
         if st.startswith("failed"):
-            say(f"job incarnation {job.incarnation} {st}: ending it")
-            job.end(st)
-            restart_wanted = True
+            # The survivors get detect_s to fail by themselves (what hsdpd tells
+            # them is part of the verdict); then the rest are ended.
+            if failing_since is None:
+                failing_since, first_state = time.monotonic(), st
+                first_exit = {r: c for r, c in job.exits().items() if c is not None}
+            exits = job.exits()
+            if all(c is not None for c in exits.values()) or \
+                    time.monotonic() - failing_since > detect_s:
+                if any(c is None for c in exits.values()):
+                    job.dump_stacks()  # where the ranks that noticed nothing wait
+                record = {"incarnation": job.incarnation, "at": time.time(), "first": first_state,
+                          "detect_s": time.monotonic() - failing_since,
+                          "failed_by_themselves": {
+                              r: job.last_error(r) for r, c in exits.items()
+                              if c is not None and r not in first_exit},
+                          "still_running": [r for r, c in exits.items() if c is None]}
+                if report is not None:
+                    report["failures"].append(record)
+                say(f"job incarnation {job.incarnation} {first_state}; "
+                    f"{len(record['failed_by_themselves'])} more failed by themselves within "
+                    f"{time.monotonic() - failing_since:.1f} s, "
+                    f"{len(record['still_running'])} ended: restarting")
+                job.end(first_state)
+                failing_since = None
+                restart_wanted = True
         elif job.stalled():
             say(f"job incarnation {job.incarnation} made no progress for {job.stall_s} s: "
                 "dumping its stacks and ending it")
@@ -137,9 +160,13 @@ def main():
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--python", default=None)
     p.add_argument("--out", default=None)
+    p.add_argument("--backend", default="hsdpd", choices=("hsdpd", "gloo"),
+                   help="gloo: the same job over Gloo (the daemons idle), the baseline")
     p.add_argument("--keep", action="store_true")
     a = p.parse_args()
     kinds = [k for k in a.kinds.split(",") if k]
+    if a.backend == "gloo":
+        kinds = [k for k in kinds if k not in schedule_mod.DAEMON_KINDS]
     unsupported = set(kinds) - set(LOOPBACK_KINDS)
     if unsupported:
         print(f"chaos: kinds {sorted(unsupported)} need network namespaces, not in this mode",
@@ -165,9 +192,10 @@ def main():
                            check=True)
     world = a.nodes * a.ranks_per_node
     plan = schedule_mod.draw(a.seed, a.seconds, kinds, a.nodes, world, a.rate)
-    report = {"seed": a.seed, "seconds": a.seconds, "nodes": a.nodes,
+    report = {"seed": a.seed, "seconds": a.seconds, "backend": a.backend, "nodes": a.nodes,
               "ranks_per_node": a.ranks_per_node, "steps": a.steps, "kinds": kinds,
-              "schedule": [f.describe() for f in plan], "faults": [], "stalls": 0}
+              "schedule": [f.describe() for f in plan], "faults": [], "stalls": 0,
+              "failures": []}
     say(f"seed {a.seed}: {len(plan)} faults over {a.seconds:.0f} s, {a.nodes} nodes x "
         f"{a.ranks_per_node} ranks, {a.steps} steps, checkpoint every {a.ckpt_every}; out {out}")
     for f in plan:
@@ -182,7 +210,7 @@ def main():
         # The undisturbed run.
         ref = job_mod.Job(python, build, os.path.join(out, "reference"),
                           os.path.join(out, "reference-ckpt"), a.nodes, a.ranks_per_node,
-                          a.steps, a.ckpt_every)
+                          a.steps, a.ckpt_every, backend=a.backend)
         t = time.monotonic()
         res = run_job(ref, cl, t + a.deadline_s)
         ref_s = time.monotonic() - t
@@ -193,12 +221,12 @@ def main():
         step_s = verdict_mod.step_seconds(ref.out)
         baseline = quiesced_snapshots(cl)
         say(f"undisturbed run: {ref_s:.1f} s, {step_s:.3f} s a step; daemons' baseline "
-            f"{baseline}")
+            f"{[{k: v for k, v in b.items() if k != 'thread_names'} for b in baseline]}")
         report.update(reference_seconds=ref_s, step_seconds=step_s, baseline=baseline)
         # The chaos run.
         job = job_mod.Job(python, build, os.path.join(out, "chaos"),
                           ckpt_mount or os.path.join(out, "chaos-ckpt"), a.nodes,
-                          a.ranks_per_node, a.steps, a.ckpt_every)
+                          a.ranks_per_node, a.steps, a.ckpt_every, backend=a.backend)
         injector = faults_mod.Injector(cl, job, ckpt_mount)
         t0 = time.monotonic()
         res = run_job(job, cl, t0 + a.deadline_s, injector, plan, t0, report)
@@ -223,6 +251,26 @@ def main():
             entry["time_lost_s"] = lost
             if lost is None or lost > a.recover_s:
                 problems.append(f"{entry['fault']}: no new progress within {a.recover_s:.0f} s")
+        # A killed trainer is named by the ranks that failed because of it
+        # (unless another fault hit the same incarnation: then who says what
+        # depends on which came first).
+        injected = [e for e in report["faults"] if not e["did"].startswith("skipped")]
+        for entry in injected:
+            if entry["kind"] != "kill_trainer" or a.backend != "hsdpd":
+                continue
+            rec = next((f for f in report["failures"] if f["at"] >= entry["at"]), None)
+            if rec is None or not rec["failed_by_themselves"]:
+                continue  # ended by the supervisor before anyone else noticed
+            if any(o is not entry and entry["at"] - 5 <= o["at"] <= rec["at"] for o in injected):
+                continue
+            rank = int(entry["did"].split()[2])
+            named = sorted(r for r, why in rec["failed_by_themselves"].items()
+                           if f"rank {rank} left the job" in why)
+            entry["named_by"] = named
+            entry["detect_s"] = rec["detect_s"]
+            if not named:
+                problems.append(f"{entry['fault']}: no rank that failed after it named rank "
+                                f"{rank}: {rec['failed_by_themselves']}")
         if not cl.wait_formed(90):
             problems.append("the cluster did not form again after the faults")
         final = quiesced_snapshots(cl)

@@ -39,7 +39,8 @@ def wait_for(pred, timeout, interval=0.1):
 
 
 def snapshot(pid):
-    """{fds, memfds, threads, rss_kib} of a live process, from /proc; None if it is gone."""
+    """{fds, memfds, threads, rss_kib, thread_names: {comm: count}} of a live
+    process, from /proc; None if it is gone."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
         memfds = 0
@@ -49,10 +50,19 @@ def snapshot(pid):
                     memfds += 1
             except OSError:
                 pass
-        threads = len(os.listdir(f"/proc/{pid}/task"))
+        names = {}
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    comm = f.read().strip()
+                names[comm] = names.get(comm, 0) + 1
+            except OSError:
+                pass
+        threads = sum(names.values())
         with open(f"/proc/{pid}/status") as f:
             rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        return {"fds": len(fds), "memfds": memfds, "threads": threads, "rss_kib": rss}
+        return {"fds": len(fds), "memfds": memfds, "threads": threads, "rss_kib": rss,
+                "thread_names": names}
     except (OSError, StopIteration):
         return None
 

@@ -109,6 +109,22 @@ class Job:
                     pass
         time.sleep(1.0)  # let faulthandler write (bounded; the processes are killed next)
 
+    def exits(self):
+        """{rank: exit code} of the ranks that ended (None: still running)."""
+        return {r: p.poll() for r, p in enumerate(self.procs)}
+
+    def last_error(self, rank):
+        """The last line rank `rank` printed in this incarnation: after a traceback,
+        the exception and its message ('' if it printed nothing)."""
+        try:
+            with open(os.path.join(self.out, f"rank{rank}.log"), errors="replace") as f:
+                text = f.read()
+        except OSError:
+            return ""
+        text = text[text.rfind("=== incarnation "):]
+        lines = [line.strip() for line in text.splitlines()[1:] if line.strip()]
+        return lines[-1][:400] if lines else ""
+
     def end(self, why):
         """Ends the incarnation: SIGCONT (a stopped rank), SIGKILL, reap."""
         for p in self.procs:
