@@ -128,6 +128,34 @@ TEST(DaemonTest, AttachShowsInStatusAndDetachRemovesIt) {
   EXPECT_EQ(d.Stop(), 0);
 }
 
+// A client library from before the arena's settle word (arena version 2)
+// offers the retired feature bit: hsdpd grants it nothing and gives its
+// groups no arena (they run through the daemon), where it would otherwise
+// hand it an arena it refuses. The current library's offer gets an arena.
+TEST(DaemonTest, AClientOfTheRetiredArenaVersionGetsGroupsWithoutAnArena) {
+  TempDir dir;
+  DaemonProcess d(dir);
+  ASSERT_TRUE(d.Start()) << d.Log();
+  testing::RawSession old_lib;
+  ASSERT_TRUE(old_lib
+                  .Open(d.socket(), "old-library", 0, 1,
+                        shm::kFeatureEpochs | shm::kFeaturePointToPoint |
+                            shm::kFeatureOpPriority | shm::kFeatureRetiredArenaV1)
+                  .ok());
+  EXPECT_EQ(old_lib.features() & (shm::kFeatureRetiredArenaV1 | shm::kFeatureSmallOpArena), 0u);
+  auto g = old_lib.NewGroupReply({0});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->arena_fd_tag(), 0u);
+  EXPECT_EQ(g->arena_bytes(), 0u);
+  testing::RawSession current;
+  ASSERT_TRUE(current.Open(d.socket(), "current-library", 0, 1).ok());
+  EXPECT_NE(current.features() & shm::kFeatureSmallOpArena, 0u);
+  auto h = current.NewGroupReply({0});
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_NE(h->arena_fd_tag(), 0u);
+  EXPECT_GT(h->arena_bytes(), 0u);
+}
+
 TEST(DaemonTest, AttachErrors) {
   TempDir dir;
   DaemonProcess d(dir);

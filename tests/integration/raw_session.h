@@ -95,6 +95,12 @@ class RawSession {
   }
 
   absl::StatusOr<uint32_t> NewGroup(const std::vector<int>& ranks) {
+    absl::StatusOr<v1::NewGroupResponse> resp = NewGroupReply(ranks);
+    if (!resp.ok()) return resp.status();
+    return resp->group_id();
+  }
+  // The whole reply (arena_fd_tag, arena_bytes: whether the group has an arena).
+  absl::StatusOr<v1::NewGroupResponse> NewGroupReply(const std::vector<int>& ranks) {
     v1::NewGroupRequest req;
     req.set_session_id(session_id_);
     for (int r : ranks) req.add_ranks(r);
@@ -102,7 +108,7 @@ class RawSession {
     grpc::ClientContext ctx;
     grpc::Status s = stub_->NewGroup(&ctx, req, &resp);
     if (!s.ok()) return absl::UnknownError("NewGroup: " + s.error_message());
-    return resp.group_id();
+    return resp;
   }
 
   // Returns the buffer id; *data points at our mapping.

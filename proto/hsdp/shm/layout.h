@@ -42,8 +42,15 @@ enum Feature : uint64_t {
   kFeatureDeviceMemory = 1ull << 1,  // device buffers and device events (GPU engine)
   kFeaturePointToPoint = 1ull << 2,  // peer / tag / splits fields (send, recv, all-to-all)
   kFeatureOpPriority = 1ull << 3,    // kFlagLatencyCritical (a daemon without it never sees it)
-  kFeatureSmallOpArena = 1ull << 4,  // groups' small-operation arenas (arena.h) at NewGroup
+  // Groups' small-operation arenas (arena.h) at NewGroup, of kArenaVersion
+  // 2 (the settle word). Bit 4 offered them at version 1, where members could
+  // disagree on an operation's outcome: retired, never granted, so a client
+  // library from before arena version 2 (say, still running in a job while
+  // its node's package is upgraded under it) gets no arena and its groups
+  // run through the daemon instead of failing NewGroup.
+  kFeatureSmallOpArena = 1ull << 5,
 };
+inline constexpr uint64_t kFeatureRetiredArenaV1 = 1ull << 4;
 // Features this build implements (client and daemon).
 inline constexpr uint64_t kFeaturesImplemented =
     kFeatureEpochs | kFeaturePointToPoint | kFeatureOpPriority | kFeatureSmallOpArena;
