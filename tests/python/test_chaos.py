@@ -48,8 +48,8 @@ def test_a_short_chaos_run_ends_with_the_undisturbed_parameters(tmp_path):
     out = tmp_path / "run"
     r = subprocess.run(
         [sys.executable, os.path.join(CHAOS, "chaos.py"), "--seed", "5", "--seconds", "60",
-         "--rate", "6", "--nodes", "3", "--ranks-per-node", "2", "--steps", "40",
-         "--ckpt-every", "4", "--kinds", ",".join(KINDS), "--build", BUILD, "--python",
+         "--rate", "6", "--nodes", "3", "--ranks-per-node", "2", "--steps", "160",
+         "--ckpt-every", "8", "--kinds", ",".join(KINDS), "--build", BUILD, "--python",
          sys.executable, "--out", str(out), "--deadline-s", "600"],
         capture_output=True, text=True, timeout=900)
     print(r.stdout[-6000:])

@@ -65,7 +65,8 @@ def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None, det
             while plan and plan[0].at_s <= now_s:
                 f = plan.pop(0)
                 if job.state() == "done":
-                    report["faults"].append({"fault": f.describe(), "did": "skipped: job done"})
+                    report["faults"].append({"fault": f.describe(), "kind": f.kind,
+                                             "did": "skipped: the job had finished"})
                     continue
                 did = injector.inject(f, now_s)
                 entry = {"fault": f.describe(), "kind": f.kind, "at": time.time(),
@@ -76,6 +77,10 @@ def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None, det
                 say(line)
         st = job.state()
         if st == "done":
+            if report is not None:
+                for f in plan:  # the job finished before their time
+                    report["faults"].append({"fault": f.describe(), "kind": f.kind,
+                                             "did": "skipped: the job had finished"})
             return "done"
         if st.startswith("failed"):
             # The survivors get detect_s to fail by themselves (what hsdpd tells
@@ -92,7 +97,7 @@ def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None, det
                           "detect_s": time.monotonic() - failing_since,
                           "failed_by_themselves": {
                               r: job.last_error(r) for r, c in exits.items()
-                              if c is not None and r not in first_exit},
+                              if c not in (None, 0) and r not in first_exit},
                           "still_running": [r for r, c in exits.items() if c is None]}
                 if report is not None:
                     report["failures"].append(record)

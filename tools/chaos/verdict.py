@@ -33,10 +33,15 @@ def step_seconds(out_dir):
 
 def time_lost(out_dir, fault_time):
     """Seconds from a fault (unix time) to the first step beyond every step
-    completed before it; None when training never got past it."""
-    rows = [r for r in progress(out_dir) if r[1] == "step"]
-    high = max((n for t, _, n in rows if t < fault_time), default=0)
-    for t, _, n in rows:
+    completed before it (or the job's end); None when training never got past it."""
+    # The job's end ("done N") counts as beyond step N: a fault after the last
+    # step is recovered from when the job finishes.
+    rows = [(t, n + (0.5 if kind == "done" else 0)) for t, kind, n in progress(out_dir)
+            if kind in ("step", "done")]
+    high = max((n for t, n in rows if t < fault_time), default=0)
+    if high != int(high):
+        return 0.0  # the job had finished its last step before the fault
+    for t, n in rows:
         if t >= fault_time and n > high:
             return t - fault_time
     return None
