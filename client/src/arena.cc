@@ -502,11 +502,10 @@ void GroupArena::Close(const absl::Status& why) {
   // the callers close before unmapping); then this member leaves, and the
   // arena breaks with `why` for the others, so that what it leaves pending
   // fails for every member alike, not only here.
-  while (!pending_.empty() && AllArrived(pending_.front().seq) &&
-         shm::CommitArenaOp(header_, pending_.front().seq)) {
+  while (!pending_.empty() && AllArrived(pending_.front().seq)) {
     Pending p = std::move(pending_.front());
     pending_.pop_front();
-    SettleLocked(p, /*freeze=*/false);
+    SettleLocked(p, /*freeze=*/false);  // every input in: always decided
   }
   Break(why.ok() ? absl::CancelledError("a member closed the group's arena") : why);
   while (!pending_.empty()) {
