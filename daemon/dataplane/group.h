@@ -160,6 +160,11 @@ class Group : public std::enable_shared_from_this<Group> {
   std::shared_ptr<SmallOpArena> ArenaFor(uint32_t epoch) const ABSL_LOCKS_EXCLUDED(mu_);
   // Marks the arena broken with `why` (the daemon is going away).
   void BreakArena(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // The daemon is going away: the current epoch fails with `why` for every
+  // member (and is reported to the other daemons) while the members'
+  // sessions are still open, so each waiting operation carries `why` rather
+  // than a session's generic end.
+  void DaemonLeaving(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
   // Operations completed in the arena (0 without one), for metrics.
   uint64_t ArenaOpsCompleted() const ABSL_LOCKS_EXCLUDED(mu_);
   // Every engine group this group created: its key, and one per

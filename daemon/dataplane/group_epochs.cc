@@ -183,6 +183,8 @@ void Group::FailEpoch(const absl::Status& status, uint32_t epoch, bool report,
   if (!to_fail.empty()) Notify(std::move(to_fail), status, 0, 0);
 }
 
+void Group::DaemonLeaving(const absl::Status& why) { FailEpoch(why, 0, /*report=*/true); }
+
 void Group::MemberLeft(const Session* session, const std::string& why) {
   absl::Status status;
   std::vector<Arrival> queued;

@@ -339,10 +339,15 @@ void SessionManager::EndAll(const std::string& why) {
     absl::MutexLock l(&mu_);
     for (auto& [id, s] : sessions_) ids.push_back(id);
   }
-  // Members waiting in arenas hear that the daemon is going (UNAVAILABLE:
-  // reconnect), before the sessions' ends fail the epochs (ABORTED).
+  // Members waiting in arenas or on operations hear that the daemon is
+  // going (UNAVAILABLE: reconnect), before the sessions end: a session's end
+  // closes its channel first, and a member that sees it closed before its
+  // operation's completion would learn only that the session ended.
   const absl::Status going = absl::UnavailableError(why);
-  for (const std::shared_ptr<Group>& g : AllGroups()) g->BreakArena(going);
+  for (const std::shared_ptr<Group>& g : AllGroups()) {
+    g->BreakArena(going);
+    g->DaemonLeaving(going);
+  }
   for (uint64_t id : ids) EndSession(id, why);
 }
 

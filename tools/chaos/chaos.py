@@ -58,7 +58,7 @@ def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None, det
     stalls, injects `plan`'s faults at their times (from t0). Returns 'done' or why not."""
     plan = list(plan)
     restart_wanted, next_formed_check = True, 0.0
-    failing_since, first_exit, first_state = None, {}, None
+    failing_since, failing_at, first_exit, first_state = None, 0.0, {}, None
     while time.monotonic() < deadline:
         now_s = time.monotonic() - (t0 or 0)
         if injector is not None:
@@ -87,6 +87,7 @@ def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None, det
             # them is part of the verdict); then the rest are ended.
             if failing_since is None:
                 failing_since, first_state = time.monotonic(), st
+                failing_at = time.time()
                 first_exit = {r: c for r, c in job.exits().items() if c is not None}
             exits = job.exits()
             if all(c is not None for c in exits.values()) or \
@@ -94,6 +95,7 @@ def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None, det
                 if any(c is None for c in exits.values()):
                     job.dump_stacks()  # where the ranks that noticed nothing wait
                 record = {"incarnation": job.incarnation, "at": time.time(), "first": first_state,
+                          "failing_at": failing_at,
                           "detect_s": time.monotonic() - failing_since,
                           "failed_by_themselves": {
                               r: job.last_error(r) for r, c in exits.items()
@@ -262,8 +264,9 @@ def main():
             if lost is None or lost > a.recover_s:
                 problems.append(f"{entry['fault']}: no new progress within {a.recover_s:.0f} s")
         # A killed trainer is named by the ranks that failed because of it
-        # (unless another fault hit the same incarnation: then who says what
-        # depends on which came first).
+        # (unless another fault hit the same incarnation, or the incarnation
+        # was already failing when it was killed: then who says what depends
+        # on which came first).
         injected = [e for e in report["faults"] if not e["did"].startswith("skipped")]
         for entry in injected:
             if entry["kind"] != "kill_trainer" or a.backend != "hsdpd":
@@ -271,6 +274,8 @@ def main():
             rec = next((f for f in report["failures"] if f["at"] >= entry["at"]), None)
             if rec is None or not rec["failed_by_themselves"]:
                 continue  # ended by the supervisor before anyone else noticed
+            if rec["failing_at"] < entry["at"]:
+                continue  # it was killed while its incarnation was failing already
             if any(o is not entry and entry["at"] - 5 <= o["at"] <= rec["at"] for o in injected):
                 continue
             rank = int(entry["did"].split()[2])
