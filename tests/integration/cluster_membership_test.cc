@@ -4,6 +4,8 @@
 // the cluster keeps working, and a dead coordinator reported loudly
 // (degraded) and recovered by restarting it. Every wait is bounded.
 #include <string>
+#include <vector>
+
 
 #include "cluster_test_util.h"
 #include "daemon/cluster/cluster_client.h"
@@ -54,7 +56,6 @@ class ClusterTest : public ::testing::Test {
 
 TEST_F(ClusterTest, ThreeDaemonsFormACluster) {
   for (auto& d : daemons_) ASSERT_TRUE(StartNode(d, 3)) << d.log();
-  uint64_t epoch = 0;
   for (int i = 0; i < 3; ++i) {
     v1::NodesResponse view = WaitFormed(daemons_[i], 3);
     EXPECT_TRUE(view.enabled());
@@ -72,19 +73,19 @@ TEST_F(ClusterTest, ThreeDaemonsFormACluster) {
       EXPECT_LT(n.last_heartbeat_age_s(), 5.0);
     }
     EXPECT_EQ(self, 1);
-    if (i == 0) {
-      // The coordinator is node 0; on etcd, ranks go by join order.
-      if (!OnEtcd()) EXPECT_EQ(view.node_rank(), 0);
-      epoch = view.epoch();
+    // The coordinator is node 0; on etcd, ranks go by join order.
+    if (i == 0 && !OnEtcd()) EXPECT_EQ(view.node_rank(), 0);
+  }
+  // Every node agrees on the epoch once heartbeats have gone round. (Not
+  // necessarily the epoch node 0 showed when it first saw all three: on etcd
+  // a join's epoch step may land after every node is already listed alive.)
+  std::vector<v1::NodesResponse> views(3);
+  EXPECT_TRUE(Eventually([&] {
+    for (int i = 0; i < 3; ++i) {
+      if (!QueryNodes(daemons_[i].socket(), &views[i])) return false;
     }
-  }
-  // Every node agrees on the epoch once heartbeats have gone round.
-  for (int i = 1; i < 3; ++i) {
-    v1::NodesResponse view;
-    EXPECT_TRUE(Eventually([&] { return QueryNodes(daemons_[i].socket(), &view) &&
-                                        view.epoch() == epoch; }, 3000))
-        << view.DebugString();
-  }
+    return views[0].epoch() == views[1].epoch() && views[1].epoch() == views[2].epoch();
+  }, 3000)) << views[0].epoch() << " " << views[1].epoch() << " " << views[2].epoch();
   const CommandResult text = RunCommand(Hsdpctl(daemons_[1].socket(), "nodes"));
   EXPECT_EQ(text.exit_code, 0) << text.output;
   EXPECT_THAT(text.output, HasSubstr("cluster ok, epoch"));

@@ -3,7 +3,12 @@ daemon started from it, waits on conditions (never sleeps)."""
 import glob
 import os
 import subprocess
+import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                                "pylib"))
+import localproc  # noqa: E402
 
 
 def run(argv, timeout=600, env=None, cwd=None):
@@ -17,14 +22,9 @@ def run(argv, timeout=600, env=None, cwd=None):
 def wait_until(cond, timeout, what, details=None):
     """Polls `cond` (10 ms apart) until it returns a true value; fails naming
     `what`, with `details()` (what to look at) when given."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}"
-                         + (f"\n{details()}" if details else ""))
+    return localproc.wait_until(
+        cond, timeout, lambda: what + (f"\n{details()}" if details else ""), interval=0.01,
+        error=AssertionError)
 
 
 NODE_YAML = """node:

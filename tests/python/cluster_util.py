@@ -10,32 +10,17 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 
 from conftest import BUILD, Daemon
+from localproc import free_ports  # noqa: F401 (the tests import it from here)
 from waiting import eventually
 
 HEARTBEAT_MS = 100
 MISSED_HEARTBEATS = 5
 FORM_TIMEOUT_S = 30.0
-
-
-def free_ports(n):
-    """n distinct TCP ports on 127.0.0.1 that were free a moment ago."""
-    socks, ports = [], []
-    try:
-        for _ in range(n):  # held open together, so the kernel hands out distinct ports
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
 
 
 def node_yaml(coordinator, listen, nodes, node_rank, token_file, collective_ms,

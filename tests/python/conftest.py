@@ -6,8 +6,6 @@ python/ directory is put on sys.path so `import hsdp` finds the build.
 """
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,32 +20,11 @@ if PYDIR not in sys.path:
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [PYDIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(REPO, "tools", "pylib"))
+import localproc  # noqa: E402
 
-
-def _accepts(path):
-    if not os.path.exists(path):
-        return False
-    s = socket.socket(socket.AF_UNIX)
-    try:
-        s.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-
-
-def _wait_for_socket(path, proc, timeout=20.0):
-    """True once `path` accepts connections; False if `proc` exited first or on timeout."""
-    from waiting import eventually
-    return eventually(lambda: proc.poll() is not None or _accepts(path), timeout) and \
-        proc.poll() is None
-
-
-def _die_with_parent():
-    """In the child before exec: SIGKILL when pytest dies (a killed test run leaves no daemon)."""
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+_wait_for_socket = localproc.wait_for_socket
+_die_with_parent = localproc.die_with_parent  # a killed test run leaves no daemon
 
 
 class Daemon:
@@ -73,13 +50,7 @@ class Daemon:
         return text if tail is None else text[-tail:]
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        localproc.stop(self.proc)
         self._logf.close()
 
 

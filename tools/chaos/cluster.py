@@ -10,32 +10,14 @@ configuration. Resource snapshots (fds, memfds, threads, RSS) come from
 import json
 import os
 import signal
-import socket
 import subprocess
+import sys
 import time
 
-
-def free_ports(n):
-    socks, ports = [], []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
-
-
-def wait_for(pred, timeout, interval=0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v or time.monotonic() >= deadline:
-            return v
-        time.sleep(interval)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from localproc import accepts, free_ports  # noqa: E402
+from localproc import stop as localproc_stop  # noqa: E402
+from localproc import eventually as wait_for  # noqa: E402,F401 (chaos.py uses it)
 
 
 def snapshot(pid):
@@ -106,16 +88,7 @@ class Node:
 
     def ready(self):
         """The daemon accepts connections on its socket (it joined the cluster)."""
-        if not self.alive() or not os.path.exists(self.socket):
-            return False
-        s = socket.socket(socket.AF_UNIX)
-        try:
-            s.connect(self.socket)
-            return True
-        except OSError:
-            return False
-        finally:
-            s.close()
+        return self.alive() and os.path.exists(self.socket) and accepts(self.socket)
 
     def kill(self):
         if self.alive():
@@ -132,13 +105,8 @@ class Node:
         return r.returncode, code
 
     def stop(self):
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            localproc_stop(self.proc)
 
     def ctl(self, *args, timeout=15):
         """hsdpctl against this node; options (--json) before the command."""

@@ -29,7 +29,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 WORKER = os.path.join(HERE, "suite_worker.py")
+sys.path.insert(0, os.path.join(REPO, "tools", "pylib"))
+import localproc  # noqa: E402
 # The ranks run in the interpreter that runs this script (ctest: the project's
 # environment, build/venv; tools/scripts/python_env.sh).
 PYTHON = sys.executable
@@ -54,16 +55,8 @@ class Daemon:
         self.proc = subprocess.Popen([binary, "--socket", self.socket],
                                      stdout=self._logf, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        deadline = time.time() + 20
-        while time.time() < deadline and self.proc.poll() is None:
-            s = socket.socket(socket.AF_UNIX)
-            try:
-                s.connect(self.socket)
-                return
-            except OSError:
-                time.sleep(0.05)
-            finally:
-                s.close()
+        if localproc.wait_for_socket(self.socket, self.proc, 20):
+            return
         self.stop()
         raise RuntimeError(f"hsdpd did not start; see {self.log}")
 
@@ -71,13 +64,7 @@ class Daemon:
         return self.proc.poll() is None
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        localproc.stop(self.proc)
         self._logf.close()
 
 

@@ -29,12 +29,15 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                "tools", "pylib"))
+import localproc  # noqa: E402
 
 
 def log(msg):
@@ -196,35 +199,15 @@ def check_imports(py, site, build, version, tmp):
         f"\"hsdpd\" registered; torch's autoload maps cpu to hsdpd")
 
 
-def connectable(path):
-    s = socket.socket(socket.AF_UNIX)
-    try:
-        s.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-
-
-def _die_with_parent():
-    """In the daemon before exec: SIGKILL when this test dies (a killed run leaves no daemon)."""
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def start_daemon(build, tmp):
     sock = os.path.join(tmp, "hsdpd.sock")
     logf = open(os.path.join(tmp, "hsdpd.log"), "w")
     proc = subprocess.Popen([os.path.join(build, "bin", "hsdpd"), "--socket", sock],
-                            stdout=logf, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
-    deadline = time.monotonic() + 30
+                            stdout=logf, stderr=subprocess.STDOUT, preexec_fn=localproc.die_with_parent)
     # Waits on the condition (the socket accepts) or the daemon's exit.
-    while not (os.path.exists(sock) and connectable(sock)):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            fail(f"hsdpd did not start:\n{open(logf.name).read()[-3000:]}")
-        time.sleep(0.05)
+    if not localproc.wait_for_socket(sock, proc, 30):
+        proc.kill()
+        fail(f"hsdpd did not start:\n{open(logf.name).read()[-3000:]}")
     return proc, sock, logf
 
 
