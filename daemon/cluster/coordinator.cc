@@ -53,7 +53,11 @@ void Coordinator::Stop() {
 
 void Coordinator::MonitorLoop() {
   const absl::Duration heartbeat = absl::Milliseconds(options_.heartbeat_ms);
-  const absl::Duration tick = std::max(absl::Milliseconds(5), heartbeat / 4);
+  // Liveness is checked every heartbeat / 20 (a loss is declared within
+  // 5% of a heartbeat of the lease's end; the check is O(nodes) but a few
+  // microseconds at 10,000).
+  const absl::Duration tick =
+      std::clamp(heartbeat / 20, absl::Milliseconds(5), absl::Milliseconds(250));
   const absl::Duration fold_in = std::min(kStepDelay, heartbeat / 4);
   absl::Time next_check = absl::Now() + tick;
   absl::MutexLock l(&mu_);
@@ -220,10 +224,12 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& req) {
     n.name = req.name();
     n.instance = req.instance();
     heard_ns_[rank].store(NowNs(), std::memory_order_relaxed);
-    // The answer must not name an epoch below one the node saw (a restarted
-    // coordinator continues from it), nor 0 (the very first join): then
-    // this join is published at once, above last_epoch.
-    catch_up = published_->epoch() == 0 || req.last_epoch() > published_->epoch();
+    // A node that saw this epoch or a later one (a restarted coordinator
+    // continues from it; the very first join, at epoch 0) must see the
+    // epoch move past it: this join is published at once, above
+    // last_epoch. (A node rejoining a coordinator that kept running saw an
+    // earlier epoch: the one that declared it lost came after.)
+    catch_up = req.last_epoch() >= published_->epoch();
     next_epoch_ = std::max(next_epoch_, req.last_epoch() + 1);
     if (changed || catch_up) MarkChangedLocked(rank);
     if (changed) {
