@@ -79,6 +79,7 @@ class LightFleet {
   absl::Duration worst_lag() const {
     return absl::Nanoseconds(worst_lag_ns_.load(std::memory_order_relaxed));
   }
+  void ResetWorstLag() { worst_lag_ns_.store(0, std::memory_order_relaxed); }
 
  private:
   struct Member {

@@ -125,6 +125,7 @@ Result RunLightCase(int n, const Flags& flags) {
     absl::SleepFor(2 * heartbeat);  // let the join storm settle
     Progress(absl::StrCat(Case(n), "steady window ", flags.window_s, " s"));
     const uint64_t rpcs0 = total_rpcs(), failed0 = fleet.failed_beats();
+    fleet.ResetWorstLag();
     const double cpu0 = store_cpu(), sim0 = CpuSeconds("self");
     const absl::Time w0 = absl::Now();
     absl::SleepFor(absl::Seconds(flags.window_s));
@@ -137,7 +138,7 @@ Result RunLightCase(int n, const Flags& flags) {
     res.sim_cpu = absl::StrFormat("%.0f%%", 100 * (CpuSeconds("self") - sim0) / window);
     res.notes.push_back(absl::StrFormat(
         "steady: members counted %.0f calls/s; light members' failed heartbeats in the window "
-        "%d, rejoins so far %d, worst heartbeat lag so far %s",
+        "%d, rejoins so far %d, worst heartbeat lag in the window %s",
         calls / window, fleet.failed_beats() - failed0, fleet.rejoins(),
         absl::FormatDuration(absl::Trunc(fleet.worst_lag(), absl::Milliseconds(1)))));
     res.notes.push_back(absl::StrCat("sim process: ", CountThreads(), " threads, ", CountFds(),
