@@ -34,7 +34,7 @@
 //       [--window-s=10] [--heartbeat-ms=1000] [--missed-heartbeats=5]
 //       [--phase-timeout-s=120] [--hsdpd=PATH] [--etcd=PATH]
 //       [--etcd-data=DIR] [--log-level=error]
-//       [--members=threads|light] [--sim-threads=16] [--channels=4]
+//       [--members=threads|light] [--sim-threads=64] [--channels=4]
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -466,7 +466,7 @@ int Main(int argc, char** argv) {
                    "usage: %s [--nodes=64,256,1024] [--stores=embedded,etcd] [--window-s=10] "
                    "[--heartbeat-ms=1000] [--missed-heartbeats=5] [--phase-timeout-s=120] "
                    "[--hsdpd=PATH] [--etcd=PATH] [--etcd-data=DIR] [--log-level=error] "
-                   "[--members=threads|light] [--sim-threads=16] [--channels=4]\n"
+                   "[--members=threads|light] [--sim-threads=64] [--channels=4]\n"
                    "bad argument: %s\n",
                    argv[0], argv[i]);
       return 2;

@@ -50,7 +50,7 @@ class LightFleet {
     uint32_t cluster_nodes = 0;  // cluster.nodes
     int count = 0;               // light members
     int first_port = 20000;      // member i's address is 127.0.0.1:first_port+i (never dialled)
-    int threads = 16;
+    int threads = 64;
     int channels = 4;
     absl::Duration heartbeat = absl::Seconds(1);
     absl::Duration join_timeout = absl::Seconds(120);

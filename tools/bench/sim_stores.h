@@ -29,7 +29,7 @@ struct Flags {
   std::string etcd_data;  // "" = /tmp
   std::string log_level = "error";
   bool light = false;    // --members=light (sim_light.h)
-  int sim_threads = 16;  // light members' worker threads
+  int sim_threads = 64;  // light members' worker threads (their calls block)
   int channels = 4;      // light members' ClusterClients
 };
 
