@@ -251,7 +251,7 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& req) {
   resp.set_epoch(snapshot->epoch());
   resp.set_heartbeat_ms(options_.heartbeat_ms);
   resp.set_missed_heartbeats(options_.missed_heartbeats);
-  if (!req.list_optional()) snapshot->Fill(0, resp.mutable_nodes());
+  if (!req.list_optional()) snapshot->Fill(0, SIZE_MAX, resp.mutable_nodes());
   PutEntry(std::move(self), resp.mutable_nodes());
   SetAges(resp.mutable_nodes());
   return resp;
@@ -329,14 +329,15 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     snapshot = published_;
     FillEvents(req.events_after(), &resp);
   }
-  resp.set_epoch(snapshot->epoch());
   // A node that holds the list of an epoch of this coordinator (it joined
-  // here, so its epoch is one of ours) gets what changed since: nothing in
-  // the steady state. Any other gets the whole list.
+  // here, so its epoch is one of ours) gets what changed since, in pages:
+  // nothing in the steady state. Any other gets the whole list.
   const uint64_t known = req.nodes_epoch();
   const bool delta = known != 0 && known <= snapshot->epoch();
   resp.set_nodes_delta(delta);
-  snapshot->Fill(delta ? known : 0, resp.mutable_nodes());
+  resp.set_epoch(delta ? snapshot->Fill(known, options_.max_nodes_per_heartbeat,
+                                        resp.mutable_nodes())
+                       : snapshot->Fill(0, SIZE_MAX, resp.mutable_nodes()));
   SetAges(resp.mutable_nodes());
   return resp;
 }

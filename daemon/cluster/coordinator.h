@@ -57,6 +57,11 @@ class Coordinator {
     // wall clock (NTP, an operator) never declares nodes lost. Null:
     // Clock::Real(); tests pass a FakeClock.
     const Clock* clock = nullptr;
+    // The most node entries a heartbeat's delta carries (whole epochs; the
+    // answer then names the last epoch it covers and the member asks from
+    // there): after a join storm, every member's backlog of N entries
+    // drains over a few heartbeats instead of making one answer of N.
+    size_t max_nodes_per_heartbeat = 512;
   };
 
   explicit Coordinator(Options options);

@@ -29,16 +29,32 @@ std::shared_ptr<const NodeSnapshot> NodeSnapshot::Next(
   return next;
 }
 
-void NodeSnapshot::Fill(uint64_t changed_after,
-                        google::protobuf::RepeatedPtrField<v1::ClusterNode>* out) const {
-  if (changed_after >= epoch_) return;
-  const auto first = std::partition_point(
-      by_change_.begin(), by_change_.end(),
-      [&](int32_t rank) { return entries_[rank].changed_epoch <= changed_after; });
-  std::vector<int32_t> ranks(first, by_change_.end());
+uint64_t NodeSnapshot::Fill(uint64_t changed_after, size_t max_entries,
+                            google::protobuf::RepeatedPtrField<v1::ClusterNode>* out) const {
+  if (changed_after >= epoch_) return epoch_;
+  auto changed_by = [&](uint64_t e) {
+    return [this, e](int32_t rank) { return entries_[rank].changed_epoch <= e; };
+  };
+  const auto first = std::partition_point(by_change_.begin(), by_change_.end(),
+                                          changed_by(changed_after));
+  auto last = by_change_.end();
+  uint64_t covered = epoch_;
+  if (static_cast<size_t>(last - first) > max_entries) {
+    // Cut before the epoch of the first entry that does not fit, or after
+    // the first epoch when it alone does not fit.
+    const uint64_t over = entries_[*(first + max_entries)].changed_epoch;
+    last = std::partition_point(first, last, changed_by(over - 1));
+    if (last == first) {
+      last = std::partition_point(first, by_change_.end(),
+                                  changed_by(entries_[*first].changed_epoch));
+    }
+    covered = entries_[*(last - 1)].changed_epoch;
+  }
+  std::vector<int32_t> ranks(first, last);
   std::sort(ranks.begin(), ranks.end());
   out->Reserve(out->size() + static_cast<int>(ranks.size()));
   for (int32_t rank : ranks) *out->Add() = entries_[rank].node;
+  return covered;
 }
 
 const v1::ClusterNode* NodeSnapshot::Find(int rank) const {

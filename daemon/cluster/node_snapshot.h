@@ -30,10 +30,14 @@ class NodeSnapshot {
                                            std::vector<v1::ClusterNode> changes) const;
 
   // Appends, in rank order, every entry (`changed_after` 0) or those that
-  // changed in an epoch after `changed_after`. O(entries appended +
-  // log nodes): nothing to do while the epoch stands still.
-  void Fill(uint64_t changed_after,
-            google::protobuf::RepeatedPtrField<v1::ClusterNode>* out) const;
+  // changed in an epoch after `changed_after`, at most `max_entries` of
+  // them in whole epochs (all of the first epoch's when it alone has more).
+  // Returns the epoch up to which the entries appended bring a holder of
+  // `changed_after`'s list: epoch() unless entries were left out (they come
+  // with a later call from the returned epoch). O(entries appended + log
+  // nodes): nothing to do while the epoch stands still.
+  uint64_t Fill(uint64_t changed_after, size_t max_entries,
+                google::protobuf::RepeatedPtrField<v1::ClusterNode>* out) const;
 
   // The entry of `rank`, null when no node held it yet (or out of range).
   const v1::ClusterNode* Find(int rank) const;

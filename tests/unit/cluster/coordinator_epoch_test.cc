@@ -32,9 +32,13 @@ v1::JoinRequest Req(const std::string& address, const std::string& instance,
   return r;
 }
 
+// Deltas in pages of at most 4 entries (whole epochs), so the histories
+// below page.
+constexpr size_t kPage = 4;
+
 Coordinator::Options Opts(const Clock* clock) {
   return {.self_address = "c:0", .nodes = kNodes, .heartbeat_ms = 100, .missed_heartbeats = 3,
-          .clock = clock};
+          .clock = clock, .max_nodes_per_heartbeat = kPage};
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Beat(Coordinator& c, int rank, const std::string& instance,
@@ -79,8 +83,34 @@ TEST(CoordinatorEpochTest, ManyJoinsInOneStepMoveTheEpochOnce) {
   auto h = Beat(c, 0, "i0", 1);
   ASSERT_TRUE(h.ok());
   EXPECT_TRUE(h->nodes_delta());
-  ASSERT_EQ(h->nodes_size(), 50);
+  ASSERT_EQ(h->nodes_size(), 50);  // one epoch: whole, though above the page size
   for (int i = 0; i < 50; ++i) EXPECT_EQ(h->nodes(i).node_rank(), ranks[i]);
+  EXPECT_EQ(h->epoch(), 2u);
+}
+
+// A member whose backlog spans several epochs gets it in pages of whole
+// epochs, each answer naming the epoch it brings the member to.
+TEST(CoordinatorEpochTest, ABacklogComesInPagesOfWholeEpochs) {
+  FakeClock clock;
+  Coordinator c(Opts(&clock));
+  ASSERT_TRUE(c.Join(Req("c:0", "i0")).ok());
+  for (int step = 0; step < 5; ++step) {  // 5 epochs of 3 joins each
+    for (int k = 0; k < 3; ++k) {
+      ASSERT_TRUE(c.Join(Req(absl::StrCat("n:", step * 3 + k + 1), "x")).ok());
+    }
+    c.Step();
+  }
+  ASSERT_EQ(c.epoch(), 6u);
+  uint64_t at = 1;
+  std::vector<int> sizes;
+  while (at < c.epoch()) {
+    auto h = Beat(c, 0, "i0", at);
+    ASSERT_TRUE(h.ok());
+    ASSERT_GT(h->epoch(), at);
+    sizes.push_back(h->nodes_size());
+    at = h->epoch();
+  }
+  EXPECT_EQ(sizes, (std::vector<int>{3, 3, 3, 3, 3}));  // 6 would exceed 4
 }
 
 TEST(CoordinatorEpochTest, JoinCarriesTheWholeListUnlessTheCallerMakesItOptional) {
@@ -167,13 +197,21 @@ TEST(CoordinatorEpochTest, EveryMemberEpochGetsEveryLaterChange) {
     const List current = whole();
     history[now] = current;
     for (const auto& [e, list] : history) {
-      auto d = Beat(c, 0, "i0", e);
-      ASSERT_TRUE(d.ok());
-      ASSERT_TRUE(d->nodes_delta());
+      // The member asks from each answer's epoch until it is current.
       List merged = list;
-      MergeInto(d->nodes(), &merged);
+      google::protobuf::RepeatedPtrField<v1::ClusterNode> sent;
+      for (uint64_t at = e;;) {
+        auto d = Beat(c, 0, "i0", at);
+        ASSERT_TRUE(d.ok());
+        ASSERT_TRUE(d->nodes_delta());
+        MergeInto(d->nodes(), &merged);
+        sent.MergeFrom(d->nodes());
+        if (d->epoch() == now) break;
+        ASSERT_GT(d->epoch(), at) << "no progress from " << at;
+        at = d->epoch();
+      }
       ASSERT_EQ(merged, current) << "member at epoch " << e << ", now " << now;
-      for (const v1::ClusterNode& n : d->nodes()) {
+      for (const v1::ClusterNode& n : sent) {
         // Only what changed: the entry differs from E's, or E had none.
         auto was = list.find(n.node_rank());
         if (e != now && was != list.end()) {
@@ -185,10 +223,15 @@ TEST(CoordinatorEpochTest, EveryMemberEpochGetsEveryLaterChange) {
       }
     }
     for (const Joiner& j : joiners) {
-      auto d = Beat(c, 0, "i0", j.epoch);
-      ASSERT_TRUE(d.ok());
       List merged = j.list;
-      MergeInto(d->nodes(), &merged);
+      for (uint64_t at = j.epoch;;) {
+        auto d = Beat(c, 0, "i0", at);
+        ASSERT_TRUE(d.ok());
+        MergeInto(d->nodes(), &merged);
+        if (d->epoch() == now) break;
+        ASSERT_GT(d->epoch(), at);
+        at = d->epoch();
+      }
       ASSERT_EQ(merged, current) << "joiner at epoch " << j.epoch << ", now " << now;
     }
   }
