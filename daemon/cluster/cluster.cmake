@@ -13,6 +13,8 @@ add_library(hsdp_cluster STATIC
   ${CMAKE_CURRENT_LIST_DIR}/kv_cluster_directory.cc
   ${CMAKE_CURRENT_LIST_DIR}/kv_limits.cc
   ${CMAKE_CURRENT_LIST_DIR}/member_status.cc
+  ${CMAKE_CURRENT_LIST_DIR}/member_view.cc
+  ${CMAKE_CURRENT_LIST_DIR}/node_snapshot.cc
   ${CMAKE_CURRENT_LIST_DIR}/kv_store.cc
   ${CMAKE_CURRENT_LIST_DIR}/nccl_id_exchange.cc
   ${CMAKE_CURRENT_LIST_DIR}/token_authenticator.cc)

@@ -1,6 +1,5 @@
 #include "daemon/cluster/cluster_member.h"
 
-#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -11,7 +10,7 @@ ClusterMember::ClusterMember(Options options, PeerEvents events, GroupEvents gro
     : options_(std::move(options)), events_(std::move(events)),
       group_events_(std::move(group_events)), instance_(NewInstanceId()),
       client_(options_.coordinator, options_.token, options_.credentials),
-      outbox_(kMaxOutbox, "the coordinator") {}
+      view_(options_.nodes), outbox_(kMaxOutbox, "the coordinator") {}
 
 ClusterMember::~ClusterMember() { Stop(); }
 
@@ -27,13 +26,18 @@ absl::Status ClusterMember::JoinOnce(absl::Duration timeout) {
   rpcs_.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<v1::JoinResponse> r = client_.Join(req, timeout);
   if (!r.ok()) return r.status();
+  if (r->node_rank() < 0 || static_cast<uint32_t>(r->node_rank()) >= options_.nodes) {
+    return absl::InvalidArgumentError(absl::StrCat("the coordinator assigned node rank ",
+                                            r->node_rank(), ", outside 0..",
+                                            options_.nodes - 1));
+  }
   {
     absl::MutexLock l(&mu_);
     rank_ = r->node_rank();
     events_after_ = r->events_last();  // older events concern groups before this join
     status_.Contact(absl::Now());
   }
-  Update(r->epoch(), {r->nodes().begin(), r->nodes().end()});
+  Update(r->epoch(), r->nodes(), /*delta=*/false);
   return absl::OkStatus();
 }
 
@@ -92,53 +96,11 @@ void ClusterMember::Stop() {
   }
 }
 
-std::vector<v1::ClusterNode> ClusterMember::Merged(const v1::HeartbeatResponse& r) const {
-  if (!r.nodes_delta()) return {r.nodes().begin(), r.nodes().end()};
-  std::map<int, v1::ClusterNode> by_rank;
-  {
-    absl::MutexLock l(&mu_);
-    for (const v1::ClusterNode& n : nodes_) {
-      v1::ClusterNode& mine = by_rank[n.node_rank()];
-      mine = n;
-      // Alive in the coordinator's answer just now (an entry that changed
-      // would be in the delta): its heartbeats are current.
-      if (mine.state() == "alive") mine.set_last_heartbeat_age_s(0);
-    }
-  }
-  for (const v1::ClusterNode& n : r.nodes()) by_rank[n.node_rank()] = n;
-  std::vector<v1::ClusterNode> out;
-  out.reserve(by_rank.size());
-  for (auto& [rank, n] : by_rank) out.push_back(std::move(n));
-  return out;
-}
-
-void ClusterMember::Update(uint64_t epoch, std::vector<v1::ClusterNode> nodes) {
+void ClusterMember::Update(uint64_t epoch, const MemberView::Nodes& nodes, bool delta) {
   std::vector<PeerEvent> events;
   {
     absl::MutexLock l(&mu_);
-    std::map<int, const v1::ClusterNode*> before;
-    for (const v1::ClusterNode& n : nodes_) before[n.node_rank()] = &n;
-    for (const v1::ClusterNode& n : nodes) {
-      if (n.node_rank() == rank_) continue;
-      auto it = before.find(n.node_rank());
-      const bool was_alive = it != before.end() && it->second->state() == "alive";
-      const bool is_alive = n.state() == "alive";
-      const bool restarted = was_alive && is_alive && it->second->instance() != n.instance();
-      if ((was_alive && !is_alive) || restarted) {
-        events.push_back({PeerEvent::Kind::kLost, n.node_rank(),
-                          absl::StrCat("node ", n.node_rank(), " (", n.address(), ") ",
-                                       restarted ? "restarted" : "was lost (no heartbeat)",
-                                       "; cluster epoch ", epoch),
-                          restarted ? it->second->instance() : std::string()});
-      }
-      if ((!was_alive && is_alive) || restarted) {
-        events.push_back({PeerEvent::Kind::kJoined, n.node_rank(),
-                          absl::StrCat("node ", n.node_rank(), " (", n.address(),
-                                       ") joined; cluster epoch ", epoch)});
-      }
-    }
-    epoch_ = epoch;
-    nodes_ = std::move(nodes);
+    events = view_.Apply(epoch, nodes, delta, rank_, absl::Now());
   }
   FirePeerEvents(events, events_);
 }
@@ -223,14 +185,14 @@ void ClusterMember::HeartbeatLoop() {
     {
       absl::MutexLock l(&mu_);
       req.set_events_after(events_after_);
-      req.set_nodes_epoch(nodes_.empty() ? 0 : epoch_);
+      req.set_nodes_epoch(view_.nodes_epoch());
     }
     rpcs_.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<v1::HeartbeatResponse> r =
         client_.Heartbeat(req, std::max(options_.heartbeat, absl::Milliseconds(200)));
     absl::Status status = r.status();
     if (r.ok()) {
-      Update(r->epoch(), Merged(*r));
+      Update(r->epoch(), r->nodes(), r->nodes_delta());
       Deliver(*r);
     } else if (status.code() == absl::StatusCode::kFailedPrecondition) {
       // Declared lost, or a new coordinator: join again. The others failed
@@ -239,15 +201,13 @@ void ClusterMember::HeartbeatLoop() {
       std::vector<PeerEvent> lost;
       {
         absl::MutexLock l(&mu_);
-        for (const v1::ClusterNode& n : nodes_) {
-          if (n.node_rank() == rank_ || n.state() != "alive") continue;
+        for (const v1::ClusterNode& n : view_.Clear(rank_)) {
           lost.push_back({PeerEvent::Kind::kLost, n.node_rank(),
                           absl::StrCat("this node lost contact with the coordinator ",
                                        options_.coordinator, " (", status.message(),
                                        ") and joins again; node ", n.node_rank(), " (",
                                        n.address(), ") is treated as lost meanwhile")});
         }
-        nodes_.clear();
       }
       FirePeerEvents(lost, events_);
       status = JoinOnce(std::max(options_.heartbeat, absl::Milliseconds(500)));
@@ -282,30 +242,20 @@ v1::NodesResponse ClusterMember::View() const {
   absl::MutexLock l(&mu_);
   v1::NodesResponse r;
   r.set_enabled(true);
-  const double since_contact = status_.FillView(&r, absl::Now());
-  r.set_epoch(epoch_);
+  const absl::Time now = absl::Now();
+  status_.FillView(&r, now);
+  r.set_epoch(view_.epoch());
   r.set_node_rank(rank_);
   r.set_coordinator(options_.coordinator);
   r.set_is_coordinator(options_.is_coordinator);
   r.set_expected_nodes(options_.nodes);
-  for (const v1::ClusterNode& n : nodes_) {
-    v1::NodeStatus* s = r.add_nodes();
-    s->set_node_rank(n.node_rank());
-    s->set_address(n.address());
-    s->set_data_address(n.data_address());
-    s->set_name(n.name());
-    s->set_state(n.state());
-    // The coordinator's figure plus the time since it answered, so the ages
-    // keep growing while the coordinator is silent.
-    s->set_last_heartbeat_age_s(n.last_heartbeat_age_s() + since_contact);
-    s->set_self(n.node_rank() == rank_);
-  }
+  view_.Fill(&r, rank_, now);
   return r;
 }
 
 uint64_t ClusterMember::epoch() const {
   absl::MutexLock l(&mu_);
-  return epoch_;
+  return view_.epoch();
 }
 
 int ClusterMember::node_rank() const {

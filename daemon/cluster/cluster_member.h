@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "daemon/cluster/cluster_client.h"
 #include "daemon/cluster/member_status.h"
+#include "daemon/cluster/member_view.h"
 #include "daemon/cluster/membership.h"
 #include "hsdp/v1/admin.pb.h"
 #include "hsdp/v1/cluster.pb.h"
@@ -84,12 +85,10 @@ class ClusterMember : public Membership {
 
  private:
   absl::Status JoinOnce(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
-  // Replaces the view, firing events for differences (outside the lock).
-  void Update(uint64_t epoch, std::vector<v1::ClusterNode> nodes) ABSL_LOCKS_EXCLUDED(mu_);
-  // The view after a heartbeat's answer: its whole list, or this node's list
-  // with the answer's changed entries merged in (nodes_delta), where every
-  // node the coordinator still counts alive is vouched for as of now.
-  std::vector<v1::ClusterNode> Merged(const v1::HeartbeatResponse& r) const
+  // Applies an answer's list (whole, or the changes with `delta`) to the
+  // view, firing events for differences (outside the lock). O(entries in
+  // the answer): nothing to do for a heartbeat while the epoch stands still.
+  void Update(uint64_t epoch, const MemberView::Nodes& nodes, bool delta)
       ABSL_LOCKS_EXCLUDED(mu_);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Sends queued events; false when the coordinator refused or is unreachable.
@@ -106,8 +105,7 @@ class ClusterMember : public Membership {
   mutable absl::Mutex mu_;
   MemberStatus status_ ABSL_GUARDED_BY(mu_);
   int rank_ ABSL_GUARDED_BY(mu_) = -1;
-  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<v1::ClusterNode> nodes_ ABSL_GUARDED_BY(mu_);
+  MemberView view_ ABSL_GUARDED_BY(mu_);  // the nodes and the epoch
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t events_after_ ABSL_GUARDED_BY(mu_) = 0;  // group event cursor
   GroupEventOutbox outbox_ ABSL_GUARDED_BY(mu_);

@@ -5,33 +5,42 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/jobs/cluster_directory.h"
 #include "hsdp/common/logging.h"
+#include "hsdp/common/status_macros.h"
 
 namespace hsdp {
 namespace {
 
 constexpr size_t kMaxFieldBytes = 512;
+// A last_epoch no cluster reaches (an epoch step per microsecond for 500
+// years): beyond it a peer's value is refused, so next_epoch_ cannot wrap.
+constexpr uint64_t kMaxEpoch = uint64_t{1} << 62;
+
+// Puts `entry` into the rank-ordered `nodes`, replacing the entry of its rank.
+void PutEntry(v1::ClusterNode entry, google::protobuf::RepeatedPtrField<v1::ClusterNode>* nodes) {
+  int at = nodes->size();
+  while (at > 0 && nodes->Get(at - 1).node_rank() >= entry.node_rank()) --at;
+  if (at < nodes->size() && nodes->Get(at).node_rank() == entry.node_rank()) {
+    *nodes->Mutable(at) = std::move(entry);
+    return;
+  }
+  *nodes->Add() = std::move(entry);
+  for (int i = nodes->size() - 1; i > at; --i) nodes->SwapElements(i, i - 1);
+}
 
 }  // namespace
 
 Coordinator::Coordinator(Options options)
     : options_(std::move(options)),
-      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
+      heard_ns_(std::make_unique<std::atomic<int64_t>[]>(options_.nodes)) {
   nodes_.resize(options_.nodes);
+  published_ = std::make_shared<const NodeSnapshot>(options_.nodes);
 }
 
 Coordinator::~Coordinator() { Stop(); }
 
 void Coordinator::Start() {
-  monitor_ = std::thread([this] {
-    const absl::Duration tick =
-        std::max(absl::Milliseconds(5), absl::Milliseconds(options_.heartbeat_ms) / 4);
-    absl::MutexLock l(&mu_);
-    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), tick)) {
-      mu_.Unlock();
-      CheckLiveness();
-      mu_.Lock();
-    }
-  });
+  monitor_ = std::thread([this] { MonitorLoop(); });
 }
 
 void Coordinator::Stop() {
@@ -42,28 +51,90 @@ void Coordinator::Stop() {
   if (monitor_.joinable()) monitor_.join();
 }
 
-uint64_t Coordinator::epoch() const {
+void Coordinator::MonitorLoop() {
+  const absl::Duration heartbeat = absl::Milliseconds(options_.heartbeat_ms);
+  // Liveness is checked every heartbeat / 20 (a loss is declared within
+  // 5% of a heartbeat of the lease's end; the check is O(nodes) but a few
+  // microseconds at 10,000).
+  const absl::Duration tick =
+      std::clamp(heartbeat / 20, absl::Milliseconds(5), absl::Milliseconds(250));
+  const absl::Duration fold_in = std::min(kStepDelay, heartbeat / 4);
+  absl::Time next_check = absl::Now() + tick;
   absl::MutexLock l(&mu_);
-  return epoch_;
-}
-
-void Coordinator::FillNodes(google::protobuf::RepeatedPtrField<v1::ClusterNode>* out,
-                            absl::Time now, uint64_t changed_after) const {
-  for (size_t r = 0; r < nodes_.size(); ++r) {
-    const Node& n = nodes_[r];
-    if (!n.used || n.changed_epoch <= changed_after) continue;
-    v1::ClusterNode* c = out->Add();
-    c->set_node_rank(static_cast<int32_t>(r));
-    c->set_address(n.address);
-    c->set_data_address(n.data_address);
-    c->set_name(n.name);
-    c->set_state(n.alive ? "alive" : "lost");
-    c->set_last_heartbeat_age_s(absl::ToDoubleSeconds(now - n.last_heartbeat));
-    c->set_instance(n.instance);
+  for (;;) {
+    mu_.AwaitWithDeadline(absl::Condition(this, &Coordinator::MonitorWakeLocked), next_check);
+    if (stopping_) return;
+    if (!pending_.empty()) {
+      // A join is waiting for its step: fold in those that arrive meanwhile.
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), fold_in)) return;
+      mu_.Unlock();
+      Step();
+      mu_.Lock();
+    }
+    if (absl::Now() >= next_check) {
+      mu_.Unlock();
+      CheckLiveness();
+      mu_.Lock();
+      next_check = absl::Now() + tick;
+    }
   }
 }
 
-absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& req) {
+uint64_t Coordinator::epoch() const {
+  absl::MutexLock l(&mu_);
+  return published_->epoch();
+}
+
+void Coordinator::MarkChangedLocked(int rank) {
+  if (nodes_[rank].pending) return;
+  nodes_[rank].pending = true;
+  pending_.push_back(rank);
+}
+
+v1::ClusterNode Coordinator::EntryLocked(int rank) const {
+  const Node& n = nodes_[rank];
+  v1::ClusterNode c;
+  c.set_node_rank(rank);
+  c.set_address(n.address);
+  c.set_data_address(n.data_address);
+  c.set_name(n.name);
+  c.set_state(n.alive ? "alive" : "lost");
+  c.set_instance(n.instance);
+  return c;
+}
+
+void Coordinator::SetAges(google::protobuf::RepeatedPtrField<v1::ClusterNode>* nodes) const {
+  const int64_t now = NowNs();
+  for (v1::ClusterNode& n : *nodes) {
+    const int64_t heard = heard_ns_[n.node_rank()].load(std::memory_order_relaxed);
+    n.set_last_heartbeat_age_s(static_cast<double>(now - heard) / 1e9);
+  }
+}
+
+void Coordinator::Step() {
+  absl::MutexLock step(&step_mu_);
+  std::vector<v1::ClusterNode> changes;
+  uint64_t epoch;
+  std::shared_ptr<const NodeSnapshot> base;
+  {
+    absl::MutexLock l(&mu_);
+    if (pending_.empty()) return;
+    changes.reserve(pending_.size());
+    for (int rank : pending_) {
+      changes.push_back(EntryLocked(rank));
+      nodes_[rank].pending = false;
+    }
+    pending_.clear();
+    epoch = next_epoch_++;
+    base = published_;
+  }
+  // O(nodes), outside the table's lock; step_mu_ keeps steps in order.
+  std::shared_ptr<const NodeSnapshot> next = base->Next(epoch, std::move(changes));
+  absl::MutexLock l(&mu_);
+  published_ = std::move(next);
+}
+
+absl::Status Coordinator::CheckJoinRequest(const v1::JoinRequest& req) const {
   if (req.address().empty() || req.instance().empty()) {
     return absl::InvalidArgumentError("a join must name the node's address and instance");
   }
@@ -87,8 +158,15 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& req) {
         "node ", req.address(), " asks for rank 0, which is the coordinator's (",
         options_.self_address, ")"));
   }
-  absl::MutexLock l(&mu_);
-  const absl::Time now = Now();
+  if (req.last_epoch() >= kMaxEpoch) {
+    return absl::InvalidArgumentError(absl::StrCat("last_epoch ", req.last_epoch(),
+                                                   " is out of range"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Coordinator::PickRankLocked(const v1::JoinRequest& req) const {
+  const int requested = req.requested_rank();
   int rank = -1;
   // A node that was here before (same address) gets its rank back.
   for (size_t r = 0; r < nodes_.size(); ++r) {
@@ -127,31 +205,55 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& req) {
         "the cluster is full: all ", options_.nodes, " node ranks are held by live nodes (",
         req.address(), " cannot join; check cluster.nodes)"));
   }
-  Node& n = nodes_[rank];
-  const bool changed = !n.used || !n.alive || n.instance != req.instance();
-  epoch_ = std::max(epoch_, req.last_epoch());
-  if (changed) {
-    ++epoch_;
-    n.changed_epoch = epoch_;
+  return rank;
+}
+
+absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& req) {
+  RETURN_IF_ERROR(CheckJoinRequest(req));
+  int rank;
+  bool catch_up;
+  {
+    absl::MutexLock l(&mu_);
+    ASSIGN_OR_RETURN(rank, PickRankLocked(req));
+    Node& n = nodes_[rank];
+    const bool changed = !n.used || !n.alive || n.instance != req.instance();
+    n.used = true;
+    n.alive = true;
+    n.address = req.address();
+    n.data_address = req.data_address();
+    n.name = req.name();
+    n.instance = req.instance();
+    heard_ns_[rank].store(NowNs(), std::memory_order_relaxed);
+    // A node that saw this epoch or a later one (a restarted coordinator
+    // continues from it; the very first join, at epoch 0) must see the
+    // epoch move past it: this join is published at once, above
+    // last_epoch. (A node rejoining a coordinator that kept running saw an
+    // earlier epoch: the one that declared it lost came after.)
+    catch_up = req.last_epoch() >= published_->epoch();
+    next_epoch_ = std::max(next_epoch_, req.last_epoch() + 1);
+    if (changed || catch_up) MarkChangedLocked(rank);
+    if (changed) {
+      HSDP_LOG(Info) << "cluster: node " << rank << " (" << n.address << ", " << n.name
+                     << ") joined; published after epoch " << published_->epoch();
+    }
   }
-  n.used = true;
-  n.alive = true;
-  n.address = req.address();
-  n.data_address = req.data_address();
-  n.name = req.name();
-  n.instance = req.instance();
-  n.last_heartbeat = now;
-  if (changed) {
-    HSDP_LOG(Info) << "cluster: node " << rank << " (" << n.address << ", " << n.name
-                   << ") joined; epoch " << epoch_;
-  }
+  if (catch_up) Step();
   v1::JoinResponse resp;
+  std::shared_ptr<const NodeSnapshot> snapshot;
+  v1::ClusterNode self;
+  {
+    absl::MutexLock l(&mu_);
+    snapshot = published_;
+    self = EntryLocked(rank);
+    resp.set_events_last(last_event_);
+  }
   resp.set_node_rank(rank);
-  resp.set_epoch(epoch_);
+  resp.set_epoch(snapshot->epoch());
   resp.set_heartbeat_ms(options_.heartbeat_ms);
   resp.set_missed_heartbeats(options_.missed_heartbeats);
-  resp.set_events_last(last_event_);
-  FillNodes(resp.mutable_nodes(), now);
+  if (!req.list_optional()) snapshot->Fill(0, SIZE_MAX, resp.mutable_nodes());
+  PutEntry(std::move(self), resp.mutable_nodes());
+  SetAges(resp.mutable_nodes());
   return resp;
 }
 
@@ -213,45 +315,53 @@ void Coordinator::FillEvents(uint64_t after, v1::HeartbeatResponse* resp) const 
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& req) {
-  absl::MutexLock l(&mu_);
-  const int rank = req.node_rank();
-  if (!IsLiveLocked(rank, req.instance())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "node ", rank, " is not a live member of this cluster (declared lost, or the "
-        "coordinator restarted); join again"));
-  }
-  const absl::Time now = Now();
-  nodes_[rank].last_heartbeat = now;
   v1::HeartbeatResponse resp;
-  resp.set_epoch(epoch_);
-  // A node that holds the list of an epoch of this coordinator (it joined
-  // here, so its epoch is one of ours) gets what changed since: nothing in
-  // the steady state. Any other gets the whole list.
-  const uint64_t known = req.nodes_epoch();
-  if (known != 0 && known <= epoch_) {
-    resp.set_nodes_delta(true);
-    if (known < epoch_) FillNodes(resp.mutable_nodes(), now, known);
-  } else {
-    FillNodes(resp.mutable_nodes(), now);
+  std::shared_ptr<const NodeSnapshot> snapshot;
+  {
+    absl::MutexLock l(&mu_);
+    const int rank = req.node_rank();
+    if (!IsLiveLocked(rank, req.instance())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node ", rank, " is not a live member of this cluster (declared lost, or the "
+          "coordinator restarted); join again"));
+    }
+    heard_ns_[rank].store(NowNs(), std::memory_order_relaxed);
+    snapshot = published_;
+    FillEvents(req.events_after(), &resp);
   }
-  FillEvents(req.events_after(), &resp);
+  // A node that holds the list of an epoch of this coordinator (it joined
+  // here, so its epoch is one of ours) gets what changed since, in pages:
+  // nothing in the steady state. Any other gets the whole list.
+  const uint64_t known = req.nodes_epoch();
+  const bool delta = known != 0 && known <= snapshot->epoch();
+  resp.set_nodes_delta(delta);
+  resp.set_epoch(delta ? snapshot->Fill(known, options_.max_nodes_per_heartbeat,
+                                        resp.mutable_nodes())
+                       : snapshot->Fill(0, SIZE_MAX, resp.mutable_nodes()));
+  SetAges(resp.mutable_nodes());
   return resp;
 }
 
 void Coordinator::CheckLiveness() {
-  const absl::Time now = Now();
-  const absl::Duration limit =
-      absl::Milliseconds(uint64_t{options_.heartbeat_ms} * options_.missed_heartbeats);
-  absl::MutexLock l(&mu_);
-  for (size_t r = 0; r < nodes_.size(); ++r) {
-    Node& n = nodes_[r];
-    if (!n.used || !n.alive || now - n.last_heartbeat <= limit) continue;
-    n.alive = false;
-    ++epoch_;
-    n.changed_epoch = epoch_;
-    HSDP_LOG(Warning) << "cluster: node " << r << " (" << n.address << ") lost: no heartbeat for "
-                      << absl::FormatDuration(now - n.last_heartbeat) << "; epoch " << epoch_;
+  const int64_t now = NowNs();
+  const int64_t limit_ns =
+      int64_t{options_.heartbeat_ms} * options_.missed_heartbeats * 1'000'000;
+  bool lost = false;
+  {
+    absl::MutexLock l(&mu_);
+    for (size_t r = 0; r < nodes_.size(); ++r) {
+      Node& n = nodes_[r];
+      const int64_t silent = now - heard_ns_[r].load(std::memory_order_relaxed);
+      if (!n.used || !n.alive || silent <= limit_ns) continue;
+      n.alive = false;
+      MarkChangedLocked(static_cast<int>(r));
+      lost = true;
+      HSDP_LOG(Warning) << "cluster: node " << r << " (" << n.address
+                        << ") lost: no heartbeat for "
+                        << absl::FormatDuration(absl::Nanoseconds(silent));
+    }
   }
+  if (lost) Step();  // losses are not batched: the epoch moves now
 }
 
 }  // namespace hsdp

@@ -109,7 +109,7 @@ struct NodeConfig {
   // cluster: (multi-node control plane; see docs/cluster.md)
   std::string cluster_coordinator;     // cluster.coordinator "HOST:PORT"; "" = single node
   std::string cluster_listen;          // cluster.listen "HOST:PORT": this daemon's peer address
-  uint32_t cluster_nodes = 1;          // cluster.nodes: 1..4096
+  uint32_t cluster_nodes = 1;          // cluster.nodes: 1..16384
   int32_t cluster_node_rank = -1;      // cluster.node_rank: -1 = by join order
   std::string cluster_data_address;    // cluster.data_address HOST; "" = the listen host
   std::string cluster_token_file;      // cluster.token_file: absolute path of the shared secret

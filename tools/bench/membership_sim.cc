@@ -15,13 +15,26 @@
 //   loss        one node crashes (stops heartbeating without leaving): until
 //               every other node (N >= 256: a sample of 16) shows it "lost"
 //               and until their epoch() moved past the one before the crash.
+// "store us/call" is the store's CPU in the window per call the members
+// counted (in the steady state, nearly all heartbeats).
 // Every phase has a timeout ("timeout" in the table). Processes started here
 // die with it (PR_SET_PDEATHSIG, a kill at exit and on SIGINT/SIGTERM).
+//
+// --members=threads (the default) runs every member as above: a real
+// ClusterMember / EtcdMember with its own threads and channel. The cost of
+// 1,024 of them saturates two cores, so --members=light (embedded only;
+// sim_light.h) runs N - 16 light members that share --sim-threads worker
+// threads and --channels ClusterClient channels, each keeping only its rank,
+// instance, epoch (its nodes_epoch) and events cursor, but speaking the real
+// protocol through the real ClusterClient stubs to the real coordinator;
+// the 16 others are real ClusterMembers, the observers of the loss phase.
+// The victim is a light member.
 //
 //   hsdp-membership-sim [--nodes=64,256,1024] [--stores=embedded,etcd]
 //       [--window-s=10] [--heartbeat-ms=1000] [--missed-heartbeats=5]
 //       [--phase-timeout-s=120] [--hsdpd=PATH] [--etcd=PATH]
 //       [--etcd-data=DIR] [--log-level=error]
+//       [--members=threads|light] [--sim-threads=64] [--channels=4]
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -64,12 +77,15 @@
 #include "daemon/cluster/etcd/etcd_member.h"
 #include "daemon/cluster/etcd/etcd_store.h"
 #include "hsdp/common/logging.h"
+#include "tools/bench/sim_case.h"
+#include "tools/bench/sim_light.h"
 #include "tools/bench/sim_process.h"
 #include "tools/bench/sim_stores.h"
 
 namespace hsdp {
 namespace {
 
+using sim::AliveCount;
 using sim::CoordinatorProcess;
 using sim::CountFds;
 using sim::CountThreads;
@@ -82,8 +98,12 @@ using sim::FreePort;
 using sim::KillAllChildren;
 using sim::KillChild;
 using sim::OnSignal;
+using sim::ParallelFor;
+using sim::Progress;
 using sim::ReadFile;
+using sim::Result;
 using sim::Scrape;
+using sim::Secs;
 using sim::Spawn;
 using sim::Store;
 using sim::Tail;
@@ -124,49 +144,8 @@ class EtcdNode : public SimNode {
   EtcdMember m_;
 };
 
-int AliveCount(const v1::NodesResponse& v) {
-  int n = 0;
-  for (const auto& s : v.nodes()) n += s.state() == "alive";
-  return n;
-}
-
-bool SeesLost(const v1::NodesResponse& v, int rank) {
-  for (const auto& s : v.nodes()) {
-    if (s.node_rank() == rank) return s.state() == "lost";
-  }
-  return false;
-}
-
-// Runs fn(i) for i in [0, n) on `threads` threads.
-void ParallelFor(int n, int threads, const std::function<void(int)>& fn) {
-  std::atomic<int> next{0};
-  std::vector<std::thread> ts;
-  for (int t = 0; t < std::min(n, threads); ++t) {
-    ts.emplace_back([&] {
-      for (int i; (i = next.fetch_add(1)) < n;) fn(i);
-    });
-  }
-  for (auto& t : ts) t.join();
-}
-
 // ---------------------------------------------------------------------------
 // One case.
-
-struct Result {
-  std::string store;
-  int n = 0;
-  std::string join_all = "-", views = "-", rps = "-", store_cpu = "-", sim_cpu = "-",
-              loss_seen = "-", epoch_advanced = "-";
-  std::vector<std::string> notes;
-};
-
-std::string Secs(double s) { return absl::StrFormat("%.2f", s); }
-
-void Progress(const std::string& what) {
-  std::fprintf(stderr, "[%s] %s\n", absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone()).c_str(),
-               what.c_str());
-  std::fflush(stderr);
-}
 
 Result RunCase(const std::string& kind, int n, const Flags& flags) {
   Result res;
@@ -312,26 +291,9 @@ Result RunCase(const std::string& kind, int n, const Flags& flags) {
                         "; rpcs so far ", total_rpcs()));
   // Views: every joined node sees all (expected_alive) alive.
   if (all_ok) {
-    std::vector<int> pending = joined;
-    const absl::Time deadline = absl::Now() + phase_timeout;
-    while (!pending.empty() && absl::Now() < deadline) {
-      std::vector<int> still;
-      for (int i : pending) {
-        if (AliveCount(nodes[i]->member().View()) != expected_alive) still.push_back(i);
-      }
-      pending.swap(still);
-      if (!pending.empty()) absl::SleepFor(absl::Milliseconds(20));
-    }
-    if (pending.empty()) {
-      res.views = Secs(absl::ToDoubleSeconds(absl::Now() - t0));
-    } else {
-      int best = 0;
-      for (int i : pending) best = std::max(best, AliveCount(nodes[i]->member().View()));
-      res.views = absl::StrCat("timeout (", n - pending.size(), "/", n, ")");
-      res.notes.push_back(absl::StrCat("views: ", pending.size(),
-                                       " node(s) never saw all alive; best of them saw ", best,
-                                       "/", expected_alive));
-    }
+    std::vector<Membership*> members;
+    for (int i : joined) members.push_back(&nodes[i]->member());
+    sim::WaitViews(members, expected_alive, t0, phase_timeout, &res);
   }
   res.notes.push_back(absl::StrCat(
       "join phase: store CPU ", Secs(store_cpu() - join_cpu0), " s, sim CPU ",
@@ -355,6 +317,7 @@ Result RunCase(const std::string& kind, int n, const Flags& flags) {
     const double cpu1 = store_cpu(), sim1 = CpuSeconds("self");
     const double client_rps = static_cast<double>(rpcs1 - rpcs0) / window;
     res.store_cpu = absl::StrFormat("%.0f%%", 100 * (cpu1 - cpu0) / window);
+    res.us_per_beat = sim::UsPerCall(cpu1 - cpu0, static_cast<double>(rpcs1 - rpcs0));
     res.sim_cpu = absl::StrFormat("%.0f%%", 100 * (sim1 - sim0) / window);
     if (etcd_cluster) {
       std::vector<EtcdCounters> after;
@@ -402,31 +365,9 @@ Result RunCase(const std::string& kind, int n, const Flags& flags) {
     const absl::Time crash = absl::Now();
     nodes[victim]->member().Stop();  // no goodbye: heartbeats just stop
     const double stop_s = absl::ToDoubleSeconds(absl::Now() - crash);
-    std::vector<bool> seen(observers.size()), advanced(observers.size());
-    size_t seen_count = 0, advanced_count = 0;
-    absl::Time seen_all = absl::InfiniteFuture(), advanced_all = absl::InfiniteFuture();
-    const absl::Time deadline = crash + phase_timeout;
-    while ((seen_count < observers.size() || advanced_count < observers.size()) &&
-           absl::Now() < deadline) {
-      for (size_t k = 0; k < observers.size(); ++k) {
-        Membership& m = nodes[observers[k]]->member();
-        if (!seen[k] && SeesLost(m.View(), victim_rank)) {
-          seen[k] = true;
-          if (++seen_count == observers.size()) seen_all = absl::Now();
-        }
-        if (!advanced[k] && m.epoch() > epoch_before[k]) {
-          advanced[k] = true;
-          if (++advanced_count == observers.size()) advanced_all = absl::Now();
-        }
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    res.loss_seen = seen_all == absl::InfiniteFuture()
-                        ? absl::StrCat("timeout (", seen_count, "/", observers.size(), ")")
-                        : Secs(absl::ToDoubleSeconds(seen_all - crash));
-    res.epoch_advanced = advanced_all == absl::InfiniteFuture()
-                             ? absl::StrCat("timeout (", advanced_count, "/", observers.size(), ")")
-                             : Secs(absl::ToDoubleSeconds(advanced_all - crash));
+    std::vector<Membership*> watching;
+    for (int i : observers) watching.push_back(&nodes[i]->member());
+    sim::WatchLoss(watching, epoch_before, victim_rank, crash, phase_timeout, &res);
     res.notes.push_back(absl::StrFormat(
         "loss: %d observers; the victim's Stop took %.2f s; bound heartbeat x missed = %.1f s",
         observers.size(), stop_s,
@@ -510,6 +451,13 @@ int Main(int argc, char** argv) {
       flags.etcd_data = v;
     } else if (ParseFlag(argv[i], "log-level", &v)) {
       flags.log_level = v;
+    } else if (ParseFlag(argv[i], "members", &v)) {
+      ok = v == "threads" || v == "light";
+      flags.light = v == "light";
+    } else if (ParseFlag(argv[i], "sim-threads", &v)) {
+      ok = one(&flags.sim_threads);
+    } else if (ParseFlag(argv[i], "channels", &v)) {
+      ok = one(&flags.channels);
     } else {
       ok = false;
     }
@@ -517,7 +465,8 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: %s [--nodes=64,256,1024] [--stores=embedded,etcd] [--window-s=10] "
                    "[--heartbeat-ms=1000] [--missed-heartbeats=5] [--phase-timeout-s=120] "
-                   "[--hsdpd=PATH] [--etcd=PATH] [--etcd-data=DIR] [--log-level=error]\n"
+                   "[--hsdpd=PATH] [--etcd=PATH] [--etcd-data=DIR] [--log-level=error] "
+                   "[--members=threads|light] [--sim-threads=64] [--channels=4]\n"
                    "bad argument: %s\n",
                    argv[0], argv[i]);
       return 2;
@@ -551,9 +500,13 @@ int Main(int argc, char** argv) {
               static_cast<unsigned long long>(rl.rlim_max));
   std::printf(
       "heartbeat_ms %d, missed_heartbeats %d (loss bound %.1f s), steady window %d s, phase "
-      "timeout %d s\nhsdpd: %s\netcd: %s (3 members, data in %s)\n\n",
+      "timeout %d s\nmembers: %s\nhsdpd: %s\netcd: %s (3 members, data in %s)\n\n",
       flags.heartbeat_ms, flags.missed_heartbeats,
       flags.heartbeat_ms * flags.missed_heartbeats / 1000.0, flags.window_s, flags.phase_timeout_s,
+      flags.light ? absl::StrFormat("light (%d worker threads, %d channels, %d real observers)",
+                                    flags.sim_threads, flags.channels, sim::kObservers)
+                        .c_str()
+                  : "a thread and a channel each",
       flags.hsdpd.c_str(), flags.etcd.c_str(),
       flags.etcd_data.empty() ? "/tmp" : flags.etcd_data.c_str());
   std::fflush(stdout);
@@ -561,25 +514,30 @@ int Main(int argc, char** argv) {
   std::vector<Result> results;
   for (int n : flags.nodes) {
     for (const std::string& s : flags.stores) {
-      results.push_back(RunCase(s, n, flags));
+      if (flags.light && s != "embedded") {
+        std::fprintf(stderr, "--members=light runs --stores=embedded only\n");
+        return 2;
+      }
+      results.push_back(flags.light ? sim::RunLightCase(n, flags) : RunCase(s, n, flags));
       const Result& r = results.back();
-      std::printf("case %s N=%d: join %s, views %s, RPC/s %s, store CPU %s, sim CPU %s, loss %s, "
-                  "epoch %s\n",
+      std::printf("case %s N=%d: join %s, views %s, RPC/s %s, store CPU %s (%s us/call), sim CPU "
+                  "%s, loss %s, epoch %s\n",
                   r.store.c_str(), r.n, r.join_all.c_str(), r.views.c_str(), r.rps.c_str(),
-                  r.store_cpu.c_str(), r.sim_cpu.c_str(), r.loss_seen.c_str(),
-                  r.epoch_advanced.c_str());
+                  r.store_cpu.c_str(), r.us_per_beat.c_str(), r.sim_cpu.c_str(),
+                  r.loss_seen.c_str(), r.epoch_advanced.c_str());
       for (const auto& note : r.notes) std::printf("  - %s\n", note.c_str());
       std::fflush(stdout);
     }
   }
   std::printf(
       "\n| store | N | join all (s) | views complete (s) | RPC/s | store CPU (%% of a core) | "
-      "sim CPU | loss seen (s) | epoch advanced (s) |\n"
-      "|---|---|---|---|---|---|---|---|---|\n");
+      "store us/call | sim CPU | loss seen (s) | epoch advanced (s) |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Result& r : results) {
-    std::printf("| %s | %d | %s | %s | %s | %s | %s | %s | %s |\n", r.store.c_str(), r.n,
+    std::printf("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.store.c_str(), r.n,
                 r.join_all.c_str(), r.views.c_str(), r.rps.c_str(), r.store_cpu.c_str(),
-                r.sim_cpu.c_str(), r.loss_seen.c_str(), r.epoch_advanced.c_str());
+                r.us_per_beat.c_str(), r.sim_cpu.c_str(), r.loss_seen.c_str(),
+                r.epoch_advanced.c_str());
   }
   std::fflush(stdout);
   KillAllChildren();

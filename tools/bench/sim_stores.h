@@ -28,6 +28,9 @@ struct Flags {
   std::string etcd = HSDP_SIM_ETCD_BIN;
   std::string etcd_data;  // "" = /tmp
   std::string log_level = "error";
+  bool light = false;    // --members=light (sim_light.h)
+  int sim_threads = 64;  // light members' worker threads (their calls block)
+  int channels = 4;      // light members' ClusterClients
 };
 
 // A store the simulated nodes join: child processes started by Start.

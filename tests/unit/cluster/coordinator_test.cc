@@ -34,15 +34,19 @@ TEST(CoordinatorTest, RanksByJoinOrderWithZeroForTheCoordinator) {
   auto a = c.Join(Req("a:1", "ia"));
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->node_rank(), 1);
-  EXPECT_EQ(a->epoch(), 1u);
+  EXPECT_EQ(a->epoch(), 1u);  // the first join is published at once
   auto self = c.Join(Req("c:1", "ic"));
   ASSERT_TRUE(self.ok());
   EXPECT_EQ(self->node_rank(), 0);
+  EXPECT_EQ(self->epoch(), 1u);  // its own join is in the next step
+  c.Step();
   auto b = c.Join(Req("b:1", "ib"));
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->node_rank(), 2);
-  EXPECT_EQ(b->epoch(), 3u);
-  EXPECT_EQ(b->nodes_size(), 3);
+  EXPECT_EQ(b->epoch(), 2u);
+  EXPECT_EQ(b->nodes_size(), 3);  // epoch 2's list and its own entry
+  c.Step();
+  EXPECT_EQ(c.epoch(), 3u);
   auto full = c.Join(Req("d:1", "id"));
   EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
   // The same instance joining again changes nothing.
@@ -50,6 +54,8 @@ TEST(CoordinatorTest, RanksByJoinOrderWithZeroForTheCoordinator) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->node_rank(), 1);
   EXPECT_EQ(again->epoch(), 3u);
+  c.Step();
+  EXPECT_EQ(c.epoch(), 3u);
 }
 
 TEST(CoordinatorTest, ConflictsAndMismatches) {
@@ -70,6 +76,7 @@ TEST(CoordinatorTest, SilentNodeIsLostAndRejoinsWithItsRank) {
   Coordinator c(Opts(&clock));
   ASSERT_TRUE(c.Join(Req("c:1", "ic")).ok());
   ASSERT_TRUE(c.Join(Req("a:1", "ia")).ok());
+  c.Step();
   const uint64_t before = c.epoch();
   v1::HeartbeatRequest hb;
   hb.set_node_rank(0);
@@ -93,7 +100,9 @@ TEST(CoordinatorTest, SilentNodeIsLostAndRejoinsWithItsRank) {
   auto back = c.Join(Req("a:1", "ia2"));
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->node_rank(), 1);
-  EXPECT_EQ(back->epoch(), before + 2);
+  EXPECT_EQ(back->epoch(), before + 1);  // published in the next step
+  c.Step();
+  EXPECT_EQ(c.epoch(), before + 2);
 }
 
 TEST(CoordinatorTest, RestartedCoordinatorContinuesTheEpoch) {
@@ -116,8 +125,10 @@ TEST(CoordinatorTest, HeartbeatsCarryOnlyTheNodesThatChangedAfterTheNodesEpoch) 
   ASSERT_TRUE(c.Join(Req("a:1", "ia")).ok());
   auto b = c.Join(Req("b:1", "ib"));
   ASSERT_TRUE(b.ok());
-  const uint64_t e = b->epoch();
-  EXPECT_EQ(b->nodes_size(), 3);
+  EXPECT_EQ(b->nodes_size(), 2);  // epoch 1's list (node 0) and its own entry
+  c.Step();
+  const uint64_t e = c.epoch();
+  ASSERT_EQ(e, zero->epoch() + 1);
   auto beat = [&](int rank, const std::string& instance, uint64_t nodes_epoch) {
     v1::HeartbeatRequest h;
     h.set_node_rank(rank);
@@ -166,6 +177,8 @@ TEST(CoordinatorTest, HeartbeatsCarryOnlyTheNodesThatChangedAfterTheNodesEpoch) 
   EXPECT_EQ(beat(2, "ib", e + 1).nodes_size(), 0);
   // It joins again (a new instance): that entry once more.
   ASSERT_TRUE(c.Join(Req("a:1", "ia2")).ok());
+  EXPECT_EQ(beat(0, "ic", e + 1).nodes_size(), 0);  // not published yet
+  c.Step();
   r = beat(0, "ic", e + 1);
   ASSERT_THAT(ranks(r), ElementsAre(1));
   EXPECT_EQ(r.nodes(0).state(), "alive");
