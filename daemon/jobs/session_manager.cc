@@ -375,6 +375,11 @@ std::shared_ptr<Session> SessionManager::FindSession(uint64_t session_id) const 
   return it == sessions_.end() ? nullptr : it->second;
 }
 
+uint64_t SessionManager::retired_groups() const {
+  absl::MutexLock l(&mu_);
+  return retired_.size();
+}
+
 std::vector<JobSummary> SessionManager::Jobs(std::optional<uint32_t> only_uid) const {
   absl::MutexLock l(&mu_);
   return jobs_.Summaries(only_uid);

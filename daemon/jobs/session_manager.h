@@ -186,6 +186,9 @@ class SessionManager : public SessionDirectory {
   uint64_t bytes_registered() const;
   uint64_t max_node_bytes() const { return limits_.max_node_bytes; }
   uint64_t mappings() const;
+  // Cross-node groups' engine state kept after their job ended here, not
+  // yet destroyed (Housekeeping destroys it once it is due).
+  uint64_t retired_groups() const;
 
   // SessionDirectory.
   uint64_t version() const override { return version_.load(std::memory_order_acquire); }
