@@ -84,7 +84,8 @@ SessionToken NewToken() {
 }  // namespace
 
 SessionManager::SessionManager(const NodeConfig& config, NodeLimits limits, Engine* engine,
-                               Executor* control, OpObserver* observer, ClusterDirectory* cluster)
+                               Executor* control, OpObserver* observer, ClusterDirectory* cluster,
+                               const Clock* clock)
     : config_(config),
       limits_(limits),
       arena_budget_(NewArenaBudget(uint64_t{config.small_op_arena_mib} << 20,
@@ -95,7 +96,7 @@ SessionManager::SessionManager(const NodeConfig& config, NodeLimits limits, Engi
       cluster_(cluster),
       placement_waits_(config.uid_share_percent),
       ledger_(limits, config.max_sessions, config.max_job_bytes, config.uid_share_percent),
-      retired_((2 * int64_t{config.cluster_heartbeat_ms} + 500) * 1'000'000) {}
+      retired_((2 * int64_t{config.cluster_heartbeat_ms} + 500) * 1'000'000, clock) {}
 
 absl::Time SessionManager::ClusterDeadline() const {
   return absl::Now() + absl::Milliseconds(config_.cluster_join_timeout_ms);

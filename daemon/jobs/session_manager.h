@@ -111,9 +111,11 @@ class SessionManager : public SessionDirectory {
   // outlive the manager.
   // `cluster`: placement and failure events across nodes (nullptr: a
   // single node); must outlive the manager.
+  // `clock`: when retired cross-node groups' engine state is due
+  // (RetiredGroups; nullptr: Clock::Real()); must outlive the manager.
   SessionManager(const NodeConfig& config, NodeLimits limits, Engine* engine,
                  Executor* control = nullptr, OpObserver* observer = nullptr,
-                 ClusterDirectory* cluster = nullptr);
+                 ClusterDirectory* cluster = nullptr, const Clock* clock = nullptr);
   ~SessionManager() override;
 
   absl::StatusOr<AttachResult> Attach(const AttachParams& params, const PeerCred& caller);
