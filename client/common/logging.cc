@@ -42,10 +42,22 @@ std::string SummarizeList(const std::vector<int>& items, size_t max_items) {
 
 namespace internal {
 
-bool LogRateLimiter::Allow(double period_seconds, uint64_t* suppressed) {
+namespace {
+std::atomic<LogClockFn> g_log_clock{nullptr};
+}  // namespace
+
+int64_t LogClockNanos() {
+  if (LogClockFn fn = g_log_clock.load(std::memory_order_acquire); fn != nullptr) return fn();
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  const int64_t now = int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+LogClockFn SetLogClockForTesting(LogClockFn now_ns) {
+  return g_log_clock.exchange(now_ns, std::memory_order_acq_rel);
+}
+
+bool LogRateLimiter::AllowAt(int64_t now, double period_seconds, uint64_t* suppressed) {
   int64_t next = next_allowed_ns_.load(std::memory_order_relaxed);
   const int64_t period_ns = static_cast<int64_t>(std::max(0.0, period_seconds) * 1e9);
   // Only the caller that moves the window forward logs; racing callers count

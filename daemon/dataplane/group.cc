@@ -15,7 +15,6 @@
 #include "absl/strings/str_join.h"
 #include "daemon/dataplane/agreement.h"
 #include "daemon/dataplane/op_observer.h"
-#include "hsdp/shm/doorbell.h"
 #include "hsdp/shm/op_rules.h"
 
 namespace hsdp {
@@ -50,6 +49,7 @@ std::string GroupKey(const JobKey& job, const std::vector<int>& ranks, int k) {
 
 Group::Group(GroupSpec spec, Engine* engine, GroupLookup lookup)
     : spec_(std::move(spec)),
+      clock_(spec_.clock != nullptr ? spec_.clock : Clock::Real()),
       job_{spec_.owner_uid, spec_.job_id},
       job_encoded_(job_.Encoded()),
       engine_(engine),
@@ -128,7 +128,7 @@ void Group::Arrive(int group_rank, Arrival arrival) {
     absl::MutexLock l(&mu_);
     const uint64_t seq = arrival.seq;
     const uint32_t epoch = arrival.epoch;
-    arrival.arrived_ns = shm::NowNanos();
+    arrival.arrived_ns = clock_->NowNanos();
     if (spec_.observer != nullptr) spec_.observer->OnArrival(spec_, arrival);
     auto reject_one = [&](absl::Status s) {
       to_fail.push_back(std::move(arrival));

@@ -72,6 +72,7 @@
 #include "daemon/dataplane/small_op_arena.h"
 #include "daemon/engine/engine.h"
 #include "daemon/session/session.h"
+#include "daemon/util/clock.h"
 #include "hsdp/shm/layout.h"
 
 namespace hsdp {
@@ -91,6 +92,10 @@ struct GroupSpec {
   int64_t timeout_ns = 60'000'000'000;  // matching timeout and running-op deadline
   uint32_t max_pending = 4096;          // queued operations (and sequence window)
   OpObserver* observer = nullptr;       // sees every operation (metrics, trace); may be null
+  // When submissions arrive (Arrival::arrived_ns, hence who arrived last and
+  // how long the others waited): null = Clock::Real(), the scale of
+  // shm::NowNanos. Tests pass a FakeClock. Must outlive the group.
+  const Clock* clock = nullptr;
   uint32_t first_epoch = 1;             // the epoch it starts in (ClusterDirectory::FirstEpoch)
   uint32_t qos_class = 4;               // the job's priority level (EngineTask::qos_class)
   // Cross-node groups: called (without the group's lock) when an epoch fails
@@ -270,6 +275,7 @@ class Group : public std::enable_shared_from_this<Group> {
   std::vector<P2POp> TakeAllP2PLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const GroupSpec spec_;
+  const Clock* const clock_;        // spec_.clock, or the real one
   const JobKey job_;                // {spec_.owner_uid, spec_.job_id}
   const std::string job_encoded_;   // job_.Encoded(), for every engine task
   Engine* const engine_;

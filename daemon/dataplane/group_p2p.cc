@@ -28,7 +28,7 @@ void Group::ArriveP2P(int group_rank, Arrival arrival) {
   uint64_t k = 0;
   {
     absl::MutexLock l(&mu_);
-    arrival.arrived_ns = shm::NowNanos();
+    arrival.arrived_ns = clock_->NowNanos();
     const bool any = kind == Collective::kRecv && peer == kAnySource;
     if (!IsLocal(group_rank)) {
       reject = absl::InvalidArgumentError("group_id: this rank is not on this node");

@@ -3,6 +3,9 @@
 add_library(hsdp_jobs STATIC
   ${CMAKE_CURRENT_LIST_DIR}/device_registration.cc
   ${CMAKE_CURRENT_LIST_DIR}/job_table.cc
+  ${CMAKE_CURRENT_LIST_DIR}/node_ledger.cc
+  ${CMAKE_CURRENT_LIST_DIR}/placement_waits.cc
+  ${CMAKE_CURRENT_LIST_DIR}/retired_groups.cc
   ${CMAKE_CURRENT_LIST_DIR}/session_buffers.cc
   ${CMAKE_CURRENT_LIST_DIR}/session_groups.cc
   ${CMAKE_CURRENT_LIST_DIR}/session_manager.cc)

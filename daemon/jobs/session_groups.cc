@@ -97,18 +97,14 @@ absl::StatusOr<NewGroupResult> SessionManager::NewGroup(uint64_t session_id,
       // take every thread of the daemon, and shared per uid, so one user's
       // waits cannot refuse everyone else's groups. A wait ends when its
       // caller goes (cancelled call, ended session).
-      if (absl::Status w = placement_waits_.Take(caller.uid, 1); !w.ok()) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("ranks: too many NewGroup calls already wait for their ranks to attach "
-                         "somewhere in the cluster (", w.message(), "); retry"));
-      }
+      ASSIGN_OR_RETURN(PlacementWaits::Slot wait, placement_waits_.Enter(caller.uid));
       const absl::Time deadline = ClusterDeadline();
       auto gone = [&s, &caller_gone] {
         return s->closed() || (caller_gone != nullptr && caller_gone());
       };
       absl::StatusOr<std::vector<int>> resolved =
           cluster_->Resolve(s->info().job(), ranks, deadline, gone);
-      placement_waits_.Give(caller.uid, 1);
+      wait.Leave();
       ASSIGN_OR_RETURN(nodes, std::move(resolved));
       this_node = cluster_->this_node();
       if (std::all_of(nodes.begin(), nodes.end(), [&](int n) { return n == this_node; })) {
@@ -156,20 +152,14 @@ absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
                                                        job.groups.size(),
                                                        " groups (limits.max_groups_per_job)"));
     }
-    if (job.group_members + ranks.size() > limits_.max_group_members_per_job ||
-        node_group_members_ + ranks.size() > limits_.max_group_members) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "a group of ", ranks.size(), " ranks would bring ", s->info().job().Describe(), " to ",
-          job.group_members + ranks.size(), " group members (at most ",
-          limits_.max_group_members_per_job, " per job and ", limits_.max_group_members,
-          " per node, ", node_group_members_, " in use)"));
-    }
+    RETURN_IF_ERROR(ledger_.CheckMembers(s->info().job(), job.group_members, ranks.size()));
     if (!nodes.empty() && !engine_->SupportsRemoteMembers()) {
       return absl::FailedPreconditionError(
           absl::StrCat("ranks: the group spans nodes, but this hsdpd's engine (", engine_->name(),
                        ") cannot reach other nodes (built without the cross-node engine?)"));
     }
-    RETURN_IF_ERROR(members_share_.Take(s->info().owner_uid, ranks.size()));
+    // Reserved now; given back if the engine refuses the group.
+    RETURN_IF_ERROR(ledger_.ReserveMembers(s->info().owner_uid, ranks.size()));
     const uint32_t id = next_group_id_++;
     GroupSpec spec;
     spec.id = id;
@@ -195,7 +185,7 @@ absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
                                     [this](uint32_t gid) { return FindGroup(gid); });
     EngineGroupSpec es{key, first_epoch, ranks, std::move(nodes), this_node};
     if (absl::Status created = engine_->CreateGroup(es); !created.ok()) {
-      members_share_.Give(s->info().owner_uid, ranks.size());
+      ledger_.ReleaseMembers(s->info().owner_uid, ranks.size());
       return created;
     }
     if (!group->spans_nodes() && config_.small_op_bytes > 0 &&
@@ -215,7 +205,6 @@ absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
     groups_[id] = group;
     job.groups[key] = id;
     job.group_members += ranks.size();
-    node_group_members_ += ranks.size();
     if (group->spans_nodes()) {
       HSDP_LOG(Info) << "group " << id << " (" << s->info().job().Describe() << ", " << ranks.size()
                      << " ranks) spans nodes; epoch " << first_epoch;

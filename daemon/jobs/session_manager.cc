@@ -84,23 +84,19 @@ SessionToken NewToken() {
 }  // namespace
 
 SessionManager::SessionManager(const NodeConfig& config, NodeLimits limits, Engine* engine,
-                               Executor* control, OpObserver* observer, ClusterDirectory* cluster)
+                               Executor* control, OpObserver* observer, ClusterDirectory* cluster,
+                               const Clock* clock)
     : config_(config),
       limits_(limits),
       arena_budget_(NewArenaBudget(uint64_t{config.small_op_arena_mib} << 20,
                                    config.uid_share_percent)),
-      sessions_share_("sessions (limits.max_sessions)", "sessions", config.max_sessions,
-                      config.uid_share_percent),
-      bytes_share_("registered shared memory (limits.max_node_bytes)", "bytes",
-                   limits.max_node_bytes, config.uid_share_percent),
-      members_share_("group members", "members", limits.max_group_members,
-                     config.uid_share_percent),
       engine_(engine),
       control_(control),
       observer_(observer),
       cluster_(cluster),
-      placement_waits_("NewGroup calls waiting for placement", "calls", kMaxPlacementWaits,
-                       config.uid_share_percent) {}
+      placement_waits_(config.uid_share_percent),
+      ledger_(limits, config.max_sessions, config.max_job_bytes, config.uid_share_percent),
+      retired_((2 * int64_t{config.cluster_heartbeat_ms} + 500) * 1'000'000, clock) {}
 
 absl::Time SessionManager::ClusterDeadline() const {
   return absl::Now() + absl::Milliseconds(config_.cluster_join_timeout_ms);
@@ -198,19 +194,13 @@ absl::StatusOr<AttachResult> SessionManager::AttachHere(const AttachParams& p,
   }
   RETURN_IF_ERROR(CheckJoinLocked(choice.key, p));
   ASSIGN_OR_RETURN(const ResolvedClass qos, ChooseClassLocked(choice.key, p.priority_class));
-  if (node_mappings_ >= limits_.max_mappings) {
-    return absl::ResourceExhaustedError(absl::StrCat("this node already has ", node_mappings_,
-                                                     " shared-memory mappings (the budget below "
-                                                     "vm.max_map_count is ",
-                                                     limits_.max_mappings, ")"));
-  }
-  RETURN_IF_ERROR(sessions_share_.Take(caller.uid, 1));
+  RETURN_IF_ERROR(ledger_.ReserveSession(caller.uid));  // the session and its channel's mapping
   const uint64_t id = next_session_id_++;
   const uint64_t features = p.features & (shm::kFeaturesImplemented | extra_features_.load());
   absl::StatusOr<std::unique_ptr<ShmChannel>> channel =
       ShmChannel::Create(id, config_.ring_entries, features);
   if (!channel.ok()) {
-    sessions_share_.Give(caller.uid, 1);
+    ledger_.ReleaseSession(caller.uid);
     return channel.status();
   }
   SessionInfo info{p.job_id, p.rank,     p.world_size, p.local_rank, p.device,
@@ -227,7 +217,6 @@ absl::StatusOr<AttachResult> SessionManager::AttachHere(const AttachParams& p,
   session->SetJobOpCount(job.ops);
   job.rank_to_session[p.rank] = id;
   sessions_[id] = session;
-  ++node_mappings_;
   version_.fetch_add(1, std::memory_order_release);
   HSDP_LOG(Info) << "session " << id << " attached: " << choice.key.Describe() << " rank " << p.rank
                  << "/" << p.world_size << " pid " << p.pid << " uid " << caller.uid << " device "
@@ -279,32 +268,26 @@ void SessionManager::EndSession(uint64_t session_id, const std::string& why) {
       job.rank_to_session.erase(s->info().rank);
       for (auto& [key, gid] : job.groups) groups.push_back(groups_.at(gid));
       if (job.rank_to_session.empty()) {
-        const absl::Time later =
-            absl::Now() + absl::Milliseconds(2 * int64_t{config_.cluster_heartbeat_ms} + 500);
         for (auto& [key, gid] : job.groups) {
           // A group that spans nodes keeps its engine state (its links) a
           // little longer, so the other daemons learn why from this node's
           // report rather than from a connection reset.
           const std::shared_ptr<Group>& g = groups_.at(gid);
           for (const std::string& engine_key : g->engine_keys()) {
-            if (g->spans_nodes() && retired_.size() < kMaxRetiredGroups) {
-              retired_.emplace_back(engine_key, later);
-            } else {
+            if (!g->spans_nodes() || !retired_.Retire(engine_key)) {
               engine_->DestroyGroup(engine_key);
             }
           }
           groups_.erase(gid);
         }
-        node_group_members_ -= job.group_members;
-        members_share_.Give(s->info().owner_uid, job.group_members);
+        ledger_.ReleaseMembers(s->info().owner_uid, job.group_members);
         jobs_.Erase(s->info().job());
       }
     }
-    node_mappings_ -= 1 + s->buffer_count();
+    const uint64_t buffers = s->buffer_count();
     const uint64_t cleared = s->ClearBuffers();
-    node_bytes_ -= cleared;
-    bytes_share_.Give(s->info().uid, cleared);
-    sessions_share_.Give(s->info().uid, 1);
+    ledger_.ReleaseBuffers(s->info().uid, buffers, cleared);
+    ledger_.ReleaseSession(s->info().uid);
     version_.fetch_add(1, std::memory_order_release);
   }
   s->Close();
@@ -354,15 +337,12 @@ void SessionManager::EndAll(const std::string& why) {
 void SessionManager::Housekeeping() {
   {
     absl::MutexLock l(&mu_);
-    const absl::Time now = absl::Now();
-    while (!retired_.empty() && retired_.front().second <= now) {
-      const std::string& key = retired_.front().first;
+    for (const std::string& key : retired_.TakeDue()) {
       bool live = false;  // created again meanwhile: that one owns the engine state now
       for (auto& [id, g] : groups_) {
         live = live || key == g->key() || key.rfind(g->key() + "/p2p/", 0) == 0;
       }
       if (!live) engine_->DestroyGroup(key);
-      retired_.pop_front();
     }
   }
   std::vector<uint64_t> expired;
@@ -394,6 +374,11 @@ std::shared_ptr<Session> SessionManager::FindSession(uint64_t session_id) const 
   absl::MutexLock l(&mu_);
   auto it = sessions_.find(session_id);
   return it == sessions_.end() ? nullptr : it->second;
+}
+
+uint64_t SessionManager::retired_groups() const {
+  absl::MutexLock l(&mu_);
+  return retired_.size();
 }
 
 std::vector<JobSummary> SessionManager::Jobs(std::optional<uint32_t> only_uid) const {

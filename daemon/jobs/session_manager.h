@@ -29,15 +29,17 @@
 //
 // Files (one class): session_manager.cc (attach, detach, sessions ending,
 // housekeeping, the session lookups), session_buffers.cc (buffer
-// registration and the node's memory limits), session_groups.cc (NewGroup,
-// CreateGroup and placement across nodes; the cluster's events passed on to
-// the groups).
+// registration), session_groups.cc (NewGroup, CreateGroup and placement
+// across nodes; the cluster's events passed on to the groups). The concepts
+// it holds are classes of their own: JobTable (the jobs), NodeLedger (the
+// node's limits and per-uid shares, reserved and given back), RetiredGroups
+// (cross-node engine state kept after its job ended), PlacementWaits (the
+// bounded NewGroup calls waiting for placement).
 #ifndef HSDP_DAEMON_JOBS_SESSION_MANAGER_H_
 #define HSDP_DAEMON_JOBS_SESSION_MANAGER_H_
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <functional>
 #include <memory>
@@ -55,9 +57,11 @@
 #include "daemon/engine/engine.h"
 #include "daemon/jobs/cluster_directory.h"
 #include "daemon/jobs/job_table.h"
+#include "daemon/jobs/node_ledger.h"
+#include "daemon/jobs/placement_waits.h"
+#include "daemon/jobs/retired_groups.h"
 #include "daemon/session/session.h"
 #include "daemon/session/shm_channel.h"
-#include "daemon/util/uid_share.h"
 #include "hsdp/common/unix_socket.h"
 
 namespace hsdp {
@@ -96,19 +100,7 @@ struct NewGroupResult {
   std::shared_ptr<SmallOpArena> arena;
 };
 
-// Node-wide bounds derived from the configuration and the kernel.
-struct NodeLimits {
-  uint64_t max_node_bytes = 0;     // registered buffer bytes
-  uint64_t max_mappings = 0;       // buffers + channels mapped (below vm.max_map_count)
-  uint64_t max_group_members_per_job = 1 << 20;  // sum of group sizes
-  uint64_t max_group_members = 1 << 21;          // node-wide sum of group sizes
-};
-
-// The mapping budget for `vm.max_map_count` = `kernel_limit`: three quarters,
-// leaving room for the daemon's own libraries, stacks and heap.
-uint64_t MappingBudget(uint64_t kernel_limit);
-// Reads /proc/sys/vm/max_map_count (65530 when unreadable).
-uint64_t KernelMaxMapCount();
+// NodeLimits, MappingBudget and KernelMaxMapCount: node_ledger.h.
 
 class Executor;
 
@@ -119,9 +111,11 @@ class SessionManager : public SessionDirectory {
   // outlive the manager.
   // `cluster`: placement and failure events across nodes (nullptr: a
   // single node); must outlive the manager.
+  // `clock`: when retired cross-node groups' engine state is due
+  // (RetiredGroups; nullptr: Clock::Real()); must outlive the manager.
   SessionManager(const NodeConfig& config, NodeLimits limits, Engine* engine,
                  Executor* control = nullptr, OpObserver* observer = nullptr,
-                 ClusterDirectory* cluster = nullptr);
+                 ClusterDirectory* cluster = nullptr, const Clock* clock = nullptr);
   ~SessionManager() override;
 
   absl::StatusOr<AttachResult> Attach(const AttachParams& params, const PeerCred& caller);
@@ -194,6 +188,9 @@ class SessionManager : public SessionDirectory {
   uint64_t bytes_registered() const;
   uint64_t max_node_bytes() const { return limits_.max_node_bytes; }
   uint64_t mappings() const;
+  // Cross-node groups' engine state kept after their job ended here, not
+  // yet destroyed (Housekeeping destroys it once it is due).
+  uint64_t retired_groups() const;
 
   // SessionDirectory.
   uint64_t version() const override { return version_.load(std::memory_order_acquire); }
@@ -236,23 +233,17 @@ class SessionManager : public SessionDirectory {
   absl::StatusOr<uint64_t> FinishRegister(const std::shared_ptr<Session>& s,
                                           absl::StatusOr<UniqueFd> fd, uint64_t size_bytes,
                                           const std::string& name);
-  void ReleaseNode(uint32_t uid, uint64_t bytes, uint64_t mappings);
-  // RESOURCE_EXHAUSTED naming the job when `size_bytes` more would take the
-  // job of `s` over limits.max_job_bytes (all its sessions here, with their
-  // registrations in progress).
-  absl::Status CheckJobBytesLocked(const Session& s, uint64_t size_bytes) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back the node's share of one registration of `size_bytes` by `uid`.
+  void ReleaseRegistration(uint32_t uid, uint64_t size_bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // The bytes the job of `s` holds here: all its sessions, with their
+  // registrations in progress (NodeLedger::CheckJobBytes).
+  uint64_t JobBytesLocked(const Session& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunSessionEndHooks(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   const NodeConfig config_;
   const NodeLimits limits_;
   // What small-operation arenas may still take (data_plane.small_op_arena_mib).
   const std::shared_ptr<ArenaBudget> arena_budget_;
-  // The per-uid shares of the node's sessions, registered bytes and group
-  // members (their node totals are also checked under mu_, as before).
-  UidSharedPool sessions_share_;
-  UidSharedPool bytes_share_;
-  UidSharedPool members_share_;
   Engine* const engine_;
   Executor* const control_;
   OpObserver* const observer_;
@@ -260,10 +251,8 @@ class SessionManager : public SessionDirectory {
 
   std::atomic<uint64_t> version_{0};
   std::atomic<bool> draining_{false};
-  // NewGroup calls waiting for placement (each holds a gRPC thread), with a
-  // share per uid.
-  static constexpr int kMaxPlacementWaits = 16;
-  UidSharedPool placement_waits_;
+  // NewGroup calls waiting for placement (thread-safe; used without mu_).
+  PlacementWaits placement_waits_;
   std::atomic<uint64_t> extra_features_{0};
   std::vector<std::function<void(uint64_t)>> end_hooks_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> retired_completed_{0};
@@ -271,15 +260,13 @@ class SessionManager : public SessionDirectory {
   mutable absl::Mutex mu_;
   uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint32_t next_group_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t node_bytes_ ABSL_GUARDED_BY(mu_) = 0;     // incl. registrations in progress
-  uint64_t node_mappings_ ABSL_GUARDED_BY(mu_) = 0;  // buffers and channels
-  uint64_t node_group_members_ ABSL_GUARDED_BY(mu_) = 0;
+  // The node's bytes, mappings and group members, and the per-uid shares.
+  NodeLedger ledger_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   JobTable jobs_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
-  // Cross-node groups of ended jobs whose engine state goes at the given time.
-  static constexpr size_t kMaxRetiredGroups = 16384;
-  std::deque<std::pair<std::string, absl::Time>> retired_ ABSL_GUARDED_BY(mu_);
+  // Cross-node groups of ended jobs whose engine state goes a little later.
+  RetiredGroups retired_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hsdp

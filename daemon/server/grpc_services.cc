@@ -161,6 +161,7 @@ grpc::Status AdminServiceImpl::Status(grpc::ServerContext* ctx, const v1::Status
   resp->set_ops_completed(done);
   resp->set_ops_failed(failed);
   resp->set_bytes_registered(sessions_->bytes_registered());
+  resp->set_retired_groups(sessions_->retired_groups());
   if (observability_ != nullptr) resp->set_metrics_address(observability_->metrics_address());
   return grpc::Status::OK;
 }

@@ -450,5 +450,39 @@ TEST_F(ClusterSessionTest, PointToPointStreamsBetweenNodesAreBoundedAndReleased)
   EXPECT_EQ(Result(0, 0, 100)->code(), absl::StatusCode::kAborted);
 }
 
+// A job's last session here ending keeps its cross-node group's engine state
+// (retired_groups) until twice the heartbeat plus 500 ms has passed on the
+// manager's clock; Housekeeping then destroys it, not a nanosecond earlier.
+TEST_F(ClusterSessionTest, RetiredCrossNodeStateGoesWhenItsTimeHasPassed) {
+  FakeClock clock;
+  config_.cluster_heartbeat_ms = 1000;  // due 2.5 s after the job ended
+  NodeLimits limits;
+  limits.max_node_bytes = 1 << 30;
+  limits.max_mappings = 100;
+  for (int n = 0; n < 2; ++n) {
+    nodes_[n]->sm = std::make_unique<SessionManager>(config_, limits, &nodes_[n]->engine, nullptr,
+                                                     nullptr, &nodes_[n]->dir, &clock);
+    state_.managers[n] = nodes_[n]->sm.get();
+  }
+  uint32_t gid0 = 0, gid1 = 0;
+  FormFour(&gid0, &gid1);
+  SessionManager& sm = *nodes_[0]->sm;
+  ASSERT_GT(nodes_[0]->engine.created_groups(), 0);
+  EXPECT_EQ(sm.retired_groups(), 0u);
+  sm.EndSession(nodes_[0]->sid.at(0), "test");
+  EXPECT_EQ(sm.retired_groups(), 0u) << "the job still has rank 3 here";
+  sm.EndSession(nodes_[0]->sid.at(3), "test");
+  EXPECT_EQ(sm.retired_groups(), 1u);
+  EXPECT_GT(nodes_[0]->engine.created_groups(), 0) << "kept while the others learn why";
+  clock.Advance(2'500'000'000 - 1);
+  sm.Housekeeping();
+  EXPECT_EQ(sm.retired_groups(), 1u);
+  EXPECT_GT(nodes_[0]->engine.created_groups(), 0);
+  clock.Advance(1);
+  sm.Housekeeping();
+  EXPECT_EQ(sm.retired_groups(), 0u);
+  EXPECT_EQ(nodes_[0]->engine.created_groups(), 0);
+}
+
 }  // namespace
 }  // namespace hsdp

@@ -3,10 +3,9 @@
 
 #include <unistd.h>
 
-#include <chrono>
+#include <atomic>
 #include <cstdio>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -47,7 +46,24 @@ int CountLines(const std::string& s) {
 
 void LogFromOneSite(int i) { HSDP_LOG_EVERY_N_SEC(Warning, 0.3) << "bad connection " << i; }
 
+// The rate limiters' time while a FakeLogClock lives (they start at 1 s).
+std::atomic<int64_t> g_fake_now_ns{0};
+int64_t FakeNow() { return g_fake_now_ns.load(); }
+
+class FakeLogClock {
+ public:
+  FakeLogClock() : previous_(internal::SetLogClockForTesting(&FakeNow)) {
+    g_fake_now_ns.store(1'000'000'000);
+  }
+  ~FakeLogClock() { internal::SetLogClockForTesting(previous_); }
+  void Advance(int64_t ns) { g_fake_now_ns.fetch_add(ns); }
+
+ private:
+  internal::LogClockFn previous_;
+};
+
 TEST(LogEveryNSecTest, OneLinePerPeriodThenCountsTheSuppressed) {
+  FakeLogClock clock;
   int evaluated = 0;
   auto count = [&] { return ++evaluated; };
   const std::string first = CaptureStderr([&] {
@@ -61,10 +77,36 @@ TEST(LogEveryNSecTest, OneLinePerPeriodThenCountsTheSuppressed) {
   EXPECT_THAT(first, Not(HasSubstr("suppressed")));
   EXPECT_EQ(evaluated, 1) << "operands of dropped lines must not be evaluated";
 
-  std::this_thread::sleep_for(std::chrono::milliseconds(350));
-  const std::string second = CaptureStderr([] { LogFromOneSite(1000); });
+  // Not one nanosecond early; then exactly when the period is over.
+  clock.Advance(300'000'000 - 1);
+  EXPECT_EQ(CaptureStderr([] { LogFromOneSite(1000); }), "");
+  clock.Advance(1);
+  const std::string second = CaptureStderr([] { LogFromOneSite(1001); });
   EXPECT_EQ(CountLines(second), 1) << second;
-  EXPECT_THAT(second, HasSubstr("bad connection 1000 [999 similar messages suppressed]"));
+  EXPECT_THAT(second, HasSubstr("bad connection 1001 [1000 similar messages suppressed]"));
+}
+
+TEST(LogRateLimiterTest, OnePerPeriodAtTheTimesGiven) {
+  internal::LogRateLimiter limiter;
+  uint64_t suppressed = 7;
+  EXPECT_TRUE(limiter.AllowAt(1'000'000'000, 0.5, &suppressed));
+  EXPECT_EQ(suppressed, 0u);
+  EXPECT_FALSE(limiter.AllowAt(1'499'999'999, 0.5, &suppressed));
+  EXPECT_FALSE(limiter.AllowAt(1'499'999'999, 0.5, &suppressed));
+  EXPECT_TRUE(limiter.AllowAt(1'500'000'000, 0.5, &suppressed));
+  EXPECT_EQ(suppressed, 2u);
+  EXPECT_TRUE(limiter.AllowAt(2'000'000'000, 0, &suppressed));
+  EXPECT_TRUE(limiter.AllowAt(2'000'000'000, 0, &suppressed)) << "a period of 0 never holds back";
+  EXPECT_TRUE(limiter.AllowAt(2'000'000'000, -1, &suppressed));
+  EXPECT_EQ(suppressed, 0u);
+}
+
+TEST(LogRateLimiterTest, TheClockIsSetAndRestored) {
+  const internal::LogClockFn real = internal::SetLogClockForTesting(&FakeNow);
+  g_fake_now_ns.store(42);
+  EXPECT_EQ(internal::LogClockNanos(), 42);
+  EXPECT_EQ(internal::SetLogClockForTesting(real), &FakeNow);
+  EXPECT_GT(internal::LogClockNanos(), 42);  // CLOCK_MONOTONIC: the machine's uptime
 }
 
 TEST(LogEveryNSecTest, BelowTheLevelLogsAndCountsNothing) {

@@ -41,6 +41,16 @@ class LogLine {
   std::ostringstream stream_;
 };
 
+// The time the rate limiters read, in nanoseconds on a monotonic scale:
+// CLOCK_MONOTONIC unless a test set another source.
+using LogClockFn = int64_t (*)();
+int64_t LogClockNanos();
+// For tests: makes every rate limiter (HSDP_LOG_EVERY_N_SEC) read `now_ns`
+// instead (nullptr: CLOCK_MONOTONIC again), so a test advances a fake time
+// instead of sleeping through a period. Returns the previous source.
+// Thread-safe; `now_ns` must be.
+LogClockFn SetLogClockForTesting(LogClockFn now_ns);
+
 // Lets one call site log at most once per period; counts what it dropped.
 // Lock-free and thread-safe; constant-initialised, so it can be a
 // function-local static without a guard.
@@ -49,7 +59,11 @@ class LogRateLimiter {
   constexpr LogRateLimiter() = default;
   // True when the caller may log now (then *suppressed is how many calls
   // were refused since the last allowed one); false otherwise.
-  bool Allow(double period_seconds, uint64_t* suppressed);
+  bool Allow(double period_seconds, uint64_t* suppressed) {
+    return AllowAt(LogClockNanos(), period_seconds, suppressed);
+  }
+  // The same, at time `now_ns` (LogClockNanos' scale).
+  bool AllowAt(int64_t now_ns, double period_seconds, uint64_t* suppressed);
 
  private:
   std::atomic<int64_t> next_allowed_ns_{0};
