@@ -412,7 +412,8 @@ TEST_F(EtcdClientTest, CancelUnblocksNextPromptly) {
     returned_at = absl::Now();
     returned = true;
   });
-  absl::SleepFor(absl::Milliseconds(200));  // let Next block (not an assertion)
+  // Next blocked (nothing comes on this key): Cancel must end a waiting Next.
+  EXPECT_TRUE(Eventually([&] { return (*watch)->blocked_readers() == 1; }, 10000, 1));
   EXPECT_FALSE(returned.load());
   const absl::Time cancelled = absl::Now();
   (*watch)->Cancel();
