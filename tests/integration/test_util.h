@@ -240,11 +240,15 @@ inline int CountSessions(const std::string& socket, const std::string& job = "")
   return n;
 }
 
-// The operations of `job` that the daemon on `socket` holds right now,
-// queued in its groups or running (the Activity RPC's pending + running),
-// or -1 when the daemon does not answer. A test waits on this, never on a
-// sleep, for "the trainer's operation has reached the daemon".
-inline int64_t OpsInDaemon(const std::string& socket, const std::string& job) {
+// The operations of `job` that the daemon on `socket` holds right now
+// (summed over its groups, from the Activity RPC): `pending` queued until
+// every local member submitted, `running` handed to the engine. Both -1
+// when the daemon does not answer.
+struct JobOps {
+  int64_t pending = -1;
+  int64_t running = -1;
+};
+inline JobOps JobOpsInDaemon(const std::string& socket, const std::string& job) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
   auto admin = v1::Admin::NewStub(
@@ -252,13 +256,24 @@ inline int64_t OpsInDaemon(const std::string& socket, const std::string& job) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::ActivityResponse act;
-  if (!admin->Activity(&ctx, v1::ActivityRequest(), &act).ok()) return -1;
-  int64_t n = 0;
+  if (!admin->Activity(&ctx, v1::ActivityRequest(), &act).ok()) return {};
+  JobOps n{0, 0};
   for (const auto& j : act.jobs()) {
     if (j.job_id() != job) continue;
-    for (const auto& g : j.groups()) n += static_cast<int64_t>(g.pending() + g.running());
+    for (const auto& g : j.groups()) {
+      n.pending += static_cast<int64_t>(g.pending());
+      n.running += static_cast<int64_t>(g.running());
+    }
   }
   return n;
+}
+
+// The operations of `job` the daemon holds, queued or running, or -1 when
+// it does not answer. A test waits on this, never on a sleep, for "the
+// trainer's operation has reached the daemon".
+inline int64_t OpsInDaemon(const std::string& socket, const std::string& job) {
+  const JobOps n = JobOpsInDaemon(socket, job);
+  return n.pending < 0 ? -1 : n.pending + n.running;
 }
 
 // A forked child process running `body(out)`; whatever it writes to `out`
