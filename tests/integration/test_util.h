@@ -84,16 +84,16 @@ class TempDir {
 
 // Waits for `pid` up to `timeout_ms`; returns the exit code, 128 + signal,
 // or -1 on timeout (the process is left running).
+// -2 when `pid` is not a child of this process.
 inline int WaitExit(pid_t pid, int timeout_ms) {
-  const int64_t deadline = NowMs() + timeout_ms;
-  for (;;) {
-    int status = 0;
-    const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (r < 0) return -2;
-    if (NowMs() >= deadline) return -1;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  return EventuallyValue(
+      [pid] {
+        int status = 0;
+        const pid_t r = ::waitpid(pid, &status, WNOHANG);
+        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return r < 0 ? -2 : -1;
+      },
+      [](int rc) { return rc != -1; }, timeout_ms, /*poll_ms=*/5);
 }
 
 // A private hsdpd. Its stderr goes to <dir>/hsdpd.log.
@@ -130,18 +130,19 @@ class DaemonProcess {
     return WaitReady(10000);
   }
 
+  // False when the daemon exited first or never listened in time.
   bool WaitReady(int timeout_ms) {
-    const int64_t deadline = NowMs() + timeout_ms;
-    while (NowMs() < deadline) {
-      if (Exists(socket_) && ConnectUnix(socket_).ok()) return true;
-      int status;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return false;
+    bool exited = false;
+    const bool ready = Eventually(
+        [&] {
+          if (Exists(socket_) && ConnectUnix(socket_).ok()) return true;
+          int status;
+          exited = ::waitpid(pid_, &status, WNOHANG) == pid_;
+          return exited;
+        },
+        timeout_ms, /*poll_ms=*/10);
+    if (exited) pid_ = -1;
+    return ready && !exited;
   }
 
   static pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
