@@ -310,7 +310,9 @@ TEST(NcclEngineCudaTest, HeldBackProducerAbortTimeoutAndANewEpoch) {
     t.members[0].wait_event = held.event();
     Done d;
     const uint64_t ticket = engine.Launch(t, d.Callbacks());
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // The gate holds it (its producer is pending): the abort drops a held task.
+    EXPECT_EQ(testing::EventuallyEq([&] { return engine.stats().gated_tasks; }, uint64_t{1}, 5000),
+              1u);
     engine.Abort(ticket, absl::AbortedError("trainer left"));
     EXPECT_EQ(d.Wait().code(), absl::StatusCode::kAborted);
     held.Release();
