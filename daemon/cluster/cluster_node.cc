@@ -184,6 +184,8 @@ absl::Status ClusterNode::StartEmbedded() {
   return StartMember(std::move(member));
 }
 
+size_t ClusterNode::kv_waiters() const { return kv_ ? kv_->waiter_count() : 0; }
+
 void ClusterNode::Stop() {
   if (stopped_) return;
   stopped_ = true;

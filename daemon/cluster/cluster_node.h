@@ -53,6 +53,9 @@ class ClusterNode {
   // The cluster's key/value store (placement, Gloo rendezvous, NCCL ids).
   // Null before Start; lives until the ClusterNode is destroyed.
   ClusterStore* client() const { return store_.get(); }
+  // On the coordinator (embedded store): the Wait and Barrier calls its
+  // key/value store holds now; 0 elsewhere and before Start.
+  size_t kv_waiters() const;
 
  private:
   const NodeConfig& config_;

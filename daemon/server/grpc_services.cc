@@ -249,6 +249,7 @@ grpc::Status AdminClusterServiceImpl::Nodes(grpc::ServerContext* ctx, const v1::
     return grpc::Status::OK;
   }
   *resp = cluster_->member()->View();
+  resp->set_kv_waiters(static_cast<uint32_t>(cluster_->kv_waiters()));
   return grpc::Status::OK;
 }
 

@@ -223,8 +223,10 @@ TEST_F(ClusterEtcdTest, TheStoreHasTheEmbeddedStoresLimitsAndErrors) {
   // The same words as the coordinator's store for the same mistake.
   EXPECT_THAT(std::string(store.Add("text", 1, t).status().message()),
               HasSubstr("does not hold an integer counter"));
+  // The key is set once the wait read the keys and watches for the rest, so
+  // the value reaches it through the watch.
   std::thread setter([&] {
-    absl::SleepFor(absl::Milliseconds(200));
+    EXPECT_TRUE(Eventually([&] { return store.watching_count() == 1; }, 5000, 1));
     EXPECT_TRUE(store.Set("w2", "late value", t).ok());
   });
   absl::StatusOr<std::vector<std::string>> values = store.WaitValues({"a", "w2"}, t);

@@ -35,6 +35,13 @@ class ClusterKvTest : public ::testing::Test {
     ASSERT_TRUE(Formed()) << coord_.log() << member_.log();
   }
 
+  // The Wait and Barrier calls the coordinator's key/value store holds now
+  // (`hsdpctl nodes`), -1 when the daemon does not answer.
+  int64_t KvWaiters() {
+    v1::NodesResponse r;
+    return QueryNodes(coord_.socket(), &r) ? static_cast<int64_t>(r.kv_waiters()) : -1;
+  }
+
   bool Formed() {
     v1::NodesResponse a, b;
     return Eventually([&] {
@@ -67,7 +74,8 @@ TEST_F(ClusterKvTest, SetGetWaitAddBarrierAcrossNodes) {
     wait_status = node1.Wait({"nccl/uid", "gloo/addr/0"}, absl::Seconds(5));
     waited = true;
   });
-  absl::SleepFor(absl::Milliseconds(200));
+  // The coordinator holds the wait before the key is set.
+  EXPECT_EQ(EventuallyEq([&] { return KvWaiters(); }, 1, 5000), 1);
   EXPECT_FALSE(waited.load());
   ASSERT_TRUE(node0.Set("nccl/uid", "uid", t).ok());
   waiter.join();
@@ -125,7 +133,8 @@ TEST_F(ClusterKvTest, NcclIdExchangeThroughTheCoordinator) {
   std::thread wait([&] {
     got = waiter(key, false, nccl::UniqueId{}, 2, absl::Now() + absl::Seconds(10));
   });
-  absl::SleepFor(absl::Milliseconds(100));  // the waiter waits first
+  // The waiter waits first: the coordinator holds its wait for the id.
+  EXPECT_EQ(EventuallyEq([&] { return KvWaiters(); }, 1, 5000), 1);
   absl::StatusOr<nccl::UniqueId> made = creator(key, true, mine, 2, absl::Now() + absl::Seconds(10));
   wait.join();
   ASSERT_TRUE(made.ok()) << made.status();

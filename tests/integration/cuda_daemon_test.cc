@@ -14,6 +14,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/device_wait.h"
 #include "daemon/device/cuda_device_api.h"
 #include "gtest/gtest.h"
 #include "hsdp/client.h"
@@ -29,16 +30,6 @@ using testing::TempDir;
 
 constexpr uint64_t kN = 1 << 16;
 constexpr int kNoGpu = 77;
-
-absl::Status WaitEvent(CudaDeviceApi& api, device::EventHandle e) {
-  for (int i = 0; i < 100000; ++i) {
-    auto done = api.EventDone(e);
-    if (!done.ok()) return done.status();
-    if (*done) return absl::OkStatus();
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  return absl::DeadlineExceededError("event did not complete in 10 s");
-}
 
 // Runs in a forked child (CUDA is initialised only here).
 int Trainer(const std::string& socket, int k, FILE* out) {
@@ -136,7 +127,7 @@ int Trainer(const std::string& socket, int k, FILE* out) {
   // Read the result on the stream that waited on the completion event.
   auto done = api->CreateEvent(0, false);
   if (!done.ok() || !api->MemcpyAsync(*staging, data + kN * 4, kN * 4, *stream).ok() ||
-      !api->RecordEvent(*done, *stream).ok() || !WaitEvent(*api, *done).ok()) {
+      !api->RecordEvent(*done, *stream).ok() || !testing::WaitEventDone(*api, *done).ok()) {
     return fail("read back");
   }
   std::vector<float> got(kN);

@@ -208,7 +208,12 @@ TEST(DeviceDaemonTest, ProducerEventOrdersTheCollectiveAndCompletionEventsAreRec
     auto w = T.client->AllReduce(*g, {T.buffer, 0}, {T.buffer, kRecvOffset}, kCount,
                                  DataType::kFloat32, {}, so);
     if (!w.ok()) return T.Fail("submit: " + w.status().ToString()), 1;
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    // Both ranks submitted and the daemon handed the collective to its
+    // engine: only the producer event holds it back now.
+    if (!testing::Eventually(
+            [&] { return testing::JobOpsInDaemon(d.socket(), "order").running >= 1; }, 10000)) {
+      T.Fail("the collective never reached the engine");
+    }
     if (w->Test()) T.Fail("the collective finished while its producer was still pending");
     for (uint64_t i = 0; i < kCount; ++i) T.F(0)[i] = In(rank, i);  // the producer's output
     (*producer)->Complete();

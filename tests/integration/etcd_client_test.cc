@@ -412,7 +412,8 @@ TEST_F(EtcdClientTest, CancelUnblocksNextPromptly) {
     returned_at = absl::Now();
     returned = true;
   });
-  absl::SleepFor(absl::Milliseconds(200));  // let Next block (not an assertion)
+  // Next blocked (nothing comes on this key): Cancel must end a waiting Next.
+  EXPECT_TRUE(Eventually([&] { return (*watch)->blocked_readers() == 1; }, 10000, 1));
   EXPECT_FALSE(returned.load());
   const absl::Time cancelled = absl::Now();
   (*watch)->Cancel();
@@ -484,11 +485,10 @@ TEST_F(EtcdClientTest, WatchFromCompactedRevisionIsOutOfRange) {
 // The index of the member that members agree leads (Maintenance.Status
 // through the raw stub), -1 when they do not agree within `timeout`.
 int LeaderIndex(EtcdTestCluster& cluster, absl::Duration timeout = absl::Seconds(10)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  do {
+  // One poll: the index of the leader every live member names, or -1.
+  auto agreed_leader = [&cluster]() -> int {
     std::vector<uint64_t> ids(cluster.size(), 0);
     uint64_t leader = 0;
-    bool agree = true;
     for (int i = 0; i < cluster.size(); ++i) {
       if (!cluster.alive(i)) continue;
       auto stub = etcdserverpb::Maintenance::NewStub(
@@ -497,21 +497,20 @@ int LeaderIndex(EtcdTestCluster& cluster, absl::Duration timeout = absl::Seconds
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
       etcdserverpb::StatusResponse resp;
       if (!stub->Status(&ctx, etcdserverpb::StatusRequest(), &resp).ok() || resp.leader() == 0) {
-        agree = false;
-        break;
+        return -1;
       }
+      if (leader != 0 && resp.leader() != leader) return -1;
       ids[i] = resp.header().member_id();
-      if (leader != 0 && resp.leader() != leader) agree = false;
       leader = resp.leader();
     }
-    if (agree) {
-      for (int i = 0; i < cluster.size(); ++i) {
-        if (ids[i] == leader) return i;
-      }
+    for (int i = 0; leader != 0 && i < cluster.size(); ++i) {
+      if (ids[i] == leader) return i;
     }
-    absl::SleepFor(absl::Milliseconds(50));
-  } while (absl::Now() < deadline);
-  return -1;
+    return -1;  // no member answered, or the leader is not among them
+  };
+  return hsdp::testing::EventuallyValue(agreed_leader, [](int i) { return i >= 0; },
+                                        static_cast<int>(absl::ToInt64Milliseconds(timeout)),
+                                        /*poll_ms=*/50);
 }
 
 TEST(EtcdFailoverTest, KilledMemberFailsOverAndQuorumLossFailsWithinTimeout) {

@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <set>
 #include <string>
@@ -133,28 +134,34 @@ class EtcdTestCluster {
     const absl::Time deadline = absl::Now() + timeout;
     for (int i = 0; i < members_; ++i) {
       if (nodes_[i].pid <= 0) continue;
+      std::string cmd = absl::StrCat("ETCDCTL_API=3 timeout 10 '", EtcdctlBinary(),
+                                     "' --dial-timeout=1s --command-timeout=1s --endpoints=",
+                                     endpoint(i), " ");
+      if (!root_password_.empty()) absl::StrAppend(&cmd, "--user 'root:", root_password_, "' ");
+      if (!tls_ca_.empty()) {
+        absl::StrAppend(&cmd, "--cacert '", tls_ca_, "' --cert '", tls_cert_, "' --key '",
+                        tls_key_, "' ");
+      }
+      // Polled until healthy, or until the member exited (no use waiting).
+      bool exited = false;
       std::string last;
-      for (;;) {
-        if (!Running(i)) {
-          return absl::UnavailableError(
-              absl::StrCat("etcd member ", i, " (", endpoint(i), ") exited"));
-        }
-        std::string cmd = absl::StrCat("ETCDCTL_API=3 timeout 10 '", EtcdctlBinary(),
-                                       "' --dial-timeout=1s --command-timeout=1s --endpoints=",
-                                       endpoint(i), " ");
-        if (!root_password_.empty()) absl::StrAppend(&cmd, "--user 'root:", root_password_, "' ");
-        if (!tls_ca_.empty()) {
-          absl::StrAppend(&cmd, "--cacert '", tls_ca_, "' --cert '", tls_cert_, "' --key '",
-                          tls_key_, "' ");
-        }
-        const CommandResult r = RunCommand(cmd + "endpoint health");
-        if (r.exit_code == 0) break;
-        last = r.output;
-        if (absl::Now() >= deadline) {
-          return absl::DeadlineExceededError(absl::StrCat(
-              "etcd member ", i, " (", endpoint(i), ") not healthy in time: ", last));
-        }
-        absl::SleepFor(absl::Milliseconds(50));
+      const bool healthy = Eventually(
+          [&] {
+            exited = !Running(i);
+            if (exited) return true;
+            const CommandResult r = RunCommand(cmd + "endpoint health");
+            last = r.output;
+            return r.exit_code == 0;
+          },
+          static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()))),
+          /*poll_ms=*/50);
+      if (exited) {
+        return absl::UnavailableError(
+            absl::StrCat("etcd member ", i, " (", endpoint(i), ") exited"));
+      }
+      if (!healthy) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "etcd member ", i, " (", endpoint(i), ") not healthy in time: ", last));
       }
     }
     return absl::OkStatus();

@@ -25,6 +25,7 @@ using testing::AttachOnly;
 using testing::Child;
 using testing::ClosedWithin;
 using testing::ConnectAndSend;
+using testing::CountOpenFds;
 using testing::CountSessions;
 using testing::DaemonProcess;
 using testing::Eventually;
@@ -32,6 +33,7 @@ using ::testing::HasSubstr;
 using testing::NowMs;
 using testing::OpenDataConnection;
 using testing::RawAttach;
+using testing::SettledFdCount;
 using testing::TempDir;
 
 // Sends FdMessage{tag} with `fds` attached in one sendmsg (no limit on the
@@ -80,17 +82,23 @@ TEST(HardeningDataConnTest, SlowHelloDelaysNobody) {
   TempDir dir;
   DaemonProcess d(dir);
   ASSERT_TRUE(d.Start()) << d.Log();
+  const int fds = SettledFdCount(d.pid(), d.socket());
   // A client that sends its hello one byte every 200 ms.
   UniqueFd slow = ConnectAndSend(d.socket(), "HSDPDAT1");
   ASSERT_TRUE(slow.valid());
   std::atomic<bool> stop{false};
+  std::atomic<int> sent{0};
   std::thread trickle([&] {
     for (int i = 0; i < 25 && !stop.load(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       if (::send(slow.get(), "x", 1, MSG_NOSIGNAL) != 1) break;
+      ++sent;
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The daemon holds the trickling connection (one fd more) and its hello
+  // is under way before the other client attaches.
+  EXPECT_TRUE(Eventually([&] { return CountOpenFds(d.pid()) > fds && sent.load() >= 1; }, 5000))
+      << "fds " << CountOpenFds(d.pid()) << " (" << fds << " before), bytes sent " << sent.load();
 
   std::unique_ptr<Child> c =
       AttachedChild(d.socket(), "slowjob", [](int, FILE* out) { std::fprintf(out, "ready\n"); });

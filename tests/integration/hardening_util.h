@@ -81,13 +81,15 @@ inline int CountOpenFds(pid_t pid) {
 // most).
 inline int SettledFdCount(pid_t pid, const std::string& socket) {
   (void)RunCommand(Hsdpctl(socket, "status") + " >/dev/null 2>&1");
-  int last = CountOpenFds(pid), same = 0;
-  for (int i = 0; i < 30 && same < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const int now = CountOpenFds(pid);
-    same = now == last ? same + 1 : 0;
-    last = now;
-  }
+  int last = -2, same = 0;  // -2: no count yet (CountOpenFds fails with -1)
+  Eventually(
+      [&] {
+        const int now = CountOpenFds(pid);
+        same = now == last ? same + 1 : 0;
+        last = now;
+        return same >= 2;
+      },
+      3000, /*poll_ms=*/100);
   return last;
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/wait.h"
 #include "grpcpp/grpcpp.h"
 #include "hsdp/common/unix_socket.h"
 #include "hsdp/shm/data_conn.h"
@@ -164,10 +165,9 @@ class RawSession {
   // The completion of `op_id`, waiting up to `timeout_ms`.
   std::optional<absl::Status> Completion(uint64_t op_id, int timeout_ms) {
     shm::Completion& c = Completions()[op_id & (entries_ - 1)];
-    const int64_t deadline = shm::NowNanos() + int64_t{timeout_ms} * 1'000'000;
-    while (c.op_id.load(std::memory_order_acquire) != op_id) {
-      if (shm::NowNanos() > deadline) return std::nullopt;
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (!Eventually([&] { return c.op_id.load(std::memory_order_acquire) == op_id; }, timeout_ms,
+                    /*poll_ms=*/1)) {
+      return std::nullopt;
     }
     const auto code = static_cast<absl::StatusCode>(c.code);
     if (code == absl::StatusCode::kOk) return absl::OkStatus();

@@ -84,16 +84,16 @@ class TempDir {
 
 // Waits for `pid` up to `timeout_ms`; returns the exit code, 128 + signal,
 // or -1 on timeout (the process is left running).
+// -2 when `pid` is not a child of this process.
 inline int WaitExit(pid_t pid, int timeout_ms) {
-  const int64_t deadline = NowMs() + timeout_ms;
-  for (;;) {
-    int status = 0;
-    const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (r < 0) return -2;
-    if (NowMs() >= deadline) return -1;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  return EventuallyValue(
+      [pid] {
+        int status = 0;
+        const pid_t r = ::waitpid(pid, &status, WNOHANG);
+        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return r < 0 ? -2 : -1;
+      },
+      [](int rc) { return rc != -1; }, timeout_ms, /*poll_ms=*/5);
 }
 
 // A private hsdpd. Its stderr goes to <dir>/hsdpd.log.
@@ -130,18 +130,19 @@ class DaemonProcess {
     return WaitReady(10000);
   }
 
+  // False when the daemon exited first or never listened in time.
   bool WaitReady(int timeout_ms) {
-    const int64_t deadline = NowMs() + timeout_ms;
-    while (NowMs() < deadline) {
-      if (Exists(socket_) && ConnectUnix(socket_).ok()) return true;
-      int status;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return false;
+    bool exited = false;
+    const bool ready = Eventually(
+        [&] {
+          if (Exists(socket_) && ConnectUnix(socket_).ok()) return true;
+          int status;
+          exited = ::waitpid(pid_, &status, WNOHANG) == pid_;
+          return exited;
+        },
+        timeout_ms, /*poll_ms=*/10);
+    if (exited) pid_ = -1;
+    return ready && !exited;
   }
 
   static pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
@@ -240,11 +241,15 @@ inline int CountSessions(const std::string& socket, const std::string& job = "")
   return n;
 }
 
-// The operations of `job` that the daemon on `socket` holds right now,
-// queued in its groups or running (the Activity RPC's pending + running),
-// or -1 when the daemon does not answer. A test waits on this, never on a
-// sleep, for "the trainer's operation has reached the daemon".
-inline int64_t OpsInDaemon(const std::string& socket, const std::string& job) {
+// The operations of `job` that the daemon on `socket` holds right now
+// (summed over its groups, from the Activity RPC): `pending` queued until
+// every local member submitted, `running` handed to the engine. Both -1
+// when the daemon does not answer.
+struct JobOps {
+  int64_t pending = -1;
+  int64_t running = -1;
+};
+inline JobOps JobOpsInDaemon(const std::string& socket, const std::string& job) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
   auto admin = v1::Admin::NewStub(
@@ -252,13 +257,24 @@ inline int64_t OpsInDaemon(const std::string& socket, const std::string& job) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::ActivityResponse act;
-  if (!admin->Activity(&ctx, v1::ActivityRequest(), &act).ok()) return -1;
-  int64_t n = 0;
+  if (!admin->Activity(&ctx, v1::ActivityRequest(), &act).ok()) return {};
+  JobOps n{0, 0};
   for (const auto& j : act.jobs()) {
     if (j.job_id() != job) continue;
-    for (const auto& g : j.groups()) n += static_cast<int64_t>(g.pending() + g.running());
+    for (const auto& g : j.groups()) {
+      n.pending += static_cast<int64_t>(g.pending());
+      n.running += static_cast<int64_t>(g.running());
+    }
   }
   return n;
+}
+
+// The operations of `job` the daemon holds, queued or running, or -1 when
+// it does not answer. A test waits on this, never on a sleep, for "the
+// trainer's operation has reached the daemon".
+inline int64_t OpsInDaemon(const std::string& socket, const std::string& job) {
+  const JobOps n = JobOpsInDaemon(socket, job);
+  return n.pending < 0 ? -1 : n.pending + n.running;
 }
 
 // A forked child process running `body(out)`; whatever it writes to `out`

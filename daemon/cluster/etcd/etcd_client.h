@@ -130,6 +130,9 @@ class Watch {
   virtual absl::Status Next(std::vector<WatchEvent>* events, absl::Time deadline) = 0;
   // Ends a Next in progress and the stream. Idempotent.
   virtual void Cancel() = 0;
+  // Next calls waiting for events right now (a test waits for one before it
+  // cancels, to know it cancels a Next that blocked).
+  virtual int blocked_readers() const = 0;
 };
 
 class EtcdClient {

@@ -229,6 +229,7 @@ absl::StatusOr<std::vector<std::string>> EtcdStore::WaitValues(
       if (!watch.ok()) {
         last = watch.status();
       } else {
+        ++watching_;
         std::vector<etcd::WatchEvent> events;
         while (!missing.empty() && absl::Now() < deadline) {
           events.clear();
@@ -241,6 +242,7 @@ absl::StatusOr<std::vector<std::string>> EtcdStore::WaitValues(
           if (!last.ok()) break;
         }
         (*watch)->Cancel();
+        --watching_;
         if (missing.empty()) break;
       }
     }

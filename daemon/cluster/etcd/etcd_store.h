@@ -42,6 +42,9 @@ class EtcdStore : public ClusterStore {
                            absl::Duration timeout);
   // Waits and barriers in progress on this node.
   size_t waiter_count() const { return waiters_.load(); }
+  // Of those, the waits (Wait, WaitValues) watching now: they read the keys
+  // and wait for them on a watch (a key set now reaches them through it).
+  size_t watching_count() const { return watching_.load(); }
   // Where key K lives in etcd.
   std::string EtcdKey(const std::string& key) const { return kv_prefix_ + key; }
 
@@ -80,6 +83,7 @@ class EtcdStore : public ClusterStore {
   // Waits and barriers in progress on this node (each holds a caller's
   // thread and a watch): at most limits_.max_waiters.
   std::atomic<size_t> waiters_{0};
+  std::atomic<size_t> watching_{0};  // waits with their watch open
 };
 
 }  // namespace hsdp

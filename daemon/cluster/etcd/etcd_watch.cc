@@ -61,13 +61,22 @@ class WatchImpl final : public Watch {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return !pending_.empty() || ended_;
     };
-    mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+    if (!ready()) {
+      ++blocked_readers_;
+      mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+      --blocked_readers_;
+    }
     if (!pending_.empty()) {
       for (WatchEvent& e : pending_) events->push_back(std::move(e));
       pending_.clear();
       return absl::OkStatus();
     }
     return ended_ ? final_ : absl::OkStatus();
+  }
+
+  int blocked_readers() const override {
+    absl::MutexLock lock(&mu_);
+    return blocked_readers_;
   }
 
   void Cancel() override {
@@ -183,8 +192,9 @@ class WatchImpl final : public Watch {
   grpc::ClientContext ctx_;
   std::thread reader_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool created_ ABSL_GUARDED_BY(mu_) = false;
+  int blocked_readers_ ABSL_GUARDED_BY(mu_) = 0;  // Next calls in AwaitWithDeadline
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status final_ ABSL_GUARDED_BY(mu_);
   grpc::Status grpc_status_ ABSL_GUARDED_BY(mu_);    // how the stream ended

@@ -147,7 +147,9 @@ void NcclEngine::Shutdown() {
 
 NcclEngineStats NcclEngine::stats() const {
   std::lock_guard<std::mutex> l(mu_);
-  return stats_;
+  NcclEngineStats s = stats_;
+  s.gated_tasks = gated_tasks_.load(std::memory_order_relaxed);
+  return s;
 }
 
 device::StreamHandle NcclEngine::StreamOf(const std::string& group_key, int device,
@@ -194,6 +196,7 @@ void NcclEngine::Loop() {
     ReleaseGated();
     Poll();
     PollDraining();
+    gated_tasks_.store(gate_.tasks(), std::memory_order_relaxed);
     if (running_.size() + gate_.groups() < in_flight + tasks.size()) last_progress = absl::Now();
   }
   // Stopped and drained: release everything (device memory only once the

@@ -66,6 +66,7 @@
 #ifndef HSDP_DAEMON_ENGINE_NCCL_NCCL_ENGINE_H_
 #define HSDP_DAEMON_ENGINE_NCCL_NCCL_ENGINE_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -125,6 +126,7 @@ struct NcclEngineStats {
   uint64_t comm_aborts = 0;  // communicator sets aborted
   uint64_t shared_device_tasks = 0;  // tasks whose members share a GPU (own kernels + NCCL)
   uint64_t fused_shared_reduces = 0;  // of those, reductions written straight into the outputs
+  uint64_t gated_tasks = 0;  // now: launched tasks the producer gate holds back (not issued)
 };
 
 class NcclEngine : public Engine {
@@ -234,6 +236,8 @@ class NcclEngine : public Engine {
   std::map<std::string, EngineGroupSpec> groups_;          // by group key
   std::map<uint64_t, std::unique_ptr<Running>> running_;   // by ticket
   ProducerGate gate_;
+  // gate_.tasks() as of the engine thread's last pass (stats()).
+  std::atomic<uint64_t> gated_tasks_{0};
   struct Draining {
     std::unique_ptr<Running> run;
     absl::Status status;

@@ -18,6 +18,8 @@
 
 #include <cuda_runtime.h>
 
+#include "common/device_wait.h"
+#include "common/wait.h"
 #include "daemon/device/cuda_device_api.h"
 #include "daemon/engine/nccl/nccl_collectives.h"
 #include "daemon/engine/nccl/nccl_library.h"
@@ -44,16 +46,6 @@ std::unique_ptr<CudaDeviceApi> ApiOrSkipReason(std::string* reason) {
   std::string skip_reason_;                                    \
   auto api = ApiOrSkipReason(&skip_reason_);                   \
   if (api->DeviceCount() == 0) GTEST_SKIP() << skip_reason_
-
-absl::Status WaitEvent(CudaDeviceApi& api, device::EventHandle e) {
-  for (int i = 0; i < 100000; ++i) {
-    auto done = api.EventDone(e);
-    if (!done.ok()) return done.status();
-    if (*done) return absl::OkStatus();
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  return absl::DeadlineExceededError("event did not complete in 10 s");
-}
 
 TEST(CudaDeviceTest, ReportsDevicesOrWhyNot) {
   auto api = CudaDeviceApi::Create();
@@ -89,7 +81,7 @@ TEST(CudaDeviceTest, VmmStreamsEventsAndTheScaleCastKernel) {
   ASSERT_TRUE(api->ScaleCastAsync(*mid, DataType::kBFloat16, *src, DataType::kFloat32, n, 4.0, *lo).ok());
   auto done = api->CreateEvent(0, false);
   ASSERT_TRUE(api->RecordEvent(*done, *lo).ok());
-  ASSERT_TRUE(WaitEvent(*api, *done).ok());
+  ASSERT_TRUE(testing::WaitEventDone(*api, *done).ok());
   std::vector<float> out(n);
   ASSERT_TRUE(api->CopyToHost(out.data(), *src, n * 4).ok());
   for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], 2.0f * in[i]) << i;
@@ -160,7 +152,7 @@ TEST(CudaIpcTest, TwoProcessesShareBothHandleKindsAndAProducerEvent) {
   ASSERT_TRUE(api->ScaleCastAsync(b->ptr, DataType::kFloat32, b->ptr, DataType::kFloat32, kIpcElems, 2.0, *stream).ok());
   auto done = api->CreateEvent(0, false);
   ASSERT_TRUE(api->RecordEvent(*done, *stream).ok());
-  ASSERT_TRUE(WaitEvent(*api, *done).ok());
+  ASSERT_TRUE(testing::WaitEventDone(*api, *done).ok());
   char d = 'D';
   ASSERT_TRUE(SendWithFds(sock.get(), &d, 1, {}).ok());
   int st = 0;
@@ -318,7 +310,9 @@ TEST(NcclEngineCudaTest, HeldBackProducerAbortTimeoutAndANewEpoch) {
     t.members[0].wait_event = held.event();
     Done d;
     const uint64_t ticket = engine.Launch(t, d.Callbacks());
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // The gate holds it (its producer is pending): the abort drops a held task.
+    EXPECT_EQ(testing::EventuallyEq([&] { return engine.stats().gated_tasks; }, uint64_t{1}, 5000),
+              1u);
     engine.Abort(ticket, absl::AbortedError("trainer left"));
     EXPECT_EQ(d.Wait().code(), absl::StatusCode::kAborted);
     held.Release();

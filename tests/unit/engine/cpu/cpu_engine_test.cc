@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "common/wait.h"
 #include "hsdp/kernels/reduce_kernels.h"
 #include "daemon/engine/cpu/thread_pool.h"
 #include "daemon/util/clock.h"
@@ -708,13 +709,13 @@ TEST(CpuEngineQosTest, ALowerClassWaitsInSchedIdleWhileAHigherOneKeepsLaunchingB
   if (!engine.idle_lower_classes()) GTEST_SKIP() << "this process cannot leave SCHED_IDLE";
   // Each thread names itself once running: wait (bounded) for both names.
   std::vector<std::string> engine_tids, pool_tids;
-  const auto named_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  do {
-    engine_tids = ThreadsNamed("hsdp-engine");
-    pool_tids = ThreadsNamed("hsdp-pool");
-    if (engine_tids.size() == 1 && pool_tids.size() == 1) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  } while (std::chrono::steady_clock::now() < named_by);
+  testing::Eventually(
+      [&] {
+        engine_tids = ThreadsNamed("hsdp-engine");
+        pool_tids = ThreadsNamed("hsdp-pool");
+        return engine_tids.size() == 1 && pool_tids.size() == 1;
+      },
+      10000, /*poll_ms=*/1);
   ASSERT_EQ(engine_tids.size(), 1u);
   ASSERT_EQ(pool_tids.size(), 1u);
   EXPECT_EQ(PolicyOf(engine_tids[0]), SCHED_OTHER);

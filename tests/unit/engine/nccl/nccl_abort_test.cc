@@ -144,11 +144,18 @@ TEST(NcclAbortTest, TheGateKeepsLaunchOrderPerGroupOnly) {
   node.engine.Launch(second.task, p2.Callbacks());
   node.engine.Launch(other.task, p3.Callbacks());
   ASSERT_TRUE(p3.Wait().status.ok());  // group h is not held back
+  // g's first waits for its producer, its second behind it: both in the gate.
+  EXPECT_EQ(hsdp::testing::EventuallyEq([&] { return node.engine.stats().gated_tasks; },
+                                        uint64_t{2}, 5000, 1),
+            2u);
   EXPECT_FALSE(p2.Ready(0));
   EXPECT_FALSE(p1.Ready(0));
   producer.Open();
   ASSERT_TRUE(p1.Wait().status.ok());
   ASSERT_TRUE(p2.Wait().status.ok());
+  EXPECT_EQ(hsdp::testing::EventuallyEq([&] { return node.engine.stats().gated_tasks; },
+                                        uint64_t{0}, 5000, 1),
+            0u);
   auto calls = node.coll.calls();
   ASSERT_EQ(calls.size(), 6u);  // h, then g's first, then g's second
   EXPECT_EQ(node.Read<float>(second.recv[1], 8), std::vector<float>(8, 4.0f));
