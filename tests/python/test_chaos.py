@@ -21,26 +21,53 @@ KINDS = ["kill_trainer", "stop_trainer", "kill_daemon", "drain_daemon", "kill_co
          "disk_full"]
 
 
-def test_a_seed_gives_one_schedule_with_every_kind_and_no_overlap_on_a_target():
-    a = schedule.draw(11, 300, KINDS, 3, 6, rate_per_min=6)
-    assert a == schedule.draw(11, 300, KINDS, 3, 6, rate_per_min=6)
-    assert a != schedule.draw(12, 300, KINDS, 3, 6, rate_per_min=6)
-    assert {f.kind for f in a} == set(KINDS)
+def _check_schedule(a, kinds, seconds, etcd):
+    assert {f.kind for f in a} == set(kinds)
     assert [f.at_s for f in a] == sorted(f.at_s for f in a)
     busy = {}
     for f in a:
-        assert f.at_s + f.duration_s < 300, f
-        res = schedule._resource(f.kind, f.target)
-        assert f.at_s >= busy.get(res, 0.0), f"{f} overlaps an earlier fault on {res}"
-        busy[res] = f.at_s + f.duration_s
+        assert f.at_s + f.duration_s < seconds, f
+        for res in schedule._resources(f.kind, f.target, etcd):
+            assert f.at_s >= busy.get(res, 0.0), f"{f} overlaps an earlier fault on {res}"
+            busy[res] = f.at_s + f.duration_s
         lo, hi = schedule.DURATIONS[f.kind]
         assert lo <= f.duration_s <= hi, f
         if f.kind in schedule.TRAINER_KINDS:
             assert 0 <= f.target < 6
         elif f.kind == "kill_coordinator":
             assert f.target == 0
+        elif f.kind in schedule.ETCD_KINDS:
+            assert 0 <= f.target < schedule.ETCD_MEMBERS
+        elif f.kind in schedule.LINK_KINDS:
+            assert 0 <= f.target < 3
+
+
+def test_a_seed_gives_one_schedule_with_every_kind_and_no_overlap_on_a_target():
+    a = schedule.draw(11, 300, KINDS, 3, 6, rate_per_min=6)
+    assert a == schedule.draw(11, 300, KINDS, 3, 6, rate_per_min=6)
+    assert a != schedule.draw(12, 300, KINDS, 3, 6, rate_per_min=6)
+    _check_schedule(a, KINDS, 300, etcd=False)
     with pytest.raises(ValueError):
         schedule.draw(1, 60, ["unplug_the_rack"], 3, 6)
+
+
+def test_network_and_etcd_kinds_never_hit_one_member_twice_at_once():
+    kinds = KINDS + list(schedule.LINK_KINDS) + list(schedule.ETCD_KINDS)
+    for seed in range(20):
+        a = schedule.draw(seed, 600, kinds, 3, 6, rate_per_min=12)
+        assert a == schedule.draw(seed, 600, kinds, 3, 6, rate_per_min=12)
+        _check_schedule(a, kinds, 600, etcd=True)
+        # Quorum loss occupies every member: nothing else touches etcd meanwhile
+        # (no member killed, no link of a node carrying a member cut or shaped).
+        for q in (f for f in a if f.kind == "etcd_quorum_lost"):
+            for f in a:
+                if f is q or not (f.kind in schedule.ETCD_KINDS or f.kind in schedule.LINK_KINDS):
+                    continue
+                assert f.at_s >= q.at_s + q.duration_s or q.at_s >= f.at_s + f.duration_s, \
+                    (q, f)
+    # Without etcd kinds a link fault occupies only its link.
+    assert schedule._resources("link_down", 1) == (("link", 1),)
+    assert set(schedule._resources("etcd_quorum_lost", 2)) == {("etcd", m) for m in range(3)}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the chaos run's disk_full fault mounts a tmpfs")
