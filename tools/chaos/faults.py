@@ -110,7 +110,8 @@ class Injector:
             if self.net is None:
                 raise ValueError("link_down needs --netns")
             self.net.set_link(target, False)
-            did = f"node {target}'s bridge port {self.net.topo['nodes'][target]['switch_port']} down"
+            port = self.net.topo["nodes"][target]["switch_port"]
+            did = f"node {target}'s bridge port {port} down"
 
             def undo(force=False, i=target):
                 self.net.set_link(i, True)

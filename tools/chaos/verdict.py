@@ -127,7 +127,8 @@ LOG_LINE = re.compile(r"^[DIWE] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(\d{6}) \d+ \S
 _NODE_SEEN = [r"node {i} \([^)]*\) lost", r"connection to node {i} lost",
               r"node {i} hosting rank"]
 DETECT = {
-    "link_down": {"others": _NODE_SEEN,
+    # Node 0 cut off from an embedded store's members: they lose their coordinator.
+    "link_down": {"others": _NODE_SEEN + [r"cluster degraded: the coordinator"],
                   "self": [r"cluster degraded", r"lease in .* expired", r"lost contact with"]},
     "kill_daemon": {"others": _NODE_SEEN},
     "drain_daemon": {"others": _NODE_SEEN},
@@ -136,8 +137,9 @@ DETECT = {
     "etcd_quorum_lost": {"all": [r"cluster degraded", r"lease in .* expired"]},
 }
 # What names the target in a rank's error (the job's view).
-JOB_NAMES = {"link_down": r"node {i}\b", "kill_daemon": r"node {i}\b|lost the connection to hsdpd",
-             "drain_daemon": r"node {i}\b|hsdpd", "kill_coordinator": r"node 0\b|coordinator",
+JOB_NAMES = {"link_down": r"node {i}\b",
+             "kill_daemon": r"node {i}\b|lost the connection to hsdpd",
+             "drain_daemon": r"node {i}\b|drain", "kill_coordinator": r"node 0\b|coordinator",
              "kill_etcd_member": r"etcd", "etcd_quorum_lost": r"etcd"}
 
 
