@@ -10,6 +10,7 @@ else on loopback with the embedded coordinator. `tools/chaos/chaos.py
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -113,3 +114,26 @@ def test_a_short_chaos_run_ends_with_the_undisturbed_parameters(tmp_path):
     for group, says in ((schedule.LINK_KINDS, "'s link"), (schedule.ETCD_KINDS, "etcd member")):
         if set(group) <= set(kinds):
             assert any(says in line for line in injected), r.stdout[-4000:]
+
+
+def test_detection_reads_the_daemons_log_lines_and_the_rank_errors(tmp_path):
+    import verdict
+    at = 1_800_000_000.0
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at + 3))
+    log = tmp_path / "hsdpd.log"
+    log.write_text("=== chaos: start 1\n"
+                   f"I {stamp}.250000 42 etcd_member.cc:279] cluster: joined\n"
+                   f"W {stamp}.500000 42 coordinator.cc:252] cluster: node 2 "
+                   "(198.18.40.12:7070) lost: no heartbeat for 3.1s; epoch 5\n")
+    rows = verdict.log_lines(str(log))
+    assert [round(t - at, 2) for t, _ in rows] == [3.25, 3.5]
+    d = verdict.daemon_detection("link_down", 2, at, {0: rows, 2: []})
+    assert d is not None and round(d[0], 2) == 3.5 and d[1] == 0
+    assert verdict.daemon_detection("link_down", 1, at, {0: rows}) is None
+    assert verdict.daemon_detection("link_down", 2, at + 10, {0: rows}) is None  # before it
+    failures = [{"failing_at": at + 4.0, "errors": {
+        1: "RuntimeError: ABORTED: node 2 hosting rank(s) [4, 5] was lost (...)"}}]
+    j = verdict.job_detection("link_down", 2, at, failures, at + 60)
+    assert j is not None and j[0] == 4.0 and "rank 1" in j[1]
+    assert verdict.job_detection("link_down", 0, at, failures, at + 60) is None
+    assert verdict.job_detection("kill_etcd_member", 0, at, failures, at + 60) is None
