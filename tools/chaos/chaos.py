@@ -69,6 +69,9 @@ def kinds_of(netns, store):
         (schedule_mod.ETCD_KINDS if store == "etcd" else ())
 
 
+ALONE_S = 10.0  # a fault "alone": no other fault from its start to its end + this
+
+
 class Terminated(BaseException):
     """SIGTERM: unwinds main() through its finally (the teardown)."""
 
@@ -160,13 +163,13 @@ def detection(report, cl, job, step_s):
     """How soon each injected fault showed: in the daemons' logs (the first
     line naming it, verdict.DETECT) and in the job (the first failure after it
     whose rank errors name it); for link_slow, the step time during it.
-    Reported per fault and per kind (report["detected_within_by_kind"]); not
-    judged (the bounds depend on the kind and on what else happened)."""
+    Reported per fault, and per kind over the faults that overlapped no other
+    within ALONE_S (report["detected_within_by_kind"]); not judged (the bounds
+    depend on the kind and on what else happened)."""
     logs = {n.index: verdict_mod.log_lines(n.log_path) for n in cl.nodes}
     by_kind = {}
-    for entry in report["faults"]:
-        if entry.get("did", "").startswith("skipped"):
-            continue
+    injected = [e for e in report["faults"] if not e.get("did", "").startswith("skipped")]
+    for entry in injected:
         kind, target, at = entry["kind"], entry["target"], entry["at"]
         until = at + entry.get("duration_s", 0) + 60
         d = verdict_mod.daemon_detection(kind, target, at, logs)
@@ -178,7 +181,14 @@ def detection(report, cl, job, step_s):
         if kind == "link_slow":
             entry["step_s_during"] = verdict_mod.steps_during(job.out, at,
                                                                at + entry["duration_s"])
-        if kind in verdict_mod.DETECT or kind in verdict_mod.JOB_NAMES:
+        # A line or an error may belong to another fault active at the time: the
+        # per-kind figures count only faults that had their window to themselves.
+        end = at + entry.get("duration_s", 0) + ALONE_S
+        entry["overlapped_by"] = [
+            o["fault"] for o in injected if o is not entry and
+            o["at"] < end and entry["at"] < o["at"] + o.get("duration_s", 0) + ALONE_S]
+        if (kind in verdict_mod.DETECT or kind in verdict_mod.JOB_NAMES) and \
+                not entry["overlapped_by"]:
             k = by_kind.setdefault(kind, {"faults": 0, "daemons": [], "job": []})
             k["faults"] += 1
             for who, key in (("daemons", "detected_by_daemons_s"), ("job", "detected_by_job_s")):
