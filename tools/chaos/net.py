@@ -19,7 +19,8 @@ receives), get netem `delay 100ms rate 4mbit` (an RTT of 200 ms more and
 500 KB/s). One step of the chaos job sends about 0.2 MB across nodes per
 node (the gradients' replica all-reduce of a ~41k-parameter model's shard,
 fp32, 2(K-1)/K of it, plus the few small collectives of a step), so a step
-takes about a second instead of tens of milliseconds, while every single
+should take about a second instead of tens of milliseconds (an estimate;
+report.json's step_s_during measures it), while every single
 collective stays two orders of magnitude below its 60 s deadline
 (timeouts.collective_ms and the process group's timeout): a crawl, not a
 failure. On kernels without sch_netem ("Specified qdisc kind is unknown",
