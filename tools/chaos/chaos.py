@@ -4,10 +4,13 @@ schedule of faults and must end with the parameters of an undisturbed run.
 
     tools/chaos/chaos.py --seed 7 --seconds 120 [--nodes 3] [--ranks-per-node 2]
         [--steps 60] [--ckpt-every 5] [--kinds kill_trainer,stop_trainer,...]
+        [--netns] [--store embedded|etcd] [--backend hsdpd|gloo]
         [--build build] [--python build/venv/bin/python] [--out DIR] [--keep]
 
-1. The cluster: one hsdpd per node on loopback (cluster.py), node 0 the
-   embedded coordinator.
+1. The cluster: one hsdpd per node (cluster.py), on loopback, or with --netns
+   each in its own network namespace on 198.18.40.(10+i) (net.py; root);
+   node 0 the embedded coordinator, or with --store etcd a 3-member etcd
+   (etcd.py: member m on node m) where the daemons meet.
 2. The undisturbed run: the job (trainer.py: FSDP2 on a nodes x ranks mesh,
    DCP checkpoints) from step 0 to --steps; its final parameters are the
    reference, its per-step time the baseline; then each daemon's resources
@@ -19,10 +22,18 @@ schedule of faults and must end with the parameters of an undisturbed run.
 4. The verdict (verdict.py): the job reached its last step; its parameters
    are bitwise equal to the reference; every fault was followed by new
    progress within --recover-s; after the job every daemon is back at its
-   baseline (a restarted one: against the node's baseline); no trainer is left.
+   baseline (a restarted one: against the node's baseline); no trainer is left;
+   with etcd, every member is healthy again. Reported, not judged: how soon
+   each fault showed in the daemons' logs and in the job's errors.
+
+Fault kinds: LOOPBACK_KINDS anywhere; the link kinds (link_down, link_slow)
+only with --netns; the etcd kinds (kill_etcd_member, etcd_quorum_lost) only
+with --store etcd. --kinds defaults to every kind the mode allows.
 
 Prints the schedule, what each fault did, the time each cost, and the
-verdict; writes report.json in --out. Exit 0 when the verdict holds, 1 when
+verdict; writes report.json in --out. The namespaces (and every process in
+them) are removed on every exit: the end, an error, SIGINT, SIGTERM; after a
+SIGKILL, by the next run (netns_topology's owner pid). Exit 0 when the verdict holds, 1 when
 it does not, 2 for bad arguments, 77 when it cannot run here.
 A run is replayed exactly (the same schedule) by passing the same --seed,
 --seconds, --kinds, --nodes and --ranks-per-node.
@@ -31,6 +42,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,13 +52,28 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 import cluster as cluster_mod  # noqa: E402
+import etcd as etcd_mod  # noqa: E402
 import faults as faults_mod  # noqa: E402
 import job as job_mod  # noqa: E402
+import net as net_mod  # noqa: E402
 import schedule as schedule_mod  # noqa: E402
 import verdict as verdict_mod  # noqa: E402
 
 SKIP = 77
 LOOPBACK_KINDS = schedule_mod.TRAINER_KINDS + schedule_mod.DAEMON_KINDS + ("disk_full",)
+
+
+def kinds_of(netns, store):
+    """The fault kinds a mode supports."""
+    return LOOPBACK_KINDS + (schedule_mod.LINK_KINDS if netns else ()) + \
+        (schedule_mod.ETCD_KINDS if store == "etcd" else ())
+
+
+ALONE_S = 10.0  # a fault "alone": no other fault from its start to its end + this
+
+
+class Terminated(BaseException):
+    """SIGTERM: unwinds main() through its finally (the teardown)."""
 
 
 def say(line):
@@ -69,7 +96,8 @@ def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None, det
                                              "did": "skipped: the job had finished"})
                     continue
                 did = injector.inject(f, now_s)
-                entry = {"fault": f.describe(), "kind": f.kind, "at": time.time(),
+                entry = {"fault": f.describe(), "kind": f.kind, "target": f.target,
+                         "duration_s": f.duration_s, "at": time.time(),
                          "did": did or "skipped: its target was not running"}
                 report["faults"].append(entry)
                 say(f"fault {f.describe()}: {entry['did']}")
@@ -100,6 +128,8 @@ def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None, det
                           "failed_by_themselves": {
                               r: job.last_error(r) for r, c in exits.items()
                               if c not in (None, 0) and r not in first_exit},
+                          "errors": {r: job.last_error(r) for r, c in exits.items()
+                                     if c not in (None, 0)},
                           "still_running": [r for r, c in exits.items() if c is None]}
                 if report is not None:
                     report["failures"].append(record)
@@ -127,6 +157,49 @@ def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None, det
                 say(f"job incarnation {job.incarnation} started")
         time.sleep(0.1)
     return "deadline"
+
+
+def detection(report, cl, job, step_s):
+    """How soon each injected fault showed: in the daemons' logs (the first
+    line naming it, verdict.DETECT) and in the job (the first failure after it
+    whose rank errors name it); for link_slow, the step time during it.
+    Reported per fault, and per kind over the faults that overlapped no other
+    within ALONE_S (report["detected_within_by_kind"]); not judged (the bounds
+    depend on the kind and on what else happened)."""
+    logs = {n.index: verdict_mod.log_lines(n.log_path) for n in cl.nodes}
+    by_kind = {}
+    injected = [e for e in report["faults"] if not e.get("did", "").startswith("skipped")]
+    for entry in injected:
+        kind, target, at = entry["kind"], entry["target"], entry["at"]
+        until = at + entry.get("duration_s", 0) + 60
+        d = verdict_mod.daemon_detection(kind, target, at, logs)
+        if d is not None:
+            entry["detected_by_daemons_s"], entry["daemon_line"] = d[0], f"node {d[1]}: {d[2]}"
+        j = verdict_mod.job_detection(kind, target, at, report["failures"], until)
+        if j is not None:
+            entry["detected_by_job_s"], entry["job_error"] = j
+        if kind == "link_slow":
+            entry["step_s_during"] = verdict_mod.steps_during(job.out, at,
+                                                               at + entry["duration_s"])
+        # A line or an error may belong to another fault active at the time: the
+        # per-kind figures count only faults that had their window to themselves.
+        end = at + entry.get("duration_s", 0) + ALONE_S
+        entry["overlapped_by"] = [
+            o["fault"] for o in injected if o is not entry and
+            o["at"] < end and entry["at"] < o["at"] + o.get("duration_s", 0) + ALONE_S]
+        if (kind in verdict_mod.DETECT or kind in verdict_mod.JOB_NAMES) and \
+                not entry["overlapped_by"]:
+            k = by_kind.setdefault(kind, {"faults": 0, "daemons": [], "job": []})
+            k["faults"] += 1
+            for who, key in (("daemons", "detected_by_daemons_s"), ("job", "detected_by_job_s")):
+                if key in entry:
+                    k[who].append(entry[key])
+    report["detected_within_by_kind"] = {
+        kind: {"faults": k["faults"], **{who: {"count": len(v), "max_s": max(v, default=0.0),
+                                              "mean_s": sum(v) / len(v) if v else 0.0}
+                                        for who, v in (("daemons", k["daemons"]),
+                                                       ("job", k["job"]))}}
+        for kind, k in by_kind.items()}
 
 
 def sessions(node):
@@ -159,7 +232,12 @@ def main():
     p.add_argument("--ranks-per-node", type=int, default=2)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--ckpt-every", type=int, default=5)
-    p.add_argument("--kinds", default=",".join(LOOPBACK_KINDS))
+    p.add_argument("--kinds", default=None,
+                   help="comma-separated; default: every kind the mode supports")
+    p.add_argument("--netns", action="store_true",
+                   help="each node's daemon in its own network namespace (root): link faults")
+    p.add_argument("--store", default="embedded", choices=("embedded", "etcd"),
+                   help="etcd: a 3-member etcd (one member per node) instead of the coordinator")
     p.add_argument("--rate", type=float, default=4.0, help="faults per minute")
     p.add_argument("--recover-s", type=float, default=180,
                    help="each fault must be followed by new progress within this")
@@ -171,13 +249,23 @@ def main():
                    help="gloo: the same job over Gloo (the daemons idle), the baseline")
     p.add_argument("--keep", action="store_true")
     a = p.parse_args()
-    kinds = [k for k in a.kinds.split(",") if k]
-    if a.backend == "gloo":
-        kinds = [k for k in kinds if k not in schedule_mod.DAEMON_KINDS]
-    unsupported = set(kinds) - set(LOOPBACK_KINDS)
-    if unsupported:
-        print(f"chaos: kinds {sorted(unsupported)} need network namespaces, not in this mode",
-              file=sys.stderr)
+    supported = kinds_of(a.netns, a.store)
+    kinds = [k for k in (a.kinds.split(",") if a.kinds is not None else supported) if k]
+    if a.backend == "gloo":  # the daemons idle: faults of theirs or etcd's cost Gloo nothing
+        kinds = [k for k in kinds if k not in schedule_mod.DAEMON_KINDS + schedule_mod.ETCD_KINDS]
+    unknown = set(kinds) - set(schedule_mod.ALL_KINDS)
+    if unknown:
+        print(f"chaos: unknown fault kinds {sorted(unknown)}", file=sys.stderr)
+        return 2
+    for group, need in ((schedule_mod.LINK_KINDS, "--netns"),
+                        (schedule_mod.ETCD_KINDS, "--store etcd")):
+        wrong = sorted(set(kinds) & set(group) - set(supported))
+        if wrong:
+            print(f"chaos: kinds {wrong} need {need}, not in this mode", file=sys.stderr)
+            return 2
+    if a.store == "etcd" and a.nodes < etcd_mod.MEMBERS:
+        print(f"chaos: --store etcd puts one etcd member on each of nodes 0..2: needs --nodes "
+              f">= {etcd_mod.MEMBERS}", file=sys.stderr)
         return 2
     build = os.path.abspath(a.build)
     python = a.python or os.path.join(build, "venv", "bin", "python")
@@ -185,6 +273,16 @@ def main():
                                                                                      os.X_OK):
         print(f"chaos: needs {build}/bin/hsdpd and {python} (build first)", file=sys.stderr)
         return SKIP
+    etcd_bin = os.path.join(build, "third_party", "etcd", "usr", "bin")
+    if a.store == "etcd" and not etcd_mod.Etcd.available(etcd_bin):
+        print(f"chaos: --store etcd needs etcd and etcdctl in {etcd_bin} "
+              "(tools/scripts/etcd_env.sh)", file=sys.stderr)
+        return SKIP
+    if a.netns:
+        why = net_mod.probe()
+        if why is not None:
+            print(f"chaos: --netns: network namespaces unavailable here: {why}", file=sys.stderr)
+            return SKIP
     out = os.path.abspath(a.out) if a.out else tempfile.mkdtemp(prefix="hsdp-chaos-")
     os.makedirs(out, exist_ok=True)
     ckpt_mount = None
@@ -204,25 +302,46 @@ def main():
                 ckpt_mount = None
     world = a.nodes * a.ranks_per_node
     plan = schedule_mod.draw(a.seed, a.seconds, kinds, a.nodes, world, a.rate)
-    report = {"seed": a.seed, "seconds": a.seconds, "backend": a.backend, "nodes": a.nodes,
+    report = {"seed": a.seed, "seconds": a.seconds, "backend": a.backend, "netns": a.netns,
+              "store": a.store, "nodes": a.nodes,
               "ranks_per_node": a.ranks_per_node, "steps": a.steps, "kinds": kinds,
               "schedule": [f.describe() for f in plan], "faults": [], "stalls": 0,
               "failures": []}
     say(f"seed {a.seed}: {len(plan)} faults over {a.seconds:.0f} s, {a.nodes} nodes x "
-        f"{a.ranks_per_node} ranks, {a.steps} steps, checkpoint every {a.ckpt_every}; out {out}")
+        f"{a.ranks_per_node} ranks, {a.steps} steps, checkpoint every {a.ckpt_every}; "
+        f"{'network namespaces' if a.netns else 'loopback'}, store {a.store}; out {out}")
     for f in plan:
         say(f"  plan: {f.describe()}")
-    cl = cluster_mod.Cluster(build, out, a.nodes)
     problems = []
-    job = ref = None
+    job = ref = cl = net = etcd = None
+
+    def on_sigterm(signum, _frame):
+        raise Terminated(f"signal {signum}")
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
+        if a.netns:
+            net = net_mod.Net(os.getpid(), a.nodes)
+            report["shaping"] = net.shaping
+            say(f"network namespaces up: nodes on {', '.join(net.addrs)} (owner {os.getpid()}); "
+                f"link_slow shapes with {net.shaping}")
+        if a.store == "etcd":
+            etcd = etcd_mod.Etcd(etcd_bin, out,
+                                 net.addrs if net is not None else None,
+                                 [net.prefix(m) for m in range(etcd_mod.MEMBERS)]
+                                 if net is not None else None)
+            if not etcd.start_all(60):
+                print(f"chaos: etcd did not become healthy\n{etcd.logs()}", file=sys.stderr)
+                return 1
+            say(f"etcd: {', '.join(etcd.endpoints())}")
+        cl = cluster_mod.Cluster(build, out, a.nodes, net=net, etcd=etcd)
         if not cl.start(90):
             print(f"chaos: the cluster did not form\n{cl.logs()}", file=sys.stderr)
             return 1
         # The undisturbed run.
+        prefixes = [n.prefix for n in cl.nodes] if net is not None else None
         ref = job_mod.Job(python, build, os.path.join(out, "reference"),
                           os.path.join(out, "reference-ckpt"), a.nodes, a.ranks_per_node,
-                          a.steps, a.ckpt_every, backend=a.backend)
+                          a.steps, a.ckpt_every, backend=a.backend, prefixes=prefixes)
         t = time.monotonic()
         res = run_job(ref, cl, t + a.deadline_s)
         ref_s = time.monotonic() - t
@@ -238,8 +357,9 @@ def main():
         # The chaos run.
         job = job_mod.Job(python, build, os.path.join(out, "chaos"),
                           ckpt_mount or os.path.join(out, "chaos-ckpt"), a.nodes,
-                          a.ranks_per_node, a.steps, a.ckpt_every, backend=a.backend)
-        injector = faults_mod.Injector(cl, job, ckpt_mount)
+                          a.ranks_per_node, a.steps, a.ckpt_every, backend=a.backend,
+                          prefixes=prefixes)
+        injector = faults_mod.Injector(cl, job, ckpt_mount, net, etcd)
         t0 = time.monotonic()
         res = run_job(job, cl, t0 + a.deadline_s, injector, plan, t0, report)
         chaos_s = time.monotonic() - t0
@@ -286,8 +406,11 @@ def main():
             if not named:
                 problems.append(f"{entry['fault']}: no rank that failed after it named rank "
                                 f"{rank}: {rec['failed_by_themselves']}")
+        if etcd is not None and not etcd.wait_healthy(60):
+            problems.append("etcd: not every member healthy again within 60 s after the faults")
         if not cl.wait_formed(90):
             problems.append("the cluster did not form again after the faults")
+        detection(report, cl, job, step_s)
         final = quiesced_snapshots(cl)
         report["final"] = final
         for i, (b, f) in enumerate(zip(baseline, final)):
@@ -310,16 +433,38 @@ def main():
                 f"max {max(lost):.1f} s")
         report["time_lost_by_kind"] = {k: {"count": len(v), "mean_s": sum(v) / len(v),
                                            "max_s": max(v)} for k, v in by_kind.items()}
+        for kind, d in sorted(report["detected_within_by_kind"].items()):
+            say(f"detected, {kind}: " + "; ".join(
+                f"{who} {d[who]['count']}/{d['faults']} within {d[who]['max_s']:.1f} s "
+                f"(mean {d[who]['mean_s']:.1f})" if d[who]["count"] else f"{who} 0/{d['faults']}"
+                for who in ("daemons", "job")))
+        for entry in report["faults"]:
+            if entry.get("step_s_during") is not None:
+                say(f"{entry['fault']}: a step took {entry['step_s_during']:.3f} s during it "
+                    f"(undisturbed {step_s:.3f} s)")
         say(line)
         for prob in problems:
             say(f"PROBLEM: {prob}")
         say("verdict: " + ("OK" if not problems else f"FAILED ({len(problems)} problems)"))
         return 0 if not problems else 1
+    except Terminated as e:
+        problems.append(f"terminated ({e})")
+        say(f"terminated ({e}): tearing down")
+        return 143
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the teardown runs to its end
         for j in (job, ref):
             if j is not None and j.procs:
                 j.end("chaos run over")
-        cl.stop()
+        if cl is not None:
+            cl.stop()
+        if etcd is not None:
+            etcd.stop()
+        if net is not None:
+            try:
+                net.down()
+            except Exception as e:  # noqa: BLE001 - say so, and go on with the rest
+                say(f"PROBLEM: removing the network namespaces: {e}")
         with open(os.path.join(out, "report.json"), "w") as f:
             json.dump(report, f, indent=1, default=str)
         if ckpt_mount is not None:

@@ -1,6 +1,9 @@
-"""The chaos run's nodes: one hsdpd per node on loopback, node 0 the embedded
-coordinator, each with its own directory, socket, node.yaml and log (kept
-across restarts: a restarted daemon appends to it).
+"""The chaos run's nodes: one hsdpd per node, each with its own directory,
+socket, node.yaml and log (kept across restarts: a restarted daemon appends
+to it). On loopback by default; with a Net (--netns, net.py) node i's daemon
+runs in node i's namespace on its address (Gloo's data plane there too).
+The store: embedded (node 0 the coordinator) or etcd (an Etcd, etcd.py: the
+daemons meet in etcd, cluster.insecure on these private addresses).
 
 Node.kill() is SIGKILL, Node.drain() is `hsdpctl drain` (the daemon exits 0
 as for an upgrade), Node.start() starts it again with the same
@@ -15,7 +18,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
-from localproc import accepts, free_ports  # noqa: E402
+from localproc import accepts, die_with_parent, free_ports  # noqa: E402
 from localproc import stop as localproc_stop  # noqa: E402
 from localproc import eventually as wait_for  # noqa: E402,F401 (chaos.py uses it)
 
@@ -50,21 +53,17 @@ def snapshot(pid):
 
 
 class Node:
-    def __init__(self, build, root, index, nodes, ports, token_file, heartbeat_ms,
-                 missed_heartbeats, collective_ms):
+    def __init__(self, build, root, index, cluster_yaml, collective_ms, prefix=()):
         self.build = build
         self.index = index
+        self.prefix = list(prefix)  # runs a command in the node's namespace ([]: the host's)
         self.dir = os.path.join(root, f"node{index}")
         os.makedirs(self.dir, exist_ok=True)
         self.socket = os.path.join(self.dir, "hsdpd.sock")
         self.log_path = os.path.join(self.dir, "hsdpd.log")
         self.config = os.path.join(self.dir, "node.yaml")
         with open(self.config, "w") as f:
-            f.write(f'cluster:\n  coordinator: "127.0.0.1:{ports[0]}"\n'
-                    f'  listen: "127.0.0.1:{ports[index]}"\n'
-                    f"  nodes: {nodes}\n  node_rank: {index}\n  token_file: \"{token_file}\"\n"
-                    f"  heartbeat_ms: {heartbeat_ms}\n  missed_heartbeats: {missed_heartbeats}\n"
-                    "  join_timeout_ms: 60000\n"
+            f.write(f"cluster:\n{cluster_yaml}"
                     f"timeouts:\n  collective_ms: {collective_ms}\n  shutdown_grace_ms: 500\n"
                     "engine:\n  threads: 1\n")
         self.proc = None
@@ -76,10 +75,12 @@ class Node:
         logf = open(self.log_path, "a")
         logf.write(f"=== chaos: start {self.starts + 1} at {time.time():.3f}\n")
         logf.flush()
+        # `ip netns exec` execs the daemon (no fork): proc.pid is hsdpd's own.
         self.proc = subprocess.Popen(
-            [os.path.join(self.build, "bin", "hsdpd"), "--node-config", self.config,
-             "--socket", self.socket, "--log-level", "info"],
-            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+            self.prefix + [os.path.join(self.build, "bin", "hsdpd"), "--node-config", self.config,
+                           "--socket", self.socket, "--log-level", "info"],
+            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=die_with_parent)
         logf.close()
         self.starts += 1
 
@@ -127,6 +128,12 @@ class Node:
         view = self.ctl_json("nodes") or {}
         return sum(1 for n in view.get("nodes", []) if n.get("state") == "alive")
 
+    def formed(self, want):
+        """This daemon sees `want` nodes alive and its cluster is not degraded."""
+        view = self.ctl_json("nodes") or {}
+        return view.get("state", "ok") == "ok" and \
+            sum(1 for n in view.get("nodes", []) if n.get("state") == "alive") == want
+
     def snapshot(self):
         return snapshot(self.proc.pid) if self.alive() else None
 
@@ -140,14 +147,35 @@ class Node:
 
 class Cluster:
     def __init__(self, build, root, nodes, heartbeat_ms=200, missed_heartbeats=15,
-                 collective_ms=60000):
+                 collective_ms=60000, net=None, etcd=None):
+        """net: a net.Net (each daemon in its node's namespace) or None (loopback);
+        etcd: an etcd.Etcd (cluster.store: etcd) or None (the embedded store)."""
         self.root = root
-        self.token_file = os.path.join(root, "token")
-        with open(os.open(self.token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-            f.write("chaos cluster token\n")
-        ports = free_ports(nodes)
-        self.nodes = [Node(build, root, i, nodes, ports, self.token_file, heartbeat_ms,
-                           missed_heartbeats, collective_ms) for i in range(nodes)]
+        self.net, self.etcd = net, etcd
+        if net is None:
+            ports = free_ports(nodes)
+            listen = [f"127.0.0.1:{p}" for p in ports]
+        else:
+            listen = [f"{a}:7070" for a in net.addrs]
+        common = (f"  nodes: {nodes}\n  heartbeat_ms: {heartbeat_ms}\n"
+                  f"  missed_heartbeats: {missed_heartbeats}\n  join_timeout_ms: 60000\n")
+        if etcd is None:
+            self.token_file = os.path.join(root, "token")
+            with open(os.open(self.token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+                f.write("chaos cluster token\n")
+            store = (f'  coordinator: "{listen[0]}"\n'
+                     f'  token_file: "{self.token_file}"\n')
+        else:
+            endpoints = ", ".join(f'"{e}"' for e in etcd.endpoints())
+            store = (f"  store: etcd\n  etcd:\n    endpoints: [{endpoints}]\n"
+                     f'    prefix: "/hsdp/chaos/"\n  insecure: true\n')
+        self.nodes = []
+        for i in range(nodes):
+            yaml = store + f'  listen: "{listen[i]}"\n  node_rank: {i}\n' + common
+            if net is not None:
+                yaml += f"  data_address: {net.addrs[i]}\n"
+            self.nodes.append(Node(build, root, i, yaml, collective_ms,
+                                   net.prefix(i) if net is not None else ()))
 
     def start(self, timeout=60):
         for n in self.nodes:
@@ -156,10 +184,11 @@ class Cluster:
         return self.wait_formed(timeout)
 
     def wait_formed(self, timeout=60):
-        """True once every daemon runs, accepts trainers and sees every node alive."""
+        """True once every daemon runs, accepts trainers and sees every node alive
+        (and, on etcd, no daemon reports the cluster degraded: etcd has a quorum)."""
         want = len(self.nodes)
         return bool(wait_for(lambda: all(n.ready() for n in self.nodes) and
-                             all(n.alive_nodes() == want for n in self.nodes), timeout, 0.2))
+                             all(n.formed(want) for n in self.nodes), timeout, 0.2))
 
     def stop(self):
         for n in self.nodes:

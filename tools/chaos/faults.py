@@ -5,6 +5,13 @@ inject(fault) returns what it did (a line for the report) or None when the
 fault could not apply right now (its rank is not running: the job is
 between incarnations); each fault's undo runs once, at at_s + duration_s
 (a drained daemon is restarted only once its drain finished).
+
+Network faults need a net.Net (--netns): link_down sets node i's bridge port
+down (its eth0 stays up: the node sees no carrier change, only silence, as
+when a switch port or cable fails), link_slow shapes both directions of it
+(net.py says how and why that much). etcd faults need an etcd.Etcd (--store
+etcd): kill_etcd_member SIGKILLs one member, etcd_quorum_lost every member
+but the target; each is restarted with its data directory when its time is up.
 """
 import os
 import shutil
@@ -14,14 +21,19 @@ import threading
 
 
 class Injector:
-    def __init__(self, cluster, job, ckpt_mount=None):
+    def __init__(self, cluster, job, ckpt_mount=None, net=None, etcd=None):
         self.cluster, self.job = cluster, job
         self.ckpt_mount = ckpt_mount  # a tmpfs of ours (disk_full), or None
+        self.net, self.etcd = net, etcd
         self.active = []  # (end_at_s, fault, undo)
         self.down = set()  # nodes whose daemon a fault took down
+        self.etcd_down = set()  # etcd members a fault killed
 
     def daemons_down(self):
-        return bool(self.down)
+        """A fault holds a daemon down, or etcd without a quorum: a new
+        incarnation could not form (the supervisor waits)."""
+        quorum_lost = self.etcd is not None and 2 * len(self.etcd_down) >= len(self.etcd.procs)
+        return bool(self.down) or quorum_lost
 
     def _signal_rank(self, rank, sig):
         pid = self.job.pid_of(rank)
@@ -94,6 +106,38 @@ class Injector:
                     os.unlink(filler)
                 except FileNotFoundError:
                     pass
+        elif kind == "link_down":
+            if self.net is None:
+                raise ValueError("link_down needs --netns")
+            self.net.set_link(target, False)
+            port = self.net.topo["nodes"][target]["switch_port"]
+            did = f"node {target}'s bridge port {port} down"
+
+            def undo(force=False, i=target):
+                self.net.set_link(i, True)
+        elif kind == "link_slow":
+            if self.net is None:
+                raise ValueError("link_slow needs --netns")
+            q = self.net.shape(target)
+            did = f"node {target}'s link shaped both ways: {q}"
+
+            def undo(force=False, i=target):
+                self.net.unshape(i)
+        elif kind in ("kill_etcd_member", "etcd_quorum_lost"):
+            if self.etcd is None:
+                raise ValueError(f"{kind} needs --store etcd")
+            victims = [target] if kind == "kill_etcd_member" else \
+                [m for m in range(len(self.etcd.procs)) if m != target]
+            if any(m in self.etcd_down for m in victims):
+                return None
+            pids = {m: self.etcd.kill(m) for m in victims}
+            self.etcd_down.update(victims)
+            did = "SIGKILL etcd " + ", ".join(f"member {m} (pid {p})" for m, p in pids.items())
+
+            def undo(force=False, victims=victims):
+                for m in victims:
+                    self.etcd.start(m)
+                    self.etcd_down.discard(m)
         else:
             raise ValueError(f"fault kind {kind} is not supported in this mode")
         self.active.append((fault.at_s + fault.duration_s, fault, undo))

@@ -7,6 +7,12 @@ Rank r runs on node r // ranks_per_node; the mesh is (nodes, ranks_per_node),
 replicate x shard, so shard groups stay within a node and replicas span the
 nodes (HSDP). Each incarnation gets a fresh torch store file (so a new job
 id); trainer logs are appended per rank (out/rank<r>.log).
+
+In --netns mode the ranks of node i run in node i's namespace when the
+backend is gloo (GLOO_SOCKET_IFNAME=eth0: their own traffic crosses the
+node's link, so link faults hit them); with the hsdpd backend they stay in
+the host's namespace (they reach their daemon over its Unix socket and
+meet in a file store: only the daemons' traffic crosses the links).
 """
 import os
 import signal
@@ -18,12 +24,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 class Job:
     def __init__(self, python, build, out, ckpt_dir, nodes, ranks_per_node, steps, ckpt_every,
-                 backend="hsdpd", pg_timeout=60, stall_s=120):
+                 backend="hsdpd", pg_timeout=60, stall_s=120, prefixes=None):
         self.python, self.build, self.out, self.ckpt_dir = python, build, out, ckpt_dir
         self.nodes, self.per_node = nodes, ranks_per_node
         self.world = nodes * ranks_per_node
         self.steps, self.ckpt_every = steps, ckpt_every
         self.backend, self.pg_timeout, self.stall_s = backend, pg_timeout, stall_s
+        # prefixes[i]: the command prefix of node i's namespace (gloo in --netns mode).
+        self.prefixes = prefixes if backend == "gloo" else None
         self.procs = []
         self.incarnation = 0
         self.events = []  # (time, what)
@@ -47,11 +55,15 @@ class Job:
                        LOCAL_RANK=str(r % self.per_node), PYTHONPATH=pypath,
                        OMP_NUM_THREADS="1", HSDPD_SOCKET=sockets[self.node_of(r)],
                        HSDP_CHAOS_RUN=self.out)
+            prefix = []
+            if self.prefixes is not None:
+                prefix = self.prefixes[self.node_of(r)]
+                env["GLOO_SOCKET_IFNAME"] = "eth0"
             log = open(os.path.join(self.out, f"rank{r}.log"), "a")
             log.write(f"=== incarnation {self.incarnation} at {time.time():.3f}\n")
             log.flush()
             self.procs.append(subprocess.Popen(
-                [self.python, os.path.join(HERE, "trainer.py"), "--steps", str(self.steps),
+                prefix + [self.python, os.path.join(HERE, "trainer.py"), "--steps", str(self.steps),
                  "--ckpt-every", str(self.ckpt_every), "--ckpt-dir", self.ckpt_dir,
                  "--out", self.out, "--mesh", f"{self.nodes},{self.per_node}",
                  "--backend", self.backend, "--store", store,

@@ -4,7 +4,9 @@ time each fault cost, and every daemon's resources against its baseline.
 All inputs are files and /proc snapshots; nothing here changes the run.
 """
 import os
+import re
 import statistics
+import time
 
 import numpy as np
 
@@ -112,3 +114,91 @@ def compare_resources(baseline, now):
         out.append(f"RSS {now['rss_kib']} KiB > 1.25 x baseline {baseline['rss_kib']} KiB "
                    f"+ {RSS_SLACK_KIB} KiB")
     return out
+
+
+# --- Detection: when the daemons' logs, or the job's errors, show a fault. ---
+# A daemon's log line: "<level> YYYY-MM-DD HH:MM:SS.uuuuuu <pid> file:line] text",
+# local time (client/common/logging.cc).
+LOG_LINE = re.compile(r"^[DIWE] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(\d{6}) \d+ \S+\] (.*)$")
+
+# What names a fault of each kind, in the logs of the other daemons and of
+# the target's own daemon (a node cut off sees the others lost, or its lease
+# gone); {i} is the fault's target. Kinds not here are not looked for.
+_NODE_SEEN = [r"node {i} \([^)]*\) lost", r"connection to node {i} lost",
+              r"node {i} hosting rank"]
+DETECT = {
+    # Node 0 cut off from an embedded store's members: they lose their coordinator.
+    "link_down": {"others": _NODE_SEEN + [r"cluster degraded: the coordinator"],
+                  "self": [r"cluster degraded", r"lease in .* expired", r"lost contact with"]},
+    "kill_daemon": {"others": _NODE_SEEN},
+    "drain_daemon": {"others": _NODE_SEEN},
+    "kill_coordinator": {"others": _NODE_SEEN + [r"cluster degraded", r"lost contact with"]},
+    "kill_etcd_member": {"all": [r"cluster degraded", r"waiting for"]},
+    "etcd_quorum_lost": {"all": [r"cluster degraded", r"lease in .* expired"]},
+}
+# What names the target in a rank's error (the job's view).
+JOB_NAMES = {"link_down": r"node {i}\b",
+             "kill_daemon": r"node {i}\b|lost the connection to hsdpd",
+             "drain_daemon": r"node {i}\b|drain", "kill_coordinator": r"node 0\b|coordinator",
+             "kill_etcd_member": r"etcd", "etcd_quorum_lost": r"etcd"}
+
+
+def log_lines(path):
+    """[(unix time, text)] of a daemon's log (lines without a timestamp skipped)."""
+    rows = []
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                m = LOG_LINE.match(line)
+                if m:
+                    t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+                    rows.append((t + int(m.group(2)) / 1e6, m.group(3)))
+    except OSError:
+        pass
+    return rows
+
+
+def daemon_detection(kind, target, at, logs, within_s=120.0):
+    """(seconds from the fault, node, the line) of the first daemon log line
+    after `at` that names the fault, or None. logs: {node: [(t, text)]}."""
+    spec = DETECT.get(kind)
+    if spec is None:
+        return None
+    best = None
+    for node, rows in logs.items():
+        pats = list(spec.get("all", []))
+        pats += spec.get("self", []) if node == target else spec.get("others", [])
+        if not pats:
+            continue
+        rx = re.compile("|".join(p.format(i=target) for p in pats))
+        for t, text in rows:
+            if at <= t <= at + within_s and rx.search(text):
+                if best is None or t - at < best[0]:
+                    best = (t - at, node, text[:300])
+                break
+    return best
+
+
+def job_detection(kind, target, at, failures, until):
+    """(seconds from the fault to the job failing, the rank error that names
+    it) from the supervisor's failure records (the first one failing in
+    [at, until]), or None when no rank's error names the target."""
+    pat = JOB_NAMES.get(kind)
+    if pat is None:
+        return None
+    rx = re.compile(pat.format(i=target))
+    for rec in failures:
+        if not at <= rec["failing_at"] <= until:
+            continue
+        for rank, why in sorted(rec.get("errors", {}).items()):
+            if rx.search(why or ""):
+                return rec["failing_at"] - at, f"rank {rank}: {why[:300]}"
+        return None  # the first failure after the fault does not name it
+    return None
+
+
+def steps_during(out_dir, start, end):
+    """Median seconds a step took between two unix times (None if < 2 steps)."""
+    rows = [(t, n) for t, kind, n in progress(out_dir) if kind == "step" and start <= t <= end]
+    gaps = [b[0] - a[0] for a, b in zip(rows, rows[1:]) if b[1] == a[1] + 1]
+    return statistics.median(gaps) if gaps else None
