@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "hsdp/common/unix_socket.h"
+#include "../../tests/common/ports.h"  // the tests' helper; hsdp-bench has no root include path
 
 namespace hsdp::bench {
 namespace {
@@ -61,26 +62,6 @@ pid_t SpawnLogged(const std::vector<std::string>& argv, const std::string& log) 
 
 }  // namespace
 
-int FreeLoopbackPort(std::vector<int>* taken) {
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return 0;
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-    ::close(fd);
-    if (!ok) continue;
-    const int port = ntohs(addr.sin_port);
-    if (std::find(taken->begin(), taken->end(), port) != taken->end()) continue;
-    taken->push_back(port);
-    return port;
-  }
-  return 0;
-}
-
 std::string LoopbackClusterYaml(const std::string& coordinator, const std::string& listen,
                                 int nodes, int rank, const std::string& token_file) {
   // Heartbeats are relaxed (lost after 10 s): the benchmark's spinning ranks
@@ -112,10 +93,9 @@ bool LocalCluster::Start(const std::string& bin_dir, int nodes, const std::strin
     *error = "cannot write " + token;
     return false;
   }
-  std::vector<int> ports;
   std::vector<std::string> listen(nodes);
   for (int i = 0; i < nodes; ++i) {
-    const int port = FreeLoopbackPort(&ports);
+    const int port = ::hsdp::testing::FreePort();
     if (port == 0) {
       *error = "no free loopback port";
       return false;

@@ -47,9 +47,6 @@ class LocalCluster {
 std::string LoopbackClusterYaml(const std::string& coordinator, const std::string& listen,
                                 int nodes, int rank, const std::string& token_file);
 
-// A 127.0.0.1 TCP port that was free a moment ago and is not in `taken`
-// (which it joins). 0 if none could be found.
-int FreeLoopbackPort(std::vector<int>* taken);
 
 }  // namespace hsdp::bench
 

@@ -119,22 +119,6 @@ TempDir::~TempDir() {
   if (!path_.empty()) std::filesystem::remove_all(path_, ec);
 }
 
-int FreePort() {
-  static std::set<int> used;
-  for (;;) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    socklen_t len = sizeof(addr);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    ::close(fd);
-    const int port = ntohs(addr.sin_port);
-    if (port != 0 && used.insert(port).second) return port;
-  }
-}
-
 std::string ReadFile(const std::string& path) {
   std::ifstream f(path);
   std::stringstream ss;

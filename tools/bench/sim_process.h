@@ -13,6 +13,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "tests/common/ports.h"
 
 namespace hsdp::sim {
 
@@ -39,8 +40,8 @@ class TempDir {
   std::string path_;
 };
 
-// A loopback port free now, never the same twice in this process.
-int FreePort();
+// A loopback port free a moment ago, never handed out twice (the tests' helper).
+using ::hsdp::testing::FreePort;
 std::string ReadFile(const std::string& path);
 // The last `n` bytes of `s` ("..." first when cut).
 std::string Tail(const std::string& s, size_t n);

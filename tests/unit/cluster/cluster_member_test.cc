@@ -12,6 +12,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/wait.h"
 #include "daemon/cluster/cluster_service.h"
 #include "daemon/cluster/kv_cluster_directory.h"
 #include "daemon/cluster/token_authenticator.h"
@@ -224,7 +225,8 @@ TEST(ClusterMemberTest, StopEndsAJoinInProgress) {
     status = a.Start();
     done.Notify();
   });
-  absl::SleepFor(absl::Milliseconds(300));
+  // Stop comes while a join attempt is under way, not before the first one.
+  EXPECT_TRUE(::hsdp::testing::Eventually([&] { return a.rpcs() >= 1; }, 5000));
   const absl::Time stop = absl::Now();
   a.Stop();
   EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
