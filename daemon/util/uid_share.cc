@@ -30,15 +30,15 @@ absl::Status UidSharedPool::Take(uint32_t uid, uint64_t n) {
         "this node's ", what_, " is used up: ", used_, " of ", total_, " ", unit_,
         " held, ", n, " more asked"));
   }
-  uint64_t& mine = by_uid_[uid];
-  if (uid != 0 && (n > per_uid_ || mine > per_uid_ - n)) {
-    if (mine == 0) by_uid_.erase(uid);
+  auto it = by_uid_.find(uid);
+  const uint64_t held = it == by_uid_.end() ? 0 : it->second;
+  if (uid != 0 && (n > per_uid_ || held > per_uid_ - n)) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "uid ", uid, " already holds ", mine, " of its share of ", per_uid_, " ", unit_,
+        "uid ", uid, " already holds ", held, " of its share of ", per_uid_, " ", unit_,
         " of this node's ", what_, " (", share_percent_, "% of ", total_,
         ", limits.uid_share_percent); ", n, " more asked"));
   }
-  mine += n;
+  by_uid_[uid] = held + n;
   used_ += n;
   return absl::OkStatus();
 }
