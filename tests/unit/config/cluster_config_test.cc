@@ -6,6 +6,7 @@
 #include "daemon/config/node_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parse_helpers.h"
 
 namespace hsdp {
 namespace {
@@ -13,18 +14,8 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-NodeConfig ParseOk(const std::string& yaml) {
-  absl::StatusOr<NodeConfig> config = ParseNodeConfig(yaml, "test.yaml");
-  EXPECT_TRUE(config.ok()) << config.status() << "\n--- input ---\n" << yaml;
-  return config.ok() ? *config : NodeConfig{};
-}
-
-std::string ParseError(const std::string& yaml) {
-  absl::StatusOr<NodeConfig> config = ParseNodeConfig(yaml, "test.yaml");
-  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument)
-      << config.status() << "\n--- input ---\n" << yaml;
-  return std::string(config.status().message());
-}
+using ::hsdp::testing::ParseError;
+using ::hsdp::testing::ParseOk;
 
 constexpr char kMember[] =
     "cluster:\n"

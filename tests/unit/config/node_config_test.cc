@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parse_helpers.h"
 
 namespace hsdp {
 
@@ -26,20 +27,8 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-// Parses `yaml`, expecting success.
-NodeConfig ParseOk(const std::string& yaml) {
-  absl::StatusOr<NodeConfig> config = ParseNodeConfig(yaml, "test.yaml");
-  EXPECT_TRUE(config.ok()) << config.status() << "\n--- input ---\n" << yaml;
-  return config.ok() ? *config : NodeConfig{};
-}
-
-// Parses `yaml`, expecting INVALID_ARGUMENT; returns the message.
-std::string ParseError(const std::string& yaml) {
-  absl::StatusOr<NodeConfig> config = ParseNodeConfig(yaml, "test.yaml");
-  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument)
-      << config.status() << "\n--- input ---\n" << yaml;
-  return std::string(config.status().message());
-}
+using ::hsdp::testing::ParseError;
+using ::hsdp::testing::ParseOk;
 
 // A config with every field away from its default.
 NodeConfig NonDefaultConfig() {
