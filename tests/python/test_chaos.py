@@ -137,3 +137,64 @@ def test_detection_reads_the_daemons_log_lines_and_the_rank_errors(tmp_path):
     assert j is not None and j[0] == 4.0 and "rank 1" in j[1]
     assert verdict.job_detection("link_down", 0, at, failures, at + 60) is None
     assert verdict.job_detection("kill_etcd_member", 0, at, failures, at + 60) is None
+
+
+def test_a_members_own_lines_for_a_lost_or_restarted_node_count_as_detection(tmp_path):
+    import verdict
+    at = 1_800_000_000.0
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at + 2))
+    rows = verdict.log_lines(_write_log(tmp_path / "a.log", [
+        f"W {stamp}.100000 7 member_status.cc:33] cluster: node 1 (127.0.0.1:7071) was lost "
+        "(no heartbeat); cluster epoch 4",
+        f"W {stamp}.200000 7 member_status.cc:33] cluster: node 2 (127.0.0.1:7072) restarted; "
+        "cluster epoch 5"]))
+    for target, after in ((1, 2.1), (2, 2.2)):
+        d = verdict.daemon_detection("kill_daemon", target, at, {0: rows})
+        assert d is not None and round(d[0], 2) == after, (target, d)
+
+
+def test_detection_bounds_follow_the_lease_and_only_bind_what_hsdpd_must_notice():
+    import verdict
+    for kind in ("kill_daemon", "drain_daemon", "kill_coordinator"):
+        assert verdict.detection_bound_s(kind, 0.5, 3.0) == 4.0
+    # Outages the lease rides through are not bound; longer ones are.
+    assert verdict.detection_bound_s("link_down", 3.9, 3.0) is None
+    assert verdict.detection_bound_s("link_down", 6.0, 3.0) == 4.0
+    assert verdict.detection_bound_s("etcd_quorum_lost", 8.0, 3.0) == 4.0
+    for kind in ("stop_trainer", "link_slow", "disk_full", "kill_etcd_member"):
+        assert verdict.detection_bound_s(kind, 8.0, 3.0) is None
+
+
+def test_a_fault_alone_that_no_daemon_named_in_time_fails_the_verdict(tmp_path):
+    import types
+    import chaos
+    at = 1_800_000_000.0
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at + 3))
+    late = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at + 9))
+    log = _write_log(tmp_path / "n0.log", [
+        f"W {stamp}.500000 7 member_status.cc:33] cluster: node 1 (a:1) was lost "
+        "(no heartbeat); cluster epoch 3",
+        f"W {late}.000000 7 member_status.cc:33] cluster: node 2 (a:2) was lost "
+        "(no heartbeat); cluster epoch 4"])
+    cl = types.SimpleNamespace(lease_s=3.0, nodes=[types.SimpleNamespace(index=0, log_path=log)])
+    report = {"faults": [
+        {"fault": "kill_daemon 1", "kind": "kill_daemon", "target": 1, "at": at,
+         "duration_s": 1.0, "did": "killed"},
+        {"fault": "kill_daemon 2", "kind": "kill_daemon", "target": 2, "at": at + 100,
+         "duration_s": 1.0, "did": "killed"},   # never named after its own start
+        {"fault": "link_down 2 (short)", "kind": "link_down", "target": 2, "at": at + 200,
+         "duration_s": 2.0, "did": "down"}],     # shorter than the lease: not judged
+        "failures": []}
+    problems = chaos.detection(report, cl, types.SimpleNamespace(out=str(tmp_path)), 0.1)
+    assert report["faults"][0]["detected_by_daemons_s"] == pytest.approx(3.5)
+    assert report["faults"][0]["detect_bound_s"] == 4.0
+    assert problems == ["kill_daemon 2: no daemon named it within 4.0 s (never)"]
+    # The same fault named after its bound fails too.
+    report["faults"] = [dict(report["faults"][1], at=at + 4.0)]
+    problems = chaos.detection(report, cl, types.SimpleNamespace(out=str(tmp_path)), 0.1)
+    assert problems == ["kill_daemon 2: no daemon named it within 4.0 s (first after 5.0 s)"]
+
+
+def _write_log(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)

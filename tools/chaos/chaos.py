@@ -164,10 +164,14 @@ def detection(report, cl, job, step_s):
     line naming it, verdict.DETECT) and in the job (the first failure after it
     whose rank errors name it); for link_slow, the step time during it.
     Reported per fault, and per kind over the faults that overlapped no other
-    within ALONE_S (report["detected_within_by_kind"]); not judged (the bounds
-    depend on the kind and on what else happened)."""
+    within ALONE_S (report["detected_within_by_kind"]). Returns the problems:
+    a fault that had its window to itself and has a bound
+    (verdict.detection_bound_s) not named by any daemon within it. Faults that
+    overlapped another are reported, not judged: a line may then belong to
+    either, and one fault can hide another."""
     logs = {n.index: verdict_mod.log_lines(n.log_path) for n in cl.nodes}
     by_kind = {}
+    problems = []
     injected = [e for e in report["faults"] if not e.get("did", "").startswith("skipped")]
     for entry in injected:
         kind, target, at = entry["kind"], entry["target"], entry["at"]
@@ -187,6 +191,14 @@ def detection(report, cl, job, step_s):
         entry["overlapped_by"] = [
             o["fault"] for o in injected if o is not entry and
             o["at"] < end and entry["at"] < o["at"] + o.get("duration_s", 0) + ALONE_S]
+        bound = verdict_mod.detection_bound_s(kind, entry.get("duration_s", 0), cl.lease_s)
+        if bound is not None and not entry["overlapped_by"]:
+            entry["detect_bound_s"] = bound
+            seen = entry.get("detected_by_daemons_s")
+            if seen is None or seen > bound:
+                problems.append(f"{entry['fault']}: no daemon named it within {bound:.1f} s ("
+                                + ("never" if seen is None else f"first after {seen:.1f} s")
+                                + ")")
         if (kind in verdict_mod.DETECT or kind in verdict_mod.JOB_NAMES) and \
                 not entry["overlapped_by"]:
             k = by_kind.setdefault(kind, {"faults": 0, "daemons": [], "job": []})
@@ -200,6 +212,7 @@ def detection(report, cl, job, step_s):
                                         for who, v in (("daemons", k["daemons"]),
                                                        ("job", k["job"]))}}
         for kind, k in by_kind.items()}
+    return problems
 
 
 def sessions(node):
@@ -403,6 +416,10 @@ def main():
                            if f"rank {rank} left the job" in why)
             entry["named_by"] = named
             entry["detect_s"] = rec["detect_s"]
+            if rec["detect_s"] > verdict_mod.KILLED_TRAINER_NAMED_WITHIN_S:
+                problems.append(f"{entry['fault']}: the others failed {rec['detect_s']:.1f} s "
+                                f"after it, over the bound of "
+                                f"{verdict_mod.KILLED_TRAINER_NAMED_WITHIN_S:.0f} s")
             if not named:
                 problems.append(f"{entry['fault']}: no rank that failed after it named rank "
                                 f"{rank}: {rec['failed_by_themselves']}")
@@ -410,7 +427,7 @@ def main():
             problems.append("etcd: not every member healthy again within 60 s after the faults")
         if not cl.wait_formed(90):
             problems.append("the cluster did not form again after the faults")
-        detection(report, cl, job, step_s)
+        problems += detection(report, cl, job, step_s)
         final = quiesced_snapshots(cl)
         report["final"] = final
         for i, (b, f) in enumerate(zip(baseline, final)):

@@ -152,6 +152,8 @@ class Cluster:
         etcd: an etcd.Etcd (cluster.store: etcd) or None (the embedded store)."""
         self.root = root
         self.net, self.etcd = net, etcd
+        # How long a node that stops heartbeating stays alive in the others' views.
+        self.lease_s = heartbeat_ms * missed_heartbeats / 1000.0
         if net is None:
             ports = free_ports(nodes)
             listen = [f"127.0.0.1:{p}" for p in ports]

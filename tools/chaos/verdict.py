@@ -124,7 +124,7 @@ LOG_LINE = re.compile(r"^[DIWE] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(\d{6}) \d+ \S
 # What names a fault of each kind, in the logs of the other daemons and of
 # the target's own daemon (a node cut off sees the others lost, or its lease
 # gone); {i} is the fault's target. Kinds not here are not looked for.
-_NODE_SEEN = [r"node {i} \([^)]*\) lost", r"connection to node {i} lost",
+_NODE_SEEN = [r"node {i} \([^)]*\) (was lost|restarted|lost)", r"connection to node {i} lost",
               r"node {i} hosting rank"]
 DETECT = {
     # Node 0 cut off from an embedded store's members: they lose their coordinator.
@@ -141,6 +141,31 @@ JOB_NAMES = {"link_down": r"node {i}\b",
              "kill_daemon": r"node {i}\b|lost the connection to hsdpd",
              "drain_daemon": r"node {i}\b|drain", "kill_coordinator": r"node 0\b|coordinator",
              "kill_etcd_member": r"etcd", "etcd_quorum_lost": r"etcd"}
+
+
+def detection_bound_s(kind, duration_s, lease_s):
+    """Seconds from the fault within which a daemon's log must name a fault of
+    `kind` that had its window to itself (lease_s: the cluster's heartbeat x
+    missed heartbeats), or None: no bound. A daemon gone, drained or cut off
+    from the others for longer than the lease, and etcd without a quorum for
+    longer than the lease, must be seen within the lease + 1 s (what a member
+    promises: a node that stops heartbeating is lost once its lease runs out,
+    and the others hear of it at their next heartbeat). Not bounded: what
+    hsdpd need not notice (a straggler, a slow link, a full checkpoint disk,
+    one etcd member of three) and outages shorter than the lease plus that
+    second, which membership rides through."""
+    bound = lease_s + 1.0
+    if kind in ("kill_daemon", "drain_daemon", "kill_coordinator"):
+        return bound
+    if kind in ("link_down", "etcd_quorum_lost") and duration_s > bound:
+        return bound
+    return None
+
+
+# A killed trainer: the ranks that share its job fail by themselves, naming it,
+# within this (its session ends with its process; the daemon fails the group's
+# epoch at once). Generous against a loaded machine: the figures are ~0.4 s.
+KILLED_TRAINER_NAMED_WITHIN_S = 10.0
 
 
 def log_lines(path):
