@@ -183,7 +183,13 @@ def test_a_fault_alone_that_no_daemon_named_in_time_fails_the_verdict(tmp_path):
         {"fault": "kill_daemon 2", "kind": "kill_daemon", "target": 2, "at": at + 100,
          "duration_s": 1.0, "did": "killed"},   # never named after its own start
         {"fault": "link_down 2 (short)", "kind": "link_down", "target": 2, "at": at + 200,
-         "duration_s": 2.0, "did": "down"}],     # shorter than the lease: not judged
+         "duration_s": 2.0, "did": "down"},      # shorter than the lease: not judged
+        {"fault": "kill_daemon 0", "kind": "kill_daemon", "target": 0, "at": at + 300,
+         "duration_s": 1.0, "did": "killed"},    # overlapped by a link cut: not judged
+        {"fault": "link_down 1", "kind": "link_down", "target": 1, "at": at + 302,
+         "duration_s": 2.0, "did": "down"},
+        {"fault": "stop_trainer 3", "kind": "stop_trainer", "target": 3, "at": at + 99,
+         "duration_s": 5.0, "did": "stopped"}],  # a straggler hides no node: 2 is judged
         "failures": []}
     problems = chaos.detection(report, cl, types.SimpleNamespace(out=str(tmp_path)), 0.1)
     assert report["faults"][0]["detected_by_daemons_s"] == pytest.approx(3.5)

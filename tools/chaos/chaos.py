@@ -188,11 +188,14 @@ def detection(report, cl, job, step_s):
         # A line or an error may belong to another fault active at the time: the
         # per-kind figures count only faults that had their window to themselves.
         end = at + entry.get("duration_s", 0) + ALONE_S
-        entry["overlapped_by"] = [
-            o["fault"] for o in injected if o is not entry and
-            o["at"] < end and entry["at"] < o["at"] + o.get("duration_s", 0) + ALONE_S]
+        overlapping = [o for o in injected if o is not entry and o["at"] < end and
+                       entry["at"] < o["at"] + o.get("duration_s", 0) + ALONE_S]
+        entry["overlapped_by"] = [o["fault"] for o in overlapping]
+        # The bound is judged unless a fault that moves membership overlapped it (a
+        # trainer's fault or a full disk neither names a node nor hides one).
         bound = verdict_mod.detection_bound_s(kind, entry.get("duration_s", 0), cl.lease_s)
-        if bound is not None and not entry["overlapped_by"]:
+        if bound is not None and not any(o["kind"] in verdict_mod.MEMBERSHIP_KINDS
+                                         for o in overlapping):
             entry["detect_bound_s"] = bound
             seen = entry.get("detected_by_daemons_s")
             if seen is None or seen > bound:

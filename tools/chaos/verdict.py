@@ -162,6 +162,12 @@ def detection_bound_s(kind, duration_s, lease_s):
     return None
 
 
+# Faults that change what the daemons see of each other: one of these overlapping a
+# fault can delay or hide the line that names it.
+MEMBERSHIP_KINDS = ("kill_daemon", "drain_daemon", "kill_coordinator", "link_down", "link_slow",
+                    "kill_etcd_member", "etcd_quorum_lost")
+
+
 # A killed trainer: the ranks that share its job fail by themselves, naming it,
 # within this (its session ends with its process; the daemon fails the group's
 # epoch at once). Generous against a loaded machine: the figures are ~0.4 s.
