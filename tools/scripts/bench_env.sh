@@ -21,7 +21,6 @@ log() { echo "bench_env: $*" >&2; }
 hash=$(sha256sum "$REQ" | cut -c1-16)
 venv_current "$VENV" "$hash" && exit 0
 fill_wheel_cache "$CACHE" "$REQ"
-rm -rf "$VENV"
-"$BASE_PY" -m venv "$VENV"
+new_venv "$VENV"
 "$VENV/bin/python" -m pip install -q --no-index --find-links "$CACHE" -r "$REQ" >&2
 stamp_venv "$VENV" "$hash"

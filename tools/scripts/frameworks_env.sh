@@ -40,9 +40,7 @@ venv_current "$VENV" "$hash" && exit 0
 ensure_venv_support
 fill_wheel_cache "$CACHE" "$REQ"
 
-rm -rf "$VENV"
-log "creating $VENV"
-"$BASE_PY" -m venv "$VENV"
+new_venv "$VENV"
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$BASE_SITE" >"$SITE/zz-hsdp-base-venv.pth"
 # The frameworks' closure, less what build/venv already holds at the pins.

@@ -25,9 +25,7 @@ venv_current "$VENV" "$hash" && exit 0
 ensure_venv_support
 fill_wheel_cache "$CACHE" "$REQ"
 
-rm -rf "$VENV"
-log "creating $VENV"
-"$BASE_PY" -m venv "$VENV"
+new_venv "$VENV"
 "$VENV/bin/python" -m pip install -q --no-index --find-links "$CACHE" -r "$REQ" >&2
 "$VENV/bin/python" - <<'PY' >&2
 import torch, numpy

@@ -5,6 +5,8 @@
 #                                and its stamp says it was made from HASH (the
 #                                hash of what it was made from): nothing to do
 #   stamp_venv VENV HASH         records HASH in VENV's stamp, prints its python
+#   new_venv VENV                an empty virtual environment of BASE_PY at VENV,
+#                                in place of whatever was there
 #   ensure_venv_support          apt-get python3-venv when BASE_PY lacks ensurepip
 #   fill_wheel_cache CACHE REQ   takes the machine-wide lock on CACHE (held by the
 #                                caller's shell until it exits: fd 9) and downloads
@@ -23,6 +25,13 @@ stamp_venv() {
   local venv="$1" hash="$2"
   echo "$hash" >"$venv/.hsdp-stamp"
   echo "$venv/bin/python"
+}
+
+new_venv() {
+  local venv="$1"
+  rm -rf "$venv"
+  log "creating $venv"
+  "$BASE_PY" -m venv "$venv"
 }
 
 ensure_venv_support() {
