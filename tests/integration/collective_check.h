@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/reduce_reference.h"  // Combine, WrapInt
 #include "hsdp/types.h"
 
 namespace hsdp::testing {
@@ -45,21 +46,10 @@ double Reference(DataType t, const ReduceOptions& o, const Ranks& ranks, uint64_
     int64_t acc = 0;
     for (int r : ranks) {
       const int64_t x = int64_t(Input(t, r, i));
-      if (first) {
-        acc = x;
-        first = false;
-        continue;
-      }
-      switch (o.op) {
-        case ReduceOp::kMin: acc = std::min(acc, x); break;
-        case ReduceOp::kMax: acc = std::max(acc, x); break;
-        case ReduceOp::kProduct: acc *= x; break;
-        default: acc += x;
-      }
+      acc = first ? x : Combine(o.op, acc, x);
+      first = false;
     }
-    double w = double(acc);
-    if (t == DataType::kUInt8) w = double(uint8_t(acc));
-    if (t == DataType::kInt32) w = double(int32_t(uint32_t(acc)));
+    double w = WrapInt(t, acc);
     if (o.op == ReduceOp::kAvg) w = std::trunc(w / n);
     return w;
   }
@@ -68,17 +58,8 @@ double Reference(DataType t, const ReduceOptions& o, const Ranks& ranks, uint64_
   for (int r : ranks) {
     double x = Input(t, r, i) / o.pre_divide;
     if (o.op == ReduceOp::kPremulSum) x *= o.premul_factor;
-    if (first) {
-      acc = x;
-      first = false;
-      continue;
-    }
-    switch (o.op) {
-      case ReduceOp::kMin: acc = std::min(acc, x); break;
-      case ReduceOp::kMax: acc = std::max(acc, x); break;
-      case ReduceOp::kProduct: acc *= x; break;
-      default: acc += x;
-    }
+    acc = first ? x : Combine(o.op, acc, x);
+    first = false;
   }
   acc /= o.post_divide;
   if (o.op == ReduceOp::kAvg) acc /= n;
