@@ -24,6 +24,7 @@ namespace hsdp {
 namespace {
 
 using testing::Await;
+using testing::CheckEveryCollective2;
 using testing::CheckHsdpComposite2x2;
 using testing::Child;
 using testing::DaemonProcess;
@@ -58,58 +59,7 @@ TEST(DeviceDaemonTest, EveryCollectiveOnDeviceBuffersMatchesTheReference) {
     if (!T.Start(d.socket(), "coll", rank, kWorld, kAllocBytes)) return 1;
     auto g = T.client->NewGroup({0, 1});
     if (!g.ok()) return T.Fail("NewGroup"), 1;
-    const BufferRef send{T.buffer, 0}, recv{T.buffer, kRecvOffset};
-    auto fill = [&] {
-      for (uint64_t i = 0; i < kCount * kWorld; ++i) T.F(0)[i] = In(rank, i);
-    };
-    // all-reduce sum and max, out of place
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
-      fill();
-      ReduceOptions o;
-      o.op = op;
-      if (!Await(&T, T.client->AllReduce(*g, send, recv, kCount, DataType::kFloat32, o),
-                 "all_reduce")) {
-        continue;
-      }
-      Expect(&T, "all_reduce", T.F(kRecvOffset), kCount, [&](uint64_t i) {
-        return op == ReduceOp::kSum ? In(0, i) + In(1, i) : std::max(In(0, i), In(1, i));
-      });
-    }
-    // all-reduce in place
-    fill();
-    if (Await(&T, T.client->AllReduce(*g, send, send, kCount, DataType::kFloat32), "in place")) {
-      Expect(&T, "all_reduce in place", T.F(0), kCount,
-             [](uint64_t i) { return In(0, i) + In(1, i); });
-    }
-    // all-gather: rank r's kCount elements land at recv + r * kCount
-    fill();
-    if (Await(&T, T.client->AllGather(*g, send, recv, kCount, DataType::kFloat32), "all_gather")) {
-      Expect(&T, "all_gather", T.F(kRecvOffset), kCount * kWorld, [](uint64_t i) {
-        return In(int(i / kCount), i % kCount);
-      });
-    }
-    // reduce-scatter: rank r gets slice r of the sum
-    fill();
-    if (Await(&T, T.client->ReduceScatter(*g, send, recv, kCount, DataType::kFloat32),
-              "reduce_scatter")) {
-      Expect(&T, "reduce_scatter", T.F(kRecvOffset), kCount, [&](uint64_t i) {
-        return In(0, rank * kCount + i) + In(1, rank * kCount + i);
-      });
-    }
-    // broadcast from rank 1
-    fill();
-    if (Await(&T, T.client->Broadcast(*g, send, recv, kCount, DataType::kFloat32, 1),
-              "broadcast")) {
-      Expect(&T, "broadcast", T.F(kRecvOffset), kCount, [](uint64_t i) { return In(1, i); });
-    }
-    // all-to-all (equal blocks): block j of rank i lands at rank j's recv + i * kCount
-    fill();
-    if (Await(&T, T.client->AllToAll(*g, send, recv, kCount, DataType::kFloat32),
-              "all_to_all")) {
-      Expect(&T, "all_to_all", T.F(kRecvOffset), kCount * kWorld, [&](uint64_t i) {
-        return In(int(i / kCount), rank * kCount + i % kCount);
-      });
-    }
+    CheckEveryCollective2(&T, *g, kCount, kRecvOffset, {ReduceOp::kSum, ReduceOp::kMax});
     std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
     return T.failures == 0 ? 0 : 2;
   }, 120000);

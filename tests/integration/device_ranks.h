@@ -1,13 +1,15 @@
 // The trainer ranks of the device-memory integration tests and their checks:
 // one forked process per rank, waiting on a submitted operation, comparing a
-// result with its reference, and the HSDP composite on a 2x2 mesh checked
-// against the sum of the four inputs. A failed check is reported through the
+// result with its reference, every collective of two ranks, and the HSDP
+// composite on a 2x2 mesh checked against the sum of the four inputs. A failed check is reported through the
 // trainer (DeviceTrainer::Fail), so the rank's exit code and output carry it.
 #ifndef HSDP_TESTS_INTEGRATION_DEVICE_RANKS_H_
 #define HSDP_TESTS_INTEGRATION_DEVICE_RANKS_H_
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +57,67 @@ inline void Expect(DeviceTrainer* T, const std::string& name, const float* got, 
               std::to_string(want(i)));
       return;
     }
+  }
+}
+
+// Every collective of the two ranks of `g` (rank 0 and 1) from the trainer's
+// buffer at 0 (2 x `count` floats of In, refilled before each) to
+// `recv_offset`: all-reduce under each of `all_reduce_ops` (sum, avg, max),
+// in place, all-gather, reduce-scatter, broadcast from rank 1 and all-to-all,
+// each checked against its reference.
+inline void CheckEveryCollective2(DeviceTrainer* T, const Group& g, uint64_t count,
+                                  uint64_t recv_offset,
+                                  std::initializer_list<ReduceOp> all_reduce_ops) {
+  constexpr int kWorld = 2;
+  const int rank = T->rank;
+  const BufferRef send{T->buffer, 0}, recv{T->buffer, recv_offset};
+  auto fill = [&] {
+    for (uint64_t i = 0; i < count * kWorld; ++i) T->F(0)[i] = In(rank, i);
+  };
+  for (ReduceOp op : all_reduce_ops) {
+    fill();
+    ReduceOptions o;
+    o.op = op;
+    if (!Await(T, T->client->AllReduce(g, send, recv, count, DataType::kFloat32, o),
+               "all_reduce")) {
+      continue;
+    }
+    Expect(T, "all_reduce", T->F(recv_offset), count, [&](uint64_t i) {
+      const float s = In(0, i) + In(1, i);
+      return op == ReduceOp::kSum   ? s
+             : op == ReduceOp::kAvg ? s / 2
+                                    : std::max(In(0, i), In(1, i));
+    });
+  }
+  fill();
+  if (Await(T, T->client->AllReduce(g, send, send, count, DataType::kFloat32), "in place")) {
+    Expect(T, "all_reduce in place", T->F(0), count,
+           [](uint64_t i) { return In(0, i) + In(1, i); });
+  }
+  // Rank r's `count` elements land at recv + r * count.
+  fill();
+  if (Await(T, T->client->AllGather(g, send, recv, count, DataType::kFloat32), "all_gather")) {
+    Expect(T, "all_gather", T->F(recv_offset), count * kWorld,
+           [&](uint64_t i) { return In(int(i / count), i % count); });
+  }
+  // Rank r gets slice r of the sum.
+  fill();
+  if (Await(T, T->client->ReduceScatter(g, send, recv, count, DataType::kFloat32),
+            "reduce_scatter")) {
+    Expect(T, "reduce_scatter", T->F(recv_offset), count, [&](uint64_t i) {
+      return In(0, rank * count + i) + In(1, rank * count + i);
+    });
+  }
+  fill();
+  if (Await(T, T->client->Broadcast(g, send, recv, count, DataType::kFloat32, 1), "broadcast")) {
+    Expect(T, "broadcast", T->F(recv_offset), count, [](uint64_t i) { return In(1, i); });
+  }
+  // Equal blocks: block j of rank i lands at rank j's recv + i * count.
+  fill();
+  if (Await(T, T->client->AllToAll(g, send, recv, count, DataType::kFloat32), "all_to_all")) {
+    Expect(T, "all_to_all", T->F(recv_offset), count * kWorld, [&](uint64_t i) {
+      return In(int(i / count), rank * count + i % count);
+    });
   }
 }
 

@@ -20,6 +20,7 @@ namespace hsdp {
 namespace {
 
 using testing::Await;
+using testing::CheckEveryCollective2;
 using testing::CheckHsdpComposite2x2;
 using testing::DaemonProcess;
 using testing::DeviceTrainer;
@@ -44,50 +45,8 @@ TEST(DeviceSharedGpuTest, TwoTrainersOnOneDeviceRunEveryCollective) {
     if (!T.Start(d.socket(), "shared", rank, kWorld, kAllocBytes, /*on_device=*/0)) return 1;
     auto g = T.client->NewGroup({0, 1});
     if (!g.ok()) return T.Fail("NewGroup"), 1;
-    const BufferRef send{T.buffer, 0}, recv{T.buffer, kRecvOffset};
-    auto fill = [&] {
-      for (uint64_t i = 0; i < kCount * kWorld; ++i) T.F(0)[i] = In(rank, i);
-    };
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
-      fill();
-      ReduceOptions o;
-      o.op = op;
-      if (Await(&T, T.client->AllReduce(*g, send, recv, kCount, DataType::kFloat32, o),
-                "all_reduce")) {
-        Expect(&T, "all_reduce", T.F(kRecvOffset), kCount, [&](uint64_t i) {
-          const float s = In(0, i) + In(1, i);
-          return op == ReduceOp::kSum ? s : op == ReduceOp::kAvg ? s / 2 : std::max(In(0, i), In(1, i));
-        });
-      }
-    }
-    fill();
-    if (Await(&T, T.client->AllReduce(*g, send, send, kCount, DataType::kFloat32), "in place")) {
-      Expect(&T, "all_reduce in place", T.F(0), kCount,
-             [](uint64_t i) { return In(0, i) + In(1, i); });
-    }
-    fill();
-    if (Await(&T, T.client->AllGather(*g, send, recv, kCount, DataType::kFloat32), "all_gather")) {
-      Expect(&T, "all_gather", T.F(kRecvOffset), kCount * kWorld,
-             [](uint64_t i) { return In(int(i / kCount), i % kCount); });
-    }
-    fill();
-    if (Await(&T, T.client->ReduceScatter(*g, send, recv, kCount, DataType::kFloat32),
-              "reduce_scatter")) {
-      Expect(&T, "reduce_scatter", T.F(kRecvOffset), kCount, [&](uint64_t i) {
-        return In(0, rank * kCount + i) + In(1, rank * kCount + i);
-      });
-    }
-    fill();
-    if (Await(&T, T.client->Broadcast(*g, send, recv, kCount, DataType::kFloat32, 1),
-              "broadcast")) {
-      Expect(&T, "broadcast", T.F(kRecvOffset), kCount, [](uint64_t i) { return In(1, i); });
-    }
-    fill();
-    if (Await(&T, T.client->AllToAll(*g, send, recv, kCount, DataType::kFloat32), "all_to_all")) {
-      Expect(&T, "all_to_all", T.F(kRecvOffset), kCount * kWorld, [&](uint64_t i) {
-        return In(int(i / kCount), rank * kCount + i % kCount);
-      });
-    }
+    CheckEveryCollective2(&T, *g, kCount, kRecvOffset,
+                          {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax});
     std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
     return T.failures == 0 ? 0 : 2;
   });
