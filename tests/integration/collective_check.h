@@ -1,5 +1,5 @@
-// Test inputs and an independent reference (computed in double) for the
-// multi-process collective tests.
+// The independent reference (computed in double) of the multi-process
+// collective tests, over the inputs of common/reduce_reference.h.
 #ifndef HSDP_TESTS_INTEGRATION_COLLECTIVE_CHECK_H_
 #define HSDP_TESTS_INTEGRATION_COLLECTIVE_CHECK_H_
 
@@ -7,29 +7,10 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/reduce_reference.h"  // Combine, WrapInt
+#include "common/reduce_reference.h"  // Input, Tolerance, Combine, WrapInt
 #include "hsdp/types.h"
 
 namespace hsdp::testing {
-
-// Input of global rank r at element i: small values exact in every dtype.
-inline double Input(DataType t, int r, uint64_t i) {
-  const int v = int((r * 5 + i * 3 + (i >> 4)) % 9);
-  if (t == DataType::kUInt8) return v + 1;
-  if (IsFloatingPoint(t)) return (v - 4) * 0.5;
-  return v - 4;
-}
-
-inline double Tolerance(DataType t, double expect) {
-  const double mag = std::max(1.0, std::fabs(expect));
-  switch (t) {
-    case DataType::kFloat16: return 2e-3 * mag;
-    case DataType::kBFloat16: return 1.6e-2 * mag;
-    case DataType::kFloat32: return 1e-6 * mag;
-    case DataType::kFloat64: return 1e-12 * mag;
-    default: return 0;
-  }
-}
 
 inline double Tolerance(DataType t, const ReduceOptions& o, double expect) {
   double tol = Tolerance(t, expect);

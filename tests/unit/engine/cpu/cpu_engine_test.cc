@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "common/reduce_reference.h"  // Combine, WrapInt
+#include "common/reduce_reference.h"  // Input, Tolerance, Combine, WrapInt
 #include "common/wait.h"
 #include "hsdp/kernels/reduce_kernels.h"
 #include "daemon/engine/cpu/thread_pool.h"
@@ -61,30 +61,13 @@ void Submit(CpuEngine* engine, EngineTask task, Done done) {
 using bench::LoadAs;
 using bench::StoreAs;
 using testing::Combine;
+using testing::Input;
+using testing::Tolerance;
 using testing::WrapInt;
 
 const DataType kAllTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
                               DataType::kBFloat16, DataType::kInt32,   DataType::kInt64,
                               DataType::kUInt8};
-
-// Input of rank r at element i: small values, exact in every dtype.
-double Input(DataType t, int r, uint64_t i) {
-  const int v = int((r * 5 + i * 3 + (i >> 4)) % 9);
-  if (t == DataType::kUInt8) return v + 1;
-  if (IsFloatingPoint(t)) return (v - 4) * 0.5;
-  return v - 4;
-}
-
-double Tolerance(DataType t, double expect) {
-  const double mag = std::max(1.0, std::fabs(expect));
-  switch (t) {
-    case DataType::kFloat16: return 2e-3 * mag;
-    case DataType::kBFloat16: return 1.6e-2 * mag;
-    case DataType::kFloat32: return 1e-6 * mag;
-    case DataType::kFloat64: return 1e-12 * mag;
-    default: return 0;  // integers: exact
-  }
-}
 
 // A reduce dtype rounds the result too.
 double Tol(const ReduceSpec& s, double expect) {
