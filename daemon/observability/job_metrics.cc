@@ -116,10 +116,8 @@ void JobMetrics::OnCompleted(const GroupSpec& group, const Arrival& a, const abs
     job.failed.insert(&c);
     return;
   }
-  OpSeries& s = OpSeriesFor(group, a);
-  s.completed->Increment();
-  s.bytes->Increment(static_cast<double>(OpBytes(group, a)));
-  s.duration->Observe(exec_ns / 1e9);
+  JobOpSeries& s = OpSeriesFor(group, a);
+  s.op.Count(group, a, exec_ns);
   s.queue_wait->Observe(queued_ns / 1e9);
   if (a.first_ns > 0) {
     const int64_t waited =
@@ -171,7 +169,7 @@ JobMetrics::JobSeries& JobMetrics::JobFor(const JobKey& job) {
   return s;
 }
 
-JobMetrics::OpSeries& JobMetrics::OpSeriesFor(const GroupSpec& group, const Arrival& a) {
+JobMetrics::JobOpSeries& JobMetrics::OpSeriesFor(const GroupSpec& group, const Arrival& a) {
   const uint64_t key = (uint64_t{group.id} << 32) | (uint64_t{a.desc.collective} << 16) |
                        (uint64_t{a.desc.dtype} << 8) | (a.phase2 ? 1 : 0);
   auto it = op_cache_.find(key);
@@ -185,11 +183,13 @@ JobMetrics::OpSeries& JobMetrics::OpSeriesFor(const GroupSpec& group, const Arri
                                      {"group", std::string(GroupKind(group, a))},
                                      {"op", std::string(OpName(a))},
                                      {"dtype", std::string(DtypeName(a))}};
-  OpSeries s{&completed_.Add(labels), &bytes_.Add(labels), &duration_.Add(labels, TimeBuckets()),
-             &queue_wait_.Add(labels, TimeBuckets()), &engine_wait_.Add(labels, TimeBuckets())};
-  job.completed.insert(s.completed);
-  job.bytes.insert(s.bytes);
-  job.duration.insert(s.duration);
+  JobOpSeries s{
+      {&completed_.Add(labels), &bytes_.Add(labels), &duration_.Add(labels, TimeBuckets())},
+      &queue_wait_.Add(labels, TimeBuckets()),
+      &engine_wait_.Add(labels, TimeBuckets())};
+  job.completed.insert(s.op.completed);
+  job.bytes.insert(s.op.bytes);
+  job.duration.insert(s.op.duration);
   job.queue_wait.insert(s.queue_wait);
   job.engine_wait.insert(s.engine_wait);
   if (op_cache_.size() >= kMaxCached) op_cache_.clear();

@@ -38,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/dataplane/group.h"
 #include "daemon/observability/metrics.h"
+#include "daemon/observability/metrics_common.h"
 #include "daemon/observability/node_totals.h"
 #include "daemon/session/job_key.h"
 #include "prometheus/counter.h"
@@ -78,10 +79,9 @@ class JobMetrics : public JobScrape {
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
  private:
-  struct OpSeries {
-    prometheus::Counter* completed;
-    prometheus::Counter* bytes;
-    prometheus::Histogram* duration;
+  // The node totals' operation series, per job, and the job's waits.
+  struct JobOpSeries {
+    OpSeries op;
     prometheus::Histogram* queue_wait;
     prometheus::Histogram* engine_wait;
   };
@@ -101,7 +101,7 @@ class JobMetrics : public JobScrape {
     std::map<int, RankSeries> ranks;
   };
   struct CachedOp {
-    OpSeries s;
+    JobOpSeries s;
     JobSeries* job;
   };
   struct CachedRank {
@@ -116,7 +116,7 @@ class JobMetrics : public JobScrape {
   // The series set of `job`: its own while it holds a slot, else its
   // owner's overflow.
   JobSeries& JobFor(const JobKey& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  OpSeries& OpSeriesFor(const GroupSpec& group, const Arrival& a)
+  JobOpSeries& OpSeriesFor(const GroupSpec& group, const Arrival& a)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Null for jobs without series of their own (overflow).
   RankSeries* RankSeriesFor(const GroupSpec& group, const Arrival& a)

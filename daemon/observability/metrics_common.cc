@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "daemon/observability/op_labels.h"
 
 namespace hsdp {
 
@@ -15,6 +16,12 @@ const prometheus::Histogram::BucketBoundaries& TimeBuckets() {
 
 std::string Reason(const absl::Status& s) {
   return absl::AsciiStrToLower(absl::StatusCodeToString(s.code()));
+}
+
+void OpSeries::Count(const GroupSpec& group, const Arrival& a, uint64_t exec_ns) const {
+  completed->Increment();
+  bytes->Increment(static_cast<double>(OpBytes(group, a)));
+  duration->Observe(exec_ns / 1e9);
 }
 
 prometheus::ClientMetric GaugeValue(double v,

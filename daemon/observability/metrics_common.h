@@ -1,6 +1,7 @@
 // What the parts of Metrics (node_totals, job_metrics) share when they build
-// prometheus-cpp series: the time buckets, the failure reason label and
-// gauge families made at scrape time. Built with prometheus-cpp only.
+// prometheus-cpp series: the time buckets, the failure reason label, the
+// series a completed operation counts in and gauge families made at scrape
+// time. Built with prometheus-cpp only.
 #ifndef HSDP_DAEMON_OBSERVABILITY_METRICS_COMMON_H_
 #define HSDP_DAEMON_OBSERVABILITY_METRICS_COMMON_H_
 
@@ -10,7 +11,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "daemon/dataplane/group.h"
 #include "prometheus/client_metric.h"
+#include "prometheus/counter.h"
 #include "prometheus/histogram.h"
 #include "prometheus/metric_family.h"
 
@@ -21,6 +24,18 @@ const prometheus::Histogram::BucketBoundaries& TimeBuckets();
 
 // The `reason` label of a failure: its status code, "deadline_exceeded".
 std::string Reason(const absl::Status& s);
+
+// The series of one label set that a completed operation counts in, the same
+// way in the node totals and in a job's series. The registry's families own
+// them.
+struct OpSeries {
+  prometheus::Counter* completed;
+  prometheus::Counter* bytes;
+  prometheus::Histogram* duration;
+
+  // One more completed operation, its bytes (OpBytes) and its engine time.
+  void Count(const GroupSpec& group, const Arrival& a, uint64_t exec_ns) const;
+};
 
 // A gauge family of samples made at scrape time, and one of its samples.
 prometheus::MetricFamily GaugeFamily(std::string name, std::string help);

@@ -42,13 +42,10 @@ void NodeTotals::OnCompleted(const GroupSpec& group, const Arrival& a, const abs
     return;
   }
   absl::MutexLock l(&mu_);
-  OpSeries& s = SeriesFor(group, a);
-  s.completed->Increment();
-  s.bytes->Increment(static_cast<double>(OpBytes(group, a)));
-  s.duration->Observe(exec_ns / 1e9);
+  SeriesFor(group, a).Count(group, a, exec_ns);
 }
 
-NodeTotals::OpSeries& NodeTotals::SeriesFor(const GroupSpec& group, const Arrival& a) {
+OpSeries& NodeTotals::SeriesFor(const GroupSpec& group, const Arrival& a) {
   const std::string_view kind = GroupKind(group, a);
   const uint32_t key = (uint32_t{a.desc.collective} << 16) | (uint32_t{a.desc.dtype} << 8) |
                        KindIndex(kind);

@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/dataplane/group.h"
 #include "daemon/observability/metrics.h"
+#include "daemon/observability/metrics_common.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -48,11 +49,6 @@ class NodeTotals {
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
  private:
-  struct OpSeries {
-    prometheus::Counter* completed;
-    prometheus::Counter* bytes;
-    prometheus::Histogram* duration;
-  };
   OpSeries& SeriesFor(const GroupSpec& group, const Arrival& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::shared_ptr<prometheus::Registry> registry_;

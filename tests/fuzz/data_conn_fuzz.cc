@@ -46,6 +46,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/send_fds.h"  // SendFdsRaw
 #include "daemon/auth/peer_registry.h"
 #include "daemon/engine/fake/fake_engine.h"
 #include "daemon/jobs/session_manager.h"
@@ -166,23 +167,10 @@ UniqueFd MakeFd(int what, const Daemon& d, UniqueFd* extra) {
 
 void Send(int sock, std::string_view bytes, const std::vector<int>& fds) {
   if (bytes.empty() && fds.empty()) return;
-  struct iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
-  char dummy = 0;
-  if (bytes.empty()) iov = {&dummy, 1};  // fds need at least one byte
-  struct msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
-  if (!fds.empty()) {
-    msg.msg_control = control;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-  }
-  (void)::sendmsg(sock, &msg, MSG_NOSIGNAL);  // the daemon may have closed it already
+  static const char kDummy = 0;  // fds need at least one byte
+  // The daemon may have closed it already.
+  (void)testing::SendFdsRaw(sock, bytes.empty() ? &kDummy : bytes.data(),
+                            bytes.empty() ? 1 : bytes.size(), fds);
 }
 
 // Reads until the daemon closes the connection; false after 5 s.

@@ -1,5 +1,5 @@
-// Test inputs and an independent reference (computed in double) for the
-// multi-process collective tests.
+// The independent reference (computed in double) of the multi-process
+// collective tests, over the inputs of common/reduce_reference.h.
 #ifndef HSDP_TESTS_INTEGRATION_COLLECTIVE_CHECK_H_
 #define HSDP_TESTS_INTEGRATION_COLLECTIVE_CHECK_H_
 
@@ -7,28 +7,10 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/reduce_reference.h"  // Input, Tolerance, Combine, WrapInt
 #include "hsdp/types.h"
 
 namespace hsdp::testing {
-
-// Input of global rank r at element i: small values exact in every dtype.
-inline double Input(DataType t, int r, uint64_t i) {
-  const int v = int((r * 5 + i * 3 + (i >> 4)) % 9);
-  if (t == DataType::kUInt8) return v + 1;
-  if (IsFloatingPoint(t)) return (v - 4) * 0.5;
-  return v - 4;
-}
-
-inline double Tolerance(DataType t, double expect) {
-  const double mag = std::max(1.0, std::fabs(expect));
-  switch (t) {
-    case DataType::kFloat16: return 2e-3 * mag;
-    case DataType::kBFloat16: return 1.6e-2 * mag;
-    case DataType::kFloat32: return 1e-6 * mag;
-    case DataType::kFloat64: return 1e-12 * mag;
-    default: return 0;
-  }
-}
 
 inline double Tolerance(DataType t, const ReduceOptions& o, double expect) {
   double tol = Tolerance(t, expect);
@@ -45,21 +27,10 @@ double Reference(DataType t, const ReduceOptions& o, const Ranks& ranks, uint64_
     int64_t acc = 0;
     for (int r : ranks) {
       const int64_t x = int64_t(Input(t, r, i));
-      if (first) {
-        acc = x;
-        first = false;
-        continue;
-      }
-      switch (o.op) {
-        case ReduceOp::kMin: acc = std::min(acc, x); break;
-        case ReduceOp::kMax: acc = std::max(acc, x); break;
-        case ReduceOp::kProduct: acc *= x; break;
-        default: acc += x;
-      }
+      acc = first ? x : Combine(o.op, acc, x);
+      first = false;
     }
-    double w = double(acc);
-    if (t == DataType::kUInt8) w = double(uint8_t(acc));
-    if (t == DataType::kInt32) w = double(int32_t(uint32_t(acc)));
+    double w = WrapInt(t, acc);
     if (o.op == ReduceOp::kAvg) w = std::trunc(w / n);
     return w;
   }
@@ -68,17 +39,8 @@ double Reference(DataType t, const ReduceOptions& o, const Ranks& ranks, uint64_
   for (int r : ranks) {
     double x = Input(t, r, i) / o.pre_divide;
     if (o.op == ReduceOp::kPremulSum) x *= o.premul_factor;
-    if (first) {
-      acc = x;
-      first = false;
-      continue;
-    }
-    switch (o.op) {
-      case ReduceOp::kMin: acc = std::min(acc, x); break;
-      case ReduceOp::kMax: acc = std::max(acc, x); break;
-      case ReduceOp::kProduct: acc *= x; break;
-      default: acc += x;
-    }
+    acc = first ? x : Combine(o.op, acc, x);
+    first = false;
   }
   acc /= o.post_divide;
   if (o.op == ReduceOp::kAvg) acc /= n;

@@ -52,9 +52,8 @@ STATE = os.path.abspath(sys.argv[4]) if len(sys.argv) > 4 else os.path.join(BUIL
 sys.path.insert(0, os.path.join(SRC, "tools", "scripts"))
 import docker_engine  # noqa: E402
 import docker_images  # noqa: E402
+from docker_engine import unavailable  # noqa: E402
 
-SKIP = 77
-REQUIRED = os.environ.get("HSDP_REQUIRE_DOCKER") == "1"
 COMPOSE = os.path.join(SRC, "deploy", "docker-compose.yml")
 COMPOSE4 = os.path.join(SRC, "deploy", "docker-compose.4nodes.yml")
 COMPOSE_ETCD = os.path.join(SRC, "deploy", "docker-compose.etcd.yml")
@@ -62,15 +61,6 @@ PROJECT_RE = re.compile(r"^hsdpt(\d+)$")
 PROJECT_LABEL = "com.docker.compose.project"
 DOCKER = docker_engine.docker_cli()
 FIGURES = []
-
-
-def unavailable(why):
-    """Skip (77) on a developer machine; fail where Docker is required."""
-    if REQUIRED:
-        print(f"FAILED: HSDP_REQUIRE_DOCKER=1 and {why}")
-        sys.exit(1)
-    print(f"SKIP: {why}")
-    sys.exit(SKIP)
 
 
 def docker(*args, timeout=120, check=True):

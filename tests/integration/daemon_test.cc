@@ -52,7 +52,8 @@ TEST(DaemonTest, HealthStatusSessionsAndConfigThroughHsdpctl) {
 
   CommandResult st = RunCommand(Hsdpctl(d.socket(), "status"));
   EXPECT_EQ(st.exit_code, 0) << st.output;
-  EXPECT_THAT(st.output, AllOf(HasSubstr(d.socket()), HasSubstr("it-node"), HasSubstr("cpu")));
+  EXPECT_THAT(st.output, AllOf(HasSubstr(d.socket()), HasSubstr("it-node"), HasSubstr("cpu"),
+                               HasSubstr("retired groups 0")));
 
   v1::StatusResponse s;
   std::string err;

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "device_fake_util.h"
+#include "device_ranks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hsdp/client.h"
@@ -22,48 +23,23 @@
 namespace hsdp {
 namespace {
 
-using ::testing::HasSubstr;
+using testing::Await;
+using testing::CheckEveryCollective2;
+using testing::CheckHsdpComposite2x2;
 using testing::Child;
 using testing::DaemonProcess;
 using testing::DeviceTrainer;
+using testing::Expect;
 using testing::FakeDeviceConfig;
 using testing::FakeTrainerDevice;
+using ::testing::HasSubstr;
+using testing::In;
+using testing::RunRanks;
 using testing::TempDir;
 
 constexpr uint64_t kCount = 1000;                // elements per rank
 constexpr uint64_t kRecvOffset = 64 * 1024;      // recv region in the allocation
 constexpr uint64_t kAllocBytes = 256 * 1024;
-
-float In(int rank, uint64_t i) { return float(rank * 1000 + int(i % 997) + 1); }
-
-void RunRanks(int world, const std::function<int(int, FILE*)>& body, int timeout_ms) {
-  std::vector<std::unique_ptr<Child>> kids;
-  for (int r = 0; r < world; ++r) {
-    kids.push_back(std::make_unique<Child>([&body, r](FILE* out) { return body(r, out); }));
-  }
-  for (int r = 0; r < world; ++r) {
-    EXPECT_EQ(kids[r]->Finish(timeout_ms), 0) << "rank " << r << ":\n" << kids[r]->output();
-  }
-}
-
-bool Await(DeviceTrainer* T, absl::StatusOr<Work> w, const std::string& name) {
-  if (!w.ok()) return T->Fail(name + ": submit: " + w.status().ToString()), false;
-  if (absl::Status s = w->Wait(absl::Seconds(30)); !s.ok()) {
-    return T->Fail(name + ": " + s.ToString()), false;
-  }
-  return true;
-}
-
-template <typename Want>
-void Expect(DeviceTrainer* T, const std::string& name, const float* got, uint64_t n, Want want) {
-  for (uint64_t i = 0; i < n; ++i) {
-    if (got[i] != want(i)) {
-      T->Fail(name + ": [" + std::to_string(i) + "] got " + std::to_string(got[i]) + ", want " +
-              std::to_string(want(i)));
-      return;
-    }
-  }
-}
 
 // All-reduce (out of place and in place, sum and max), all-gather,
 // reduce-scatter, broadcast and all-to-all on device buffers of 2 ranks.
@@ -83,58 +59,7 @@ TEST(DeviceDaemonTest, EveryCollectiveOnDeviceBuffersMatchesTheReference) {
     if (!T.Start(d.socket(), "coll", rank, kWorld, kAllocBytes)) return 1;
     auto g = T.client->NewGroup({0, 1});
     if (!g.ok()) return T.Fail("NewGroup"), 1;
-    const BufferRef send{T.buffer, 0}, recv{T.buffer, kRecvOffset};
-    auto fill = [&] {
-      for (uint64_t i = 0; i < kCount * kWorld; ++i) T.F(0)[i] = In(rank, i);
-    };
-    // all-reduce sum and max, out of place
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
-      fill();
-      ReduceOptions o;
-      o.op = op;
-      if (!Await(&T, T.client->AllReduce(*g, send, recv, kCount, DataType::kFloat32, o),
-                 "all_reduce")) {
-        continue;
-      }
-      Expect(&T, "all_reduce", T.F(kRecvOffset), kCount, [&](uint64_t i) {
-        return op == ReduceOp::kSum ? In(0, i) + In(1, i) : std::max(In(0, i), In(1, i));
-      });
-    }
-    // all-reduce in place
-    fill();
-    if (Await(&T, T.client->AllReduce(*g, send, send, kCount, DataType::kFloat32), "in place")) {
-      Expect(&T, "all_reduce in place", T.F(0), kCount,
-             [](uint64_t i) { return In(0, i) + In(1, i); });
-    }
-    // all-gather: rank r's kCount elements land at recv + r * kCount
-    fill();
-    if (Await(&T, T.client->AllGather(*g, send, recv, kCount, DataType::kFloat32), "all_gather")) {
-      Expect(&T, "all_gather", T.F(kRecvOffset), kCount * kWorld, [](uint64_t i) {
-        return In(int(i / kCount), i % kCount);
-      });
-    }
-    // reduce-scatter: rank r gets slice r of the sum
-    fill();
-    if (Await(&T, T.client->ReduceScatter(*g, send, recv, kCount, DataType::kFloat32),
-              "reduce_scatter")) {
-      Expect(&T, "reduce_scatter", T.F(kRecvOffset), kCount, [&](uint64_t i) {
-        return In(0, rank * kCount + i) + In(1, rank * kCount + i);
-      });
-    }
-    // broadcast from rank 1
-    fill();
-    if (Await(&T, T.client->Broadcast(*g, send, recv, kCount, DataType::kFloat32, 1),
-              "broadcast")) {
-      Expect(&T, "broadcast", T.F(kRecvOffset), kCount, [](uint64_t i) { return In(1, i); });
-    }
-    // all-to-all (equal blocks): block j of rank i lands at rank j's recv + i * kCount
-    fill();
-    if (Await(&T, T.client->AllToAll(*g, send, recv, kCount, DataType::kFloat32),
-              "all_to_all")) {
-      Expect(&T, "all_to_all", T.F(kRecvOffset), kCount * kWorld, [&](uint64_t i) {
-        return In(int(i / kCount), rank * kCount + i % kCount);
-      });
-    }
+    CheckEveryCollective2(&T, *g, kCount, kRecvOffset, {ReduceOp::kSum, ReduceOp::kMax});
     std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
     return T.failures == 0 ? 0 : 2;
   }, 120000);
@@ -152,28 +77,7 @@ TEST(DeviceDaemonTest, HsdpCompositeOn2x2MeshOfDeviceBuffers) {
     DeviceTrainer T;
     T.out = out;
     if (!T.Start(d.socket(), "mesh", rank, 4, kAllocBytes)) return 1;
-    const int replica = rank / 2, shard_rank = rank % 2;
-    auto shard = T.client->NewGroup({replica * 2, replica * 2 + 1});
-    auto replicate = T.client->NewGroup({shard_rank, shard_rank + 2});
-    if (!shard.ok() || !replicate.ok()) return T.Fail("NewGroup"), 1;
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
-      for (uint64_t i = 0; i < 2 * kCount; ++i) T.F(0)[i] = In(rank, i);
-      ReduceOptions o;
-      o.op = op;
-      if (!Await(&T,
-                 T.client->ReduceScatterAllReduce(*shard, *replicate, {T.buffer, 0},
-                                                  {T.buffer, kRecvOffset}, kCount,
-                                                  DataType::kFloat32, o),
-                 "rs+ar")) {
-        continue;
-      }
-      Expect(&T, op == ReduceOp::kSum ? "rs+ar sum" : "rs+ar avg", T.F(kRecvOffset), kCount,
-             [&](uint64_t i) {
-               const uint64_t k = shard_rank * kCount + i;
-               const float sum = In(0, k) + In(1, k) + In(2, k) + In(3, k);
-               return op == ReduceOp::kSum ? sum : sum / 4;
-             });
-    }
+    if (!CheckHsdpComposite2x2(&T, kCount, kRecvOffset)) return 1;
     std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
     return T.failures == 0 ? 0 : 2;
   }, 120000);

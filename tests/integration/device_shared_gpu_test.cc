@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "device_fake_util.h"
+#include "device_ranks.h"
 #include "gtest/gtest.h"
 #include "hsdp/client.h"
 #include "test_util.h"
@@ -18,46 +19,20 @@
 namespace hsdp {
 namespace {
 
-using testing::Child;
+using testing::Await;
+using testing::CheckEveryCollective2;
+using testing::CheckHsdpComposite2x2;
 using testing::DaemonProcess;
 using testing::DeviceTrainer;
+using testing::Expect;
 using testing::FakeDeviceConfig;
+using testing::In;
+using testing::RunRanks;
 using testing::TempDir;
 
 constexpr uint64_t kCount = 512;
 constexpr uint64_t kRecvOffset = 64 * 1024;
 constexpr uint64_t kAllocBytes = 256 * 1024;
-
-float In(int rank, uint64_t i) { return float(rank * 1000 + int(i % 997) + 1); }
-
-void RunRanks(int world, const std::function<int(int, FILE*)>& body) {
-  std::vector<std::unique_ptr<Child>> kids;
-  for (int r = 0; r < world; ++r) {
-    kids.push_back(std::make_unique<Child>([&body, r](FILE* out) { return body(r, out); }));
-  }
-  for (int r = 0; r < world; ++r) {
-    EXPECT_EQ(kids[r]->Finish(120000), 0) << "rank " << r << ":\n" << kids[r]->output();
-  }
-}
-
-bool Await(DeviceTrainer* T, absl::StatusOr<Work> w, const std::string& name) {
-  if (!w.ok()) return T->Fail(name + ": submit: " + w.status().ToString()), false;
-  if (absl::Status s = w->Wait(absl::Seconds(30)); !s.ok()) {
-    return T->Fail(name + ": " + s.ToString()), false;
-  }
-  return true;
-}
-
-void Expect(DeviceTrainer* T, const std::string& name, const float* got, uint64_t n,
-            const std::function<float(uint64_t)>& want) {
-  for (uint64_t i = 0; i < n; ++i) {
-    if (got[i] != want(i)) {
-      T->Fail(name + ": [" + std::to_string(i) + "] got " + std::to_string(got[i]) +
-              ", want " + std::to_string(want(i)));
-      return;
-    }
-  }
-}
 
 TEST(DeviceSharedGpuTest, TwoTrainersOnOneDeviceRunEveryCollective) {
   TempDir dir;
@@ -70,50 +45,8 @@ TEST(DeviceSharedGpuTest, TwoTrainersOnOneDeviceRunEveryCollective) {
     if (!T.Start(d.socket(), "shared", rank, kWorld, kAllocBytes, /*on_device=*/0)) return 1;
     auto g = T.client->NewGroup({0, 1});
     if (!g.ok()) return T.Fail("NewGroup"), 1;
-    const BufferRef send{T.buffer, 0}, recv{T.buffer, kRecvOffset};
-    auto fill = [&] {
-      for (uint64_t i = 0; i < kCount * kWorld; ++i) T.F(0)[i] = In(rank, i);
-    };
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
-      fill();
-      ReduceOptions o;
-      o.op = op;
-      if (Await(&T, T.client->AllReduce(*g, send, recv, kCount, DataType::kFloat32, o),
-                "all_reduce")) {
-        Expect(&T, "all_reduce", T.F(kRecvOffset), kCount, [&](uint64_t i) {
-          const float s = In(0, i) + In(1, i);
-          return op == ReduceOp::kSum ? s : op == ReduceOp::kAvg ? s / 2 : std::max(In(0, i), In(1, i));
-        });
-      }
-    }
-    fill();
-    if (Await(&T, T.client->AllReduce(*g, send, send, kCount, DataType::kFloat32), "in place")) {
-      Expect(&T, "all_reduce in place", T.F(0), kCount,
-             [](uint64_t i) { return In(0, i) + In(1, i); });
-    }
-    fill();
-    if (Await(&T, T.client->AllGather(*g, send, recv, kCount, DataType::kFloat32), "all_gather")) {
-      Expect(&T, "all_gather", T.F(kRecvOffset), kCount * kWorld,
-             [](uint64_t i) { return In(int(i / kCount), i % kCount); });
-    }
-    fill();
-    if (Await(&T, T.client->ReduceScatter(*g, send, recv, kCount, DataType::kFloat32),
-              "reduce_scatter")) {
-      Expect(&T, "reduce_scatter", T.F(kRecvOffset), kCount, [&](uint64_t i) {
-        return In(0, rank * kCount + i) + In(1, rank * kCount + i);
-      });
-    }
-    fill();
-    if (Await(&T, T.client->Broadcast(*g, send, recv, kCount, DataType::kFloat32, 1),
-              "broadcast")) {
-      Expect(&T, "broadcast", T.F(kRecvOffset), kCount, [](uint64_t i) { return In(1, i); });
-    }
-    fill();
-    if (Await(&T, T.client->AllToAll(*g, send, recv, kCount, DataType::kFloat32), "all_to_all")) {
-      Expect(&T, "all_to_all", T.F(kRecvOffset), kCount * kWorld, [&](uint64_t i) {
-        return In(int(i / kCount), rank * kCount + i % kCount);
-      });
-    }
+    CheckEveryCollective2(&T, *g, kCount, kRecvOffset,
+                          {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax});
     std::fprintf(out, "rank %d done, failures %d\n", rank, T.failures);
     return T.failures == 0 ? 0 : 2;
   });
@@ -129,29 +62,9 @@ TEST(DeviceSharedGpuTest, FourTrainersOnOneDeviceRunTheHsdpComposite) {
     DeviceTrainer T;
     T.out = out;
     if (!T.Start(d.socket(), "mesh", rank, 4, kAllocBytes, /*on_device=*/0)) return 1;
-    const int replica = rank / 2, shard_rank = rank % 2;
-    auto shard = T.client->NewGroup({replica * 2, replica * 2 + 1});
-    auto replicate = T.client->NewGroup({shard_rank, shard_rank + 2});
+    if (!CheckHsdpComposite2x2(&T, kCount, kRecvOffset)) return 1;
     auto all = T.client->NewGroup({0, 1, 2, 3});
-    if (!shard.ok() || !replicate.ok() || !all.ok()) return T.Fail("NewGroup"), 1;
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
-      for (uint64_t i = 0; i < 2 * kCount; ++i) T.F(0)[i] = In(rank, i);
-      ReduceOptions o;
-      o.op = op;
-      if (!Await(&T,
-                 T.client->ReduceScatterAllReduce(*shard, *replicate, {T.buffer, 0},
-                                                  {T.buffer, kRecvOffset}, kCount,
-                                                  DataType::kFloat32, o),
-                 "rs+ar")) {
-        continue;
-      }
-      Expect(&T, op == ReduceOp::kSum ? "rs+ar sum" : "rs+ar avg", T.F(kRecvOffset), kCount,
-             [&](uint64_t i) {
-               const uint64_t k = shard_rank * kCount + i;
-               const float sum = In(0, k) + In(1, k) + In(2, k) + In(3, k);
-               return op == ReduceOp::kSum ? sum : sum / 4;
-             });
-    }
+    if (!all.ok()) return T.Fail("NewGroup"), 1;
     // All four on the one device in one all-reduce.
     for (uint64_t i = 0; i < kCount; ++i) T.F(0)[i] = In(rank, i);
     if (Await(&T, T.client->AllReduce(*all, {T.buffer, 0}, {T.buffer, kRecvOffset}, kCount,

@@ -13,7 +13,6 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,8 +28,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "daemon/cluster/etcd/etcd_client.h"
 #include "common/ports.h"  // FreePort
+#include "common/spawn.h"  // SpawnLogged
+#include "daemon/cluster/etcd/etcd_client.h"
 #include "test_util.h"
 
 namespace hsdp::testing {
@@ -257,30 +257,8 @@ class EtcdTestCluster {
         argv.push_back(arg);
       }
     }
-    const std::string log = LogPath(i);
-    std::vector<char*> a;
-    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-    a.push_back(nullptr);
-    const pid_t parent = ::getpid();
-    // PR_SET_PDEATHSIG fires when the forking *thread* exits: only tie the
-    // members' lives to the main thread's (the test process's).
-    const bool main_thread = ::gettid() == parent;
-    const pid_t pid = ::fork();
+    const pid_t pid = SpawnLogged(argv, LogPath(i));
     if (pid < 0) return false;
-    if (pid == 0) {
-      // Only async-signal-safe calls between fork and exec (gRPC threads).
-      if (main_thread) {
-        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (::getppid() != parent) _exit(126);
-      }
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-      }
-      ::execv(a[0], a.data());
-      _exit(127);
-    }
     nodes_[i].pid = pid;
     return true;
   }

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <thread>
 
+#include "common/send_fds.h"  // SendFdsRaw
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hardening_util.h"
@@ -39,20 +40,8 @@ using testing::TempDir;
 // Sends FdMessage{tag} with `fds` attached in one sendmsg (no limit on the
 // count, unlike SendWithFds).
 bool SendFdMessage(int conn, uint64_t tag, const std::vector<int>& fds) {
-  shm::FdMessage msg{shm::kFdMessageMagic, 0, tag};
-  struct iovec iov{&msg, sizeof(msg)};
-  struct msghdr m{};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
-  m.msg_control = control.data();
-  m.msg_controllen = control.size();
-  struct cmsghdr* c = CMSG_FIRSTHDR(&m);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-  std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-  return ::sendmsg(conn, &m, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(msg));
+  const shm::FdMessage msg{shm::kFdMessageMagic, 0, tag};
+  return testing::SendFdsRaw(conn, &msg, sizeof(msg), fds) == static_cast<ssize_t>(sizeof(msg));
 }
 
 // A child that attaches as `job`, opens its data connection, runs `then`

@@ -74,7 +74,7 @@ TEST(HardeningListenerTest, OutOfFileDescriptorsDoesNotSpinAndRecovers) {
   // prlimit execs hsdpd in place, so `pid` is the daemon.
   const std::vector<std::string> argv = {"/usr/bin/prlimit", "--nofile=96:96",
                                          testing::BinDir() + "/hsdpd", "--socket", socket};
-  const pid_t pid = DaemonProcess::Spawn(argv, {}, log);
+  const pid_t pid = testing::SpawnLogged(argv, log, testing::Lifetime::kIndependent);
   ASSERT_GT(pid, 0);
   struct KillAtExit {
     pid_t pid;

@@ -115,10 +115,9 @@ class NetnsDaemon {
 
   bool Start(const std::string& ns, const std::string& yaml) {
     WriteFile(dir_.File("node.yaml"), yaml);
-    pid_ = DaemonProcess::Spawn(
-        {"/usr/sbin/ip", "netns", "exec", ns, BinDir() + "/hsdpd", "--socket", socket(),
-         "--log-level", "info", "--node-config", dir_.File("node.yaml")},
-        {}, dir_.File("hsdpd.log"));
+    pid_ = SpawnLogged({"/usr/sbin/ip", "netns", "exec", ns, BinDir() + "/hsdpd", "--socket",
+                        socket(), "--log-level", "info", "--node-config", dir_.File("node.yaml")},
+                       dir_.File("hsdpd.log"), Lifetime::kIndependent);
     return pid_ > 0;
   }
   bool WaitReady(int timeout_ms) {

@@ -189,7 +189,7 @@ inline bool ParsePromText(const std::string& text, std::map<std::string, double>
 class Subprocess {
  public:
   Subprocess(const std::vector<std::string>& argv, const std::string& log)
-      : pid_(DaemonProcess::Spawn(argv, {}, log)), log_(log) {}
+      : pid_(SpawnLogged(argv, log, Lifetime::kIndependent)), log_(log) {}
   ~Subprocess() {
     if (pid_ > 0 && WaitExit(pid_, 0) == -1) {
       ::kill(pid_, SIGTERM);

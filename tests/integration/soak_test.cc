@@ -251,72 +251,46 @@ ProcStats Measure(pid_t pid, const std::string& socket) {
   return s;
 }
 
-// A child process of the churn, watched without blocking: the churn is
+// A child process of the churn (a Child), watched without blocking, killed
+// at its kill time (on purpose) or at its deadline (hung). The churn is
 // driven from the test's main thread only (forking from a process with
 // several threads could leave a child stuck on a lock another thread held).
 class Proc {
  public:
-  Proc(std::string what, const std::function<int(FILE*)>& body, int64_t deadline_ms,
-       int64_t kill_at_ms)
-      : what_(std::move(what)), deadline_ms_(deadline_ms), kill_at_ms_(kill_at_ms) {
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC) != 0) return;
-    std::fflush(nullptr);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::close(p[0]);
-      FILE* out = ::fdopen(p[1], "w");
-      std::setvbuf(out, nullptr, _IOLBF, 0);
-      const int rc = body(out);
-      std::fflush(nullptr);
-      _exit(rc);
-    }
-    ::close(p[1]);
-    fd_ = p[0];
-    ::fcntl(fd_, F_SETFL, O_NONBLOCK);
-  }
-  ~Proc() {
-    if (pid_ > 0 && rc_ == kRunning) {
-      ::kill(pid_, SIGKILL);
-      WaitExit(pid_, 5000);
-    }
-    if (fd_ >= 0) ::close(fd_);
-  }
+  Proc(std::string what, const Child::Body& body, int64_t deadline_ms, int64_t kill_at_ms)
+      : what_(std::move(what)), child_(body), deadline_ms_(deadline_ms), kill_at_ms_(kill_at_ms) {}
   // Reads output, kills it at its kill time or deadline; true once it exited.
   bool Poll(int64_t now) {
     if (rc_ != kRunning) return true;
-    char buf[4096];
-    for (ssize_t n; fd_ >= 0 && (n = ::read(fd_, buf, sizeof(buf))) > 0;) output_.append(buf, n);
+    child_.Drain();
     if (kill_at_ms_ > 0 && now >= kill_at_ms_) {
-      ::kill(pid_, SIGKILL);
+      child_.Kill();
       killed_ = true;
       kill_at_ms_ = 0;
     }
     if (now >= deadline_ms_ && !hung_) {
       hung_ = true;
-      ::kill(pid_, SIGKILL);
+      child_.Kill();
     }
-    int status = 0;
-    if (::waitpid(pid_, &status, WNOHANG) != pid_) return false;
-    for (ssize_t n; fd_ >= 0 && (n = ::read(fd_, buf, sizeof(buf))) > 0;) output_.append(buf, n);
-    rc_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    const int rc = child_.TryReap();
+    if (rc < 0) return false;
+    child_.Drain();
+    rc_ = rc;
     return true;
   }
   int rc() const { return rc_; }
   bool killed() const { return killed_; }  // by the churn, on purpose
   bool hung() const { return hung_; }      // past its deadline
   const std::string& what() const { return what_; }
-  const std::string& output() const { return output_; }
+  const std::string& output() const { return child_.output(); }
 
  private:
   static constexpr int kRunning = -100;
   std::string what_;
+  Child child_;
   int64_t deadline_ms_, kill_at_ms_;
-  pid_t pid_ = -1;
-  int fd_ = -1;
   int rc_ = kRunning;
   bool killed_ = false, hung_ = false;
-  std::string output_;
 };
 
 // What the churn did.

@@ -24,10 +24,11 @@
 #include <thread>
 #include <vector>
 
-#include "common/wait.h"  // Eventually, EventuallyValue
+#include "common/spawn.h"  // SpawnLogged
+#include "common/wait.h"   // Eventually, EventuallyValue
 #include "google/protobuf/util/json_util.h"
-#include "hsdp/common/unix_socket.h"
 #include "grpcpp/grpcpp.h"
+#include "hsdp/common/unix_socket.h"
 #include "hsdp/v1/admin.grpc.pb.h"
 #include "hsdp/v1/admin.pb.h"
 
@@ -124,7 +125,7 @@ class DaemonProcess {
       argv.push_back(cfg);
     }
     for (auto& a : args) argv.push_back(a);
-    pid_ = Spawn(argv, env, log_);
+    pid_ = SpawnLogged(argv, log_, Lifetime::kIndependent, env);
     if (pid_ <= 0) return false;
     if (!wait_ready) return true;
     return WaitReady(10000);
@@ -143,23 +144,6 @@ class DaemonProcess {
         timeout_ms, /*poll_ms=*/10);
     if (exited) pid_ = -1;
     return ready && !exited;
-  }
-
-  static pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                     const std::string& log) {
-    const pid_t pid = ::fork();
-    if (pid != 0) return pid;
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-    }
-    for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
-    std::vector<char*> a;
-    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-    a.push_back(nullptr);
-    ::execv(a[0], a.data());
-    _exit(127);
   }
 
   // SIGTERM; returns the exit code (or -1 if it did not exit in time).
@@ -278,7 +262,9 @@ inline int64_t OpsInDaemon(const std::string& socket, const std::string& job) {
 }
 
 // A forked child process running `body(out)`; whatever it writes to `out`
-// (a pipe) comes back to the parent. Its return value is the exit code.
+// (a pipe) comes back to the parent. Its return value is the exit code. The
+// destructor kills a child that was not reaped. Waited on with WaitFor and
+// Finish (blocking), or polled with Drain and TryReap (never blocking).
 class Child {
  public:
   using Body = std::function<int(FILE* out)>;
@@ -337,7 +323,27 @@ class Child {
     return rc;
   }
 
-  void Kill(int sig = SIGKILL) { ::kill(pid_, sig); }
+  // Appends the output written so far, without blocking.
+  void Drain() {
+    while (ReadSome(0)) {
+    }
+  }
+
+  // Reaps the child if it has exited, without blocking: its exit code or
+  // 128 + signal; -1 while it runs (or when it cannot be waited for).
+  int TryReap() {
+    if (reaped_) return rc_;
+    if (pid_ <= 0) return -1;  // waitpid(-1) would reap any child
+    const int rc = WaitExit(pid_, 0);
+    if (rc < 0) return -1;
+    reaped_ = true;
+    rc_ = rc;
+    return rc;
+  }
+
+  void Kill(int sig = SIGKILL) {
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
 
   const std::string& output() const { return output_; }
 
@@ -361,6 +367,7 @@ class Child {
   pid_t pid_ = -1;
   int fd_ = -1;
   bool reaped_ = false;
+  int rc_ = -1;  // once reaped by TryReap
   std::string output_;
 };
 

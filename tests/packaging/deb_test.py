@@ -48,9 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(SRC, "tools", "scripts"))
 from pkg_util import (build_deb, build_trainer, deb_field, install_tree, run,  # noqa: E402
                       the_wheel, wait_until)
-
-SKIP = 77
-REQUIRED = os.environ.get("HSDP_REQUIRE_DOCKER") == "1"
+from docker_engine import unavailable  # noqa: E402
 
 
 def depends_names(deb):
@@ -151,14 +149,6 @@ class Deps(unittest.TestCase):
 
 
 # --- the container test ------------------------------------------------------
-def unavailable(why):
-    if REQUIRED:
-        print(f"FAILED: HSDP_REQUIRE_DOCKER=1 and {why}")
-        sys.exit(1)
-    print(f"SKIP: {why}")
-    sys.exit(SKIP)
-
-
 SUPERVISOR = ("while [ ! -e /stop ]; do ino=$(stat -c %i /usr/bin/hsdpd); "
               "/usr/bin/hsdpd --node-config /etc/hsdpd/node.yaml >>/var/log/hsdpd.log 2>&1; "
               "echo exit $? >>/var/log/hsdpd.log; "

@@ -6,10 +6,12 @@
 #define HSDP_TOOLS_BENCH_BASELINE_BENCH_H_
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -131,6 +133,32 @@ inline double BusFactor(Op op, int n) {
   }
 }
 
+// The next size of the sweep after `size` bytes: `step` times it, and at
+// least one byte more.
+inline uint64_t NextSize(const Options& o, uint64_t size) {
+  return std::max<uint64_t>(size + 1, uint64_t(double(size) * o.step));
+}
+
+// One size of the sweep in floats, as the collective takes it over n ranks.
+struct SizePlan {
+  uint64_t total = 0;     // the whole buffer, cut to whole per-rank blocks
+  uint64_t count = 0;     // per rank: the buffer, or its block for the gathers and scatters
+  uint64_t in_elems = 0;  // what each rank fills: its block, or all for reduce-scatter
+  uint64_t bytes() const { return total * sizeof(float); }
+};
+
+// False when `size` bytes leave no element per rank (never for a barrier).
+inline bool PlanSize(const Options& o, int n, uint64_t size, SizePlan* p) {
+  p->total = size / sizeof(float);
+  p->count = p->total;
+  const bool scatters = o.op == Op::kAllGather || o.op == Op::kReduceScatter;
+  if (scatters) p->count = p->total / n;
+  if (o.op != Op::kBarrier && p->count == 0) return false;
+  if (scatters) p->total = p->count * n;
+  p->in_elems = o.op == Op::kReduceScatter ? p->total : p->count;
+  return true;
+}
+
 // Element `i` of rank `r`'s input: small integers, so float sums are exact.
 inline float Input(int r, uint64_t i) { return float(r + 1) + float(i % 8); }
 
@@ -158,6 +186,31 @@ inline uint64_t CountWrong(Op op, int n, int rank, const float* out, uint64_t el
     if (out[i] != Expected(op, n, rank, i, count)) ++wrong;
   }
   return wrong;
+}
+
+// This rank's wrong output elements at one size (0 for a barrier).
+inline uint64_t CountWrongAt(const Options& o, int n, int rank, const float* out,
+                             const SizePlan& p) {
+  if (o.op == Op::kBarrier) return 0;
+  return CountWrong(o.op, n, rank, out, o.op == Op::kAllGather ? p.total : p.count, p.count);
+}
+
+// Microseconds of each of o.iters runs after o.warmup untimed ones, sorted;
+// `before` (a barrier of all ranks, and whatever a run needs first) is not
+// timed.
+inline std::vector<double> TimeRuns(const Options& o, const std::function<void()>& before,
+                                    const std::function<void()>& run) {
+  std::vector<double> times;
+  times.reserve(o.iters);
+  for (int it = 0; it < o.warmup + o.iters; ++it) {
+    before();
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    const auto t1 = std::chrono::steady_clock::now();
+    if (it >= o.warmup) times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times;
 }
 
 // `layout`: in place or not, and the transport, for the header line.

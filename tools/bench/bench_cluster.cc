@@ -16,8 +16,9 @@
 #include <sstream>
 #include <thread>
 
+#include "../../tests/common/ports.h"  // the tests' helpers; hsdp-bench has no root include path
+#include "../../tests/common/spawn.h"  // SpawnLogged
 #include "hsdp/common/unix_socket.h"
-#include "../../tests/common/ports.h"  // the tests' helper; hsdp-bench has no root include path
 
 namespace hsdp::bench {
 namespace {
@@ -43,21 +44,6 @@ std::string RandomToken() {
     hex += b;
   }
   return hex;
-}
-
-pid_t SpawnLogged(const std::vector<std::string>& argv, const std::string& log) {
-  const pid_t pid = ::fork();
-  if (pid != 0) return pid;
-  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-  if (fd >= 0) {
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-  }
-  std::vector<char*> a;
-  for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-  a.push_back(nullptr);
-  ::execv(a[0], a.data());
-  _exit(127);
 }
 
 }  // namespace
@@ -114,9 +100,10 @@ bool LocalCluster::Start(const std::string& bin_dir, int nodes, const std::strin
       return false;
     }
     sockets_.push_back(node_dir + "/hsdpd.sock");
-    pids_.push_back(SpawnLogged({bin_dir + "/hsdpd", "--socket", sockets_.back(), "--log-level",
-                                 "warning", "--node-config", cfg},
-                                node_dir + "/hsdpd.log"));
+    pids_.push_back(testing::SpawnLogged({bin_dir + "/hsdpd", "--socket", sockets_.back(),
+                                          "--log-level", "warning", "--node-config", cfg},
+                                         node_dir + "/hsdpd.log", testing::Lifetime::kIndependent,
+                                         /*env=*/{}, /*log_mode=*/0600));
   }
   // Every daemon accepts clients only once it joined, so a connectable
   // socket on every node means the cluster is formed.

@@ -29,9 +29,9 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "daemon/engine/cpu/cpu_engine.h"
 #include "daemon/engine/crossnode/gloo_transport.h"
 #include "daemon/engine/crossnode/hierarchical_engine.h"
-#include "daemon/engine/cpu/cpu_engine.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/math.h"
@@ -39,6 +39,7 @@
 #include "gloo/rendezvous/hash_store.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/transport/tcp/device.h"
+#include "tests/common/gloo_store.h"  // PrefixedStores
 
 namespace {
 
@@ -84,15 +85,6 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-class SharedPrefixStore : public gloo::rendezvous::PrefixStore {
- public:
-  SharedPrefixStore(const std::string& prefix, std::shared_ptr<gloo::rendezvous::Store> base)
-      : PrefixStore(prefix, *base), base_(std::move(base)) {}
-
- private:
-  std::shared_ptr<gloo::rendezvous::Store> base_;
-};
-
 // --- hsdpd's cross-node engine ------------------------------------------------
 
 class EngineSide {
@@ -108,9 +100,7 @@ class EngineSide {
       hsdp::GlooTransportOptions t;
       t.data_address = "127.0.0.1";
       t.devices = f.devices;
-      t.store = [store](const std::string& prefix) {
-        return std::unique_ptr<gloo::rendezvous::Store>(new SharedPrefixStore(prefix, store));
-      };
+      t.store = hsdp::testing::PrefixedStores(store);
       engines_.push_back(hsdp::MakeHierarchicalEngine(
           std::make_unique<hsdp::CpuEngine>(1, 1 << 20), hsdp::MakeGlooTransport(std::move(t)),
           o));

@@ -25,10 +25,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gloo_world import mean_seconds, run_world, sizes_mb  # noqa: E402
 
 
 def bus_factor(op, n):
@@ -45,7 +47,7 @@ def run_hsdp(build_dir, op, nranks, sizes, iters):
     return {r["size"]: r for r in rows}
 
 
-def _gloo_worker(rank, nranks, init_file, op, sizes, iters, queue):
+def _gloo_worker(rank, init_file, queue, nranks, op, sizes, iters):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -64,34 +66,14 @@ def _gloo_worker(rank, nranks, init_file, op, sizes, iters, queue):
             fn = lambda: dist.all_gather(outs, src)
         else:  # reduce_scatter is not implemented by Gloo in torch 1.13
             raise SystemExit("gloo baseline supports all_reduce and all_gather")
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(iters):
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        result[size] = sum(times) / len(times)
+        result[size] = mean_seconds(fn, iters, warmup=3)
     if rank == 0:
         queue.put(result)
     dist.destroy_process_group()
 
 
 def run_gloo(op, nranks, sizes, iters):
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as d:
-        init_file = os.path.join(d, "init")
-        procs = [ctx.Process(target=_gloo_worker, args=(r, nranks, init_file, op, sizes, iters, queue))
-                 for r in range(nranks)]
-        for p in procs:
-            p.start()
-        result = queue.get(timeout=1800)
-        for p in procs:
-            p.join()
-    return result
+    return run_world(_gloo_worker, nranks, (nranks, op, sizes, iters))
 
 
 def run_memcpy(sizes, iters):
@@ -124,15 +106,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=3, help="multi-node mode: warm-up iterations")
     args = ap.parse_args()
     if args.nodes > 1:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import compare_cluster
         ops = None if args.ops == ap.get_default("ops") else args.ops.split(",")
         return compare_cluster.main(args, ops)
-    sizes = []
-    s = args.min_mb << 20
-    while s <= args.max_mb << 20:
-        sizes.append(s)
-        s *= 2
+    sizes = sizes_mb(args.min_mb, args.max_mb)
     rows = []
     print(f"# {args.nranks} ranks, float32, sum; machine: {os.cpu_count()} cores; "
           f"busbw in GB/s (nccl-tests factors); memcpy = single-thread copy of `size` bytes")

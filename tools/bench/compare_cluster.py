@@ -28,9 +28,9 @@ import json
 import os
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
+
+from gloo_world import mean_seconds, run_world, sizes_mb
 
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "composite"]
 HSDP_OP = {"all_reduce": "all_reduce", "all_gather": "all_gather",
@@ -55,7 +55,7 @@ def run_hsdp(build_dir, op, nodes, per_node, sizes, iters, warmup):
     return {r["size"]: r["time_us"] * 1e-6 for r in json.loads(out)}
 
 
-def _gloo_worker(rank, nodes, per_node, init_file, ops, sizes, iters, warmup, queue):
+def _gloo_worker(rank, init_file, queue, nodes, per_node, ops, sizes, iters, warmup):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -112,15 +112,7 @@ def _gloo_worker(rank, nodes, per_node, init_file, ops, sizes, iters, warmup, qu
                     lambda: comp(lambda: rs_all_reduce(t, out, per_node, shard, local))
             best = None
             for name, fn in variants.items():
-                for _ in range(warmup):
-                    fn()
-                times = []
-                for _ in range(iters):
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - t0)
-                mean = sum(times) / len(times)
+                mean = mean_seconds(fn, iters, warmup)
                 if best is None or mean < best[0]:
                     best = (mean, name)
             result[(op, size)] = best
@@ -131,22 +123,9 @@ def _gloo_worker(rank, nodes, per_node, init_file, ops, sizes, iters, warmup, qu
 
 
 def run_gloo(ops, nodes, per_node, sizes, iters, warmup):
-    import torch.multiprocessing as mp
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback, as the daemons
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    n = nodes * per_node
-    with tempfile.TemporaryDirectory() as d:
-        init_file = os.path.join(d, "init")
-        procs = [ctx.Process(target=_gloo_worker,
-                             args=(r, nodes, per_node, init_file, ops, sizes, iters, warmup, queue))
-                 for r in range(n)]
-        for p in procs:
-            p.start()
-        result = queue.get(timeout=1800)
-        for p in procs:
-            p.join(timeout=120)
-    return result
+    return run_world(_gloo_worker, nodes * per_node,
+                     (nodes, per_node, ops, sizes, iters, warmup), join_timeout=120)
 
 
 def loadavg():
@@ -163,11 +142,7 @@ def main(args, ops):
         if op not in OPS:
             raise SystemExit(f"unknown op {op} (multi-node mode: {', '.join(OPS)})")
     nodes, per_node = args.nodes, args.nranks
-    sizes = []
-    s = args.min_mb << 20
-    while s <= args.max_mb << 20:
-        sizes.append(s)
-        s *= 2
+    sizes = sizes_mb(args.min_mb, args.max_mb)
     hs = {(op, size): [] for op in ops for size in sizes}
     gl = {(op, size): [] for op in ops for size in sizes}
     gl_how = {}

@@ -22,7 +22,6 @@
 // tools/bench/latency_compare.py runs it beside hsdp-bench and mpi-bench.
 #include <dirent.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "../../tests/common/spawn.h"  // ForkTiedToParent; gloo-bench has no root include path
 #include "baseline_bench.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
@@ -50,13 +50,17 @@
 
 namespace {
 
-using hsdp::baseline::CountWrong;
+using hsdp::baseline::CountWrongAt;
 using hsdp::baseline::Input;
+using hsdp::baseline::NextSize;
 using hsdp::baseline::Op;
 using hsdp::baseline::Options;
 using hsdp::baseline::ParseArgs;
+using hsdp::baseline::PlanSize;
 using hsdp::baseline::PrintHeader;
 using hsdp::baseline::PrintRow;
+using hsdp::baseline::SizePlan;
+using hsdp::baseline::TimeRuns;
 
 constexpr auto kTimeout = std::chrono::seconds(60);  // any one Gloo operation
 
@@ -132,16 +136,11 @@ int RunRank(const Options& o, int rank, const std::string& dir) {
   }
   bool first = true;
   uint64_t any_wrong = 0;
-  for (uint64_t size = o.min_bytes; size <= o.max_bytes;
-       size = std::max<uint64_t>(size + 1, uint64_t(double(size) * o.step))) {
-    uint64_t total = size / sizeof(float);
-    uint64_t count = total;  // elements per rank
-    const bool scatters = o.op == Op::kAllGather || o.op == Op::kReduceScatter;
-    if (scatters) count = total / n;
-    if (o.op != Op::kBarrier && count == 0) continue;
-    if (scatters) total = count * n;
-    const uint64_t bytes = total * sizeof(float);
-    const uint64_t in_elems = o.op == Op::kReduceScatter ? total : count;
+  for (uint64_t size = o.min_bytes; size <= o.max_bytes; size = NextSize(o, size)) {
+    SizePlan plan;
+    if (!PlanSize(o, n, size, &plan)) continue;
+    const uint64_t total = plan.total, count = plan.count, in_elems = plan.in_elems;
+    const uint64_t bytes = plan.bytes();
     for (uint64_t i = 0; i < in_elems; ++i) send[i] = Input(rank, i);
     // Reduce-scatter works in place on recv (refilled from send before each
     // run); this rank's block lands at its start.
@@ -171,29 +170,20 @@ int RunRank(const Options& o, int rank, const std::string& dir) {
     prepare();
     r.Barrier();
     run_once();
-    uint64_t wrong = 0;
-    if (o.op != Op::kBarrier) {
-      const uint64_t out_elems = o.op == Op::kAllGather ? total : count;
-      wrong = CountWrong(o.op, n, rank, recv.data(), out_elems, count);
-    }
+    const uint64_t wrong = CountWrongAt(o, n, rank, recv.data(), plan);
     const uint64_t wrong_all = r.SumOverRanks(wrong);
     if (wrong > 0) {
       std::fprintf(stderr, "gloo-bench: rank %d: %llu wrong elements at size %llu\n", rank,
                    (unsigned long long)wrong, (unsigned long long)bytes);
     }
     any_wrong += wrong_all;
-    std::vector<double> times;
-    times.reserve(o.iters);
-    for (int it = 0; it < o.warmup + o.iters; ++it) {
-      prepare();
-      r.Barrier();
-      const auto t0 = std::chrono::steady_clock::now();
-      run_once();
-      const auto t1 = std::chrono::steady_clock::now();
-      if (it >= o.warmup)
-        times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-    }
-    std::sort(times.begin(), times.end());
+    const std::vector<double> times = TimeRuns(
+        o,
+        [&] {
+          prepare();
+          r.Barrier();
+        },
+        run_once);
     if (rank == 0) PrintRow(o, o.nranks, first, bytes, total, times, wrong_all);
     first = false;
     r.Barrier();  // nobody frees this size's buffers while a peer still uses them
@@ -235,17 +225,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::fflush(stdout);
-  const pid_t parent = ::getpid();
   std::vector<pid_t> kids;
   for (int rank = 0; rank < o.nranks; ++rank) {
-    const pid_t pid = ::fork();
+    const pid_t pid = hsdp::testing::ForkTiedToParent();  // no orphans when the parent is killed
     if (pid < 0) {
       std::fprintf(stderr, "gloo-bench: fork: %s\n", std::strerror(errno));
       break;
     }
     if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphans when the parent is killed
-      if (::getppid() != parent) _exit(1);
       int code = 1;
       try {
         code = RunRank(o, rank, dir);

@@ -51,6 +51,7 @@
 #include "bench_cluster.h"
 #include "bench_util.h"
 #include "hsdp/client.h"
+#include "../../tests/common/reduce_reference.h"  // Combine; hsdp-bench has no root include path
 
 namespace {
 
@@ -123,13 +124,7 @@ double Expected(const Options& o, int r, uint64_t i, uint64_t count) {
   auto reduce = [&](uint64_t idx) {
     double acc = hsdp::bench::PatternValue(0, idx);
     for (int k = 1; k < n; ++k) {
-      const double v = hsdp::bench::PatternValue(k, idx);
-      switch (o.redop) {
-        case hsdp::ReduceOp::kMin: acc = std::min(acc, v); break;
-        case hsdp::ReduceOp::kMax: acc = std::max(acc, v); break;
-        case hsdp::ReduceOp::kProduct: acc *= v; break;
-        default: acc += v;
-      }
+      acc = hsdp::testing::Combine(o.redop, acc, hsdp::bench::PatternValue(k, idx));
     }
     if (o.redop == hsdp::ReduceOp::kAvg) acc /= n;
     return acc;

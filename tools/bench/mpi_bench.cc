@@ -29,13 +29,17 @@
 
 namespace {
 
-using hsdp::baseline::CountWrong;
+using hsdp::baseline::CountWrongAt;
 using hsdp::baseline::Input;
+using hsdp::baseline::NextSize;
 using hsdp::baseline::Op;
 using hsdp::baseline::Options;
 using hsdp::baseline::ParseArgs;
+using hsdp::baseline::PlanSize;
 using hsdp::baseline::PrintHeader;
 using hsdp::baseline::PrintRow;
+using hsdp::baseline::SizePlan;
+using hsdp::baseline::TimeRuns;
 
 // Runs every size; returns the exit code (3 when some output was wrong).
 int Run(const Options& o, int rank, int n) {
@@ -44,16 +48,11 @@ int Run(const Options& o, int rank, int n) {
   if (rank == 0) PrintHeader("mpi-bench", "out-of-place", o, n);
   bool first = true;
   uint64_t any_wrong = 0;
-  for (uint64_t size = o.min_bytes; size <= o.max_bytes;
-       size = std::max<uint64_t>(size + 1, uint64_t(double(size) * o.step))) {
-    uint64_t total = size / sizeof(float);
-    uint64_t count = total;  // elements per rank as MPI takes them
-    const bool scatters = o.op == Op::kAllGather || o.op == Op::kReduceScatter;
-    if (scatters) count = total / n;
-    if (o.op != Op::kBarrier && count == 0) continue;
-    if (scatters) total = count * n;
-    const uint64_t bytes = total * sizeof(float);
-    const uint64_t in_elems = o.op == Op::kReduceScatter ? total : count;
+  for (uint64_t size = o.min_bytes; size <= o.max_bytes; size = NextSize(o, size)) {
+    SizePlan plan;
+    if (!PlanSize(o, n, size, &plan)) continue;
+    const uint64_t total = plan.total, count = plan.count, in_elems = plan.in_elems;
+    const uint64_t bytes = plan.bytes();
     for (uint64_t i = 0; i < in_elems; ++i) send[i] = Input(rank, i);
     const int c = int(count);
     auto run_once = [&] {
@@ -72,11 +71,7 @@ int Run(const Options& o, int rank, int n) {
     };
     // One checked run per size (MPI's default handler aborts on errors).
     run_once();
-    uint64_t wrong = 0;
-    if (o.op != Op::kBarrier) {
-      const uint64_t out_elems = o.op == Op::kAllGather ? total : count;
-      wrong = CountWrong(o.op, n, rank, recv.data(), out_elems, count);
-    }
+    const uint64_t wrong = CountWrongAt(o, n, rank, recv.data(), plan);
     uint64_t wrong_all = 0;
     MPI_Allreduce(&wrong, &wrong_all, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
     if (wrong > 0) {
@@ -84,17 +79,8 @@ int Run(const Options& o, int rank, int n) {
                    (unsigned long long)wrong, (unsigned long long)bytes);
     }
     any_wrong += wrong_all;
-    std::vector<double> times;
-    times.reserve(o.iters);
-    for (int it = 0; it < o.warmup + o.iters; ++it) {
-      MPI_Barrier(MPI_COMM_WORLD);
-      const auto t0 = std::chrono::steady_clock::now();
-      run_once();
-      const auto t1 = std::chrono::steady_clock::now();
-      if (it >= o.warmup)
-        times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-    }
-    std::sort(times.begin(), times.end());
+    const std::vector<double> times = TimeRuns(
+        o, [] { MPI_Barrier(MPI_COMM_WORLD); }, run_once);
     if (rank == 0) PrintRow(o, n, first, bytes, total, times, wrong_all);
     first = false;
     if (o.op == Op::kBarrier) break;  // one row, as hsdp-bench

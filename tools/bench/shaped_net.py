@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "scripts"))
 sys.path.insert(0, HERE)
 import netns_topology  # noqa: E402
 from compare_cluster import bus_factor, HSDP_OP, OPS  # noqa: E402
+from gloo_world import mean_seconds  # noqa: E402
 
 IP = netns_topology.IP
 # (largest size, iterations, warm-up) -- the first row whose size fits.
@@ -253,15 +254,7 @@ def gloo_worker(spec):
                     dist.reduce_scatter_tensor(dst, src, group=shard)
                     dist.all_reduce(dst, group=repl)
             it, wu = iters_of(size)
-            for _ in range(wu):
-                fn()
-            times = []
-            for _ in range(it):
-                dist.barrier()
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-            out.append((op, size, sum(times) / len(times)))
+            out.append((op, size, mean_seconds(fn, it, wu)))
     if rank == 0:
         with open(spec["out"], "w") as f:
             json.dump(out, f)

@@ -22,8 +22,8 @@ void KillChild(pid_t pid);        // SIGKILL and reap
 void KillAllChildren();           // every remembered child
 void OnSignal(int sig);           // a signal handler: kills the children, re-raises
 bool Exited(pid_t pid);           // reaped without waiting
-// Forks `argv` (from the main thread, so PR_SET_PDEATHSIG ties it to this
-// process), stdout and stderr to `log`. -1 on failure.
+// Starts `argv` with its stdout and stderr in `log` (SpawnLogged: from the
+// main thread, it dies with this process) and remembers it. -1 on failure.
 pid_t Spawn(const std::vector<std::string>& argv, const std::string& log);
 
 class TempDir {

@@ -363,6 +363,8 @@ int main(int argc, char** argv) {
                 r.sessions_size(), r.jobs_size(), static_cast<unsigned long long>(r.ops_completed()),
                 static_cast<unsigned long long>(r.ops_failed()),
                 static_cast<unsigned long long>(r.bytes_registered()));
+    // Ended cross-node groups still held so that peers learn why (about 2 heartbeats).
+    std::printf("retired groups %llu\n", static_cast<unsigned long long>(r.retired_groups()));
     if (r.jobs_size() > 0) PrintJobs(r);
     if (r.sessions_size() > 0) PrintSessions(r);
   }

@@ -3,8 +3,9 @@
 # Debian's python3 at $HSDP_BENCH_VENV (default build/bench-venv) with the
 # pinned packages of tools/bench/requirements-plot.txt (matplotlib). Wheels are
 # downloaded once per machine into the project's wheel cache
-# ($HSDP_WHEEL_CACHE, default ~/.cache/hsdpd/wheels), as python_env.sh does.
-# Idempotent (a stamp of the requirements' hash). Prints the venv's python.
+# ($HSDP_WHEEL_CACHE, default ~/.cache/hsdpd/wheels) and the environment is
+# stamped with the requirements' hash (wheel_cache.sh, as python_env.sh does).
+# Idempotent. Prints the venv's python.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD_DIR="${HSDP_BUILD_DIR:-$ROOT/build}"
@@ -13,21 +14,13 @@ REQ="$ROOT/tools/bench/requirements-plot.txt"
 CACHE="${HSDP_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hsdpd/wheels}"
 BASE_PY=/usr/bin/python3
 
+log() { echo "bench_env: $*" >&2; }
+# shellcheck source=wheel_cache.sh
+. "$ROOT/tools/scripts/wheel_cache.sh"
+
 hash=$(sha256sum "$REQ" | cut -c1-16)
-if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.hsdp-stamp" 2>/dev/null)" = "$hash" ]; then
-  echo "$VENV/bin/python"
-  exit 0
-fi
-mkdir -p "$CACHE"
-exec 9>"$CACHE/.lock"
-flock 9
-if ! "$BASE_PY" -m pip download -q --only-binary=:all: -d "$CACHE" -r "$REQ" --no-index \
-     --find-links "$CACHE" >/dev/null 2>&1; then
-  echo "bench_env: downloading the pinned wheels into $CACHE (once per machine)" >&2
-  "$BASE_PY" -m pip download -q --only-binary=:all: -d "$CACHE" -r "$REQ" >&2
-fi
-rm -rf "$VENV"
-"$BASE_PY" -m venv "$VENV"
+venv_current "$VENV" "$hash" && exit 0
+fill_wheel_cache "$CACHE" "$REQ"
+new_venv "$VENV"
 "$VENV/bin/python" -m pip install -q --no-index --find-links "$CACHE" -r "$REQ" >&2
-echo "$hash" >"$VENV/.hsdp-stamp"
-echo "$VENV/bin/python"
+stamp_venv "$VENV" "$hash"

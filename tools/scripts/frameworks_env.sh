@@ -31,21 +31,16 @@ BASE_PY=/usr/bin/python3
 
 BASE_VENV_PY=$(HSDP_BUILD_DIR="$BUILD_DIR" bash "$ROOT/tools/scripts/python_env.sh")
 BASE_SITE=$("$BASE_VENV_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-hash=$(cat "$REQ" "$PINS" "$(dirname "$BASE_VENV_PY")/../.hsdp-stamp" | sha256sum | cut -c1-16)
-if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.hsdp-stamp" 2>/dev/null)" = "$hash" ]; then
-  echo "$VENV/bin/python"
-  exit 0
-fi
-
 log() { echo "frameworks_env: $*" >&2; }
 # shellcheck source=wheel_cache.sh
 . "$ROOT/tools/scripts/wheel_cache.sh"
+
+hash=$(cat "$REQ" "$PINS" "$(dirname "$BASE_VENV_PY")/../.hsdp-stamp" | sha256sum | cut -c1-16)
+venv_current "$VENV" "$hash" && exit 0
 ensure_venv_support
 fill_wheel_cache "$CACHE" "$REQ"
 
-rm -rf "$VENV"
-log "creating $VENV"
-"$BASE_PY" -m venv "$VENV"
+new_venv "$VENV"
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$BASE_SITE" >"$SITE/zz-hsdp-base-venv.pth"
 # The frameworks' closure, less what build/venv already holds at the pins.
@@ -65,5 +60,4 @@ if got != [want]:
 print("frameworks_env: torch %s, numpy %s, torchtitan %s, accelerate %s, lightning %s"
       % tuple(version(p) for p in ("torch", "numpy", "torchtitan", "accelerate", "lightning")))
 PY
-echo "$hash" >"$VENV/.hsdp-stamp"
-echo "$VENV/bin/python"
+stamp_venv "$VENV" "$hash"

@@ -16,25 +16,19 @@ REQ="$ROOT/python_client/requirements-torch.txt"
 CACHE="${HSDP_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hsdpd/wheels}"
 BASE_PY=/usr/bin/python3
 
-hash=$(sha256sum "$REQ" | cut -c1-16)
-if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.hsdp-stamp" 2>/dev/null)" = "$hash" ]; then
-  echo "$VENV/bin/python"
-  exit 0
-fi
-
 log() { echo "python_env: $*" >&2; }
 # shellcheck source=wheel_cache.sh
 . "$ROOT/tools/scripts/wheel_cache.sh"
+
+hash=$(sha256sum "$REQ" | cut -c1-16)
+venv_current "$VENV" "$hash" && exit 0
 ensure_venv_support
 fill_wheel_cache "$CACHE" "$REQ"
 
-rm -rf "$VENV"
-log "creating $VENV"
-"$BASE_PY" -m venv "$VENV"
+new_venv "$VENV"
 "$VENV/bin/python" -m pip install -q --no-index --find-links "$CACHE" -r "$REQ" >&2
 "$VENV/bin/python" - <<'PY' >&2
 import torch, numpy
 print(f"python_env: torch {torch.__version__}, numpy {numpy.__version__}")
 PY
-echo "$hash" >"$VENV/.hsdp-stamp"
-echo "$VENV/bin/python"
+stamp_venv "$VENV" "$hash"

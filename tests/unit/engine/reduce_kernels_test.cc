@@ -18,11 +18,13 @@
 #include <tuple>
 #include <vector>
 
+#include "common/reduce_reference.h"  // Combine
 #include "hsdp/kernels/reduce_kernels_internal.h"
 
 namespace hsdp::cpu {
 namespace {
 
+using ::hsdp::testing::Combine;
 using internal::Isa;
 using internal::KernelOptions;
 
@@ -287,20 +289,7 @@ int CheckFloatReduction(const ReduceSpec& spec, const std::vector<Buffer>& input
     double ref = 0, magnitude = 0, tol = 0;
     for (int r = 0; r < n; ++r) {
       const double x = GetDouble(t, inputs[r].data(), i) * scale;
-      switch (spec.op) {
-        case ReduceOp::kMin:
-          ref = r == 0 ? x : std::min(ref, x);
-          break;
-        case ReduceOp::kMax:
-          ref = r == 0 ? x : std::max(ref, x);
-          break;
-        case ReduceOp::kProduct:
-          ref = r == 0 ? x : ref * x;
-          break;
-        default:
-          ref += x;
-          break;
-      }
+      ref = r == 0 ? x : Combine(spec.op, ref, x);
       magnitude += std::fabs(x);
     }
     ref /= divisor;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/send_fds.h"  // SendFdsRaw
 #include "gtest/gtest.h"
 
 namespace hsdp {
@@ -39,19 +40,7 @@ struct Pair {
 void SendWithMemfds(int sock, const char* data, size_t len, int count) {
   std::vector<int> fds;
   for (int i = 0; i < count; ++i) fds.push_back(::memfd_create("t", MFD_CLOEXEC));
-  struct iovec iov{const_cast<char*>(data), len};
-  struct msghdr m{};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
-  m.msg_control = control.data();
-  m.msg_controllen = control.size();
-  struct cmsghdr* c = CMSG_FIRSTHDR(&m);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-  std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-  ASSERT_EQ(::sendmsg(sock, &m, 0), static_cast<ssize_t>(len));
+  ASSERT_EQ(testing::SendFdsRaw(sock, data, len, fds), static_cast<ssize_t>(len));
   for (int f : fds) ::close(f);
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "common/reduce_reference.h"  // Input, Tolerance, Combine, WrapInt
 #include "common/wait.h"
 #include "hsdp/kernels/reduce_kernels.h"
 #include "daemon/engine/cpu/thread_pool.h"
@@ -59,29 +60,14 @@ void Submit(CpuEngine* engine, EngineTask task, Done done) {
 
 using bench::LoadAs;
 using bench::StoreAs;
+using testing::Combine;
+using testing::Input;
+using testing::Tolerance;
+using testing::WrapInt;
 
 const DataType kAllTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
                               DataType::kBFloat16, DataType::kInt32,   DataType::kInt64,
                               DataType::kUInt8};
-
-// Input of rank r at element i: small values, exact in every dtype.
-double Input(DataType t, int r, uint64_t i) {
-  const int v = int((r * 5 + i * 3 + (i >> 4)) % 9);
-  if (t == DataType::kUInt8) return v + 1;
-  if (IsFloatingPoint(t)) return (v - 4) * 0.5;
-  return v - 4;
-}
-
-double Tolerance(DataType t, double expect) {
-  const double mag = std::max(1.0, std::fabs(expect));
-  switch (t) {
-    case DataType::kFloat16: return 2e-3 * mag;
-    case DataType::kBFloat16: return 1.6e-2 * mag;
-    case DataType::kFloat32: return 1e-6 * mag;
-    case DataType::kFloat64: return 1e-12 * mag;
-    default: return 0;  // integers: exact
-  }
-}
 
 // A reduce dtype rounds the result too.
 double Tol(const ReduceSpec& s, double expect) {
@@ -90,28 +76,13 @@ double Tol(const ReduceSpec& s, double expect) {
   return tol;
 }
 
-// Wraps `v` to the integer type `t` as two's complement arithmetic would.
-double WrapInt(DataType t, int64_t v) {
-  switch (t) {
-    case DataType::kUInt8: return double(uint8_t(v));
-    case DataType::kInt32: return double(int32_t(uint32_t(v)));
-    default: return double(v);
-  }
-}
-
 // The reduced value of element i across n ranks (reference semantics).
 double Reference(const ReduceSpec& s, int n, uint64_t i) {
   const DataType t = s.dtype;
   if (!IsFloatingPoint(t)) {
     int64_t acc = int64_t(Input(t, 0, i));
     for (int r = 1; r < n; ++r) {
-      const int64_t x = int64_t(Input(t, r, i));
-      switch (s.op) {
-        case ReduceOp::kMin: acc = std::min(acc, x); break;
-        case ReduceOp::kMax: acc = std::max(acc, x); break;
-        case ReduceOp::kProduct: acc *= x; break;
-        default: acc += x;
-      }
+      acc = Combine(s.op, acc, int64_t(Input(t, r, i)));
     }
     double w = WrapInt(t, acc);
     if (s.op == ReduceOp::kAvg) w = std::trunc(w / n);
@@ -123,13 +94,7 @@ double Reference(const ReduceSpec& s, int n, uint64_t i) {
   };
   double acc = pre(Input(t, 0, i));
   for (int r = 1; r < n; ++r) {
-    const double x = pre(Input(t, r, i));
-    switch (s.op) {
-      case ReduceOp::kMin: acc = std::min(acc, x); break;
-      case ReduceOp::kMax: acc = std::max(acc, x); break;
-      case ReduceOp::kProduct: acc *= x; break;
-      default: acc += x;
-    }
+    acc = Combine(s.op, acc, pre(Input(t, r, i)));
   }
   acc /= s.post_divide;
   if (s.op == ReduceOp::kAvg) acc /= n;

@@ -22,13 +22,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/engine/crossnode/gloo_peer_name.h"
-#include "daemon/engine/crossnode/hierarchical_engine.h"
-#include "daemon/engine/cpu/cpu_engine.h"
+#include "common/gloo_store.h"  // PrefixedStores
 #include "common/wait.h"
 #include "crossnode_test_util.h"
+#include "daemon/engine/cpu/cpu_engine.h"
+#include "daemon/engine/crossnode/gloo_peer_name.h"
+#include "daemon/engine/crossnode/hierarchical_engine.h"
 #include "gloo/rendezvous/hash_store.h"
-#include "gloo/rendezvous/prefix_store.h"
 #include "gtest/gtest.h"
 
 namespace hsdp {
@@ -38,16 +38,6 @@ using testing::Case;
 using testing::Completions;
 using testing::Placement;
 using testing::RankBuffers;
-
-// A PrefixStore that owns nothing but keeps the shared base store alive.
-class SharedPrefixStore : public gloo::rendezvous::PrefixStore {
- public:
-  SharedPrefixStore(const std::string& prefix, std::shared_ptr<gloo::rendezvous::Store> base)
-      : PrefixStore(prefix, *base), base_(std::move(base)) {}
-
- private:
-  std::shared_ptr<gloo::rendezvous::Store> base_;
-};
 
 class GlooCluster {
  public:
@@ -63,9 +53,7 @@ class GlooCluster {
       t.data_address = "127.0.0.1";
       t.devices = devices;
       t.stripe_min_bytes = 4096;
-      t.store = [store](const std::string& prefix) {
-        return std::unique_ptr<gloo::rendezvous::Store>(new SharedPrefixStore(prefix, store));
-      };
+      t.store = testing::PrefixedStores(store);
       engines_.push_back(MakeHierarchicalEngine(std::make_unique<CpuEngine>(1, 1 << 20),
                                                 testing::Probed(MakeGlooTransport(std::move(t)),
                                                                 probes_[n]),
@@ -278,9 +266,7 @@ std::unique_ptr<TransportFactory> RecordingTransport(
   GlooTransportOptions t;
   t.data_address = "127.0.0.1";
   t.instance = instance;
-  t.store = [store](const std::string& prefix) {
-    return std::unique_ptr<gloo::rendezvous::Store>(new SharedPrefixStore(prefix, store));
-  };
+  t.store = testing::PrefixedStores(store);
   t.release = [released](const std::string& prefix, const std::vector<std::string>& keys) {
     std::lock_guard<std::mutex> l(released->mu);
     released->calls.emplace_back(prefix, keys);
@@ -461,9 +447,7 @@ TEST(GlooTransport, AConnectionResetBeforeGlooAcceptsItFailsOnlyThatLink) {
   auto store = std::make_shared<TappingStore>();
   GlooTransportOptions t;
   t.data_address = "127.0.0.1";
-  t.store = [store](const std::string& prefix) {
-    return std::unique_ptr<gloo::rendezvous::Store>(new SharedPrefixStore(prefix, store));
-  };
+  t.store = testing::PrefixedStores(store);
   std::unique_ptr<TransportFactory> factory = MakeGlooTransport(std::move(t));
   int attacked = 0;
   for (int attempt = 0; attempt < 30; ++attempt) {
