@@ -7,6 +7,7 @@ add_library(hsdp_cluster STATIC
   ${CMAKE_CURRENT_LIST_DIR}/cluster_node.cc
   ${CMAKE_CURRENT_LIST_DIR}/cluster_service.cc
   ${CMAKE_CURRENT_LIST_DIR}/coordinator.cc
+  ${CMAKE_CURRENT_LIST_DIR}/etcd/etcd_join.cc
   ${CMAKE_CURRENT_LIST_DIR}/etcd/etcd_member.cc
   ${CMAKE_CURRENT_LIST_DIR}/etcd/etcd_member_watch.cc
   ${CMAKE_CURRENT_LIST_DIR}/etcd/etcd_store.cc
@@ -14,6 +15,8 @@ add_library(hsdp_cluster STATIC
   ${CMAKE_CURRENT_LIST_DIR}/kv_limits.cc
   ${CMAKE_CURRENT_LIST_DIR}/member_status.cc
   ${CMAKE_CURRENT_LIST_DIR}/member_view.cc
+  ${CMAKE_CURRENT_LIST_DIR}/heartbeat_health.cc
+  ${CMAKE_CURRENT_LIST_DIR}/join_retry.cc
   ${CMAKE_CURRENT_LIST_DIR}/node_snapshot.cc
   ${CMAKE_CURRENT_LIST_DIR}/kv_store.cc
   ${CMAKE_CURRENT_LIST_DIR}/nccl_id_exchange.cc

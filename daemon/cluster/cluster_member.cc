@@ -1,8 +1,10 @@
 #include "daemon/cluster/cluster_member.h"
 
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/cluster/heartbeat_health.h"
 #include "hsdp/common/logging.h"
 
 namespace hsdp {
@@ -10,6 +12,12 @@ ClusterMember::ClusterMember(Options options, PeerEvents events, GroupEvents gro
     : options_(std::move(options)), events_(std::move(events)),
       group_events_(std::move(group_events)), instance_(NewInstanceId()),
       client_(options_.coordinator, options_.token, options_.credentials),
+      join_({.store = absl::StrCat("the coordinator ", options_.coordinator),
+             .where = "",
+             .permission_hint = "",
+             .join_timeout = options_.join_timeout,
+             .attempt = absl::Seconds(1),
+             .max_backoff = absl::Milliseconds(200)}),
       view_(options_.nodes), outbox_(kMaxOutbox, "the coordinator") {}
 
 ClusterMember::~ClusterMember() { Stop(); }
@@ -42,38 +50,11 @@ absl::Status ClusterMember::JoinOnce(absl::Duration timeout) {
 }
 
 absl::Status ClusterMember::Start() {
-  const absl::Time deadline = absl::Now() + options_.join_timeout;
-  absl::Status last;
-  for (int attempt = 0;; ++attempt) {
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) break;
-    {
-      absl::MutexLock l(&mu_);
-      if (stopping_) return absl::CancelledError("cluster: stopped while joining");
-    }
-    // Short attempts, so Stop (SIGTERM) ends a join within about a second.
-    last = JoinOnce(std::min(left, absl::Seconds(1)));
-    if (last.ok()) break;
-    if (PermanentJoinError(last)) {
-      absl::MutexLock l(&mu_);
-      status_.Failed(last);
-      return absl::Status(last.code(), absl::StrCat("cannot join the cluster: ", last.message()));
-    }
-    if (attempt % 10 == 0) {
-      HSDP_LOG(Info) << "cluster: waiting for the coordinator " << options_.coordinator << " ("
-                     << last.message() << ")";
-    }
+  const absl::Status joined = join_.Run([this](absl::Duration t) { return JoinOnce(t); });
+  if (!joined.ok()) {
     absl::MutexLock l(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_),
-                         std::min(absl::Milliseconds(200), std::max(absl::ZeroDuration(), left)));
-  }
-  if (!last.ok()) {
-    absl::MutexLock l(&mu_);
-    status_.Failed(last);
-    return absl::DeadlineExceededError(absl::StrCat(
-        "cannot join the cluster: the coordinator ", options_.coordinator,
-        " did not accept this node within cluster.join_timeout_ms (",
-        absl::ToInt64Milliseconds(options_.join_timeout), " ms); last error: ", last.message()));
+    if (!absl::IsCancelled(joined)) status_.Failed(join_.last());
+    return joined;
   }
   HSDP_LOG(Info) << "cluster: joined " << options_.coordinator << " as node " << node_rank()
                  << " of " << options_.nodes << " (epoch " << epoch() << ")";
@@ -90,6 +71,7 @@ void ClusterMember::Stop() {
     stopping_ = true;
     status_.Stopped();
   }
+  join_.Cancel();
   if (heartbeat_.joinable()) {
     heartbeat_.join();
     FlushOutbox();  // a last try for what this node reported while stopping (bounded)
@@ -157,9 +139,26 @@ void ClusterMember::Deliver(const v1::HeartbeatResponse& r) {
   }
 }
 
+absl::Status ClusterMember::Rejoin(const absl::Status& why) {
+  // The others failed the epochs of every group shared with this node, so
+  // it does too.
+  HSDP_LOG(Warning) << "cluster: " << why.message() << "; joining again";
+  std::vector<PeerEvent> lost;
+  {
+    absl::MutexLock l(&mu_);
+    lost = view_.LoseAll(rank_,
+                         absl::StrCat("this node lost contact with the coordinator ",
+                                      options_.coordinator, " (", why.message(), ")"),
+                         absl::Now());
+  }
+  FirePeerEvents(lost, events_);
+  return JoinOnce(std::max(options_.heartbeat, absl::Milliseconds(500)));
+}
+
 void ClusterMember::HeartbeatLoop() {
-  int failures = 0;
-  bool degraded = false;
+  HeartbeatHealth health(absl::StrCat("the coordinator ", options_.coordinator),
+                         options_.missed_heartbeats,
+                         "; restart the coordinator (see docs/cluster.md)");
   absl::Time next = absl::Now() + options_.heartbeat;
   for (;;) {
     {
@@ -195,64 +194,27 @@ void ClusterMember::HeartbeatLoop() {
       Update(r->epoch(), r->nodes(), r->nodes_delta());
       Deliver(*r);
     } else if (status.code() == absl::StatusCode::kFailedPrecondition) {
-      // Declared lost, or a new coordinator: join again. The others failed
-      // the epochs of every group shared with this node, so it does too.
-      HSDP_LOG(Warning) << "cluster: " << status.message() << "; joining again";
-      std::vector<PeerEvent> lost;
-      {
-        absl::MutexLock l(&mu_);
-        for (const v1::ClusterNode& n : view_.Clear(rank_)) {
-          lost.push_back({PeerEvent::Kind::kLost, n.node_rank(),
-                          absl::StrCat("this node lost contact with the coordinator ",
-                                       options_.coordinator, " (", status.message(),
-                                       ") and joins again; node ", n.node_rank(), " (",
-                                       n.address(), ") is treated as lost meanwhile")});
-        }
-      }
-      FirePeerEvents(lost, events_);
-      status = JoinOnce(std::max(options_.heartbeat, absl::Milliseconds(500)));
+      // Declared lost, or a new coordinator.
+      status = Rejoin(status);
     }
     if (status.ok()) {
-      if (degraded) {
-        HSDP_LOG(Info) << "cluster: the coordinator " << options_.coordinator
-                       << " answers again; the cluster is no longer degraded";
-      }
-      failures = 0;
-      degraded = false;
+      health.Answered();
       absl::MutexLock l(&mu_);
       status_.Contact(absl::Now());
       continue;
     }
-    ++failures;
-    if (failures >= static_cast<int>(options_.missed_heartbeats) && !degraded) {
-      degraded = true;
-      const std::string detail = absl::StrCat(
-          "the coordinator ", options_.coordinator, " has not answered ", failures,
-          " heartbeats (", status.message(),
-          "); membership is frozen, node losses are not detected, and new cross-node groups "
-          "and attaches fail; restart the coordinator (see docs/cluster.md)");
-      HSDP_LOG(Error) << "cluster degraded: " << detail;
+    if (std::optional<std::string> degraded = health.Missed(status)) {
       absl::MutexLock l(&mu_);
-      status_.Degraded(detail);
+      status_.Degraded(*std::move(degraded));
     }
   }
 }
 
 v1::NodesResponse ClusterMember::View() const {
   absl::MutexLock l(&mu_);
-  v1::NodesResponse r;
-  r.set_enabled(true);
-  const absl::Time now = absl::Now();
-  status_.FillView(&r, now);
-  r.set_epoch(view_.epoch());
-  r.set_node_rank(rank_);
-  r.set_coordinator(options_.coordinator);
-  r.set_is_coordinator(options_.is_coordinator);
-  r.set_expected_nodes(options_.nodes);
-  view_.Fill(&r, rank_, now);
-  return r;
+  return view_.Response(status_, rank_, options_.coordinator, options_.is_coordinator,
+                        absl::Now());
 }
-
 uint64_t ClusterMember::epoch() const {
   absl::MutexLock l(&mu_);
   return view_.epoch();

@@ -33,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/cluster/cluster_client.h"
+#include "daemon/cluster/join_retry.h"
 #include "daemon/cluster/member_status.h"
 #include "daemon/cluster/member_view.h"
 #include "daemon/cluster/membership.h"
@@ -61,10 +62,11 @@ class ClusterMember : public Membership {
   ClusterMember(Options options, PeerEvents events, GroupEvents group_events = nullptr);
   ~ClusterMember() override;  // Stop()
 
-  // Joins, retrying transient failures until join_timeout; then starts the
-  // heartbeat thread. UNAUTHENTICATED / PERMISSION_DENIED / FAILED_PRECONDITION
-  // / ALREADY_EXISTS / RESOURCE_EXHAUSTED from the coordinator end it at
-  // once; DEADLINE_EXCEEDED names the last error when time runs out.
+  // Joins (JoinRetry: attempts of at most 1 s, pauses up to 200 ms), then
+  // starts the heartbeat thread. UNAUTHENTICATED / PERMISSION_DENIED /
+  // FAILED_PRECONDITION / ALREADY_EXISTS / RESOURCE_EXHAUSTED from the
+  // coordinator end it at once; DEADLINE_EXCEEDED names the last error when
+  // time runs out.
   absl::Status Start() override ABSL_LOCKS_EXCLUDED(mu_);
   // Idempotent; also ends a Start in progress (CANCELLED). Sends what is
   // still queued for the coordinator once more (bounded by one call's timeout).
@@ -95,12 +97,16 @@ class ClusterMember : public Membership {
   bool FlushOutbox() ABSL_LOCKS_EXCLUDED(mu_);
   bool WakeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Deliver(const v1::HeartbeatResponse& r) ABSL_LOCKS_EXCLUDED(mu_);
+  // Declared lost (`why`): every other node counts as lost until this one
+  // joined again; then one join attempt.
+  absl::Status Rejoin(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
   const PeerEvents events_;
   const GroupEvents group_events_;
   const std::string instance_;
   ClusterClient client_;
+  JoinRetry join_;
 
   mutable absl::Mutex mu_;
   MemberStatus status_ ABSL_GUARDED_BY(mu_);

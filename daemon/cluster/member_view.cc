@@ -1,5 +1,7 @@
 #include "daemon/cluster/member_view.h"
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "hsdp/common/logging.h"
 
@@ -7,28 +9,36 @@ namespace hsdp {
 
 bool MemberView::Valid(const v1::ClusterNode& n) const {
   if (n.node_rank() >= 0 && static_cast<uint32_t>(n.node_rank()) < size_) return true;
-  HSDP_LOG_EVERY_N_SEC(Error, 5) << "cluster: the coordinator sent node rank " << n.node_rank()
+  HSDP_LOG_EVERY_N_SEC(Error, 5) << "cluster: the store sent node rank " << n.node_rank()
                                  << ", outside 0.." << size_ - 1 << "; entry ignored";
   return false;
 }
 
 void MemberView::Diff(const Known* before, const v1::ClusterNode& n, uint64_t epoch,
-                      std::vector<PeerEvent>* out) {
+                      std::vector<PeerEvent>* out) const {
   const bool was_alive = before != nullptr && before->node.state() == "alive";
   const bool is_alive = n.state() == "alive";
   const bool restarted = was_alive && is_alive && before->node.instance() != n.instance();
   if ((was_alive && !is_alive) || restarted) {
     out->push_back({PeerEvent::Kind::kLost, n.node_rank(),
                     absl::StrCat("node ", n.node_rank(), " (", n.address(), ") ",
-                                 restarted ? "restarted" : "was lost (no heartbeat)",
+                                 restarted ? "restarted" : absl::StrCat("was lost (", lost_why_, ")"),
                                  "; cluster epoch ", epoch),
                     restarted ? before->node.instance() : std::string()});
   }
   if ((!was_alive && is_alive) || restarted) {
     out->push_back({PeerEvent::Kind::kJoined, n.node_rank(),
                     absl::StrCat("node ", n.node_rank(), " (", n.address(),
-                                 ") joined; cluster epoch ", epoch)});
+                                 ") joined; cluster epoch ", epoch),
+                    std::string()});
   }
+}
+
+void MemberView::Merge(const v1::ClusterNode& n, uint64_t epoch, int self, absl::Time now,
+                       std::vector<PeerEvent>* out) {
+  auto it = nodes_.find(n.node_rank());
+  if (n.node_rank() != self) Diff(it == nodes_.end() ? nullptr : &it->second, n, epoch, out);
+  nodes_[n.node_rank()] = {n, now};
 }
 
 std::vector<PeerEvent> MemberView::Apply(uint64_t epoch, const Nodes& nodes, bool delta,
@@ -37,29 +47,106 @@ std::vector<PeerEvent> MemberView::Apply(uint64_t epoch, const Nodes& nodes, boo
   std::map<int, Known> replaced;
   for (const v1::ClusterNode& n : nodes) {
     if (!Valid(n)) continue;
-    auto it = nodes_.find(n.node_rank());
-    if (n.node_rank() != self) {
-      Diff(it == nodes_.end() ? nullptr : &it->second, n, epoch, &events);
-    }
     if (delta) {
-      nodes_[n.node_rank()] = {n, now};
-    } else {
-      replaced[n.node_rank()] = {n, now};
+      Merge(n, epoch, self, now, &events);
+      continue;
     }
+    auto it = nodes_.find(n.node_rank());
+    if (n.node_rank() != self) Diff(it == nodes_.end() ? nullptr : &it->second, n, epoch, &events);
+    replaced[n.node_rank()] = {n, now};
   }
-  if (!delta) nodes_.swap(replaced);
+  if (!delta) {
+    nodes_.swap(replaced);
+    stale_ = false;
+  }
   epoch_ = epoch;
   last_answer_ = now;
   return events;
 }
 
-std::vector<v1::ClusterNode> MemberView::Clear(int self) {
-  std::vector<v1::ClusterNode> alive;
-  for (const auto& [rank, k] : nodes_) {
-    if (rank != self && k.node.state() == "alive") alive.push_back(k.node);
+std::vector<PeerEvent> MemberView::Alive(v1::ClusterNode n, uint64_t epoch, int self,
+                                         absl::Time now) {
+  std::vector<PeerEvent> events;
+  if (!Valid(n)) return events;
+  n.set_state("alive");
+  Merge(n, epoch, self, now, &events);
+  return events;
+}
+
+std::vector<PeerEvent> MemberView::Lost(int rank, uint64_t epoch, int self, absl::Time now) {
+  std::vector<PeerEvent> events;
+  auto it = nodes_.find(rank);
+  if (it == nodes_.end() || it->second.node.state() != "alive") return events;
+  v1::ClusterNode n = it->second.node;
+  n.set_state("lost");
+  n.set_last_heartbeat_age_s(0);
+  Merge(n, epoch, self, now, &events);
+  return events;
+}
+
+std::vector<PeerEvent> MemberView::Present(const std::vector<v1::ClusterNode>& alive,
+                                           uint64_t epoch, int self, absl::Time now) {
+  std::vector<PeerEvent> events;
+  std::set<int> present;
+  for (const v1::ClusterNode& n : alive) {
+    if (!Valid(n)) continue;
+    present.insert(n.node_rank());
+    v1::ClusterNode a = n;
+    a.set_state("alive");
+    Merge(a, epoch, self, now, &events);
   }
-  nodes_.clear();
-  return alive;
+  std::vector<int> gone;
+  for (const auto& [rank, k] : nodes_) {
+    if (k.node.state() == "alive" && !present.contains(rank)) gone.push_back(rank);
+  }
+  for (int rank : gone) {
+    std::vector<PeerEvent> lost = Lost(rank, epoch, self, now);
+    events.insert(events.end(), lost.begin(), lost.end());
+  }
+  last_answer_ = now;
+  return events;
+}
+
+std::vector<PeerEvent> MemberView::LoseAll(int self, absl::string_view cause, absl::Time now) {
+  std::vector<PeerEvent> events;
+  for (auto& [rank, k] : nodes_) {
+    if (rank == self || k.node.state() != "alive") continue;
+    events.push_back({PeerEvent::Kind::kLost, rank,
+                      absl::StrCat(cause, " and joins again; node ", rank, " (",
+                                   k.node.address(), ") is treated as lost meanwhile"),
+                      std::string()});
+    k.node.set_state("lost");
+    k.node.set_last_heartbeat_age_s(0);
+    k.received = now;
+  }
+  stale_ = true;
+  return events;
+}
+
+int MemberView::LiveSuccessor(int rank) const {
+  auto it = nodes_.upper_bound(rank);
+  for (size_t seen = 0; seen < nodes_.size(); ++seen, ++it) {
+    if (it == nodes_.end()) it = nodes_.begin();
+    if (it->first == rank) return -1;
+    if (it->second.node.state() == "alive") return it->first;
+  }
+  return -1;
+}
+
+int MemberView::LivePredecessor(int rank) const {
+  auto it = nodes_.lower_bound(rank);
+  for (size_t seen = 0; seen < nodes_.size(); ++seen) {
+    if (it == nodes_.begin()) it = nodes_.end();
+    --it;
+    if (it->first == rank) return -1;
+    if (it->second.node.state() == "alive") return it->first;
+  }
+  return -1;
+}
+
+const v1::ClusterNode* MemberView::Find(int rank) const {
+  auto it = nodes_.find(rank);
+  return it == nodes_.end() ? nullptr : &it->second.node;
 }
 
 void MemberView::Fill(v1::NodesResponse* r, int self, absl::Time now) const {
@@ -77,6 +164,21 @@ void MemberView::Fill(v1::NodesResponse* r, int self, absl::Time now) const {
                                               absl::ToDoubleSeconds(now - k.received));
     s->set_self(rank == self);
   }
+}
+
+v1::NodesResponse MemberView::Response(const MemberStatus& status, int self,
+                                       const std::string& store, bool is_coordinator,
+                                       absl::Time now) const {
+  v1::NodesResponse r;
+  r.set_enabled(true);
+  status.FillView(&r, now);
+  r.set_epoch(epoch_);
+  r.set_node_rank(self);
+  r.set_coordinator(store);
+  r.set_is_coordinator(is_coordinator);
+  r.set_expected_nodes(size_);
+  Fill(&r, self, now);
+  return r;
 }
 
 }  // namespace hsdp

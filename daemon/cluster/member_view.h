@@ -1,25 +1,40 @@
-// The node list a ClusterMember holds, and how the coordinator's answers
-// change it: a whole list replaces it, a delta (HeartbeatResponse.
-// nodes_delta) is merged by rank. Each difference for a peer (lost, joined,
-// restarted) becomes a PeerEvent. The work per answer is O(entries in it
-// × log nodes): a heartbeat answer with no change costs O(1).
+// The node list a member holds, whichever store it learns it from, and the
+// one definition of how changes to it become PeerEvents: a peer alive that
+// is no longer (lost), alive with another instance (restarted: lost, then
+// joined), or alive that was not (joined).
 //
-// Ages (Fill): an entry's age is the coordinator's figure plus the time
-// since it arrived, except for an alive entry that did not arrive in the
-// latest answer: that answer vouched for it (the coordinator counts it
-// alive, or it would have been in the delta), so its age is the time since
-// that answer. Either way ages keep growing while the coordinator is silent.
+// ClusterMember feeds it the coordinator's answers: a whole list replaces
+// it, a delta (HeartbeatResponse.nodes_delta) is merged by rank. EtcdMember
+// feeds it the node keys it reads or watches: a key put is the node alive
+// (Alive), a key gone is the node lost (Lost), a read of every key is the
+// set of live nodes (Present). The work is O(entries given × log nodes):
+// an answer with no change costs O(1).
 //
-// Entries whose rank is outside 0..nodes-1 are dropped (logged): the
-// answer comes from a peer. Not thread-safe: ClusterMember guards it.
+// Ages (Fill): an entry's age is the store's figure plus the time since it
+// arrived, except for an alive entry older than the store's latest answer
+// (Apply, Present or Vouch): that answer vouched for it (the coordinator
+// counts it alive, or it would have been in the delta; its key is in etcd,
+// or the watch would have said), so its age is the time since that answer.
+// Either way ages keep growing while the store is silent.
+//
+// Rejoining (LoseAll): a member that learns it was declared lost treats
+// every other node as lost until it joined again (the others failed the
+// epochs of the groups they share with it); the entries stay, shown lost.
+//
+// Entries whose rank is outside 0..nodes-1 are dropped (logged): they come
+// from a peer. Not thread-safe: the member guards it.
 #ifndef HSDP_DAEMON_CLUSTER_MEMBER_VIEW_H_
 #define HSDP_DAEMON_CLUSTER_MEMBER_VIEW_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "daemon/cluster/member_status.h"
 #include "daemon/cluster/membership.h"
 #include "hsdp/v1/admin.pb.h"
 #include "hsdp/v1/cluster.pb.h"
@@ -30,23 +45,54 @@ class MemberView {
  public:
   using Nodes = google::protobuf::RepeatedPtrField<v1::ClusterNode>;
 
-  explicit MemberView(uint32_t nodes) : size_(nodes) {}
+  // `lost_why` says in a loss event why a node counts as lost.
+  explicit MemberView(uint32_t nodes, std::string lost_why = "no heartbeat")
+      : size_(nodes), lost_why_(std::move(lost_why)) {}
 
   // The answer at `now` carries the whole list of `epoch` (`delta` false),
   // or the entries changed after nodes_epoch() (`delta` true). Returns the
   // events for the peers of node `self`.
   std::vector<PeerEvent> Apply(uint64_t epoch, const Nodes& nodes, bool delta, int self,
                                absl::Time now);
-  // Forgets the list (the node joins again), keeping the epoch; returns the
-  // peers of `self` that were alive.
-  std::vector<v1::ClusterNode> Clear(int self);
+  // Node `n` (its rank set) is alive as of `now`; events for it, named
+  // with `epoch`.
+  std::vector<PeerEvent> Alive(v1::ClusterNode n, uint64_t epoch, int self, absl::Time now);
+  // Node `rank` is gone (lost at `now`); the loss event when it was alive.
+  std::vector<PeerEvent> Lost(int rank, uint64_t epoch, int self, absl::Time now);
+  // `alive` (ranks set) are every live node at `now`: each is alive, every
+  // other entry that was alive is lost.
+  std::vector<PeerEvent> Present(const std::vector<v1::ClusterNode>& alive, uint64_t epoch,
+                                 int self, absl::Time now);
+  // The store answered at `now` without naming a change.
+  void Vouch(absl::Time now) { last_answer_ = now; }
+  // This node was declared lost and joins again: every other alive entry
+  // becomes lost, and the kLost events say "`cause` and joins again; node r
+  // (...) is treated as lost meanwhile". nodes_epoch() is 0 until a whole
+  // list arrives.
+  std::vector<PeerEvent> LoseAll(int self, absl::string_view cause, absl::Time now);
+
+  // The next alive rank after `rank`, cyclically (not `rank` itself); -1
+  // when none.
+  int LiveSuccessor(int rank) const;
+  // The alive rank before `rank`, cyclically (not `rank` itself); -1 when
+  // none.
+  int LivePredecessor(int rank) const;
+  // The entry of `rank`, null when none.
+  const v1::ClusterNode* Find(int rank) const;
 
   uint64_t epoch() const { return epoch_; }
+  // A store whose epoch arrives apart from the list (etcd's epoch key):
+  // the epoch moves to `epoch` unless it is already past it.
+  void RaiseEpoch(uint64_t epoch) { epoch_ = std::max(epoch_, epoch); }
   // What a heartbeat names as nodes_epoch: 0 while no list is held.
-  uint64_t nodes_epoch() const { return nodes_.empty() ? 0 : epoch_; }
+  uint64_t nodes_epoch() const { return nodes_.empty() || stale_ ? 0 : epoch_; }
   size_t size() const { return nodes_.size(); }
   // Appends the nodes to `r` with their ages at `now`.
   void Fill(v1::NodesResponse* r, int self, absl::Time now) const;
+  // The answer to `hsdpctl nodes`: this node's `status`, rank `self`, the
+  // epoch, the store (`store`, `is_coordinator`) and every node.
+  v1::NodesResponse Response(const MemberStatus& status, int self, const std::string& store,
+                             bool is_coordinator, absl::Time now) const;
 
  private:
   struct Known {
@@ -55,13 +101,18 @@ class MemberView {
   };
   bool Valid(const v1::ClusterNode& n) const;
   // Appends the events of `after` replacing `before` (null: none).
-  static void Diff(const Known* before, const v1::ClusterNode& after, uint64_t epoch,
-                   std::vector<PeerEvent>* out);
+  void Diff(const Known* before, const v1::ClusterNode& after, uint64_t epoch,
+            std::vector<PeerEvent>* out) const;
+  // Records `n` at `now` (events into `out` unless it is `self`).
+  void Merge(const v1::ClusterNode& n, uint64_t epoch, int self, absl::Time now,
+             std::vector<PeerEvent>* out);
 
   const uint32_t size_;
+  const std::string lost_why_;
   uint64_t epoch_ = 0;
   std::map<int, Known> nodes_;  // by rank
   absl::Time last_answer_ = absl::InfinitePast();
+  bool stale_ = false;  // LoseAll since the last whole list
 };
 
 }  // namespace hsdp

@@ -5,3 +5,9 @@ hsdp_add_test(etcd_client_test SOURCES etcd_client_test.cc
   LABELS "integration;cluster;etcd")
 target_compile_definitions(etcd_client_test PRIVATE
   HSDP_ETCD_BIN="${HSDP_ETCD_BINARY}" HSDP_ETCDCTL_BIN="${HSDP_ETCDCTL_BINARY}")
+# EtcdJoin (the etcd membership's join protocol) against a real etcd.
+hsdp_add_test(etcd_join_test SOURCES etcd_join_test.cc
+  LIBS hsdp_cluster hsdp_etcd hsdp_common hsdp_proto absl::strings absl::time
+  LABELS "integration;cluster;etcd")
+target_compile_definitions(etcd_join_test PRIVATE
+  HSDP_ETCD_BIN="${HSDP_ETCD_BINARY}" HSDP_ETCDCTL_BIN="${HSDP_ETCDCTL_BINARY}")

@@ -13,15 +13,15 @@
 //                     watcher is woken for it)
 //   P m/events/<r>    the group events node r reported last (its lease)
 //
-// Join: one transaction claims a rank (by request, by address, else a free
-// one at random), compared against that rank's key only, so two nodes never
-// take one rank and joins of different ranks never conflict (a lost race
-// backs off, jittered); then "if the epoch was last written before my join,
-// advance it" (a compare-and-put): the epoch moves on after every join, and
-// joins that overlap may share one step. A loss: the node's key goes with
-// its lease; every member's watch on P m/ sees the deletion, and the lost
-// node's successor (the next live rank) advances the epoch the same way:
-// one member's calls per loss, not N.
+// Join (EtcdJoin): one transaction claims a rank (by request, by address,
+// else a free one at random), compared against that rank's key only, so two
+// nodes never take one rank and joins of different ranks never conflict (a
+// lost race backs off, jittered); then "if the epoch was last written before
+// my join, advance it" (a compare-and-put): the epoch moves on after every
+// join, and joins that overlap may share one step. A loss: the node's key
+// goes with its lease; every member's watch on P m/ sees the deletion, and
+// the lost node's successor (the next live rank) advances the epoch the
+// same way: one member's calls per loss, not N.
 //
 // Like ClusterMember: PeerEvents for differences between views (on the
 // watch thread), group events relayed to every other node, "degraded" when
@@ -44,8 +44,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/cluster/etcd/etcd_client.h"
+#include "daemon/cluster/etcd/etcd_join.h"
+#include "daemon/cluster/etcd/etcd_keys.h"
 #include "daemon/cluster/etcd/etcd_store.h"
+#include "daemon/cluster/join_retry.h"
 #include "daemon/cluster/member_status.h"
+#include "daemon/cluster/member_view.h"
 #include "daemon/cluster/membership.h"
 
 namespace hsdp {
@@ -87,34 +91,30 @@ class EtcdMember : public Membership {
   static constexpr size_t kMaxOutbox = 1024;
   static constexpr size_t kMaxReportEvents = 64;
   static constexpr size_t kMaxEventField = 1024;
-  static constexpr size_t kMaxNodeValue = 4096;
+  static constexpr size_t kMaxNodeValue = etcd::EtcdJoin::kMaxNodeValue;
   static constexpr size_t kMaxEventsValue = 256 << 10;
 
  private:
-  struct Peer {
-    v1::ClusterNode node;  // state "alive" or "lost"
-    absl::Time since;      // when it was last seen alive, or lost
-  };
-
   absl::Status JoinOnce(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status CheckNodes(absl::Time deadline);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void WatchLoop(int64_t from) ABSL_LOCKS_EXCLUDED(mu_);
-  // Applies one watched change; fills `out` with the PeerEvents to fire.
+  // Applies one watched change; fills `out` with the PeerEvents to fire,
+  // and `lost_at` with the revision of a loss this node must step the
+  // epoch past (it is the lost node's successor).
   void Apply(const etcd::WatchEvent& e, std::vector<PeerEvent>* out,
              std::vector<v1::GroupEvent>* group_out, int64_t* lost_at) ABSL_LOCKS_EXCLUDED(mu_);
-  // Moves the epoch on past the membership change at `revision` (unless a
-  // later write did); returns the epoch then (0: etcd did not answer).
-  int64_t AdvanceEpochPast(int64_t revision);
+  // After a compaction: every node key read at `revision` is the live set.
+  void Reread(const std::vector<etcd::KeyValue>& nodes, int64_t revision)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Parses a node key's value (rank and state set); false when malformed.
+  bool ParseNode(const etcd::KeyValue& kv, int rank, v1::ClusterNode* n) const;
+  // Whether this node moves the epoch on for the loss of `rank` (it is its
+  // live successor).
+  bool SuccessorOfLocked(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lease gone: every other node counts as lost until this one joined again.
   void Rejoin(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   bool FlushOutbox() ABSL_LOCKS_EXCLUDED(mu_);
   bool WakeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string Key(const std::string& suffix) const { return options_.prefix + "m/" + suffix; }
-  std::string HistoryKey(const std::string& suffix) const {
-    return options_.prefix + "h/ranks/" + suffix;
-  }
-  std::string NodeKey(int rank) const;
 
   etcd::EtcdClient* const etcd_;
   EtcdStore* const store_;
@@ -122,13 +122,15 @@ class EtcdMember : public Membership {
   const PeerEvents events_;
   const GroupEvents group_events_;
   const std::string instance_;
+  const etcd::EtcdKeys keys_;
+  etcd::EtcdJoin join_;
+  JoinRetry retry_;
 
   mutable absl::Mutex mu_;
   MemberStatus status_ ABSL_GUARDED_BY(mu_);
   int rank_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int, Peer> peers_ ABSL_GUARDED_BY(mu_);  // every node seen, by rank (self included)
+  MemberView view_ ABSL_GUARDED_BY(mu_);  // every node seen (self included), the epoch
   int64_t watch_from_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   GroupEventOutbox outbox_ ABSL_GUARDED_BY(mu_);

@@ -1,10 +1,9 @@
 // EtcdMember's watch: the changes under P m/ as they happen (a node's key
 // put or gone, the epoch, group events), turned into PeerEvents and group
-// events; a loss moves the epoch on (AdvanceEpochPast). See etcd_member.h.
+// events; a loss moves the epoch on (EtcdJoin::AdvanceEpochPast). See
+// etcd_member.h.
 #include <algorithm>
-#include <set>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/cluster/etcd/etcd_member.h"
@@ -12,92 +11,47 @@
 #include "hsdp/common/logging.h"
 
 namespace hsdp {
-namespace {
 
-using etcd::Compare;
-using etcd::Op;
-
-}  // namespace
-
-int64_t EtcdMember::AdvanceEpochPast(int64_t revision) {
-  const std::string key = Key("epoch");
-  rpcs_.fetch_add(1, std::memory_order_relaxed);
-  absl::StatusOr<etcd::RangeResult> r = etcd_->Range(key, "", absl::Seconds(2));
-  if (!r.ok()) return 0;  // the next loss or join moves it on
-  std::vector<etcd::KeyValue> now = std::move(r->kvs);
-  for (int attempt = 0; attempt < 16; ++attempt) {
-    int64_t epoch = 0, mod = 0;
-    if (!now.empty()) {
-      (void)absl::SimpleAtoi(now.front().value, &epoch);
-      mod = now.front().mod_revision;
-    }
-    if (mod > revision) return epoch;  // written after the change: done
-    // Compare-and-put; a failed compare reads the new value in the same call.
-    rpcs_.fetch_add(1, std::memory_order_relaxed);
-    absl::StatusOr<etcd::TxnResult> t = etcd_->Txn(
-        {Compare::Unchanged(key, mod)}, {Op::Put(key, absl::StrCat(epoch + 1))}, {Op::Get(key)}, absl::Seconds(2));
-    if (!t.ok()) return 0;
-    if (t->succeeded) return epoch + 1;
-    now = t->ranges.empty() ? std::vector<etcd::KeyValue>{} : std::move(t->ranges[0]);
+bool EtcdMember::ParseNode(const etcd::KeyValue& kv, int rank, v1::ClusterNode* n) const {
+  if (kv.value.size() > kMaxNodeValue || !n->ParseFromString(kv.value)) {
+    HSDP_LOG_EVERY_N_SEC(Error, 5) << "cluster: ignoring a malformed entry for node " << rank
+                                   << " in " << etcd_->name();
+    return false;
   }
-  return 0;
+  n->set_node_rank(rank);
+  n->set_state("alive");
+  return true;
+}
+
+bool EtcdMember::SuccessorOfLocked(int rank) const {
+  // One member moves the epoch on, not all N: the lost node's successor
+  // (the next live rank after it, cyclically, in this view). A successor
+  // that died too is lost itself, and its own successor covers both.
+  return rank_ >= 0 && view_.LiveSuccessor(rank) == rank_;
 }
 
 void EtcdMember::Apply(const etcd::WatchEvent& e, std::vector<PeerEvent>* out,
                        std::vector<v1::GroupEvent>* group_out, int64_t* lost_at) {
-  const std::string base = Key("");
-  if (!absl::StartsWith(e.kv.key, base)) return;
-  const std::string rest = e.kv.key.substr(base.size());
   const bool put = e.type == etcd::WatchEvent::Type::kPut;
-  int rank = -1;
   absl::MutexLock l(&mu_);
-  if (rest == "epoch") {
+  if (e.kv.key == keys_.Epoch()) {
     uint64_t epoch = 0;
-    if (put && absl::SimpleAtoi(e.kv.value, &epoch)) epoch_ = std::max(epoch_, epoch);
+    if (put && absl::SimpleAtoi(e.kv.value, &epoch)) view_.RaiseEpoch(epoch);
     return;
   }
-  if (absl::StartsWith(rest, "nodes/")) {
-    if (!absl::SimpleAtoi(rest.substr(6), &rank) || rank < 0 ||
-        rank >= static_cast<int>(options_.nodes)) {
-      return;
-    }
-    auto it = peers_.find(rank);
-    const bool was_alive = it != peers_.end() && it->second.node.state() == "alive";
+  const absl::Time now = absl::Now();
+  if (int rank = etcd::EtcdKeys::RankIn(e.kv.key, keys_.Nodes()); rank >= 0) {
+    if (rank >= static_cast<int>(options_.nodes)) return;
     if (!put) {
       if (rank == rank_) return;  // this node's own key: the heartbeat finds out and rejoins
-      if (!was_alive) return;
-      it->second.node.set_state("lost");
-      it->second.since = absl::Now();
-      out->push_back({PeerEvent::Kind::kLost, rank,
-                      absl::StrCat("node ", rank, " (", it->second.node.address(),
-                                   ") was lost (its lease in etcd expired: no heartbeat for ",
-                                   absl::FormatDuration(options_.heartbeat *
-                                                        static_cast<int64_t>(
-                                                            options_.missed_heartbeats)),
-                                   ", or it left); cluster epoch ", epoch_ + 1)});
-      // One member moves the epoch on, not all N: the lost node's successor
-      // (the next live rank after it, cyclically, in this view). A successor
-      // that died too is lost itself, and its own successor covers both.
-      int successor = -1;
-      for (auto next = std::next(it);; ++next) {
-        if (next == peers_.end()) next = peers_.begin();
-        if (next == it) break;
-        if (next->second.node.state() == "alive") {
-          successor = next->first;
-          break;
-        }
-      }
-      if (successor == rank_) *lost_at = std::max(*lost_at, e.kv.mod_revision);
+      std::vector<PeerEvent> lost = view_.Lost(rank, view_.epoch() + 1, rank_, now);
+      if (lost.empty()) return;  // was not alive
+      out->insert(out->end(), lost.begin(), lost.end());
+      if (SuccessorOfLocked(rank)) *lost_at = std::max(*lost_at, e.kv.mod_revision);
       return;
     }
     v1::ClusterNode n;
-    if (e.kv.value.size() > kMaxNodeValue || !n.ParseFromString(e.kv.value)) {
-      HSDP_LOG_EVERY_N_SEC(Error, 5) << "cluster: ignoring a malformed entry for node " << rank
-                                     << " in " << etcd_->name();
-      return;
-    }
-    n.set_node_rank(rank);
-    n.set_state("alive");
+    if (!ParseNode(e.kv, rank, &n)) return;
     if (rank == rank_) {
       if (n.instance() != instance_) {
         HSDP_LOG_EVERY_N_SEC(Error, 5)
@@ -107,26 +61,12 @@ void EtcdMember::Apply(const etcd::WatchEvent& e, std::vector<PeerEvent>* out,
       }
       return;
     }
-    const bool restarted = was_alive && it->second.node.instance() != n.instance();
-    if (restarted) {
-      out->push_back({PeerEvent::Kind::kLost, rank,
-                      absl::StrCat("node ", rank, " (", n.address(), ") restarted; cluster epoch ",
-                                   epoch_),
-                      /*old_instance=*/it->second.node.instance()});
-    }
-    if (!was_alive || restarted) {
-      out->push_back({PeerEvent::Kind::kJoined, rank,
-                      absl::StrCat("node ", rank, " (", n.address(), ") joined; cluster epoch ",
-                                   epoch_)});
-    }
-    peers_[rank] = Peer{n, absl::Now()};
+    std::vector<PeerEvent> changed = view_.Alive(std::move(n), view_.epoch(), rank_, now);
+    out->insert(out->end(), changed.begin(), changed.end());
     return;
   }
-  if (absl::StartsWith(rest, "events/") && put) {
-    if (!absl::SimpleAtoi(rest.substr(7), &rank) || rank == rank_ || rank < 0 ||
-        rank >= static_cast<int>(options_.nodes)) {
-      return;
-    }
+  if (int rank = etcd::EtcdKeys::RankIn(e.kv.key, keys_.Events()); rank >= 0 && put) {
+    if (rank == rank_ || rank >= static_cast<int>(options_.nodes)) return;
     v1::ReportRequest req;
     if (e.kv.value.size() > kMaxEventsValue || !req.ParseFromString(e.kv.value) ||
         static_cast<size_t>(req.events_size()) > kMaxReportEvents) {
@@ -145,6 +85,35 @@ void EtcdMember::Apply(const etcd::WatchEvent& e, std::vector<PeerEvent>* out,
   }
 }
 
+void EtcdMember::Reread(const std::vector<etcd::KeyValue>& nodes, int64_t revision) {
+  std::vector<v1::ClusterNode> alive;
+  for (const etcd::KeyValue& kv : nodes) {
+    const int rank = etcd::EtcdKeys::RankIn(kv.key, keys_.Nodes());
+    v1::ClusterNode n;
+    if (rank >= 0 && rank < static_cast<int>(options_.nodes) && ParseNode(kv, rank, &n)) {
+      alive.push_back(std::move(n));
+    }
+  }
+  std::vector<PeerEvent> fired;
+  bool step = false;
+  {
+    absl::MutexLock l(&mu_);
+    // This node's own entry stays as it is (the heartbeat looks after it).
+    if (const v1::ClusterNode* self = view_.Find(rank_); self != nullptr) {
+      std::erase_if(alive, [&](const v1::ClusterNode& n) { return n.node_rank() == rank_; });
+      alive.push_back(*self);
+    }
+    fired = view_.Present(alive, view_.epoch() + 1, rank_, absl::Now());
+    for (const PeerEvent& e : fired) {
+      if (e.kind == PeerEvent::Kind::kLost && e.old_instance.empty() && SuccessorOfLocked(e.node)) {
+        step = true;
+      }
+    }
+  }
+  if (step) join_.AdvanceEpochPast(revision);
+  FirePeerEvents(fired, events_);
+}
+
 void EtcdMember::WatchLoop(int64_t from) {
   while (true) {
     {
@@ -153,7 +122,8 @@ void EtcdMember::WatchLoop(int64_t from) {
     }
     rpcs_.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<std::unique_ptr<etcd::Watch>> watch =
-        etcd_->StartWatch(Key(""), etcd::PrefixEnd(Key("")), from, absl::Seconds(2));
+        etcd_->StartWatch(keys_.Member(""), etcd::PrefixEnd(keys_.Member("")), from,
+                            absl::Seconds(2));
     absl::Status status = watch.status();
     if (watch.ok()) {
       {
@@ -172,7 +142,7 @@ void EtcdMember::WatchLoop(int64_t from) {
           Apply(e, &fired, &groups, &lost_at);
           from = std::max(from, e.kv.mod_revision + 1);
         }
-        if (lost_at != 0) AdvanceEpochPast(lost_at);
+        if (lost_at != 0) join_.AdvanceEpochPast(lost_at);
         FirePeerEvents(fired, events_);
         for (const v1::GroupEvent& g : groups) {
           if (group_events_) group_events_(g);
@@ -192,32 +162,9 @@ void EtcdMember::WatchLoop(int64_t from) {
                       << status.message() << "); reading the membership again";
       rpcs_.fetch_add(1, std::memory_order_relaxed);
       absl::StatusOr<etcd::RangeResult> all =
-          etcd_->Range(Key("nodes/"), etcd::PrefixEnd(Key("nodes/")), absl::Seconds(2));
+          etcd_->Range(keys_.Nodes(), etcd::PrefixEnd(keys_.Nodes()), absl::Seconds(2));
       if (all.ok()) {
-        std::vector<PeerEvent> fired;
-        std::vector<v1::GroupEvent> ignored;
-        int64_t lost_at = 0;
-        std::set<int> present;
-        for (const etcd::KeyValue& kv : all->kvs) {
-          int rank = -1;
-          if (absl::SimpleAtoi(kv.key.substr(Key("nodes/").size()), &rank)) present.insert(rank);
-          Apply(etcd::WatchEvent{etcd::WatchEvent::Type::kPut, kv}, &fired, &ignored, &lost_at);
-        }
-        std::vector<int> gone;
-        {
-          absl::MutexLock l(&mu_);
-          for (const auto& [r, p] : peers_) {
-            if (r != rank_ && p.node.state() == "alive" && !present.contains(r)) gone.push_back(r);
-          }
-        }
-        for (int r : gone) {
-          etcd::KeyValue kv;
-          kv.key = NodeKey(r);
-          kv.mod_revision = all->revision;
-          Apply(etcd::WatchEvent{etcd::WatchEvent::Type::kDelete, kv}, &fired, &ignored, &lost_at);
-        }
-        if (lost_at != 0) AdvanceEpochPast(lost_at);
-        FirePeerEvents(fired, events_);
+        Reread(all->kvs, all->revision);
         from = all->revision + 1;
       }
     }

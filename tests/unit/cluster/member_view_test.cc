@@ -1,6 +1,8 @@
 // MemberView: a whole list, deltas merged by rank, the PeerEvents they make,
 // ages (an alive entry a no-change answer vouched for is as old as that
-// answer), entries from the coordinator with ranks out of range, Clear.
+// answer), entries from the store with ranks out of range, the etcd
+// member's Alive / Lost / Present, rejoining (LoseAll), live neighbours and
+// the `hsdpctl nodes` answer.
 #include "daemon/cluster/member_view.h"
 
 #include "gtest/gtest.h"
@@ -86,7 +88,7 @@ TEST(MemberViewTest, DeltasBecomeEventsAndMergeByRank) {
   EXPECT_DOUBLE_EQ(Find(r, 1)->last_heartbeat_age_s(), 6.1);
 }
 
-TEST(MemberViewTest, RanksOutOfRangeAreDroppedAndClearKeepsTheEpoch) {
+TEST(MemberViewTest, RanksOutOfRangeAreDropped) {
   MemberView v(2);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   auto events =
@@ -95,12 +97,124 @@ TEST(MemberViewTest, RanksOutOfRangeAreDroppedAndClearKeepsTheEpoch) {
               false, 0, t0);
   EXPECT_EQ(v.size(), 2u);
   EXPECT_EQ(events.size(), 1u);  // node 1 joined
-  auto alive = v.Clear(0);
-  ASSERT_EQ(alive.size(), 1u);
-  EXPECT_EQ(alive[0].node_rank(), 1);
-  EXPECT_EQ(v.size(), 0u);
-  EXPECT_EQ(v.nodes_epoch(), 0u);  // holds no list: the next heartbeat asks for all
+  EXPECT_TRUE(v.Alive(Node(5, "alive", 0), 7, 0, t0).empty());
+  EXPECT_EQ(v.size(), 2u);
+}
+
+// Both members rejoin the same way. Before, the coordinator's member forgot
+// the list while it joined again (`hsdpctl nodes` showed no node) and the
+// etcd member showed them lost: now both show them lost, as the events say.
+TEST(MemberViewTest, LoseAllReportsEveryOtherAliveNodeLostAndKeepsThemShown) {
+  MemberView v(3);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  v.Apply(7, List({Node(0, "alive", 0), Node(1, "alive", 0), Node(2, "lost", 3)}), false, 0, t0);
+  auto lost = v.LoseAll(0, "this node lost contact with the coordinator c:1 (declared lost)",
+                        t0 + absl::Seconds(1));
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].kind, PeerEvent::Kind::kLost);
+  EXPECT_EQ(lost[0].node, 1);
+  EXPECT_EQ(lost[0].why,
+            "this node lost contact with the coordinator c:1 (declared lost) and joins again; "
+            "node 1 (n:1) is treated as lost meanwhile");
+  EXPECT_EQ(v.nodes_epoch(), 0u);  // the next heartbeat asks for the whole list
   EXPECT_EQ(v.epoch(), 7u);        // what the next join names as last_epoch
+  v1::NodesResponse r;
+  v.Fill(&r, 0, t0 + absl::Seconds(3));
+  ASSERT_EQ(r.nodes_size(), 3);
+  EXPECT_EQ(Find(r, 0)->state(), "alive");  // self
+  EXPECT_EQ(Find(r, 1)->state(), "lost");
+  EXPECT_DOUBLE_EQ(Find(r, 1)->last_heartbeat_age_s(), 2.0);  // since this node gave it up
+  EXPECT_TRUE(v.LoseAll(0, "again", t0 + absl::Seconds(2)).empty());  // nothing twice
+  // Joined again: the whole list makes them joined.
+  auto joined = v.Apply(8, List({Node(0, "alive", 0), Node(1, "alive", 0)}), false, 0,
+                        t0 + absl::Seconds(4));
+  ASSERT_EQ(joined.size(), 1u);
+  EXPECT_EQ(joined[0].kind, PeerEvent::Kind::kJoined);
+  EXPECT_EQ(v.nodes_epoch(), 8u);
+}
+
+TEST(MemberViewTest, KeysPutAndGoneBecomeTheSameEventsAsAnswers) {
+  MemberView v(4, "its lease expired");
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  auto events = v.Alive(Node(1, "", 0), 3, 0, t0);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].why, "node 1 (n:1) joined; cluster epoch 3");
+  EXPECT_TRUE(v.Alive(Node(1, "", 0), 3, 0, t0).empty());  // the same instance again
+  events = v.Alive(Node(1, "", 0, "again"), 4, 0, t0);
+  ASSERT_EQ(events.size(), 2u);  // restarted
+  EXPECT_EQ(events[0].old_instance, "i1");
+  events = v.Lost(1, 5, 0, t0 + absl::Seconds(1));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].why, "node 1 (n:1) was lost (its lease expired); cluster epoch 5");
+  EXPECT_TRUE(v.Lost(1, 5, 0, t0).empty());  // not alive any more
+  EXPECT_TRUE(v.Lost(3, 5, 0, t0).empty());  // never seen
+  EXPECT_EQ(v.Find(1)->state(), "lost");
+  EXPECT_EQ(v.Find(1)->address(), "n:1");  // the entry keeps what was known
+}
+
+// The etcd member's join reads every live node. Before, a peer found there
+// with another instance than the one this node knew alive became a join
+// only; now it is a restart (lost with its old instance, then joined), as
+// everywhere else.
+TEST(MemberViewTest, PresentMakesTheListedNodesAliveAndTheOthersLost) {
+  MemberView v(5);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  v.Present({Node(0, "", 0), Node(1, "", 0), Node(2, "", 0)}, 2, 0, t0);
+  auto events =
+      v.Present({Node(0, "", 0), Node(2, "", 0, "new"), Node(4, "", 0)}, 3, 0, t0 + absl::Seconds(1));
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[0].kind, PeerEvent::Kind::kLost);  // 2 restarted
+  EXPECT_EQ(events[0].node, 2);
+  EXPECT_EQ(events[0].old_instance, "i2");
+  EXPECT_EQ(events[1].kind, PeerEvent::Kind::kJoined);
+  EXPECT_EQ(events[1].node, 2);
+  EXPECT_EQ(events[2].kind, PeerEvent::Kind::kJoined);  // 4 new
+  EXPECT_EQ(events[2].node, 4);
+  EXPECT_EQ(events[3].kind, PeerEvent::Kind::kLost);  // 1 not listed
+  EXPECT_EQ(events[3].node, 1);
+  EXPECT_TRUE(events[3].old_instance.empty());
+}
+
+TEST(MemberViewTest, LiveNeighboursSkipLostNodesAndWrapAround) {
+  MemberView v(8);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  v.Present({Node(1, "", 0), Node(3, "", 0), Node(5, "", 0), Node(6, "", 0)}, 1, 1, t0);
+  v.Lost(5, 2, 1, t0);
+  EXPECT_EQ(v.LiveSuccessor(3), 6);
+  EXPECT_EQ(v.LiveSuccessor(5), 6);
+  EXPECT_EQ(v.LiveSuccessor(6), 1);  // wraps
+  EXPECT_EQ(v.LiveSuccessor(4), 6);  // a rank not in the view
+  EXPECT_EQ(v.LivePredecessor(1), 6);
+  EXPECT_EQ(v.LivePredecessor(6), 3);
+  EXPECT_EQ(v.LivePredecessor(5), 3);
+  EXPECT_EQ(v.LivePredecessor(0), 6);
+  MemberView one(4);
+  one.Present({Node(2, "", 0)}, 1, 2, t0);
+  EXPECT_EQ(one.LiveSuccessor(2), -1);  // only itself
+  EXPECT_EQ(one.LivePredecessor(2), -1);
+  EXPECT_EQ(one.LiveSuccessor(0), 2);
+}
+
+TEST(MemberViewTest, ResponseHasTheStatusTheStoreAndVouchedAges) {
+  MemberView v(3);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  v.Present({Node(0, "", 0), Node(1, "", 0)}, 4, 1, t0);
+  v.RaiseEpoch(6);
+  v.RaiseEpoch(5);  // never back
+  v.Vouch(t0 + absl::Seconds(2));  // a renewal: every live key still there
+  MemberStatus status;
+  status.Contact(t0 + absl::Seconds(2));
+  const v1::NodesResponse r = v.Response(status, 1, "etcd (e:1)", false, t0 + absl::Seconds(3));
+  EXPECT_TRUE(r.enabled());
+  EXPECT_EQ(r.state(), "ok");
+  EXPECT_EQ(r.epoch(), 6u);
+  EXPECT_EQ(r.node_rank(), 1);
+  EXPECT_EQ(r.coordinator(), "etcd (e:1)");
+  EXPECT_FALSE(r.is_coordinator());
+  EXPECT_EQ(r.expected_nodes(), 3u);
+  ASSERT_EQ(r.nodes_size(), 2);
+  EXPECT_DOUBLE_EQ(Find(r, 0)->last_heartbeat_age_s(), 1.0);
+  EXPECT_TRUE(Find(r, 1)->self());
 }
 
 }  // namespace
