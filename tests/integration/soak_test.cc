@@ -777,7 +777,9 @@ TEST_F(SoakTest, ClusterUnderChurnAndHostileInputLeaksNothing) {
     std::printf("soak: node %d after:  %s\n", i, after.ToString().c_str());
     EXPECT_EQ(after.sessions, before[i].sessions) << "node " << i;
     EXPECT_EQ(after.jobs, before[i].jobs) << "node " << i;
-    EXPECT_EQ(after.fds, before[i].fds) << "node " << i << ":\n"
+    // One-sided: a leak only adds. A restarted node's baseline is taken while
+    // it may still hold a transient descriptor of its rejoin (seen: 34 then 33).
+    EXPECT_LE(after.fds, before[i].fds) << "node " << i << ":\n"
                                         << Diff(before[i].fd_kinds, after.fd_kinds);
     std::map<std::string, int> threads_before = before[i].thread_names;
     std::map<std::string, int> threads_after = after.thread_names;
