@@ -112,9 +112,13 @@ TEST(HardeningListenerTest, ConnectionsPerUidAreCapped) {
   TempDir dir;
   ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
   DaemonProcess d(dir);
-  ASSERT_TRUE(d.Start("node:\n  socket_mode: 0666\n")) << d.Log();
+  // The hello timeout is far beyond the test, so only the cap closes anything.
+  ASSERT_TRUE(d.Start("node:\n  socket_mode: 0666\ntimeouts:\n  hello_ms: 600000\n"))
+      << d.Log();
   // Uid 65534 opens 70 connections (the default limit is 64), gRPC and data
-  // and unrouted ones mixed; the daemon closes the extra ones at once.
+  // and unrouted ones mixed; the daemon closes the extra ones as it accepts
+  // them. The count waits for those 6 (a sanitizer build under load accepts
+  // slowly), then gives the daemon a while longer to close any more.
   const int rc = RunAsNobody(
       [&] {
         std::vector<UniqueFd> conns;
@@ -124,8 +128,9 @@ TEST(HardeningListenerTest, ConnectionsPerUidAreCapped) {
                                                  : std::string();
           conns.push_back(ConnectAndSend(d.socket(), bytes));
         }
-        const int closed = CountClosedWithin(conns, 500);
-        std::printf("closed %d of 70\n", closed);
+        const int capped = CountClosedWithin(conns, 30000, 6);
+        const int closed = CountClosedWithin(conns, 300);
+        std::printf("closed %d of 70 (%d when the cap had acted)\n", closed, capped);
         if (closed != 6) return 1;
         // Closed connections free their slots, gRPC ones included (the listener
         // sweeps for gRPC connections that closed when a uid is at its limit):
@@ -141,11 +146,11 @@ TEST(HardeningListenerTest, ConnectionsPerUidAreCapped) {
               reclosed = CountClosedWithin(conns, 300);
               return reclosed == 0;
             },
-            10000, 100);
+            30000, 100);
         std::printf("after reconnecting, closed %d of 64\n", reclosed);
         return reclosed == 0 ? 0 : 2;
       },
-      20000);
+      90000);
   EXPECT_EQ(rc, 0) << d.Log();
   EXPECT_THAT(d.Log(), HasSubstr("limits.max_connections_per_uid"));
   // Other users are unaffected.

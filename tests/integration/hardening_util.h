@@ -120,8 +120,11 @@ inline bool ClosedWithin(int fd, int timeout_ms) {
 }
 
 // How many of `fds` the daemon closes within `timeout_ms` (invalid ones count
-// as closed). Waits the whole time only if some stay open.
-inline int CountClosedWithin(const std::vector<UniqueFd>& fds, int timeout_ms) {
+// as closed). Returns as soon as `stop_at` are closed (all of them by
+// default); waits the whole time only if fewer close.
+inline int CountClosedWithin(const std::vector<UniqueFd>& fds, int timeout_ms,
+                             int stop_at = -1) {
+  if (stop_at < 0) stop_at = static_cast<int>(fds.size());
   std::vector<bool> closed(fds.size(), false);
   int count = 0;
   for (size_t i = 0; i < fds.size(); ++i) {
@@ -129,7 +132,7 @@ inline int CountClosedWithin(const std::vector<UniqueFd>& fds, int timeout_ms) {
   }
   const int64_t deadline = NowMs() + timeout_ms;
   char buf[4096];
-  while (count < static_cast<int>(fds.size())) {
+  while (count < stop_at) {
     const int64_t left = deadline - NowMs();
     if (left <= 0) break;
     std::vector<struct pollfd> p;

@@ -70,14 +70,14 @@ run_asan() {
   "$ROOT/tools/scripts/sanitizer_build.sh" asan
   echo "run_hardening: build-asan built in $(( SECONDS - start )) s"
   local logs="$ASAN_DIR/sanitizer-logs"
-  rm -rf "$logs" "$ASAN_DIR/fuzz/artifacts"
+  rm -rf "$logs" "$ASAN_DIR/fuzz/artifacts" "$ASAN_DIR/ctest-asan.log"
   mkdir -p "$logs"
   start=$SECONDS
   (cd "$ASAN_DIR" &&
    ASAN_OPTIONS="log_path=$logs/asan" UBSAN_OPTIONS="log_path=$logs/ubsan" \
    LSAN_OPTIONS="log_path=$logs/lsan" \
    ctest --output-on-failure --timeout 1200 -LE "$ASAN_EXCLUDE_LABELS" -E "$ASAN_EXCLUDE_TESTS" \
-     "${ctest_args[@]}") ||
+     "${ctest_args[@]}" 2>&1 | tee "$ASAN_DIR/ctest-asan.log"; exit "${PIPESTATUS[0]}") ||
     status=1
   echo "run_hardening: build-asan tests ran in $(( SECONDS - start )) s"
   report_logs "$logs" || status=1
@@ -92,14 +92,15 @@ run_tsan() {
   build_tsan
   echo "run_hardening: build-tsan built in $(( SECONDS - start )) s"
   local logs="$TSAN_DIR/sanitizer-logs"
-  rm -rf "$logs"
+  rm -rf "$logs" "$TSAN_DIR/ctest-tsan.log"
   mkdir -p "$logs"
   local regex
   regex="^($(IFS='|'; echo "${TSAN_TESTS[*]}")|sanitizers)\\."
   start=$SECONDS
   (cd "$TSAN_DIR" &&
    TSAN_OPTIONS="log_path=$logs/tsan" \
-   ctest --output-on-failure --timeout 1200 -R "$regex" "${ctest_args[@]}") || status=1
+   ctest --output-on-failure --timeout 1200 -R "$regex" "${ctest_args[@]}" 2>&1 |
+     tee "$TSAN_DIR/ctest-tsan.log"; exit "${PIPESTATUS[0]}") || status=1
   echo "run_hardening: build-tsan tests ran in $(( SECONDS - start )) s"
   report_logs "$logs" || status=1
 }

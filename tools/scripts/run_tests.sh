@@ -33,9 +33,9 @@ if [ $# -eq 0 ] && [ "${HSDP_HARDENING:-1}" != 0 ]; then
   prebuild_pid=$!
   trap '[ -n "$prebuild_pid" ] && kill -- "-$prebuild_pid" 2>/dev/null; true' EXIT
 fi
-# The whole ctest output also goes to build/ctest-main.log, so the failures
-# can be repeated at the very end (a CI log's tail shows them, not the
-# hardening step's output).
+# The whole ctest output also goes to build/ctest-main.log (and the
+# sanitizer stages' to build-asan/ctest-asan.log, build-tsan/ctest-tsan.log),
+# so the failures can be repeated at the very end.
 set +e
 start=$SECONDS
 (cd "$BUILD_DIR" && ctest --output-on-failure --timeout 1200 "$@") 2>&1 | tee "$BUILD_DIR/ctest-main.log"
@@ -49,23 +49,12 @@ if [ -n "$prebuild_pid" ]; then
   prebuild_pid=""
   echo "run_tests: waited $(( SECONDS - start )) s for the background sanitizer builds"
 fi
+logs=("$BUILD_DIR/ctest-main.log")
 if [ $# -eq 0 ] && [ "${HSDP_HARDENING:-1}" != 0 ]; then
   "$ROOT/tools/scripts/run_hardening.sh" || status=1
+  logs+=("${HSDP_ASAN_BUILD_DIR:-$ROOT/build-asan}/ctest-asan.log"
+         "${HSDP_TSAN_BUILD_DIR:-$ROOT/build-tsan}/ctest-tsan.log")
 fi
-if grep -qE '\*\*\*(Failed|Timeout|Exception)|Not Run' "$BUILD_DIR/ctest-main.log"; then
-  echo
-  echo "=== run_tests: the main ctest stage failed; each failed test's output (tail) ==="
-  awk '
-    /^ *Start +[0-9]+: / { if (failed) dump(); n = 0; failed = 0 }
-    { buf[n++] = $0 }
-    / Test +#[0-9]+: .*\*\*\*(Failed|Timeout|Exception)/ { failed = 1; name = $0 }
-    function dump(  i, from) {
-      print "--- " name
-      from = n > 80 ? n - 80 : 0
-      for (i = from; i < n; i++) print buf[i]
-    }
-    END { if (failed) dump() }
-  ' "$BUILD_DIR/ctest-main.log"
-  grep -E '\*\*\*(Failed|Timeout|Exception)|Not Run' "$BUILD_DIR/ctest-main.log"
-fi
+# Each stage's failures again, at the very end (a CI log's tail shows them).
+"$ROOT/tools/scripts/ctest_failures.sh" "${logs[@]}" || true
 exit $status
