@@ -225,17 +225,25 @@ v1::NodesResponse ClusterMember::View() const {
                         absl::Now());
 }
 v1::NodesResponse ClusterMember::ClusterView() const {
-  absl::StatusOr<v1::ListResponse> list = client_.List(kListTimeout);
-  if (!list.ok()) {
+  bool in_contact;
+  {
+    absl::MutexLock l(&mu_);
+    in_contact = status_.state() == "ok";
+  }
+  // Out of contact (joining, degraded, failed) the coordinator is not asked:
+  // `hsdpctl nodes` answers at once with what this member holds.
+  absl::StatusOr<v1::ListResponse> list =
+      in_contact ? client_.List(kListTimeout)
+                 : absl::StatusOr<v1::ListResponse>(absl::UnavailableError("not in contact"));
+  if (in_contact && !list.ok()) {
     HSDP_LOG_EVERY_N_SEC(Warning, 5) << "cluster: " << list.status().message()
                                      << "; showing the nodes this member heard of";
-    return View();
   }
-  MemberView whole(options_.nodes);
-  const absl::Time now = absl::Now();
-  whole.Apply(list->epoch(), list->nodes(), /*delta=*/false, /*self=*/-1, now);
   absl::MutexLock l(&mu_);
-  return whole.Response(status_, rank_, options_.coordinator, options_.is_coordinator, now);
+  v1::NodesResponse r = view_.Response(status_, rank_, options_.coordinator,
+                                       options_.is_coordinator, absl::Now());
+  if (list.ok()) view_.AddUnheard(*list, &r);
+  return r;
 }
 
 uint64_t ClusterMember::epoch() const {

@@ -81,10 +81,13 @@ class ClusterMember : public Membership {
 
   // The nodes this member heard of (a sparse view: MemberView).
   v1::NodesResponse View() const override ABSL_LOCKS_EXCLUDED(mu_);
-  // The coordinator's whole list (Cluster.List, at most kListTimeout) with
-  // this member's status; View() when the coordinator does not answer.
+  // View() completed with the nodes it never heard of, from the
+  // coordinator's whole list (Cluster.List, at most kListTimeout; as this
+  // member counts them at its epoch: MemberView::AddUnheard); View() alone
+  // when the member is not in contact ("ok") or the coordinator does not
+  // answer within kListTimeout.
   v1::NodesResponse ClusterView() const override ABSL_LOCKS_EXCLUDED(mu_);
-  static constexpr absl::Duration kListTimeout = absl::Seconds(2);
+  static constexpr absl::Duration kListTimeout = absl::Seconds(1);
   uint64_t epoch() const override ABSL_LOCKS_EXCLUDED(mu_);
   int node_rank() const override ABSL_LOCKS_EXCLUDED(mu_);
   std::string instance() const override { return instance_; }

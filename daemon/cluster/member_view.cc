@@ -211,6 +211,28 @@ void MemberView::Fill(v1::NodesResponse* r, int self, absl::Time now) const {
   }
 }
 
+void MemberView::AddUnheard(const v1::ListResponse& list, v1::NodesResponse* r) const {
+  for (const v1::ClusterNode& n : list.nodes()) {
+    if (n.node_rank() < 0 || static_cast<uint32_t>(n.node_rank()) >= size_ ||
+        nodes_.contains(n.node_rank())) {
+      continue;
+    }
+    const bool applied = n.changed_epoch() <= epoch_;
+    if (!applied && IsFirstJoin(n)) continue;
+    v1::NodeStatus* s = r->add_nodes();
+    s->set_node_rank(n.node_rank());
+    s->set_address(n.address());
+    s->set_data_address(n.data_address());
+    s->set_name(n.name());
+    s->set_state(applied ? n.state() : "alive");
+    s->set_last_heartbeat_age_s(n.last_heartbeat_age_s());
+  }
+  std::sort(r->mutable_nodes()->begin(), r->mutable_nodes()->end(),
+            [](const v1::NodeStatus& a, const v1::NodeStatus& b) {
+              return a.node_rank() < b.node_rank();
+            });
+}
+
 v1::NodesResponse MemberView::Response(const MemberStatus& status, int self,
                                        const std::string& store, bool is_coordinator,
                                        absl::Time now) const {

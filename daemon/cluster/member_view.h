@@ -111,8 +111,15 @@ class MemberView {
   size_t size() const { return nodes_.size(); }
   // Appends the nodes to `r` with their ages at `now`.
   void Fill(v1::NodesResponse* r, int self, absl::Time now) const;
+  // Adds to `r` (a Response of this view) the ranks of `list` (the store's
+  // whole list) this view never heard of, as this member counts them at its
+  // epoch: an entry published at or before it as it is; a later one not
+  // yet (a first join left out, news shown alive as its previous instance,
+  // as the member presumes until its heartbeat brings it). Keeps `r`'s
+  // nodes in rank order.
+  void AddUnheard(const v1::ListResponse& list, v1::NodesResponse* r) const;
   // The answer to `hsdpctl nodes`: this node's `status`, rank `self`, the
-  // epoch, the store (`store`, `is_coordinator`) and every node.
+  // epoch, the store (`store`, `is_coordinator`) and every node it holds.
   v1::NodesResponse Response(const MemberStatus& status, int self, const std::string& store,
                              bool is_coordinator, absl::Time now) const;
 

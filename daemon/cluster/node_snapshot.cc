@@ -58,7 +58,11 @@ uint64_t NodeSnapshot::Fill(uint64_t changed_after, size_t max_entries,
   std::vector<int32_t> ranks(first, last);
   std::sort(ranks.begin(), ranks.end());
   out->Reserve(out->size() + static_cast<int>(ranks.size()));
-  for (int32_t rank : ranks) *out->Add() = entries_[rank].node;
+  for (int32_t rank : ranks) {
+    v1::ClusterNode* n = out->Add();
+    *n = entries_[rank].node;
+    n->set_changed_epoch(entries_[rank].changed_epoch);
+  }
   return covered;
 }
 

@@ -296,5 +296,43 @@ TEST(MemberViewTest, ResponseHasTheStatusTheStoreAndVouchedAges) {
   EXPECT_TRUE(Find(r, 1)->self());
 }
 
+// `hsdpctl nodes` on a sparse member: its own entries, completed from the
+// store's whole list with the ranks it never heard of as it counts them at
+// its epoch (a later first join not yet; later news still alive).
+TEST(MemberViewTest, UnheardRanksCompleteTheAnswerAsTheMemberCountsThem) {
+  MemberView v(6, "no heartbeat", MemberView::Kind::kSparse);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  v.Apply(10, List({Node(0, "alive", 0)}), false, 0, t0);
+  v.Apply(11, List({Node(2, "lost", 4)}), true, 0, t0);
+  auto entry = [](int rank, const std::string& state, uint64_t changed, bool first = true) {
+    v1::ClusterNode n = Node(rank, state, 0.5, "c");
+    n.set_changed_epoch(changed);
+    if (!first) n.set_previous_instance("old");
+    return n;
+  };
+  v1::ListResponse list;
+  list.set_epoch(13);
+  for (const v1::ClusterNode& n :
+       {entry(0, "alive", 1), entry(1, "alive", 5), entry(2, "alive", 13, false),
+        entry(3, "lost", 12), entry(4, "alive", 13), entry(5, "lost", 3)}) {
+    *list.add_nodes() = n;
+  }
+  MemberStatus status;
+  status.Contact(t0);
+  v1::NodesResponse r = v.Response(status, 0, "c:1", false, t0);
+  v.AddUnheard(list, &r);
+  EXPECT_EQ(r.epoch(), 11u);  // the member's, not the store's
+  ASSERT_EQ(r.nodes_size(), 5);
+  std::vector<int> ranks;
+  for (const v1::NodeStatus& n : r.nodes()) ranks.push_back(n.node_rank());
+  EXPECT_EQ(ranks, (std::vector<int>{0, 1, 2, 3, 5}));  // 4's first join is not applied yet
+  EXPECT_TRUE(Find(r, 0)->self());
+  EXPECT_EQ(Find(r, 1)->state(), "alive");
+  EXPECT_DOUBLE_EQ(Find(r, 1)->last_heartbeat_age_s(), 0.5);
+  EXPECT_EQ(Find(r, 2)->state(), "lost");   // heard of: its own entry, not the store's
+  EXPECT_EQ(Find(r, 3)->state(), "alive");  // its loss comes with the next heartbeat
+  EXPECT_EQ(Find(r, 5)->state(), "lost");   // lost before this member's epoch
+}
+
 }  // namespace
 }  // namespace hsdp
