@@ -56,6 +56,15 @@ absl::StatusOr<v1::HeartbeatResponse> ClusterClient::Heartbeat(const v1::Heartbe
   return resp;
 }
 
+absl::StatusOr<v1::ListResponse> ClusterClient::List(absl::Duration timeout) const {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout);
+  v1::ListResponse resp;
+  const grpc::Status s = stub_->List(&ctx, v1::ListRequest(), &resp);
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("list the nodes of ", coordinator_));
+  return resp;
+}
+
 absl::Status ClusterClient::Set(const std::string& key, const std::string& value,
                                 absl::Duration timeout) {
   grpc::ClientContext ctx;

@@ -1,7 +1,7 @@
 // A client of the coordinator's Cluster service over TCP: one channel, every
 // call with the cluster token attached and a deadline. The embedded
 // ClusterStore (the coordinator's key/value store), and ClusterMember's
-// membership calls (Join, Heartbeat, Report). Thread-safe; every call blocks up to
+// membership calls (Join, Heartbeat, Report, List). Thread-safe; every call blocks up to
 // its timeout.
 #ifndef HSDP_DAEMON_CLUSTER_CLUSTER_CLIENT_H_
 #define HSDP_DAEMON_CLUSTER_CLUSTER_CLIENT_H_
@@ -31,6 +31,9 @@ class ClusterClient : public ClusterStore {
   absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& req, absl::Duration timeout);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req,
                                                   absl::Duration timeout);
+  // The coordinator's whole node list (UNIMPLEMENTED from a coordinator
+  // that predates List).
+  absl::StatusOr<v1::ListResponse> List(absl::Duration timeout) const;
   absl::Status Set(const std::string& key, const std::string& value, absl::Duration timeout) override;
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta, absl::Duration timeout) override;

@@ -18,7 +18,8 @@ ClusterMember::ClusterMember(Options options, PeerEvents events, GroupEvents gro
              .join_timeout = options_.join_timeout,
              .attempt = absl::Seconds(1),
              .max_backoff = absl::Milliseconds(200)}),
-      view_(options_.nodes), outbox_(kMaxOutbox, "the coordinator") {}
+      view_(options_.nodes, "no heartbeat", MemberView::Kind::kSparse),
+      outbox_(kMaxOutbox, "the coordinator") {}
 
 ClusterMember::~ClusterMember() { Stop(); }
 
@@ -30,7 +31,14 @@ absl::Status ClusterMember::JoinOnce(absl::Duration timeout) {
   req.set_requested_rank(options_.node_rank);
   req.set_nodes(options_.nodes);
   req.set_instance(instance_);
-  req.set_last_epoch(epoch());
+  {
+    absl::MutexLock l(&mu_);
+    req.set_last_epoch(view_.epoch());
+    // The first join starts a sparse view from this join's epoch; joining
+    // again (every other node counted lost meanwhile) takes the whole list,
+    // so that the nodes alive now are joined again at once.
+    req.set_list_optional(!view_.stale());
+  }
   rpcs_.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<v1::JoinResponse> r = client_.Join(req, timeout);
   if (!r.ok()) return r.status();
@@ -185,6 +193,7 @@ void ClusterMember::HeartbeatLoop() {
       absl::MutexLock l(&mu_);
       req.set_events_after(events_after_);
       req.set_nodes_epoch(view_.nodes_epoch());
+      req.set_news_only(view_.news_only());
     }
     rpcs_.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<v1::HeartbeatResponse> r =
@@ -215,6 +224,28 @@ v1::NodesResponse ClusterMember::View() const {
   return view_.Response(status_, rank_, options_.coordinator, options_.is_coordinator,
                         absl::Now());
 }
+v1::NodesResponse ClusterMember::ClusterView() const {
+  bool in_contact;
+  {
+    absl::MutexLock l(&mu_);
+    in_contact = status_.state() == "ok";
+  }
+  // Out of contact (joining, degraded, failed) the coordinator is not asked:
+  // `hsdpctl nodes` answers at once with what this member holds.
+  absl::StatusOr<v1::ListResponse> list =
+      in_contact ? client_.List(kListTimeout)
+                 : absl::StatusOr<v1::ListResponse>(absl::UnavailableError("not in contact"));
+  if (in_contact && !list.ok()) {
+    HSDP_LOG_EVERY_N_SEC(Warning, 5) << "cluster: " << list.status().message()
+                                     << "; showing the nodes this member heard of";
+  }
+  absl::MutexLock l(&mu_);
+  v1::NodesResponse r = view_.Response(status_, rank_, options_.coordinator,
+                                       options_.is_coordinator, absl::Now());
+  if (list.ok()) view_.AddUnheard(*list, &r);
+  return r;
+}
+
 uint64_t ClusterMember::epoch() const {
   absl::MutexLock l(&mu_);
   return view_.epoch();

@@ -1,9 +1,11 @@
 // This daemon's membership through the coordinator (cluster.store: embedded;
 // the Membership interface): joins the coordinator at start
 // (retrying until cluster.join_timeout_ms), heartbeats every
-// cluster.heartbeat_ms, and keeps the latest view of the nodes and the
-// epoch. Differences between successive views become PeerEvents (a node
-// lost, a node joined) delivered on the heartbeat thread.
+// cluster.heartbeat_ms, and keeps the epoch and a sparse view of the nodes:
+// the ones whose changes concern it (lost, restarted, rejoined; not first
+// joins: HeartbeatRequest.news_only, MemberView). Changes become PeerEvents
+// (a node lost, a node joined) delivered on the heartbeat thread; `hsdpctl
+// nodes` asks the coordinator for the whole list (ClusterView).
 //
 // When the coordinator stops answering for missed_heartbeats intervals the
 // member logs an error and reports the cluster as "degraded" (membership
@@ -77,8 +79,15 @@ class ClusterMember : public Membership {
   void ReportGroupEvent(v1::GroupEvent event) override ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr size_t kMaxOutbox = 1024;
 
-  // The view for `hsdpctl nodes`.
+  // The nodes this member heard of (a sparse view: MemberView).
   v1::NodesResponse View() const override ABSL_LOCKS_EXCLUDED(mu_);
+  // View() completed with the nodes it never heard of, from the
+  // coordinator's whole list (Cluster.List, at most kListTimeout; as this
+  // member counts them at its epoch: MemberView::AddUnheard); View() alone
+  // when the member is not in contact ("ok") or the coordinator does not
+  // answer within kListTimeout.
+  v1::NodesResponse ClusterView() const override ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr absl::Duration kListTimeout = absl::Seconds(1);
   uint64_t epoch() const override ABSL_LOCKS_EXCLUDED(mu_);
   int node_rank() const override ABSL_LOCKS_EXCLUDED(mu_);
   std::string instance() const override { return instance_; }

@@ -63,6 +63,14 @@ grpc::ServerUnaryReactor* ClusterServiceImpl::Heartbeat(grpc::CallbackServerCont
   return Finish(ctx, r.status());
 }
 
+grpc::ServerUnaryReactor* ClusterServiceImpl::List(grpc::CallbackServerContext* ctx,
+                                                   const v1::ListRequest*,
+                                                   v1::ListResponse* resp) {
+  if (absl::Status s = Admit(ctx); !s.ok()) return Finish(ctx, s);
+  *resp = coordinator_->List();
+  return Finish(ctx, absl::OkStatus());
+}
+
 grpc::ServerUnaryReactor* ClusterServiceImpl::Set(grpc::CallbackServerContext* ctx,
                                                   const v1::KvSetRequest* req,
                                                   v1::KvSetResponse* resp) {

@@ -32,6 +32,8 @@ class ClusterServiceImpl final : public v1::Cluster::CallbackService {
                                  v1::JoinResponse*) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext*, const v1::HeartbeatRequest*,
                                       v1::HeartbeatResponse*) override;
+  grpc::ServerUnaryReactor* List(grpc::CallbackServerContext*, const v1::ListRequest*,
+                                 v1::ListResponse*) override;
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext*, const v1::KvSetRequest*,
                                 v1::KvSetResponse*) override;
   grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext*, const v1::KvGetRequest*,

@@ -100,6 +100,7 @@ v1::ClusterNode Coordinator::EntryLocked(int rank) const {
   c.set_name(n.name);
   c.set_state(n.alive ? "alive" : "lost");
   c.set_instance(n.instance);
+  c.set_previous_instance(n.previous_instance);
   return c;
 }
 
@@ -217,6 +218,7 @@ absl::StatusOr<v1::JoinResponse> Coordinator::Join(const v1::JoinRequest& req) {
     ASSIGN_OR_RETURN(rank, PickRankLocked(req));
     Node& n = nodes_[rank];
     const bool changed = !n.used || !n.alive || n.instance != req.instance();
+    if (changed) n.previous_instance = n.used ? n.instance : std::string();
     n.used = true;
     n.alive = true;
     n.address = req.address();
@@ -330,14 +332,27 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     FillEvents(req.events_after(), &resp);
   }
   // A node that holds the list of an epoch of this coordinator (it joined
-  // here, so its epoch is one of ours) gets what changed since, in pages:
-  // nothing in the steady state. Any other gets the whole list.
+  // here, so its epoch is one of ours) gets what changed since, in pages
+  // (only news with news_only): nothing in the steady state. Any other gets
+  // the whole list.
   const uint64_t known = req.nodes_epoch();
   const bool delta = known != 0 && known <= snapshot->epoch();
   resp.set_nodes_delta(delta);
   resp.set_epoch(delta ? snapshot->Fill(known, options_.max_nodes_per_heartbeat,
-                                        resp.mutable_nodes())
+                                        resp.mutable_nodes(), req.news_only())
                        : snapshot->Fill(0, SIZE_MAX, resp.mutable_nodes()));
+  SetAges(resp.mutable_nodes());
+  return resp;
+}
+
+v1::ListResponse Coordinator::List() const {
+  std::shared_ptr<const NodeSnapshot> snapshot;
+  {
+    absl::MutexLock l(&mu_);
+    snapshot = published_;
+  }
+  v1::ListResponse resp;
+  resp.set_epoch(snapshot->Fill(0, SIZE_MAX, resp.mutable_nodes()));
   SetAges(resp.mutable_nodes());
   return resp;
 }

@@ -13,7 +13,8 @@
 // the first unpublished join, folding in every join that arrived meanwhile;
 // losses step at once. Answers name the published epoch and are built from
 // its snapshot outside the lock, so the work per request under the mutex is
-// O(1); a heartbeat naming nodes_epoch E gets every entry changed after E,
+// O(1); a heartbeat naming nodes_epoch E gets every entry changed after E
+// (with news_only, those that are not first joins: NodeSnapshot "News"),
 // and an entry recorded but not yet published is in a later epoch's delta
 // for everyone (its changed epoch will exceed every published one).
 //
@@ -80,6 +81,10 @@ class Coordinator {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The whole list of the published epoch, with ages (`hsdpctl nodes` on a
+  // member with a sparse view). O(nodes), outside the lock.
+  v1::ListResponse List() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Appends the events of live member (node_rank, instance) to the log.
   // FAILED_PRECONDITION for a node that is not a live member,
   // INVALID_ARGUMENT for more than kMaxReportEvents events or oversized
@@ -111,6 +116,7 @@ class Coordinator {
     bool alive = false;
     bool pending = false;  // changed since the last step (listed in pending_)
     std::string address, data_address, name, instance;
+    std::string previous_instance;  // the rank's holder before `instance` ("" if none)
   };
   bool IsLiveLocked(int rank, const std::string& instance) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -15,16 +15,26 @@ bool MemberView::Valid(const v1::ClusterNode& n) const {
 }
 
 void MemberView::Diff(const Known* before, const v1::ClusterNode& n, uint64_t epoch,
-                      std::vector<PeerEvent>* out) const {
-  const bool was_alive = before != nullptr && before->node.state() == "alive";
+                      bool in_delta, std::vector<PeerEvent>* out) const {
+  bool was_alive = false;
+  std::string old_instance;
+  if (before != nullptr) {
+    was_alive = before->node.state() == "alive";
+    old_instance = before->node.instance();
+  } else if (in_delta && !awaited_[n.node_rank()] && !IsFirstJoin(n)) {
+    // Never heard of (a sparse view), and news: it was alive until now, as
+    // its previous instance.
+    was_alive = true;
+    old_instance = n.previous_instance();
+  }
   const bool is_alive = n.state() == "alive";
-  const bool restarted = was_alive && is_alive && before->node.instance() != n.instance();
+  const bool restarted = was_alive && is_alive && old_instance != n.instance();
   if ((was_alive && !is_alive) || restarted) {
     out->push_back({PeerEvent::Kind::kLost, n.node_rank(),
                     absl::StrCat("node ", n.node_rank(), " (", n.address(), ") ",
                                  restarted ? "restarted" : absl::StrCat("was lost (", lost_why_, ")"),
                                  "; cluster epoch ", epoch),
-                    restarted ? before->node.instance() : std::string()});
+                    restarted ? old_instance : std::string()});
   }
   if ((!was_alive && is_alive) || restarted) {
     out->push_back({PeerEvent::Kind::kJoined, n.node_rank(),
@@ -34,10 +44,22 @@ void MemberView::Diff(const Known* before, const v1::ClusterNode& n, uint64_t ep
   }
 }
 
+void MemberView::Track(const std::vector<PeerEvent>& events) {
+  for (const PeerEvent& e : events) {
+    if (e.node < 0 || static_cast<uint32_t>(e.node) >= size_) continue;
+    const bool lost = e.kind == PeerEvent::Kind::kLost;
+    if (awaited_[e.node] == lost) continue;
+    awaited_[e.node] = lost;
+    lost ? ++awaited_count_ : --awaited_count_;
+  }
+}
+
 void MemberView::Merge(const v1::ClusterNode& n, uint64_t epoch, int self, absl::Time now,
                        std::vector<PeerEvent>* out) {
   auto it = nodes_.find(n.node_rank());
-  if (n.node_rank() != self) Diff(it == nodes_.end() ? nullptr : &it->second, n, epoch, out);
+  if (n.node_rank() != self) {
+    Diff(it == nodes_.end() ? nullptr : &it->second, n, epoch, /*in_delta=*/true, out);
+  }
   nodes_[n.node_rank()] = {n, now};
 }
 
@@ -52,7 +74,9 @@ std::vector<PeerEvent> MemberView::Apply(uint64_t epoch, const Nodes& nodes, boo
       continue;
     }
     auto it = nodes_.find(n.node_rank());
-    if (n.node_rank() != self) Diff(it == nodes_.end() ? nullptr : &it->second, n, epoch, &events);
+    if (n.node_rank() != self) {
+      Diff(it == nodes_.end() ? nullptr : &it->second, n, epoch, /*in_delta=*/false, &events);
+    }
     replaced[n.node_rank()] = {n, now};
   }
   if (!delta) {
@@ -61,6 +85,7 @@ std::vector<PeerEvent> MemberView::Apply(uint64_t epoch, const Nodes& nodes, boo
   }
   epoch_ = epoch;
   last_answer_ = now;
+  Track(events);
   return events;
 }
 
@@ -70,6 +95,7 @@ std::vector<PeerEvent> MemberView::Alive(v1::ClusterNode n, uint64_t epoch, int 
   if (!Valid(n)) return events;
   n.set_state("alive");
   Merge(n, epoch, self, now, &events);
+  Track(events);
   return events;
 }
 
@@ -81,6 +107,7 @@ std::vector<PeerEvent> MemberView::Lost(int rank, uint64_t epoch, int self, absl
   n.set_state("lost");
   n.set_last_heartbeat_age_s(0);
   Merge(n, epoch, self, now, &events);
+  Track(events);
   return events;
 }
 
@@ -99,8 +126,9 @@ std::vector<PeerEvent> MemberView::Present(const std::vector<v1::ClusterNode>& a
   for (const auto& [rank, k] : nodes_) {
     if (k.node.state() == "alive" && !present.contains(rank)) gone.push_back(rank);
   }
+  Track(events);
   for (int rank : gone) {
-    std::vector<PeerEvent> lost = Lost(rank, epoch, self, now);
+    std::vector<PeerEvent> lost = Lost(rank, epoch, self, now);  // tracked
     events.insert(events.end(), lost.begin(), lost.end());
   }
   last_answer_ = now;
@@ -118,6 +146,23 @@ std::vector<PeerEvent> MemberView::LoseAll(int self, absl::string_view cause, ab
     k.node.set_state("lost");
     k.node.set_last_heartbeat_age_s(0);
     k.received = now;
+  }
+  Track(events);
+  if (sparse_) {
+    size_t unheard = 0;
+    for (uint32_t r = 0; r < size_; ++r) {
+      if (static_cast<int>(r) == self || awaited_[r] || nodes_.contains(r)) continue;
+      awaited_[r] = true;
+      ++awaited_count_;
+      ++unheard;
+    }
+    if (unheard > 0) {
+      events.push_back({PeerEvent::Kind::kLost, PeerEvent::kUnheardNodes,
+                        absl::StrCat(cause, " and joins again; the ", unheard,
+                                     " node rank(s) it had not heard of are treated as lost "
+                                     "meanwhile"),
+                        std::string()});
+    }
   }
   stale_ = true;
   return events;
@@ -164,6 +209,28 @@ void MemberView::Fill(v1::NodesResponse* r, int self, absl::Time now) const {
                                               absl::ToDoubleSeconds(now - k.received));
     s->set_self(rank == self);
   }
+}
+
+void MemberView::AddUnheard(const v1::ListResponse& list, v1::NodesResponse* r) const {
+  for (const v1::ClusterNode& n : list.nodes()) {
+    if (n.node_rank() < 0 || static_cast<uint32_t>(n.node_rank()) >= size_ ||
+        nodes_.contains(n.node_rank())) {
+      continue;
+    }
+    const bool applied = n.changed_epoch() <= epoch_;
+    if (!applied && IsFirstJoin(n)) continue;
+    v1::NodeStatus* s = r->add_nodes();
+    s->set_node_rank(n.node_rank());
+    s->set_address(n.address());
+    s->set_data_address(n.data_address());
+    s->set_name(n.name());
+    s->set_state(applied ? n.state() : "alive");
+    s->set_last_heartbeat_age_s(n.last_heartbeat_age_s());
+  }
+  std::sort(r->mutable_nodes()->begin(), r->mutable_nodes()->end(),
+            [](const v1::NodeStatus& a, const v1::NodeStatus& b) {
+              return a.node_rank() < b.node_rank();
+            });
 }
 
 v1::NodesResponse MemberView::Response(const MemberStatus& status, int self,

@@ -19,6 +19,9 @@ namespace hsdp {
 
 struct PeerEvent {
   enum class Kind { kJoined, kLost };
+  // `node` of a kLost that concerns every node this member has not heard of
+  // (a sparse view joining again: MemberView::LoseAll).
+  static constexpr int kUnheardNodes = -1;
   Kind kind;
   int node;
   std::string why;
@@ -28,6 +31,14 @@ struct PeerEvent {
   std::string old_instance;
 };
 using PeerEvents = std::function<void(const PeerEvent&)>;
+
+// A first join: an alive entry whose rank had no holder before (no
+// previous_instance). No group can span a node before it joined, so a
+// member with a sparse view does without it (HeartbeatRequest.news_only);
+// every other entry that changed is news to every member.
+inline bool IsFirstJoin(const v1::ClusterNode& n) {
+  return n.state() == "alive" && n.previous_instance().empty();
+}
 // A group event another node reported.
 using GroupEvents = std::function<void(const v1::GroupEvent&)>;
 
@@ -44,8 +55,12 @@ class Membership {
   // Queues `event` for the other nodes (never blocks; bounded, the oldest
   // dropped with a log line).
   virtual void ReportGroupEvent(v1::GroupEvent event) = 0;
-  // The view for `hsdpctl nodes`.
+  // What this member knows of the nodes (a sparse view holds the nodes it
+  // heard of: see MemberView).
   virtual v1::NodesResponse View() const = 0;
+  // The view for `hsdpctl nodes`: every node (a member with a sparse view
+  // asks its store; View() when the store cannot answer).
+  virtual v1::NodesResponse ClusterView() const { return View(); }
   virtual uint64_t epoch() const = 0;
   virtual int node_rank() const = 0;
   // This daemon's instance id (random per start; what the others' views

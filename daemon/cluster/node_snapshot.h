@@ -5,6 +5,11 @@
 //
 // An entry here carries no heartbeat age (that changes between epochs); the
 // coordinator sets ages as it answers. Thread-safe (const after Next).
+//
+// News: an entry is news unless it is a first join (IsFirstJoin,
+// membership.h). Deltas for members that keep sparse views
+// (HeartbeatRequest.news_only) come from a second order that holds only
+// news, so such a delta costs O(entries appended + log nodes) too.
 #ifndef HSDP_DAEMON_CLUSTER_NODE_SNAPSHOT_H_
 #define HSDP_DAEMON_CLUSTER_NODE_SNAPSHOT_H_
 
@@ -12,6 +17,7 @@
 #include <memory>
 #include <vector>
 
+#include "daemon/cluster/membership.h"
 #include "hsdp/v1/cluster.pb.h"
 
 namespace hsdp {
@@ -36,8 +42,12 @@ class NodeSnapshot {
   // `changed_after`'s list: epoch() unless entries were left out (they come
   // with a later call from the returned epoch). O(entries appended + log
   // nodes): nothing to do while the epoch stands still.
+  // With `news_only`, only the entries that are news (first joins left out;
+  // the epoch returned is the same).
   uint64_t Fill(uint64_t changed_after, size_t max_entries,
-                google::protobuf::RepeatedPtrField<v1::ClusterNode>* out) const;
+                google::protobuf::RepeatedPtrField<v1::ClusterNode>* out,
+                bool news_only = false) const;
+
 
   // The entry of `rank`, null when no node held it yet (or out of range).
   const v1::ClusterNode* Find(int rank) const;
@@ -53,6 +63,8 @@ class NodeSnapshot {
   std::vector<Entry> entries_;  // by rank
   // The used ranks, ascending by (changed_epoch, rank): a delta is a suffix.
   std::vector<int32_t> by_change_;
+  // The same order, news only.
+  std::vector<int32_t> news_by_change_;
 };
 
 }  // namespace hsdp

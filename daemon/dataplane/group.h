@@ -197,7 +197,10 @@ class Group : public std::enable_shared_from_this<Group> {
   // its members never leave by themselves, so failing it would leave them
   // stuck in it. Otherwise (a link to the old instance, an engine that
   // cannot tell, an epoch that already failed) it is a loss as any other.
+  // `node` kEveryRemoteNode: every node but this one (a member that joins
+  // the cluster again without having known every node).
   void PeerLost(int node, const std::string& why, const std::string& old_instance = "");
+  static constexpr int kEveryRemoteNode = -1;
 
   // Fails partially matched operations older than the timeout, unmatched
   // sends and receives older than it, and running operations past their

@@ -228,14 +228,20 @@ bool Group::LinkedToInstance(uint32_t epoch, int node, const std::string& instan
 void Group::PeerLost(int node, const std::string& why, const std::string& old_instance) {
   std::vector<int> lost;
   for (int r = 0; r < size(); ++r) {
-    if (!spec_.nodes.empty() && spec_.nodes[r] == node && !IsLocal(r)) lost.push_back(r);
+    if (!spec_.nodes.empty() && !IsLocal(r) &&
+        (node == kEveryRemoteNode || spec_.nodes[r] == node)) {
+      lost.push_back(r);
+    }
   }
   if (lost.empty()) return;
   // "ended" first: a completion's message has room for 208 bytes, and the
   // member must learn that the epoch ended even when the cause is cut.
+  const std::string whose =
+      node == kEveryRemoteNode ? std::string("the nodes") : absl::StrCat("node ", node);
   const absl::Status status = absl::AbortedError(
-      absl::StrCat("the epoch of group ", spec_.id, " (job \"", spec_.job_id, "\") ended: node ",
-                   node, " hosting rank(s) ", RanksList(lost), " was lost (", why, ")"));
+      absl::StrCat("the epoch of group ", spec_.id, " (job \"", spec_.job_id, "\") ended: ",
+                   whose, " hosting rank(s) ", RanksList(lost),
+                   node == kEveryRemoteNode ? " were lost (" : " was lost (", why, ")"));
   // A restart may be heard only after the new daemon created the group in
   // this very epoch and ran operations in it with this one (see group.h).
   // The engine is asked without the lock; the epoch must not have moved

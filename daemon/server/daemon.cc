@@ -12,6 +12,7 @@
 #include "daemon/cluster/kv_cluster_directory.h"
 #include "daemon/cluster/nccl_id_exchange.h"
 #include "daemon/dataplane/dispatcher.h"
+#include "daemon/dataplane/group.h"
 #include "daemon/jobs/device_registration.h"
 #include "daemon/server/device_service.h"
 #include "daemon/session/device_buffers.h"
@@ -68,6 +69,9 @@ void Daemon::Cancel() {
   cancelled_ = true;
   if (cluster_) cluster_->Cancel();
 }
+
+static_assert(PeerEvent::kUnheardNodes == Group::kEveryRemoteNode,
+              "a member's loss of the nodes it never heard of reaches every group");
 
 absl::Status Daemon::Start() {
   std::vector<uint32_t> uids(config_.allowed_uids.begin(), config_.allowed_uids.end());

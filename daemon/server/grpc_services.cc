@@ -248,7 +248,7 @@ grpc::Status AdminClusterServiceImpl::Nodes(grpc::ServerContext* ctx, const v1::
     resp->set_node_rank(0);
     return grpc::Status::OK;
   }
-  *resp = cluster_->member()->View();
+  *resp = cluster_->member()->ClusterView();
   resp->set_kv_waiters(static_cast<uint32_t>(cluster_->kv_waiters()));
   return grpc::Status::OK;
 }

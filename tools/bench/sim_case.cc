@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "daemon/cluster/cluster_client.h"
 
 namespace hsdp::sim {
 
@@ -71,6 +72,49 @@ void WaitViews(const std::vector<Membership*>& members, int expected, absl::Time
   res->notes.push_back(absl::StrCat("views: ", pending.size(),
                                     " node(s) never saw all alive; best of them saw ", best, "/",
                                     expected));
+}
+
+void WaitEpochCaughtUp(const std::string& coordinator, const std::vector<Membership*>& members,
+                       int expected, absl::Time t0, absl::Duration timeout, Result* res) {
+  ClusterClient client(coordinator, "");
+  const absl::Time deadline = absl::Now() + timeout;
+  uint64_t target = 0;
+  int alive = 0;
+  while (target == 0 && absl::Now() < deadline) {
+    absl::StatusOr<v1::ListResponse> list = client.List(absl::Seconds(5));
+    if (list.status().code() == absl::StatusCode::kUnimplemented) {
+      res->views = "-";
+      res->notes.push_back("views: not measured (a coordinator without Cluster.List)");
+      return;
+    }
+    if (list.ok()) {
+      alive = 0;
+      for (const v1::ClusterNode& n : list->nodes()) alive += n.state() == "alive";
+      if (alive == expected) target = list->epoch();
+    }
+    if (target == 0) absl::SleepFor(absl::Milliseconds(50));
+  }
+  if (target == 0) {
+    res->views = "timeout (the coordinator's list)";
+    res->notes.push_back(absl::StrCat("views: the coordinator's list showed ", alive, "/",
+                                      expected, " alive"));
+    return;
+  }
+  std::vector<Membership*> pending = members;
+  while (!pending.empty() && absl::Now() < deadline) {
+    std::erase_if(pending, [&](Membership* m) { return m->epoch() >= target; });
+    if (!pending.empty()) absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (pending.empty()) {
+    res->views = Secs(absl::ToDoubleSeconds(absl::Now() - t0));
+    res->notes.push_back(absl::StrCat("views: sparse; every member reached epoch ", target,
+                                      ", the one with all ", expected, " nodes alive"));
+    return;
+  }
+  res->views = absl::StrCat("timeout (", members.size() - pending.size(), "/", members.size(),
+                            ")");
+  res->notes.push_back(absl::StrCat("views: ", pending.size(), " member(s) never reached epoch ",
+                                    target));
 }
 
 void WatchLoss(const std::vector<Membership*>& observers,

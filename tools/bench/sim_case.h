@@ -41,6 +41,14 @@ void ParallelFor(int n, int threads, const std::function<void(int)>& fn);
 void WaitViews(const std::vector<Membership*>& members, int expected, absl::Time t0,
                absl::Duration timeout, Result* res);
 
+// Sparse views (ClusterMember; the embedded store): members do not hold
+// every node, so "views complete" is when every member's epoch reached the
+// epoch that published the last join (the first epoch whose list, as
+// `coordinator`'s List shows it, has `expected` nodes alive). Sets
+// res->views like WaitViews.
+void WaitEpochCaughtUp(const std::string& coordinator, const std::vector<Membership*>& members,
+                       int expected, absl::Time t0, absl::Duration timeout, Result* res);
+
 // After node `victim_rank` crashed at `crash`: waits (up to `timeout`)
 // until every observer shows it "lost" and until every observer's epoch
 // moved past its `epoch_before`; sets res->loss_seen and res->epoch_advanced.

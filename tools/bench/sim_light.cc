@@ -79,6 +79,7 @@ void LightFleet::Beat(int i) {
   req.set_instance(m.instance);
   req.set_events_after(m.events_after);
   req.set_nodes_epoch(m.epoch);
+  req.set_news_only(true);  // as a real member's sparse view asks
   rpcs_.fetch_add(1, std::memory_order_relaxed);
   const absl::Duration timeout = std::max(options_.heartbeat, absl::Milliseconds(200));
   absl::StatusOr<v1::HeartbeatResponse> r = ClientOf(i).Heartbeat(req, timeout);

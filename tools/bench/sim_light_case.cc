@@ -114,7 +114,9 @@ Result RunLightCase(int n, const Flags& flags) {
   for (const auto& [why, count] : failures) {
     res.notes.push_back(absl::StrCat("join: ", count, " x ", why));
   }
-  if (all_ok) WaitViews(watching, expected_alive, t0, phase_timeout, &res);
+  if (all_ok) {
+    WaitEpochCaughtUp(store.address(), watching, expected_alive, t0, phase_timeout, &res);
+  }
   res.notes.push_back(absl::StrCat("join phase: store CPU ", Secs(store_cpu() - join_cpu0),
                                    " s, sim CPU ", Secs(CpuSeconds("self") - join_sim0), " s, ",
                                    total_rpcs(), " member calls"));

@@ -1,5 +1,6 @@
 // ClusterMember against an in-process coordinator on a loopback port: join,
-// PeerEvents for a lost and a rejoining node, the coordinator's death seen
+// the sparse view (no event for a first join, the whole list from the
+// coordinator), PeerEvents for a lost, a rejoining and a restarted node, the coordinator's death seen
 // as "degraded", a wrong token failing fast, the join timeout, Stop ending a
 // join, group events relayed to the other members; and KvClusterDirectory
 // (placement, its conflicts, resolution with a deadline, withdrawal, the
@@ -81,6 +82,13 @@ class Events {
     };
     return mu_.AwaitWithTimeout(absl::Condition(&seen), absl::Milliseconds(ms));
   }
+  // Events about `node` so far.
+  int CountAbout(int node) {
+    absl::MutexLock l(&mu_);
+    int n = 0;
+    for (const PeerEvent& e : events_) n += e.node == node;
+    return n;
+  }
 
  private:
   absl::Mutex mu_;
@@ -95,28 +103,62 @@ ClusterMember::Options Member(const std::string& coordinator, const std::string&
           .heartbeat = absl::Milliseconds(kHeartbeatMs), .missed_heartbeats = kMissed};
 }
 
+// A member's view is sparse: a node's first join is no event (no group can
+// span it yet) and the member does not hold it, but `hsdpctl nodes`
+// (ClusterView) lists it; its loss, its restart and its return are events.
 TEST(ClusterMemberTest, LostAndRejoinedPeersBecomeEvents) {
-  InProcessCoordinator coordinator(3);
+  InProcessCoordinator coordinator(4);
   Events events;
-  ClusterMember a(Member(coordinator.address(), "a:1", 3), events.Callback());
+  ClusterMember a(Member(coordinator.address(), "a:1", 4), events.Callback());
   ASSERT_TRUE(a.Start().ok());
-  auto b = std::make_unique<ClusterMember>(Member(coordinator.address(), "b:1", 3), nullptr);
+  auto b = std::make_unique<ClusterMember>(Member(coordinator.address(), "b:1", 4), nullptr);
   ASSERT_TRUE(b->Start().ok());
   const int b_rank = b->node_rank();
-  EXPECT_TRUE(events.Saw(PeerEvent::Kind::kJoined, b_rank, 2000));
   const uint64_t epoch = b->epoch();
+  // a's epoch passes b's join (published in a later step) without an event.
+  ASSERT_TRUE(hsdp::testing::Eventually([&] { return a.epoch() > epoch; }, 5000));
+  EXPECT_EQ(events.CountAbout(b_rank), 0);
+  EXPECT_EQ(a.View().nodes_size(), 1);  // itself
+  v1::NodesResponse whole = a.ClusterView();
+  EXPECT_EQ(whole.state(), "ok");
+  ASSERT_EQ(whole.nodes_size(), 2);
+  auto find = [&](int rank) -> const v1::NodeStatus* {
+    for (const v1::NodeStatus& n : whole.nodes()) {
+      if (n.node_rank() == rank) return &n;
+    }
+    return nullptr;
+  };
+  ASSERT_NE(find(b_rank), nullptr);
+  EXPECT_EQ(find(b_rank)->state(), "alive");
+  EXPECT_EQ(find(b_rank)->address(), "b:1");
+  ASSERT_NE(find(a.node_rank()), nullptr);
+  EXPECT_TRUE(find(a.node_rank())->self());
 
   b.reset();  // stops heartbeating
   EXPECT_TRUE(events.Saw(PeerEvent::Kind::kLost, b_rank, kHeartbeatMs * kMissed + 2000));
   EXPECT_GT(a.epoch(), epoch);
   v1::NodesResponse view = a.View();
   EXPECT_EQ(view.state(), "ok");
-  ASSERT_EQ(view.nodes_size(), 2);
+  ASSERT_EQ(view.nodes_size(), 2);  // itself and the lost node it heard of
 
-  // The node comes back (a new instance, same address): same rank.
-  ClusterMember b2(Member(coordinator.address(), "b:1", 3), nullptr);
+  // The node comes back (a new instance, same address): same rank, joined.
+  ClusterMember b2(Member(coordinator.address(), "b:1", 4), nullptr);
   ASSERT_TRUE(b2.Start().ok());
   EXPECT_EQ(b2.node_rank(), b_rank);
+  EXPECT_TRUE(events.Saw(PeerEvent::Kind::kJoined, b_rank, 5000));
+
+  // A node a never heard of restarts: a hears that its daemon ended (a
+  // restart, or a loss and a rejoin when the coordinator saw the silence
+  // first) and that it is back.
+  auto c = std::make_unique<ClusterMember>(Member(coordinator.address(), "c:1", 4), nullptr);
+  ASSERT_TRUE(c->Start().ok());
+  const int c_rank = c->node_rank();
+  c.reset();
+  ClusterMember c2(Member(coordinator.address(), "c:1", 4), nullptr);
+  ASSERT_TRUE(c2.Start().ok());
+  ASSERT_EQ(c2.node_rank(), c_rank);
+  EXPECT_TRUE(events.Saw(PeerEvent::Kind::kLost, c_rank, 5000));
+  EXPECT_TRUE(events.Saw(PeerEvent::Kind::kJoined, c_rank, 5000));
 }
 
 TEST(ClusterMemberTest, DeadCoordinatorMeansDegraded) {

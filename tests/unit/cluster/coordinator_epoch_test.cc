@@ -4,12 +4,14 @@
 // that changed after it (checked over a random history on a FakeClock).
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/cluster/coordinator.h"
+#include "daemon/cluster/member_view.h"
 #include "daemon/util/clock.h"
 #include "gtest/gtest.h"
 
@@ -42,12 +44,22 @@ Coordinator::Options Opts(const Clock* clock) {
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Beat(Coordinator& c, int rank, const std::string& instance,
-                                           uint64_t nodes_epoch) {
+                                           uint64_t nodes_epoch, bool news_only = false) {
   v1::HeartbeatRequest h;
   h.set_node_rank(rank);
   h.set_instance(instance);
   h.set_nodes_epoch(nodes_epoch);
+  h.set_news_only(news_only);
   return c.Heartbeat(h);
+}
+
+// The ranks of the kLost events among `events`.
+std::set<int> LostRanks(const std::vector<PeerEvent>& events) {
+  std::set<int> out;
+  for (const PeerEvent& e : events) {
+    if (e.kind == PeerEvent::Kind::kLost) out.insert(e.node);
+  }
+  return out;
 }
 
 // A list without ages: rank -> (address, state, instance).
@@ -139,6 +151,68 @@ TEST(CoordinatorEpochTest, JoinCarriesTheWholeListUnlessTheCallerMakesItOptional
   EXPECT_EQ(h->nodes_size(), 8);
 }
 
+// news_only: first joins are left out; losses, restarts and rejoins (with
+// the instance they replaced) come; List has every node.
+TEST(CoordinatorEpochTest, NewsOnlyDeltasLeaveOutFirstJoinsAndListHasEveryNode) {
+  FakeClock clock;
+  Coordinator c(Opts(&clock));
+  auto zero = c.Join(Req("c:0", "i0", /*list_optional=*/true));
+  ASSERT_TRUE(zero.ok());
+  const uint64_t base = zero->epoch();
+  for (int i = 1; i <= 6; ++i) {
+    ASSERT_TRUE(c.Join(Req(absl::StrCat("n:", i), absl::StrCat("a", i))).ok());
+  }
+  c.Step();
+  // A join storm: nothing is news, in one step's answer or in pages.
+  auto h = Beat(c, 0, "i0", base, /*news_only=*/true);
+  ASSERT_TRUE(h.ok());
+  EXPECT_TRUE(h->nodes_delta());
+  EXPECT_EQ(h->nodes_size(), 0);
+  EXPECT_EQ(h->epoch(), c.epoch());
+  // Without news_only the same heartbeat carries the six joins.
+  EXPECT_EQ(Beat(c, 0, "i0", base)->nodes_size(), 6);
+  const uint64_t e1 = c.epoch();
+  // Node 2 restarts (same address, new instance); node 3 falls silent and
+  // is lost; node 7 joins for the first time.
+  ASSERT_TRUE(c.Join(Req("n:2", "b2")).ok());
+  ASSERT_TRUE(c.Join(Req("n:7", "a7")).ok());
+  c.Step();
+  clock.Advance(250 * kMs);
+  for (int r : {0, 1, 2, 4, 5, 6, 7}) {
+    const std::string inst = r == 0 ? "i0" : r == 2 ? "b2" : absl::StrCat("a", r);
+    ASSERT_TRUE(Beat(c, r, inst, 0).ok());
+  }
+  clock.Advance(100 * kMs);
+  c.CheckLiveness();
+  h = Beat(c, 0, "i0", e1, /*news_only=*/true);
+  ASSERT_TRUE(h.ok());
+  ASSERT_EQ(h->nodes_size(), 2);
+  EXPECT_EQ(h->nodes(0).node_rank(), 2);
+  EXPECT_EQ(h->nodes(0).instance(), "b2");
+  EXPECT_EQ(h->nodes(0).previous_instance(), "a2");
+  EXPECT_EQ(h->nodes(1).node_rank(), 3);
+  EXPECT_EQ(h->nodes(1).state(), "lost");
+  // Node 3 comes back (same instance): the rejoin is news, naming the
+  // instance it replaced (itself).
+  ASSERT_TRUE(c.Join(Req("n:3", "a3")).ok());
+  c.Step();
+  const uint64_t e2 = h->epoch();
+  h = Beat(c, 0, "i0", e2, /*news_only=*/true);
+  ASSERT_TRUE(h.ok());
+  ASSERT_EQ(h->nodes_size(), 1);
+  EXPECT_EQ(h->nodes(0).node_rank(), 3);
+  EXPECT_EQ(h->nodes(0).state(), "alive");
+  EXPECT_EQ(h->nodes(0).previous_instance(), "a3");
+  // List: every node, at the published epoch.
+  const v1::ListResponse list = c.List();
+  EXPECT_EQ(list.epoch(), c.epoch());
+  ASSERT_EQ(list.nodes_size(), 8);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(list.nodes(i).node_rank(), i);
+    EXPECT_EQ(list.nodes(i).state(), "alive");
+  }
+}
+
 // A random history of joins, restarts (new instances), silences that become
 // losses, and steps. After every step, for every epoch E published before:
 // the list of E merged with the delta a heartbeat naming E gets equals the
@@ -211,6 +285,49 @@ TEST(CoordinatorEpochTest, EveryMemberEpochGetsEveryLaterChange) {
         at = d->epoch();
       }
       ASSERT_EQ(merged, current) << "member at epoch " << e << ", now " << now;
+      // A sparse view from E (no list; news only) reports every loss a whole
+      // view from E reports, and a loss only of a rank that changed.
+      MemberView whole_view(kNodes), sparse_view(kNodes, "silent", MemberView::Kind::kSparse);
+      google::protobuf::RepeatedPtrField<v1::ClusterNode> e_list;
+      for (const auto& [rank, entry] : list) {
+        v1::ClusterNode* n = e_list.Add();
+        n->set_node_rank(rank);
+        n->set_address(std::get<0>(entry));
+        n->set_state(std::get<1>(entry));
+        n->set_instance(std::get<2>(entry));
+      }
+      const absl::Time t = absl::Now();
+      whole_view.Apply(e, e_list, /*delta=*/false, 0, t);
+      sparse_view.Apply(e, {}, /*delta=*/false, 0, t);
+      std::vector<PeerEvent> whole_events, sparse_events;
+      for (uint64_t at = e; at < now;) {
+        auto d = Beat(c, 0, "i0", at);
+        ASSERT_TRUE(d.ok());
+        for (PeerEvent& ev : whole_view.Apply(d->epoch(), d->nodes(), true, 0, t)) {
+          whole_events.push_back(std::move(ev));
+        }
+        at = d->epoch();
+      }
+      for (uint64_t at = e; at < now;) {
+        auto d = Beat(c, 0, "i0", at, /*news_only=*/true);
+        ASSERT_TRUE(d.ok());
+        for (PeerEvent& ev : sparse_view.Apply(d->epoch(), d->nodes(), true, 0, t)) {
+          sparse_events.push_back(std::move(ev));
+        }
+        ASSERT_GT(d->epoch(), at);
+        at = d->epoch();
+      }
+      const std::set<int> whole_lost = LostRanks(whole_events);
+      const std::set<int> sparse_lost = LostRanks(sparse_events);
+      for (int rank : whole_lost) {
+        EXPECT_TRUE(sparse_lost.contains(rank))
+            << "rank " << rank << " lost after epoch " << e << " unheard by a sparse view";
+      }
+      for (int rank : sparse_lost) {
+        auto was = list.find(rank);
+        EXPECT_TRUE(was == list.end() || was->second != current.at(rank))
+            << "a sparse view reports unchanged rank " << rank << " lost";
+      }
       for (const v1::ClusterNode& n : sent) {
         // Only what changed: the entry differs from E's, or E had none.
         auto was = list.find(n.node_rank());

@@ -1,8 +1,8 @@
 // MemberView: a whole list, deltas merged by rank, the PeerEvents they make,
 // ages (an alive entry a no-change answer vouched for is as old as that
 // answer), entries from the store with ranks out of range, the etcd
-// member's Alive / Lost / Present, rejoining (LoseAll), live neighbours and
-// the `hsdpctl nodes` answer.
+// member's Alive / Lost / Present, rejoining (LoseAll), sparse views (news
+// only; unheard-of ranks), live neighbours and the `hsdpctl nodes` answer.
 #include "daemon/cluster/member_view.h"
 
 #include "gtest/gtest.h"
@@ -133,6 +133,85 @@ TEST(MemberViewTest, LoseAllReportsEveryOtherAliveNodeLostAndKeepsThemShown) {
   EXPECT_EQ(v.nodes_epoch(), 8u);
 }
 
+v1::ClusterNode Replacing(v1::ClusterNode n, const std::string& previous) {
+  n.set_previous_instance(previous);
+  return n;
+}
+
+// A sparse view starts from its join answer (its own entry) and hears only
+// news: an unheard-of rank in a delta was alive until now.
+TEST(MemberViewTest, ASparseViewReadsUnheardRanksInDeltasAsAliveUntilNow) {
+  MemberView v(6, "no heartbeat", MemberView::Kind::kSparse);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  EXPECT_TRUE(v.Apply(10, List({Node(0, "alive", 0)}), false, 0, t0).empty());
+  EXPECT_EQ(v.nodes_epoch(), 10u);
+  EXPECT_TRUE(v.news_only());
+  // 2 lost; 3 restarted (instance b3 replaced i3); 4 a first join (from a
+  // coordinator that sends them).
+  auto events = v.Apply(11,
+                        List({Node(2, "lost", 5), Replacing(Node(3, "alive", 0, "b"), "i3"),
+                              Node(4, "alive", 0)}),
+                        true, 0, t0 + absl::Seconds(1));
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[0].kind, PeerEvent::Kind::kLost);
+  EXPECT_EQ(events[0].node, 2);
+  EXPECT_EQ(events[0].old_instance, "");
+  EXPECT_EQ(events[1].kind, PeerEvent::Kind::kLost);
+  EXPECT_EQ(events[1].node, 3);
+  EXPECT_EQ(events[1].old_instance, "i3");
+  EXPECT_EQ(events[2].kind, PeerEvent::Kind::kJoined);
+  EXPECT_EQ(events[2].node, 3);
+  EXPECT_EQ(events[3].kind, PeerEvent::Kind::kJoined);
+  EXPECT_EQ(events[3].node, 4);
+  // Rank 2 is awaited: first joins are asked for until it is back.
+  EXPECT_EQ(v.awaited(), 1u);
+  EXPECT_FALSE(v.news_only());
+  events = v.Apply(12, List({Replacing(Node(2, "alive", 0, "c"), "i2")}), true, 0,
+                   t0 + absl::Seconds(2));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, PeerEvent::Kind::kJoined);
+  EXPECT_EQ(events[0].node, 2);
+  EXPECT_EQ(v.awaited(), 0u);
+  EXPECT_TRUE(v.news_only());
+  EXPECT_EQ(v.size(), 4u);  // 0, 2, 3, 4: the ranks it heard of
+  // A whole view never asks for news only.
+  EXPECT_FALSE(MemberView(6).news_only());
+}
+
+// Joining again, a sparse view reports the ranks it never heard of lost in
+// one event and awaits them; the whole list of the rejoin joins those alive,
+// and first joins are asked for until the last is back.
+TEST(MemberViewTest, LoseAllInASparseViewCoversTheRanksItNeverHeardOf) {
+  MemberView v(5, "no heartbeat", MemberView::Kind::kSparse);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  v.Apply(3, List({Node(0, "alive", 0)}), false, 0, t0);
+  ASSERT_EQ(v.Apply(4, List({Node(1, "lost", 5)}), true, 0, t0).size(), 1u);
+  auto lost = v.LoseAll(0, "declared lost", t0 + absl::Seconds(1));
+  ASSERT_EQ(lost.size(), 1u);  // rank 1 was reported lost already
+  EXPECT_EQ(lost[0].kind, PeerEvent::Kind::kLost);
+  EXPECT_EQ(lost[0].node, PeerEvent::kUnheardNodes);
+  EXPECT_EQ(lost[0].why,
+            "declared lost and joins again; the 3 node rank(s) it had not heard of are treated "
+            "as lost meanwhile");
+  EXPECT_EQ(v.awaited(), 4u);
+  EXPECT_TRUE(v.stale());
+  EXPECT_TRUE(v.LoseAll(0, "again", t0 + absl::Seconds(2)).empty());  // nothing twice
+  auto joined = v.Apply(6,
+                        List({Node(0, "alive", 0), Replacing(Node(1, "alive", 0, "n"), "i1"),
+                              Node(2, "alive", 0), Node(3, "alive", 0)}),
+                        false, 0, t0 + absl::Seconds(3));
+  ASSERT_EQ(joined.size(), 3u);
+  for (const PeerEvent& e : joined) EXPECT_EQ(e.kind, PeerEvent::Kind::kJoined);
+  EXPECT_FALSE(v.stale());
+  EXPECT_EQ(v.awaited(), 1u);  // rank 4
+  EXPECT_FALSE(v.news_only());
+  joined = v.Apply(7, List({Node(4, "alive", 0)}), true, 0, t0 + absl::Seconds(4));
+  ASSERT_EQ(joined.size(), 1u);
+  EXPECT_EQ(joined[0].kind, PeerEvent::Kind::kJoined);
+  EXPECT_EQ(joined[0].node, 4);
+  EXPECT_TRUE(v.news_only());
+}
+
 TEST(MemberViewTest, KeysPutAndGoneBecomeTheSameEventsAsAnswers) {
   MemberView v(4, "its lease expired");
   const absl::Time t0 = absl::FromUnixSeconds(1000);
@@ -215,6 +294,44 @@ TEST(MemberViewTest, ResponseHasTheStatusTheStoreAndVouchedAges) {
   ASSERT_EQ(r.nodes_size(), 2);
   EXPECT_DOUBLE_EQ(Find(r, 0)->last_heartbeat_age_s(), 1.0);
   EXPECT_TRUE(Find(r, 1)->self());
+}
+
+// `hsdpctl nodes` on a sparse member: its own entries, completed from the
+// store's whole list with the ranks it never heard of as it counts them at
+// its epoch (a later first join not yet; later news still alive).
+TEST(MemberViewTest, UnheardRanksCompleteTheAnswerAsTheMemberCountsThem) {
+  MemberView v(6, "no heartbeat", MemberView::Kind::kSparse);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  v.Apply(10, List({Node(0, "alive", 0)}), false, 0, t0);
+  v.Apply(11, List({Node(2, "lost", 4)}), true, 0, t0);
+  auto entry = [](int rank, const std::string& state, uint64_t changed, bool first = true) {
+    v1::ClusterNode n = Node(rank, state, 0.5, "c");
+    n.set_changed_epoch(changed);
+    if (!first) n.set_previous_instance("old");
+    return n;
+  };
+  v1::ListResponse list;
+  list.set_epoch(13);
+  for (const v1::ClusterNode& n :
+       {entry(0, "alive", 1), entry(1, "alive", 5), entry(2, "alive", 13, false),
+        entry(3, "lost", 12), entry(4, "alive", 13), entry(5, "lost", 3)}) {
+    *list.add_nodes() = n;
+  }
+  MemberStatus status;
+  status.Contact(t0);
+  v1::NodesResponse r = v.Response(status, 0, "c:1", false, t0);
+  v.AddUnheard(list, &r);
+  EXPECT_EQ(r.epoch(), 11u);  // the member's, not the store's
+  ASSERT_EQ(r.nodes_size(), 5);
+  std::vector<int> ranks;
+  for (const v1::NodeStatus& n : r.nodes()) ranks.push_back(n.node_rank());
+  EXPECT_EQ(ranks, (std::vector<int>{0, 1, 2, 3, 5}));  // 4's first join is not applied yet
+  EXPECT_TRUE(Find(r, 0)->self());
+  EXPECT_EQ(Find(r, 1)->state(), "alive");
+  EXPECT_DOUBLE_EQ(Find(r, 1)->last_heartbeat_age_s(), 0.5);
+  EXPECT_EQ(Find(r, 2)->state(), "lost");   // heard of: its own entry, not the store's
+  EXPECT_EQ(Find(r, 3)->state(), "alive");  // its loss comes with the next heartbeat
+  EXPECT_EQ(Find(r, 5)->state(), "lost");   // lost before this member's epoch
 }
 
 }  // namespace

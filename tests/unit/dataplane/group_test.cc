@@ -486,6 +486,39 @@ TEST_F(GroupTest, CompleteWorkWaitingForAnEpochThatNeverStartsTimesOut) {
   EXPECT_EQ(engine_.launched(), 0);
 }
 
+// A member rejoining the cluster without having heard of every node loses
+// them all at once (Group::kEveryRemoteNode): the epoch fails naming every
+// remote rank, and the group waits for each node to join again.
+TEST_F(GroupTest, LosingEveryRemoteNodeFailsTheEpochForEveryRemoteRank) {
+  GroupSpec spec;
+  spec.id = 1;
+  spec.key = GroupKey(JobKey{0, "job"}, {10, 11, 12}, 0);
+  spec.job_id = "job";
+  spec.ranks = {10, 11, 12};
+  spec.nodes = {0, 1, 2};
+  spec.this_node = 0;
+  spec.timeout_ns = kTimeoutNs;
+  spec.max_pending = 64;
+  auto g = std::make_shared<Group>(std::move(spec), &engine_, nullptr);
+  ASSERT_EQ(*g->Join(0, SessionOf(10)), 1u);
+  Arrival a = Make(*g, 0, 4, 1);
+  g->Arrive(0, std::move(a));
+  EXPECT_FALSE(Result(10, 4).has_value());
+  g->PeerLost(Group::kEveryRemoteNode, "this node joins again");
+  ASSERT_TRUE(g->stats().broken);
+  ASSERT_TRUE(Result(10, 4).has_value());
+  EXPECT_EQ(Result(10, 4)->code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(Result(10, 4)->message()),
+              AllOf(HasSubstr("the nodes hosting rank(s) [11, 12] were lost"),
+                    HasSubstr("this node joins again")));
+  // The next epoch waits for both nodes: one back is not enough.
+  ASSERT_EQ(*g->Join(0, SessionOf(10)), 2u);
+  g->PeerJoined(1);
+  EXPECT_EQ(g->stats().epoch, 1u);
+  g->PeerJoined(2);
+  EXPECT_EQ(g->stats().epoch, 2u);
+}
+
 TEST_F(GroupTest, MemberLeavingDuringExecutionAbortsTheRunningOp) {
   auto g = NewGroup(1, {10, 11});
   g->Arrive(0, Make(*g, 0, 1, 1));
