@@ -47,6 +47,19 @@ def _check_schedule(a, kinds, seconds, etcd):
             assert 0 <= f.target < 3
 
 
+def test_a_commit_keeps_the_newest_two_checkpoints_and_no_partial_save(tmp_path):
+    # A long run committed a checkpoint every few steps into a 64 MiB tmpfs
+    # and, without pruning, filled it: every later save failed.
+    import trainer
+    for name in ("step-5", "step-10", "step-15", "tmp-15-7", "tmp-20-9"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "data").write_bytes(b"x" * 16)
+    trainer.commit(str(tmp_path), str(tmp_path / "tmp-20-9"), 20)
+    assert sorted(os.listdir(tmp_path)) == ["LATEST", "step-15", "step-20"]
+    assert (tmp_path / "LATEST").read_text() == "step-20\n"
+    assert trainer.latest_step(str(tmp_path)) == (20, str(tmp_path / "step-20"))
+
+
 def test_a_seed_gives_one_schedule_with_every_kind_and_no_overlap_on_a_target():
     a = schedule.draw(11, 300, KINDS, 3, 6, rate_per_min=6)
     assert a == schedule.draw(11, 300, KINDS, 3, 6, rate_per_min=6)

@@ -14,8 +14,10 @@ Checkpoints: every K steps, DCP saves model and optimizer state to
 ckpt-dir/tmp-<step>-<pid of rank 0>; after every rank saved (a barrier),
 rank 0 renames it to step-<step> and then replaces ckpt-dir/LATEST (write a
 temporary file, fsync, rename): a checkpoint is either complete and named
-by LATEST, or ignored. A failed save (a full disk) is reported and training
-goes on from memory (the previous checkpoint stays the one to resume from).
+by LATEST, or ignored. Then it removes all but the newest two committed
+checkpoints and every other tmp-* directory (a long run must not fill the
+disk). A failed save (a full disk) is reported and training goes on from
+memory (the previous checkpoint stays the one to resume from).
 The step a checkpoint holds is in LATEST and in the checkpoint's own
 metadata (`step`), and a resumed run checks they agree: a checkpoint is
 never applied twice or to the wrong step.
@@ -60,6 +62,26 @@ def latest_step(ckpt_dir):
     return step, os.path.join(ckpt_dir, name)
 
 
+# Committed checkpoints kept: the one LATEST names and the one before it.
+KEEP = 2
+
+
+def prune(ckpt_dir, keep_tmp):
+    """Removes committed checkpoints beyond the newest KEEP and every tmp-*
+    directory but `keep_tmp` (saves that failed or whose job died): a long
+    run must not fill the disk with checkpoints nobody resumes from."""
+    import shutil
+    steps = []
+    for name in os.listdir(ckpt_dir):
+        path = os.path.join(ckpt_dir, name)
+        if name.startswith("step-") and name[5:].isdigit():
+            steps.append((int(name[5:]), path))
+        elif name.startswith("tmp-") and path != keep_tmp:
+            shutil.rmtree(path, ignore_errors=True)
+    for _, path in sorted(steps)[:-KEEP]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def commit(ckpt_dir, tmp, step):
     final = os.path.join(ckpt_dir, f"step-{step}")
     if os.path.exists(final):  # a run before this one got this far: same bits
@@ -72,6 +94,7 @@ def commit(ckpt_dir, tmp, step):
         f.flush()
         os.fsync(f.fileno())
     os.rename(latest_tmp, os.path.join(ckpt_dir, "LATEST"))
+    prune(ckpt_dir, keep_tmp=None)
 
 
 def main():
@@ -92,6 +115,7 @@ def main():
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -136,7 +160,9 @@ def main():
                 dcp.save({"model": msd, "optim": osd, "meta": {"step": torch.tensor(done)}},
                          checkpoint_id=tmp)
                 ok = None
-            except Exception as e:  # noqa: BLE001 - DCP raises the same on every rank
+            # DCP raises the same on every rank; its CheckpointException (a full
+            # disk on any rank) derives from BaseException, not Exception.
+            except (Exception, CheckpointException) as e:  # noqa: BLE001
                 ok = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             dist.barrier()
             if rank == 0:
@@ -146,8 +172,10 @@ def main():
                         log(a.out, f"checkpoint {done}")
                     except OSError as e:
                         log(a.out, f"checkpoint-failed {done} commit: {e}")
+                        prune(a.ckpt_dir, keep_tmp=None)
                 else:
                     log(a.out, f"checkpoint-failed {done} {ok}")
+                    prune(a.ckpt_dir, keep_tmp=None)  # the failed save's partial files too
             dist.barrier()
 
     params = {}
