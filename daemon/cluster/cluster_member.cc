@@ -232,17 +232,20 @@ v1::NodesResponse ClusterMember::ClusterView() const {
   }
   // Out of contact (joining, degraded, failed) the coordinator is not asked:
   // `hsdpctl nodes` answers at once with what this member holds.
-  absl::StatusOr<v1::ListResponse> list =
-      in_contact ? client_.List(kListTimeout)
-                 : absl::StatusOr<v1::ListResponse>(absl::UnavailableError("not in contact"));
-  if (in_contact && !list.ok()) {
-    HSDP_LOG_EVERY_N_SEC(Warning, 5) << "cluster: " << list.status().message()
-                                     << "; showing the nodes this member heard of";
+  std::optional<v1::ListResponse> list;
+  if (in_contact) {
+    absl::StatusOr<v1::ListResponse> answer = client_.List(kListTimeout);
+    if (answer.ok()) {
+      list = std::move(*answer);
+    } else {
+      HSDP_LOG_EVERY_N_SEC(Warning, 5) << "cluster: " << answer.status().message()
+                                       << "; showing the nodes this member heard of";
+    }
   }
   absl::MutexLock l(&mu_);
   v1::NodesResponse r = view_.Response(status_, rank_, options_.coordinator,
                                        options_.is_coordinator, absl::Now());
-  if (list.ok()) view_.AddUnheard(*list, &r);
+  if (list.has_value()) view_.AddUnheard(*list, &r);
   return r;
 }
 

@@ -5,7 +5,7 @@
 // the ones whose changes concern it (lost, restarted, rejoined; not first
 // joins: HeartbeatRequest.news_only, MemberView). Changes become PeerEvents
 // (a node lost, a node joined) delivered on the heartbeat thread; `hsdpctl
-// nodes` asks the coordinator for the whole list (ClusterView).
+// nodes` completes the view from the coordinator's whole list (ClusterView).
 //
 // When the coordinator stops answering for missed_heartbeats intervals the
 // member logs an error and reports the cluster as "degraded" (membership

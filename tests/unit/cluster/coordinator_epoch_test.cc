@@ -53,13 +53,23 @@ absl::StatusOr<v1::HeartbeatResponse> Beat(Coordinator& c, int rank, const std::
   return c.Heartbeat(h);
 }
 
-// The ranks of the kLost events among `events`.
-std::set<int> LostRanks(const std::vector<PeerEvent>& events) {
-  std::set<int> out;
-  for (const PeerEvent& e : events) {
-    if (e.kind == PeerEvent::Kind::kLost) out.insert(e.node);
+// The ranks `view` (rank 0's) reports lost while it follows the heartbeat
+// deltas from epoch `from` to `to`, every change or news only.
+std::set<int> LostFollowing(Coordinator& c, MemberView& view, uint64_t from, uint64_t to,
+                            bool news_only) {
+  std::set<int> lost;
+  for (uint64_t at = from; at < to;) {
+    auto d = Beat(c, 0, "i0", at, news_only);
+    if (!d.ok() || d->epoch() <= at) {
+      ADD_FAILURE() << "no progress from epoch " << at << ": " << d.status();
+      break;
+    }
+    for (const PeerEvent& e : view.Apply(d->epoch(), d->nodes(), true, 0, absl::Now())) {
+      if (e.kind == PeerEvent::Kind::kLost) lost.insert(e.node);
+    }
+    at = d->epoch();
   }
-  return out;
+  return lost;
 }
 
 // A list without ages: rank -> (address, state, instance).
@@ -296,29 +306,10 @@ TEST(CoordinatorEpochTest, EveryMemberEpochGetsEveryLaterChange) {
         n->set_state(std::get<1>(entry));
         n->set_instance(std::get<2>(entry));
       }
-      const absl::Time t = absl::Now();
-      whole_view.Apply(e, e_list, /*delta=*/false, 0, t);
-      sparse_view.Apply(e, {}, /*delta=*/false, 0, t);
-      std::vector<PeerEvent> whole_events, sparse_events;
-      for (uint64_t at = e; at < now;) {
-        auto d = Beat(c, 0, "i0", at);
-        ASSERT_TRUE(d.ok());
-        for (PeerEvent& ev : whole_view.Apply(d->epoch(), d->nodes(), true, 0, t)) {
-          whole_events.push_back(std::move(ev));
-        }
-        at = d->epoch();
-      }
-      for (uint64_t at = e; at < now;) {
-        auto d = Beat(c, 0, "i0", at, /*news_only=*/true);
-        ASSERT_TRUE(d.ok());
-        for (PeerEvent& ev : sparse_view.Apply(d->epoch(), d->nodes(), true, 0, t)) {
-          sparse_events.push_back(std::move(ev));
-        }
-        ASSERT_GT(d->epoch(), at);
-        at = d->epoch();
-      }
-      const std::set<int> whole_lost = LostRanks(whole_events);
-      const std::set<int> sparse_lost = LostRanks(sparse_events);
+      whole_view.Apply(e, e_list, /*delta=*/false, 0, absl::Now());
+      sparse_view.Apply(e, {}, /*delta=*/false, 0, absl::Now());
+      const std::set<int> whole_lost = LostFollowing(c, whole_view, e, now, false);
+      const std::set<int> sparse_lost = LostFollowing(c, sparse_view, e, now, true);
       for (int rank : whole_lost) {
         EXPECT_TRUE(sparse_lost.contains(rank))
             << "rank " << rank << " lost after epoch " << e << " unheard by a sparse view";
