@@ -341,13 +341,16 @@ def summarize(report, args):
 
 def ci_verdict(report, args):
     gaps = read_list(args.known_gaps) if os.path.exists(args.known_gaps) else {}
-    bad, fixed = [], []
+    bad, fixed, details = [], [], []
     for run in report["runs"]:
         ws = run["world_size"]
         for t, r in sorted(run["results"].items()):
             known = _listed(gaps, ws, t)
             if r["result"] != "pass" and not known:
                 bad.append(f"  ws={ws} {t}: {r['result']}: {_reason(r)}")
+                tail = (r.get("detail") or "").strip().splitlines()[-40:]
+                details.append(f"--- ws={ws} {t} (last {len(tail)} lines) ---")
+                details += ["  " + ln for ln in tail]
             elif r["result"] == "pass" and known:
                 fixed.append(f"  ws={ws} {t}")
     if fixed:
@@ -357,6 +360,7 @@ def ci_verdict(report, args):
         print(f"\nFAILED: {len(bad)} tests pass over Gloo but not over hsdpd and are not "
               "known gaps:")
         print("\n".join(bad))
+        print("\n" + "\n".join(details))
         return 1
     print("\nOK: every expected test passes over hsdpd or is a known gap")
     return 0
