@@ -2,6 +2,11 @@
 // clusters on loopback (tests/integration/etcd_test_cluster.h): keys,
 // ranges, transactions, leases, watches, compaction, failover when a member
 // dies, quorum loss and recovery, authentication, bad endpoints.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
@@ -9,6 +14,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -44,6 +51,48 @@ absl::Status CollectEvents(Watch* watch, size_t n, absl::Duration timeout,
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+// etcd's own count of LeaseKeepAlive streams started, over every member
+// (its Prometheus /metrics on the client port, plain HTTP on loopback).
+double KeepAliveStreamsStarted(const EtcdTestCluster& cluster, int members) {
+  double total = 0;
+  for (int i = 0; i < members; ++i) {
+    const std::string ep = cluster.endpoint(i);
+    int port = 0;
+    if (!absl::SimpleAtoi(ep.substr(ep.rfind(':') + 1), &port)) return -1;
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::string resp;
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+      const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+      if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+        char buf[65536];
+        ssize_t n;
+        while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) resp.append(buf, static_cast<size_t>(n));
+      }
+    }
+    ::close(fd);
+    bool found = false;
+    for (absl::string_view line : absl::StrSplit(resp, '\n')) {
+      if (!absl::StartsWith(line, "grpc_server_started_total{") ||
+          !absl::StrContains(line, "grpc_method=\"LeaseKeepAlive\"")) {
+        continue;
+      }
+      double v = 0;
+      if (!absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) return -1;
+      total += v;
+      found = true;
+    }
+    if (!found && resp.find("grpc_server_started_total") == std::string::npos) return -1;
+  }
+  return total;
 }
 
 // ---------------------------------------------------------------------------
@@ -312,6 +361,38 @@ TEST_F(EtcdClientTest, LeaseKeepAliveAndExpiry) {
   EXPECT_TRUE(absl::StartsWith(ttl.status().message(), client_->name())) << ttl.status();
 }
 
+TEST_F(EtcdClientTest, RenewalsShareOneKeepAliveStream) {
+  auto lease = client_->LeaseGrant(absl::Seconds(30), kTimeout);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  const double started_before = KeepAliveStreamsStarted(*cluster_, 3);
+  ASSERT_GE(started_before, 0) << "etcd's /metrics has no grpc_server_started_total";
+  const uint64_t opened_before = client_->keepalive_streams_opened();
+  for (int i = 0; i < 20; ++i) {
+    auto ttl = client_->LeaseKeepAlive(*lease, kTimeout);
+    ASSERT_TRUE(ttl.ok()) << ttl.status();
+    EXPECT_EQ(*ttl, absl::Seconds(30));
+  }
+  EXPECT_EQ(client_->keepalive_streams_opened(), opened_before + 1);
+  // etcd counts one stream for the twenty renewals (it counts a stream when
+  // it starts: the first renewal's answer came after that).
+  EXPECT_EQ(KeepAliveStreamsStarted(*cluster_, 3), started_before + 1);
+
+  // Two leases, two streams; a revoked lease's renewal is NOT_FOUND and
+  // opens a stream of its own to learn it (the revoke closed the old one).
+  auto other = client_->LeaseGrant(absl::Seconds(30), kTimeout);
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_TRUE(client_->LeaseKeepAlive(*other, kTimeout).ok());
+  ASSERT_TRUE(client_->LeaseKeepAlive(*lease, kTimeout).ok());
+  EXPECT_EQ(client_->keepalive_streams_opened(), opened_before + 2);
+  ASSERT_TRUE(client_->LeaseRevoke(*lease, kTimeout).ok());
+  auto gone = client_->LeaseKeepAlive(*lease, kTimeout);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+  EXPECT_EQ(client_->keepalive_streams_opened(), opened_before + 3);
+  ASSERT_TRUE(client_->LeaseKeepAlive(*other, kTimeout).ok());
+  EXPECT_EQ(client_->keepalive_streams_opened(), opened_before + 3);
+  ASSERT_TRUE(client_->LeaseRevoke(*other, kTimeout).ok());
+}
+
 TEST_F(EtcdClientTest, LeaseMinimumTtlIsOneSecond) {
   // A zero TTL is rounded up to one second; etcd may raise it to its minimum.
   auto lease = client_->LeaseGrant(absl::ZeroDuration(), kTimeout);
@@ -526,6 +607,11 @@ TEST(EtcdFailoverTest, KilledMemberFailsOverAndQuorumLossFailsWithinTimeout) {
                              cluster.endpoint(leader)});
   ASSERT_NE(client, nullptr);
   ASSERT_TRUE(client->Put("k", "before", 0, kTimeout).ok());
+  // A lease kept alive on a stream to that member.
+  auto lease = client->LeaseGrant(absl::Seconds(60), kTimeout);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_TRUE(client->LeaseKeepAlive(*lease, kTimeout).ok());
+  ASSERT_EQ(client->keepalive_streams_opened(), 1u);
 
   // A watch through that member alone ends (UNAVAILABLE) when it dies.
   auto single = MustConnect({cluster.endpoint(follower)});
@@ -540,6 +626,15 @@ TEST(EtcdFailoverTest, KilledMemberFailsOverAndQuorumLossFailsWithinTimeout) {
   EXPECT_EQ(ended.code(), absl::StatusCode::kUnavailable) << ended;
   EXPECT_TRUE(absl::StartsWith(ended.message(), single->name())) << ended;
 
+  // The keep-alive stream died with the member: the next renewal opens one
+  // on another member.
+  auto renewed = client->LeaseKeepAlive(*lease, kTimeout);
+  ASSERT_TRUE(renewed.ok()) << renewed.status();
+  EXPECT_EQ(*renewed, absl::Seconds(60));
+  // A new stream, perhaps after one more on the dead member (where calls
+  // still went first) that failed over at once.
+  EXPECT_GE(client->keepalive_streams_opened(), 2u);
+  EXPECT_LE(client->keepalive_streams_opened(), 3u);
   auto put = client->Put("k", "after-kill", 0, kTimeout);
   ASSERT_TRUE(put.ok()) << put.status();
   auto got = client->Range("k", "", kTimeout);
@@ -631,6 +726,9 @@ TEST(EtcdFailoverTest, HungMemberTimesOutAndLaterCallsMoveOn) {
   ASSERT_TRUE(client->Put("k", "v", 0, kTimeout).ok());  // connected to member 0
   auto watch = single->StartWatch("k", "", 0, kTimeout);
   ASSERT_TRUE(watch.ok()) << watch.status();
+  auto lease = client->LeaseGrant(absl::Seconds(60), kTimeout);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_TRUE(client->LeaseKeepAlive(*lease, kTimeout).ok());  // its stream: on member 0
 
   // Member 0 hangs (SIGSTOP): its connections stay open, nothing answers.
   cluster.Pause(0);
@@ -648,6 +746,21 @@ TEST(EtcdFailoverTest, HungMemberTimesOutAndLaterCallsMoveOn) {
     put = client->Put("k", "moved-on", 0, absl::Seconds(2));
     return put.ok();
   }, 10000, 50)) << put.status();
+  // The keep-alive stream on the hung member: the renewal fails on time
+  // (DEADLINE_EXCEEDED, no answer) and a later one runs on a new stream on a
+  // member that answers.
+  start = absl::Now();
+  auto hung_renewal = client->LeaseKeepAlive(*lease, timeout);
+  EXPECT_LT(absl::Now() - start, timeout + absl::Milliseconds(800));
+  ASSERT_FALSE(hung_renewal.ok());
+  EXPECT_EQ(hung_renewal.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << hung_renewal.status();
+  absl::StatusOr<absl::Duration> renewed;
+  ASSERT_TRUE(Eventually([&] {
+    renewed = client->LeaseKeepAlive(*lease, absl::Seconds(2));
+    return renewed.ok();
+  }, 10000, 50)) << renewed.status();
+  EXPECT_GE(client->keepalive_streams_opened(), 2u);
 
   // A watch on the hung member alone: not created within its timeout, and
   // StartWatch returns on time.

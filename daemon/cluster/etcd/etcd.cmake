@@ -97,7 +97,8 @@ target_link_libraries(hsdp_etcd_proto PUBLIC protobuf::libprotobuf gRPC::grpc++)
 target_compile_options(hsdp_etcd_proto PRIVATE -w)
 
 add_library(hsdp_etcd STATIC ${CMAKE_CURRENT_LIST_DIR}/etcd_client.cc
-  ${CMAKE_CURRENT_LIST_DIR}/etcd_client_internal.cc ${CMAKE_CURRENT_LIST_DIR}/etcd_watch.cc)
+  ${CMAKE_CURRENT_LIST_DIR}/etcd_client_internal.cc ${CMAKE_CURRENT_LIST_DIR}/etcd_watch.cc
+  ${CMAKE_CURRENT_LIST_DIR}/etcd_keepalive.cc)
 target_include_directories(hsdp_etcd PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(hsdp_etcd
   PUBLIC absl::status absl::statusor absl::time

@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <climits>
+#include <map>
+#include <memory>
 #include <random>
 #include <thread>
 #include <utility>
@@ -21,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/cluster/etcd/etcd_client_internal.h"
+#include "daemon/cluster/etcd/etcd_keepalive.h"
 #include "daemon/cluster/etcd/etcd_watch.h"
 #include "grpcpp/grpcpp.h"
 #include "hsdp/common/logging.h"
@@ -32,6 +35,7 @@ namespace pb = ::etcdserverpb;
 using internal::Endpoint;
 using internal::FromPb;
 using internal::IsStaleToken;
+using internal::KeepAliveStream;
 using internal::kHasLeaderKey;
 using internal::kMaxReceiveBytes;
 using internal::kTokenKey;
@@ -212,6 +216,7 @@ class EtcdClientImpl final : public EtcdClient {
     pb::LeaseRevokeRequest req;
     req.set_id(lease);
     pb::LeaseRevokeResponse resp;
+    ForgetKeepAlive(lease);
     // etcd: NOT_FOUND "etcdserver: requested lease not found"; the code is kept.
     return Call(absl::StrCat("revoke lease ", absl::Hex(lease)), timeout,
                 [&](Endpoint& ep, grpc::ClientContext* ctx) {
@@ -220,30 +225,60 @@ class EtcdClientImpl final : public EtcdClient {
   }
 
   absl::StatusOr<absl::Duration> LeaseKeepAlive(int64_t lease, absl::Duration timeout) override {
-    pb::LeaseKeepAliveRequest req;
-    req.set_id(lease);
-    pb::LeaseKeepAliveResponse resp;
     const std::string what = absl::StrCat("keep lease ", absl::Hex(lease), " alive");
-    // v3 has no unary keep-alive: one round on a stream of its own.
-    absl::Status s = Call(what, timeout, [&](Endpoint& ep, grpc::ClientContext* ctx) {
-      resp.Clear();
-      auto stream = ep.lease->LeaseKeepAlive(ctx);
-      if (stream->Write(req) && stream->Read(&resp)) {
-        ctx->TryCancel();
-        (void)stream->Finish();
-        return grpc::Status::OK;
+    const absl::Time deadline = absl::Now() + timeout;
+    std::shared_ptr<KeepAliveStream> stream = KeepAliveOf(lease);
+    bool reauthenticated = false;
+    bool failed_over = false;
+    std::string earlier;
+    for (;;) {
+      if (stream == nullptr || stream->over()) {
+        // A new stream on the member calls go to now, with the token now.
+        const size_t index = current_.load() % endpoints_.size();
+        stream = internal::OpenKeepAlive(endpoints_[index].lease.get(), index, Token());
+        keepalive_streams_opened_.fetch_add(1, std::memory_order_relaxed);
+        std::shared_ptr<KeepAliveStream> replaced;  // closed outside the lock
+        absl::MutexLock lock(&keepalive_mu_);
+        replaced = std::exchange(keepalives_[lease], stream);
       }
-      ctx->TryCancel();
-      grpc::Status st = stream->Finish();
-      if (st.ok()) st = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the keep-alive stream ended");
-      return st;
-    });
-    if (!s.ok()) return s;
-    if (resp.ttl() <= 0) {
-      return absl::NotFoundError(
-          absl::StrCat(name_, ": ", what, ": the lease expired or does not exist"));
+      pb::LeaseKeepAliveResponse resp;
+      const grpc::Status s = stream->Renew(lease, deadline, &resp);
+      if (s.ok()) {
+        if (resp.ttl() <= 0) {
+          ForgetKeepAlive(lease);
+          return absl::NotFoundError(
+              absl::StrCat(name_, ": ", what, ": the lease expired or does not exist"));
+        }
+        return absl::Seconds(resp.ttl());
+      }
+      const size_t index = stream->endpoint();
+      const Endpoint& ep = endpoints_[index];
+      const bool time_left = absl::Now() < deadline;
+      if (!reauthenticated && time_left && !options_.user.empty() && IsStaleToken(s)) {
+        reauthenticated = true;
+        absl::Status a = Reauthenticate(stream->token(), deadline - absl::Now());
+        if (!a.ok()) return a;
+        continue;
+      }
+      if (MemberDown(s)) {
+        Advance(index, ep, s);
+        if (!failed_over && time_left && endpoints_.size() > 1) {
+          failed_over = true;
+          earlier = absl::StrCat(" (before that ", ep.address, ": ", s.error_message(), ")");
+          continue;
+        }
+      }
+      std::string msg = s.error_message();
+      if (msg.empty()) msg = absl::StrCat("gRPC code ", static_cast<int>(s.error_code()));
+      return absl::Status(ToAbsl(s.error_code()),
+                          absl::StrCat(name_, ": ", what, ": ", msg,
+                                       failed_over ? absl::StrCat(" at ", ep.address) : "",
+                                       earlier));
     }
-    return absl::Seconds(resp.ttl());
+  }
+
+  uint64_t keepalive_streams_opened() const override {
+    return keepalive_streams_opened_.load(std::memory_order_relaxed);
   }
 
   absl::StatusOr<std::unique_ptr<Watch>> StartWatch(const std::string& key,
@@ -377,6 +412,21 @@ class EtcdClientImpl final : public EtcdClient {
     }
   }
 
+  // The lease's open keep-alive stream, null when none.
+  std::shared_ptr<KeepAliveStream> KeepAliveOf(int64_t lease) {
+    absl::MutexLock lock(&keepalive_mu_);
+    auto it = keepalives_.find(lease);
+    return it == keepalives_.end() ? nullptr : it->second;
+  }
+  void ForgetKeepAlive(int64_t lease) {
+    std::shared_ptr<KeepAliveStream> gone;  // closed outside the lock
+    absl::MutexLock lock(&keepalive_mu_);
+    auto it = keepalives_.find(lease);
+    if (it == keepalives_.end()) return;
+    gone = std::move(it->second);
+    keepalives_.erase(it);
+  }
+
   const EtcdOptions options_;
   std::string name_;
   std::vector<Endpoint> endpoints_;
@@ -384,6 +434,10 @@ class EtcdClientImpl final : public EtcdClient {
   absl::Mutex auth_mu_;  // one re-authentication at a time
   absl::Mutex mu_;
   std::string token_ ABSL_GUARDED_BY(mu_);
+  // One stream per lease kept alive (a lease revoked or gone drops its own).
+  absl::Mutex keepalive_mu_;
+  std::map<int64_t, std::shared_ptr<KeepAliveStream>> keepalives_ ABSL_GUARDED_BY(keepalive_mu_);
+  std::atomic<uint64_t> keepalive_streams_opened_{0};
 };
 
 }  // namespace

@@ -169,8 +169,13 @@ class EtcdClient {
   // Deletes the lease and every key attached to it. NOT_FOUND when unknown.
   virtual absl::Status LeaseRevoke(int64_t lease, absl::Duration timeout) = 0;
   // Renews the lease once; returns the TTL it has now. NOT_FOUND when it
-  // expired (or never existed).
+  // expired (or never existed). Renewals of a lease share one keep-alive
+  // stream, kept open between calls (a new one after a failure, on the
+  // member the failover picks); LeaseRevoke and NOT_FOUND close it.
   virtual absl::StatusOr<absl::Duration> LeaseKeepAlive(int64_t lease, absl::Duration timeout) = 0;
+  // Keep-alive streams this client opened (one per lease, more after
+  // failures).
+  virtual uint64_t keepalive_streams_opened() const = 0;
 
   // Starts a watch on [key, range_end) from `start_revision` (0 = from now).
   // Fails (UNAVAILABLE) when etcd cannot be reached within `timeout`.
