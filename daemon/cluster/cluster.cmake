@@ -10,6 +10,7 @@ add_library(hsdp_cluster STATIC
   ${CMAKE_CURRENT_LIST_DIR}/etcd/etcd_join.cc
   ${CMAKE_CURRENT_LIST_DIR}/etcd/etcd_member.cc
   ${CMAKE_CURRENT_LIST_DIR}/etcd/etcd_member_watch.cc
+  ${CMAKE_CURRENT_LIST_DIR}/etcd/etcd_sweeper.cc
   ${CMAKE_CURRENT_LIST_DIR}/etcd/etcd_store.cc
   ${CMAKE_CURRENT_LIST_DIR}/kv_cluster_directory.cc
   ${CMAKE_CURRENT_LIST_DIR}/kv_limits.cc
@@ -23,7 +24,7 @@ add_library(hsdp_cluster STATIC
   ${CMAKE_CURRENT_LIST_DIR}/token_authenticator.cc)
 target_include_directories(hsdp_cluster PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(hsdp_cluster PUBLIC hsdp_jobs hsdp_engine hsdp_auth hsdp_config hsdp_proto
-  absl::synchronization absl::time absl::strings gRPC::grpc++)
+  absl::synchronization absl::time absl::strings absl::random_random gRPC::grpc++)
 
 # The Gloo rendezvous store over the coordinator's key/value store, with the
 # Gloo transport it serves.

@@ -49,31 +49,6 @@ void ParallelFor(int n, int threads, const std::function<void(int)>& fn) {
   for (auto& t : ts) t.join();
 }
 
-void WaitViews(const std::vector<Membership*>& members, int expected, absl::Time t0,
-               absl::Duration timeout, Result* res) {
-  std::vector<Membership*> pending = members;
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!pending.empty() && absl::Now() < deadline) {
-    std::vector<Membership*> still;
-    for (Membership* m : pending) {
-      if (AliveCount(m->View()) != expected) still.push_back(m);
-    }
-    pending.swap(still);
-    if (!pending.empty()) absl::SleepFor(absl::Milliseconds(20));
-  }
-  if (pending.empty()) {
-    res->views = Secs(absl::ToDoubleSeconds(absl::Now() - t0));
-    return;
-  }
-  int best = 0;
-  for (Membership* m : pending) best = std::max(best, AliveCount(m->View()));
-  res->views = absl::StrCat("timeout (", members.size() - pending.size(), "/", members.size(),
-                            ")");
-  res->notes.push_back(absl::StrCat("views: ", pending.size(),
-                                    " node(s) never saw all alive; best of them saw ", best, "/",
-                                    expected));
-}
-
 void WaitEpochCaughtUp(const std::string& coordinator, const std::vector<Membership*>& members,
                        int expected, absl::Time t0, absl::Duration timeout, Result* res) {
   ClusterClient client(coordinator, "");

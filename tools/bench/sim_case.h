@@ -35,17 +35,11 @@ std::string UsPerCall(double cpu_s, double calls);
 // Runs fn(i) for i in [0, n) on `threads` threads.
 void ParallelFor(int n, int threads, const std::function<void(int)>& fn);
 
-// Waits (up to `timeout`) until every member sees `expected` nodes alive;
-// sets res->views ("timeout (k/n)" and a note when some never did).
-// `t0` is when the join began.
-void WaitViews(const std::vector<Membership*>& members, int expected, absl::Time t0,
-               absl::Duration timeout, Result* res);
-
 // Sparse views (ClusterMember; the embedded store): members do not hold
 // every node, so "views complete" is when every member's epoch reached the
 // epoch that published the last join (the first epoch whose list, as
 // `coordinator`'s List shows it, has `expected` nodes alive). Sets
-// res->views like WaitViews.
+// res->views: seconds from `t0`, or "timeout (k/n)" and a note.
 void WaitEpochCaughtUp(const std::string& coordinator, const std::vector<Membership*>& members,
                        int expected, absl::Time t0, absl::Duration timeout, Result* res);
 

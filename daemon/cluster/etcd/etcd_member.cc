@@ -1,8 +1,10 @@
 #include "daemon/cluster/etcd/etcd_member.h"
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 
+#include "absl/random/distributions.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -47,7 +49,8 @@ EtcdMember::EtcdMember(etcd::EtcdClient* etcd, EtcdStore* store, Options options
             absl::StrCat("its lease in etcd expired: no heartbeat for ",
                          absl::FormatDuration(options_.heartbeat *
                                               static_cast<int64_t>(options_.missed_heartbeats)),
-                         ", or it left")),
+                         ", or it left"),
+            MemberView::Kind::kSparse),
       outbox_(kMaxOutbox, etcd_->name()) {}
 
 EtcdMember::~EtcdMember() { Stop(); }
@@ -73,7 +76,12 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
   me.set_data_address(options_.data_address);
   me.set_name(options_.name);
   me.set_instance(instance_);
-  absl::StatusOr<etcd::EtcdJoin::Claimed> claimed = join_.Claim(me, lease, deadline);
+  bool want_list;
+  {
+    absl::MutexLock l(&mu_);
+    want_list = view_.stale();  // a rejoin: every node counts as lost until this list
+  }
+  absl::StatusOr<etcd::EtcdJoin::Claimed> claimed = join_.Claim(me, lease, deadline, want_list);
   if (!claimed.ok()) {
     if (claimed.status().code() == absl::StatusCode::kNotFound) {
       // The lease ran out before the join took (joining outlasted its TTL,
@@ -95,6 +103,10 @@ absl::Status EtcdMember::JoinOnce(absl::Duration timeout) {
     fired = view_.Present(claimed->live, claimed->epoch, rank_, now);
     // Changes after the read are replayed by the watch (idempotently).
     watch_from_ = claimed->revision + 1;
+    if (!watching_) {  // else a rejoin: the watch tells about the sweeper's key
+      sweeper_seen_ = !claimed->sweeper_absent;
+      campaign_at_ = sweeper_seen_ ? absl::InfiniteFuture() : CampaignTimeLocked();
+    }
   }
   FirePeerEvents(fired, events_);
   return absl::OkStatus();
@@ -112,6 +124,7 @@ absl::Status EtcdMember::Start() {
   absl::MutexLock l(&mu_);
   if (stopping_) return absl::CancelledError("cluster: stopped while joining");
   const int64_t from = watch_from_;
+  watching_ = true;
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   watcher_ = std::thread([this, from] { WatchLoop(from); });
   return absl::OkStatus();
@@ -128,6 +141,7 @@ void EtcdMember::Stop() {
     lease = lease_;
   }
   retry_.Cancel();
+  StopSweeper();
   if (heartbeat_.joinable()) {
     heartbeat_.join();
     FlushOutbox();  // a last try (bounded by one call's timeout)
@@ -205,8 +219,68 @@ void EtcdMember::Rejoin(const std::string& why) {
     lease_ = 0;
     rank_ = -1;
   }
+  StopSweeper();  // its key went with the lease
   store_->SetLease(0);
   FirePeerEvents(lost, events_);
+}
+
+absl::Time EtcdMember::CampaignTimeLocked() const {
+  const int tier = std::min(std::max(rank_, 0) / 8, 3);
+  return absl::Now() + absl::Seconds(tier) +
+         absl::Milliseconds(250) * (static_cast<double>(absl::Uniform(bitgen_, 0, 1000)) / 1000);
+}
+
+void EtcdMember::Campaign() {
+  int rank;
+  int64_t lease;
+  const absl::Duration timeout = std::max(options_.heartbeat, absl::Milliseconds(500));
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_ || rank_ < 0 || sweeper_ != nullptr || sweeper_seen_) {
+      campaign_at_ = absl::InfiniteFuture();
+      return;
+    }
+    rank = rank_;
+    lease = lease_;
+    campaign_at_ = absl::Now() + options_.heartbeat;  // again unless this settles it
+  }
+  rpcs_.fetch_add(1, std::memory_order_relaxed);
+  absl::StatusOr<etcd::TxnResult> t =
+      etcd_->Txn({etcd::Compare::Unchanged(keys_.Sweeper(), 0)},
+                 {etcd::Op::Put(keys_.Sweeper(), absl::StrCat(rank), lease)}, {}, timeout);
+  if (!t.ok()) return;
+  absl::MutexLock l(&mu_);
+  if (!t->succeeded) return;  // another member is the sweeper: the watch says so
+  campaign_at_ = absl::InfiniteFuture();
+  sweeper_seen_ = true;
+  if (stopping_ || rank_ != rank) return;  // the key goes with the lease
+  HSDP_LOG(Info) << "cluster: node " << rank << " is the sweeper (it publishes the losses of "
+                 << "nodes in " << etcd_->name() << ")";
+  sweeper_ = std::make_unique<etcd::EtcdSweeper>(etcd_, &join_, options_.prefix, options_.nodes,
+                                                 &rpcs_);
+  sweeper_thread_ = std::thread([s = sweeper_.get()] { s->Run(); });
+}
+
+void EtcdMember::StopSweeper() {
+  std::unique_ptr<etcd::EtcdSweeper> sweeper;
+  std::thread thread;
+  {
+    absl::MutexLock l(&mu_);
+    sweeper = std::move(sweeper_);
+    thread = std::move(sweeper_thread_);
+  }
+  if (sweeper != nullptr) sweeper->Stop();
+  if (thread.joinable()) thread.join();
+}
+
+bool EtcdMember::sweeping() const {
+  absl::MutexLock l(&mu_);
+  return sweeper_ != nullptr;
+}
+
+uint64_t EtcdMember::losses_published() const {
+  absl::MutexLock l(&mu_);
+  return sweeper_ == nullptr ? 0 : sweeper_->published();
 }
 
 void EtcdMember::HeartbeatLoop() {
@@ -215,11 +289,15 @@ void EtcdMember::HeartbeatLoop() {
   bool joined = true;
   absl::Time next = absl::Now() + options_.heartbeat;
   for (;;) {
+    bool campaign;
     {
       absl::MutexLock l(&mu_);
-      mu_.AwaitWithDeadline(absl::Condition(this, &EtcdMember::WakeLocked), next);
+      mu_.AwaitWithDeadline(absl::Condition(this, &EtcdMember::WakeLocked),
+                            std::min(next, campaign_at_));
       if (stopping_) return;
+      campaign = joined && absl::Now() >= campaign_at_;
     }
+    if (campaign) Campaign();
     const bool sent = joined && FlushOutbox();
     if (absl::Now() < next) {
       absl::MutexLock l(&mu_);
@@ -267,6 +345,53 @@ void EtcdMember::HeartbeatLoop() {
 v1::NodesResponse EtcdMember::View() const {
   absl::MutexLock l(&mu_);
   return view_.Response(status_, rank_, etcd_->name(), /*is_coordinator=*/false, absl::Now());
+}
+
+v1::NodesResponse EtcdMember::ClusterView() const {
+  bool in_contact;
+  {
+    absl::MutexLock l(&mu_);
+    in_contact = status_.state() == "ok";
+  }
+  // Out of contact (joining, degraded, failed) etcd is not asked: `hsdpctl
+  // nodes` answers at once with what this member holds.
+  std::optional<v1::ListResponse> list;
+  if (in_contact) {
+    rpcs_.fetch_add(1, std::memory_order_relaxed);
+    absl::StatusOr<etcd::TxnResult> read = etcd_->Txn(
+        {}, {etcd::Op::Get(keys_.Nodes(), etcd::PrefixEnd(keys_.Nodes())),
+             etcd::Op::Get(keys_.Epoch())},
+        {}, absl::Seconds(1));
+    if (read.ok() && read->ranges.size() == 2) {
+      list.emplace();
+      for (const etcd::KeyValue& kv : read->ranges[0]) {
+        const int rank = etcd::EtcdKeys::RankIn(kv.key, keys_.Nodes());
+        v1::ClusterNode n;
+        if (rank >= 0 && rank < static_cast<int>(options_.nodes) && ParseNode(kv, rank, &n)) {
+          *list->add_nodes() = std::move(n);  // changed_epoch 0: shown as it is
+        }
+      }
+      uint64_t epoch = 0;
+      if (!read->ranges[1].empty()) (void)absl::SimpleAtoi(read->ranges[1][0].value, &epoch);
+      list->set_epoch(epoch);
+    } else {
+      HSDP_LOG_EVERY_N_SEC(Warning, 5)
+          << "cluster: " << (read.ok() ? "etcd answered a read of 2 ranges with fewer"
+                                       : std::string(read.status().message()))
+          << "; showing the nodes this member heard of";
+    }
+  }
+  absl::MutexLock l(&mu_);
+  v1::NodesResponse r = view_.Response(status_, rank_, etcd_->name(), /*is_coordinator=*/false,
+                                       absl::Now());
+  if (list.has_value()) {
+    // The epoch moves on with joins too, which this member does not hear
+    // of: it shows the store's (as ClusterMember shows the coordinator's).
+    r.set_epoch(std::max(r.epoch(), list->epoch()));
+    list->set_epoch(r.epoch());
+    view_.AddUnheard(*list, &r);
+  }
+  return r;
 }
 
 uint64_t EtcdMember::epoch() const {

@@ -1,33 +1,38 @@
 // This daemon's membership kept in etcd (cluster.store: etcd): no
 // coordinator, so no single machine whose loss stops joins.
 //
-// Keys, under the cluster's prefix P (cluster.etcd.prefix):
-//   P m/config        "nodes=N": every node must agree on cluster.nodes
-//   P m/epoch         the cluster epoch (decimal)
-//   P m/nodes/<r>     node rank r's ClusterNode (address, instance, ...),
+// Keys, under the cluster's prefix P (cluster.etcd.prefix; etcd_keys.h):
+//   P m/config        "nodes=N layout=2": every node must agree
+//   P m/epoch         the cluster epoch (decimal); watched by nobody
+//   P n/<r>           node rank r's ClusterNode (address, instance, ...),
 //                     under the node's lease: it lives while the node
-//                     heartbeats (LeaseKeepAlive every heartbeat_ms; the
-//                     lease's TTL is heartbeat_ms x missed_heartbeats)
-//   P h/ranks/<r>     the address that last held rank r (no lease), so a
-//                     restarted node gets its rank back (outside m/: no
-//                     watcher is woken for it)
-//   P m/events/<r>    the group events node r reported last (its lease)
+//                     heartbeats (renewals on one keep-alive stream every
+//                     heartbeat_ms; the lease's TTL is heartbeat_ms x
+//                     missed_heartbeats). Watched by the sweeper alone.
+//   P h/ranks/<r>     who last held rank r (address, instance; no lease)
+//   P h/addr/<a>      the rank address a last held (no lease): a restarted
+//                     node gets its rank back without reading the others
+//   P w/news/<r>      rank r's last news: lost (by the sweeper), or alive
+//                     again naming the instance it replaced (by the join)
+//   P w/events/<r>    the group events node r reported last (its lease)
+//   P w/sweeper       the sweeper's rank (its lease)
 //
-// Join (EtcdJoin): one transaction claims a rank (by request, by address,
-// else a free one at random), compared against that rank's key only, so two
-// nodes never take one rank and joins of different ranks never conflict (a
-// lost race backs off, jittered); then "if the epoch was last written before
-// my join, advance it" (a compare-and-put): the epoch moves on after every
-// join, and joins that overlap may share one step. A loss: the node's key
-// goes with its lease; every member's watch on P m/ sees the deletion, and
-// the lost node's successor (the next live rank) advances the epoch the
-// same way: one member's calls per loss, not N.
+// Every member watches P w/ only, and keeps a sparse view (member_view.h):
+// it hears of a rank when it is news (lost, restarted, back), never of a
+// first join, which no group can have depended on. So a join storm of N
+// nodes wakes nobody but the sweeper, and a loss costs one watch event per
+// member. Join: EtcdJoin (a window of ranks, never the whole membership).
+// Losses: the sweeper (etcd_sweeper.h), elected through P w/sweeper; when
+// its key goes, members campaign (ranks 0-7 at once, later ranks a second
+// per 8 ranks later, at most 3 s) and the new sweeper publishes the losses
+// nobody published meanwhile. `hsdpctl nodes` (ClusterView) completes the
+// view from a read of P n/.
 //
 // Like ClusterMember: PeerEvents for differences between views (on the
 // watch thread), group events relayed to every other node, "degraded" when
 // etcd has not answered for missed_heartbeats intervals (membership
 // frozen), and a node whose lease expired reports every other node lost and
-// joins again.
+// joins again (reading every node key in that join).
 //
 // Thread-safe. Start blocks until joined, failed or stopped.
 #ifndef HSDP_DAEMON_CLUSTER_ETCD_ETCD_MEMBER_H_
@@ -41,12 +46,14 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/random/random.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/cluster/etcd/etcd_client.h"
 #include "daemon/cluster/etcd/etcd_join.h"
 #include "daemon/cluster/etcd/etcd_keys.h"
 #include "daemon/cluster/etcd/etcd_store.h"
+#include "daemon/cluster/etcd/etcd_sweeper.h"
 #include "daemon/cluster/join_retry.h"
 #include "daemon/cluster/member_status.h"
 #include "daemon/cluster/member_view.h"
@@ -82,11 +89,16 @@ class EtcdMember : public Membership {
   void Stop() override ABSL_LOCKS_EXCLUDED(mu_);
   void ReportGroupEvent(v1::GroupEvent event) override ABSL_LOCKS_EXCLUDED(mu_);
   v1::NodesResponse View() const override ABSL_LOCKS_EXCLUDED(mu_);
+  // View() completed with every live node key in etcd (one read).
+  v1::NodesResponse ClusterView() const override ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t epoch() const override ABSL_LOCKS_EXCLUDED(mu_);
   int node_rank() const override ABSL_LOCKS_EXCLUDED(mu_);
   std::string instance() const override { return instance_; }
   // Calls this member made to etcd (directly or through `store`).
   uint64_t rpcs() const { return rpcs_.load(std::memory_order_relaxed); }
+  // Whether this member is the sweeper now, and the losses it published.
+  bool sweeping() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t losses_published() const ABSL_LOCKS_EXCLUDED(mu_);
 
   static constexpr size_t kMaxOutbox = 1024;
   static constexpr size_t kMaxReportEvents = 64;
@@ -98,19 +110,24 @@ class EtcdMember : public Membership {
   absl::Status JoinOnce(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void WatchLoop(int64_t from) ABSL_LOCKS_EXCLUDED(mu_);
-  // Applies one watched change; fills `out` with the PeerEvents to fire,
-  // and `lost_at` with the revision of a loss this node must step the
-  // epoch past (it is the lost node's successor).
+  // Applies one watched change; fills `out` with the PeerEvents to fire.
   void Apply(const etcd::WatchEvent& e, std::vector<PeerEvent>* out,
-             std::vector<v1::GroupEvent>* group_out, int64_t* lost_at) ABSL_LOCKS_EXCLUDED(mu_);
-  // After a compaction: every node key read at `revision` is the live set.
-  void Reread(const std::vector<etcd::KeyValue>& nodes, int64_t revision)
-      ABSL_LOCKS_EXCLUDED(mu_);
+             std::vector<v1::GroupEvent>* group_out) ABSL_LOCKS_EXCLUDED(mu_);
   // Parses a node key's value (rank and state set); false when malformed.
   bool ParseNode(const etcd::KeyValue& kv, int rank, v1::ClusterNode* n) const;
-  // Whether this node moves the epoch on for the loss of `rank` (it is its
-  // live successor).
-  bool SuccessorOfLocked(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies news (P w/news/<r>); events into `out`.
+  void ApplyNewsLocked(int rank, const std::string& value, std::vector<PeerEvent>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a compaction: every news entry read at `revision`, applied again
+  // (what this member already heard changes nothing).
+  void Reread(const std::vector<etcd::KeyValue>& news) ABSL_LOCKS_EXCLUDED(mu_);
+  // When this member campaigns after the sweeper's key went: ranks 0-7 at
+  // once, later ones up to 3 s later (jittered).
+  absl::Time CampaignTimeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tries to become the sweeper (one transaction); starts it when elected.
+  void Campaign() ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends this member's sweeper, if it runs one.
+  void StopSweeper() ABSL_LOCKS_EXCLUDED(mu_);
   // Lease gone: every other node counts as lost until this one joined again.
   void Rejoin(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   bool FlushOutbox() ABSL_LOCKS_EXCLUDED(mu_);
@@ -135,7 +152,15 @@ class EtcdMember : public Membership {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   GroupEventOutbox outbox_ ABSL_GUARDED_BY(mu_);
   etcd::Watch* watch_ ABSL_GUARDED_BY(mu_) = nullptr;  // the watch in use, for Stop
-  std::atomic<uint64_t> rpcs_{0};
+  // The sweeper's key as the watch last saw it; when to campaign while it
+  // is absent (InfiniteFuture: not).
+  bool sweeper_seen_ ABSL_GUARDED_BY(mu_) = false;
+  bool watching_ ABSL_GUARDED_BY(mu_) = false;  // Start began the watch
+  absl::Time campaign_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::unique_ptr<etcd::EtcdSweeper> sweeper_ ABSL_GUARDED_BY(mu_);
+  std::thread sweeper_thread_ ABSL_GUARDED_BY(mu_);
+  mutable std::atomic<uint64_t> rpcs_{0};
+  mutable absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
   std::thread heartbeat_;
   std::thread watcher_;
 };
