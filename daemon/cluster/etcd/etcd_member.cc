@@ -236,8 +236,12 @@ void EtcdMember::Campaign() {
   const absl::Duration timeout = std::max(options_.heartbeat, absl::Milliseconds(500));
   {
     absl::MutexLock l(&mu_);
-    if (stopping_ || rank_ < 0 || sweeper_ != nullptr || sweeper_seen_) {
+    if (stopping_ || sweeper_ != nullptr || sweeper_seen_) {
       campaign_at_ = absl::InfiniteFuture();
+      return;
+    }
+    if (rank_ < 0) {  // joining again: campaign once joined
+      campaign_at_ = absl::Now() + options_.heartbeat;
       return;
     }
     rank = rank_;
