@@ -234,10 +234,11 @@ absl::StatusOr<uint32_t> KvClusterDirectory::FirstEpoch(const std::string& key,
 }
 
 void KvClusterDirectory::ReportEpochFailed(const std::string& key, uint32_t epoch,
-                                           const std::string& why) {
+                                           uint64_t completed_seq, const std::string& why) {
   v1::GroupEvent e;
   e.set_group_key(key);
   e.set_epoch(epoch);
+  e.set_completed_seq(completed_seq);
   e.set_why(why.substr(0, 1000));
   member_->ReportGroupEvent(std::move(e));
 }

@@ -49,7 +49,8 @@ class KvClusterDirectory : public ClusterDirectory {
                                            absl::Time deadline,
                                            const std::function<bool()>& cancelled = nullptr) override;
   absl::StatusOr<uint32_t> FirstEpoch(const std::string& key, absl::Time deadline) override;
-  void ReportEpochFailed(const std::string& key, uint32_t epoch, const std::string& why) override;
+  void ReportEpochFailed(const std::string& key, uint32_t epoch, uint64_t completed_seq,
+                         const std::string& why) override;
 
   static constexpr size_t kMaxQueued = 4096;
 

@@ -99,8 +99,10 @@ struct GroupSpec {
   uint32_t first_epoch = 1;             // the epoch it starts in (ClusterDirectory::FirstEpoch)
   uint32_t qos_class = 4;               // the job's priority level (EngineTask::qos_class)
   // Cross-node groups: called (without the group's lock) when an epoch fails
-  // for a reason that started on this node. May be empty.
-  std::function<void(uint32_t epoch, const absl::Status& why)> on_epoch_failed;
+  // for a reason that started on this node, with the last operation of that
+  // epoch completed here (its seq; 0: none). May be empty.
+  std::function<void(uint32_t epoch, const absl::Status& why, uint64_t completed_seq)>
+      on_epoch_failed;
 };
 
 // The global key of the `k`-th group job `job` creates with `ranks` (k from
@@ -153,8 +155,10 @@ class Group : public std::enable_shared_from_this<Group> {
   // Node `node` joined (again): its ranks, lost with it, join the next epoch.
   void PeerJoined(int node);
   // Another daemon reported that `epoch` of this group failed: it fails here
-  // too (now, or when this daemon reaches it).
-  void RemoteEpochFailed(uint32_t epoch, const absl::Status& why);
+  // too (now, or when this daemon reaches it). Operations of that epoch up
+  // to `completed_seq` completed there: running here, they finish rather
+  // than being aborted (every node's part of them is done or in flight).
+  void RemoteEpochFailed(uint32_t epoch, const absl::Status& why, uint64_t completed_seq = 0);
   // Whether some members are on other nodes.
   bool spans_nodes() const { return local_ranks_.size() < spec_.ranks.size(); }
   // The small-operation arena (an all-local group's, for the epoch it was
@@ -232,16 +236,20 @@ class Group : public std::enable_shared_from_this<Group> {
   // the engine cannot tell).
   bool LinkedToInstance(uint32_t epoch, int node, const std::string& instance) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Ends the current epoch: returns what to notify and the tickets to abort.
+  // Ends the current epoch: returns what to notify and the tickets to abort
+  // (running operations after `spare_through`, a seq: those up to it go on).
   // Returns false when the epoch had already failed.
   bool FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to_fail,
-                       std::vector<uint64_t>* to_abort) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                       std::vector<uint64_t>* to_abort, uint64_t spare_through = 0)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails `epoch` if it is the current one (0: whichever is current);
   // `report`: the failure started here (spec.on_epoch_failed hears of it,
   // with `cause` when given: the other daemons describe the operation
   // themselves, and a completion message has room for 208 bytes only).
+  // `spare_through`: as for FailEpochLocked.
   void FailEpoch(const absl::Status& status, uint32_t epoch = 0, bool report = false,
-                 const absl::Status* cause = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
+                 const absl::Status* cause = nullptr, uint64_t spare_through = 0)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Enters the next epoch when every member joined it.
   void MaybeAdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordWaitsLocked(const PendingOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -292,6 +300,8 @@ class Group : public std::enable_shared_from_this<Group> {
   std::vector<uint32_t> joined_epoch_ ABSL_GUARDED_BY(mu_);             // by group rank
   uint32_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status epoch_failure_ ABSL_GUARDED_BY(mu_);  // not OK: the current epoch failed
+  // The last operation of the current epoch that completed here (its seq).
+  uint64_t completed_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<SmallOpArena> arena_ ABSL_GUARDED_BY(mu_);
   // Partially matched operations, the next sequence number to run and the
   // failed ones of the current epoch (it sequences epoch_).

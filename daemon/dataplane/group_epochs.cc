@@ -88,7 +88,7 @@ void Group::PeerJoined(int node) {
   Pump();
 }
 
-void Group::RemoteEpochFailed(uint32_t epoch, const absl::Status& why) {
+void Group::RemoteEpochFailed(uint32_t epoch, const absl::Status& why, uint64_t completed_seq) {
   {
     absl::MutexLock l(&mu_);
     if (epoch < epoch_ || (epoch == epoch_ && !epoch_failure_.ok())) return;  // over already
@@ -99,7 +99,7 @@ void Group::RemoteEpochFailed(uint32_t epoch, const absl::Status& why) {
       return;
     }
   }
-  FailEpoch(why, epoch, /*report=*/false);
+  FailEpoch(why, epoch, /*report=*/false, nullptr, completed_seq);
 }
 
 void Group::MaybeAdvanceLocked() {
@@ -114,6 +114,7 @@ void Group::MaybeAdvanceLocked() {
   }
   ++epoch_;
   epoch_failure_ = absl::OkStatus();
+  completed_seq_ = 0;
   restart_cause_ = absl::OkStatus();
   matcher_.StartEpoch(epoch_);
   p2p_posted_.clear();
@@ -138,7 +139,7 @@ void Group::MaybeAdvanceLocked() {
 }
 
 bool Group::FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to_fail,
-                            std::vector<uint64_t>* to_abort) {
+                            std::vector<uint64_t>* to_abort, uint64_t spare_through) {
   if (!epoch_failure_.ok()) return false;
   epoch_failure_ = status;
   if (!restart_cause_.ok() && status.code() == absl::StatusCode::kUnavailable) {
@@ -156,6 +157,10 @@ bool Group::FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to
   ops_failed_ += failed_ops;
   for (P2POp& p : TakeAllP2PLocked()) to_fail->push_back(std::move(p.arrival));
   for (const std::shared_ptr<RunningOp>& run : running_) {
+    // Completed on the node that reported the failure: its part is done, so
+    // this one finishes too (aborting it would fail a collective that
+    // succeeded everywhere else).
+    if (run->op.epoch == epoch_ && run->op.seq <= spare_through) continue;
     if (run->ticket != 0) to_abort->push_back(run->ticket);
   }
   for (const auto& [ticket, epoch] : p2p_running_) {
@@ -165,17 +170,19 @@ bool Group::FailEpochLocked(const absl::Status& status, std::vector<Arrival>* to
 }
 
 void Group::FailEpoch(const absl::Status& status, uint32_t epoch, bool report,
-                      const absl::Status* cause) {
+                      const absl::Status* cause, uint64_t spare_through) {
   std::vector<Arrival> to_fail;
   std::vector<uint64_t> to_abort;
   uint32_t failed_epoch = 0;
+  uint64_t completed_seq = 0;
   {
     absl::MutexLock l(&mu_);
     if (epoch != 0 && epoch != epoch_) return;  // that epoch is over already
-    if (FailEpochLocked(status, &to_fail, &to_abort)) failed_epoch = epoch_;
+    if (FailEpochLocked(status, &to_fail, &to_abort, spare_through)) failed_epoch = epoch_;
+    completed_seq = completed_seq_;
   }
   if (report && failed_epoch != 0 && spans_nodes() && spec_.on_epoch_failed) {
-    spec_.on_epoch_failed(failed_epoch, cause != nullptr ? *cause : status);
+    spec_.on_epoch_failed(failed_epoch, cause != nullptr ? *cause : status, completed_seq);
   }
   // Running operations end through the engine (aborted where it can), or at
   // their deadline.

@@ -193,6 +193,9 @@ void Group::OnCompleted(const std::shared_ptr<RunningOp>& run, absl::Status stat
     if (run->finished.exchange(true)) return;  // already failed at its deadline
     forwarded = run->forwarded;
     if (!status.ok()) ++ops_failed_;
+    if (status.ok() && run->op.epoch == epoch_) {
+      completed_seq_ = std::max(completed_seq_, run->op.seq);
+    }
   }
   if (!status.ok() && spans_nodes()) {
     // A failed cross-node operation leaves the daemons out of step (and the

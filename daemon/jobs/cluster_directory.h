@@ -71,7 +71,7 @@ class ClusterDirectory {
 
   // Epoch `epoch` of cross-node group `key` failed here for `why`: the
   // other daemons fail it too. Never blocks.
-  virtual void ReportEpochFailed(const std::string& key, uint32_t epoch,
+  virtual void ReportEpochFailed(const std::string& key, uint32_t epoch, uint64_t completed_seq,
                                  const std::string& why) = 0;
 };
 

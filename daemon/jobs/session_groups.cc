@@ -176,8 +176,9 @@ absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
     spec.observer = observer_;
     if (cluster_ != nullptr && !nodes.empty()) {
       ClusterDirectory* cluster = cluster_;
-      spec.on_epoch_failed = [cluster, key](uint32_t epoch, const absl::Status& why) {
-        cluster->ReportEpochFailed(key, epoch, std::string(why.message()));
+      spec.on_epoch_failed = [cluster, key](uint32_t epoch, const absl::Status& why,
+                                            uint64_t completed_seq) {
+        cluster->ReportEpochFailed(key, epoch, completed_seq, std::string(why.message()));
       };
     }
     if (nodes.empty()) nodes.assign(ranks.size(), this_node);
@@ -229,7 +230,7 @@ void SessionManager::OnPeerJoined(int node) {
 }
 
 void SessionManager::OnGroupEvent(const std::string& key, uint32_t epoch, int origin,
-                                  const std::string& why) {
+                                  const std::string& why, uint64_t completed_seq) {
   std::vector<std::shared_ptr<Group>> groups;
   {
     absl::MutexLock l(&mu_);
@@ -240,7 +241,8 @@ void SessionManager::OnGroupEvent(const std::string& key, uint32_t epoch, int or
   for (const std::shared_ptr<Group>& g : groups) {
     // `why` comes from the origin's daemon (its group ids are its own).
     g->RemoteEpochFailed(epoch,
-                         absl::AbortedError(absl::StrCat("node ", origin, " reports: ", why)));
+                         absl::AbortedError(absl::StrCat("node ", origin, " reports: ", why)),
+                         completed_seq);
   }
 }
 

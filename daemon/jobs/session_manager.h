@@ -176,9 +176,10 @@ class SessionManager : public SessionDirectory {
   // Node `node` joined again: groups let its ranks into their next epoch.
   void OnPeerJoined(int node) ABSL_LOCKS_EXCLUDED(mu_);
   // Another daemon (node `origin`) reported that `epoch` of group `key`
-  // failed: this daemon's group of that key fails it too.
-  void OnGroupEvent(const std::string& key, uint32_t epoch, int origin, const std::string& why)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // failed, having completed its operations up to `completed_seq`: this
+  // daemon's group of that key fails it too (Group::RemoteEpochFailed).
+  void OnGroupEvent(const std::string& key, uint32_t epoch, int origin, const std::string& why,
+                    uint64_t completed_seq = 0) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every job, or only those of `uid` when `only_uid` is set.
   std::vector<JobSummary> Jobs(std::optional<uint32_t> only_uid = std::nullopt) const;

@@ -96,7 +96,8 @@ absl::Status Daemon::Start() {
         },
         [this](const v1::GroupEvent& e) {
           if (SessionManager* sm = sessions_ready_.load(); sm != nullptr) {
-            sm->OnGroupEvent(e.group_key(), e.epoch(), e.origin_node(), e.why());
+            sm->OnGroupEvent(e.group_key(), e.epoch(), e.origin_node(), e.why(),
+                             e.completed_seq());
           }
         });
     {

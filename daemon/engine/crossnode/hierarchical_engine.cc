@@ -247,7 +247,9 @@ void HierarchicalEngine::WorkerLoop() {
     scratch.Trim(kMaxIdleScratchBytes);
     {
       std::lock_guard<std::mutex> g2(mu_);
-      if (!xt->abort.ok()) status = xt->abort;  // the reason, not the broken link
+      // The reason, not the broken link; an operation that completed before
+      // the abort took effect succeeded.
+      if (!status.ok() && !xt->abort.ok()) status = xt->abort;
     }
     if (!status.ok()) {
       status =

@@ -377,12 +377,12 @@ TEST(KvClusterDirectoryTest, AReportedFailureMovesTheFirstEpochOfTheGroup) {
   KvClusterDirectory da(&ca, &a, 2);
   const absl::Time soon = absl::Now() + absl::Seconds(5);
   EXPECT_EQ(*da.FirstEpoch("g", soon), 1u);
-  da.ReportEpochFailed("g", 3, "rank 1 left");
+  da.ReportEpochFailed("g", 3, 0, "rank 1 left");
   EXPECT_EQ(hsdp::testing::EventuallyEq([&] { return *da.FirstEpoch("g", soon); }, 4u, 5000), 4u);
-  da.ReportEpochFailed("g", 2, "older news");  // never moves it back
+  da.ReportEpochFailed("g", 2, 0, "older news");  // never moves it back
   // A fence: the member sends its reports in order, so once this later one
   // (another group) took effect, the older news about "g" has been handled.
-  da.ReportEpochFailed("fence", 1, "fence");
+  da.ReportEpochFailed("fence", 1, 0, "fence");
   ASSERT_EQ(hsdp::testing::EventuallyEq([&] { return *da.FirstEpoch("fence", soon); }, 2u, 5000),
             2u);
   EXPECT_EQ(*da.FirstEpoch("g", soon), 4u);

@@ -82,6 +82,7 @@ class CrossNodeTest : public ::testing::Test {
   // The same group, as each node's daemon sees it.
   // Epoch failures each node's group reports (spec.on_epoch_failed), by node.
   std::map<int, std::vector<std::pair<uint32_t, std::string>>> reported_;
+  std::map<int, std::vector<uint64_t>> reported_seq_;  // the completed_seq of each
 
   void MakeGroup(uint32_t id, const std::vector<int>& ranks) {
     for (auto& n : nodes_) MakeGroupOn(*n, id, ranks);
@@ -104,8 +105,10 @@ class CrossNodeTest : public ::testing::Test {
     spec.first_epoch = first_epoch;
     spec.timeout_ns = kTimeoutNs;
     spec.max_pending = 64;
-    spec.on_epoch_failed = [this, node = n.node](uint32_t epoch, const absl::Status& why) {
+    spec.on_epoch_failed = [this, node = n.node](uint32_t epoch, const absl::Status& why,
+                                                 uint64_t completed_seq) {
       reported_[node].emplace_back(epoch, std::string(why.message()));
+      reported_seq_[node].push_back(completed_seq);
     };
     Node* np = &n;
     auto g = std::make_shared<Group>(std::move(spec), &n.engine,
@@ -323,6 +326,54 @@ TEST_F(CrossNodeTest, RemoteMembersJoinTheNextEpochImplicitlyAndLocalFailuresAre
   for (int r = 0; r < 4; ++r) {
     EXPECT_TRUE(Result(r, 5).value_or(absl::UnknownError("none")).ok()) << "rank " << r;
   }
+}
+
+// A rank that detaches right after its last collective: its node fails the
+// epoch, having completed that collective, while the other node may still
+// be finishing its copy (CI saw a final barrier fail this way). The report
+// names the last operation completed there; the others let theirs finish
+// and fail only what comes after it.
+TEST_F(CrossNodeTest, ARemoteFailureSparesTheOperationsItsOriginCompleted) {
+  MakeGroup(1, {0, 1});
+  SubmitAllReduce(1, 0, 1, 1, 4);
+  SubmitAllReduce(1, 1, 1, 1, 4);
+  ASSERT_EQ(nodes_[0]->engine.pending(), 1u);
+  ASSERT_EQ(nodes_[1]->engine.pending(), 1u);
+  // Node 1 finishes its part of op 1 first; its rank then leaves: node 1
+  // reports epoch 1 failed, having completed op 1.
+  nodes_[1]->engine.Finish();
+  ASSERT_TRUE(Result(1, 1).value_or(absl::UnknownError("none")).ok());
+  G(1, 1).MemberLeft(nodes_[1]->sessions[1].get(), "detached");
+  ASSERT_EQ(reported_seq_[1].size(), 1u);
+  EXPECT_EQ(reported_seq_[1][0], 1u);
+  // Node 0 hears it while its part of op 1 still runs: the epoch fails, op 1
+  // is not aborted, and later operations fail.
+  G(0, 1).RemoteEpochFailed(1, absl::AbortedError("node 1 reports: rank 1 left"),
+                            reported_seq_[1][0]);
+  EXPECT_TRUE(G(0, 1).stats().broken);
+  EXPECT_TRUE(nodes_[0]->engine.aborted().empty());
+  EXPECT_FALSE(Result(0, 1).has_value()) << "op 1 goes on";
+  SubmitAllReduce(1, 0, 2, 2, 4);
+  ASSERT_TRUE(Result(0, 2).has_value());
+  EXPECT_EQ(Result(0, 2)->code(), absl::StatusCode::kAborted);
+  nodes_[0]->engine.Finish();
+  EXPECT_TRUE(Result(0, 1).value_or(absl::UnknownError("none")).ok());
+}
+
+TEST_F(CrossNodeTest, ARemoteFailureAbortsTheRunningOperationsItsOriginDidNotComplete) {
+  MakeGroup(1, {0, 1});
+  SubmitAllReduce(1, 0, 1, 1, 4);
+  SubmitAllReduce(1, 1, 1, 1, 4);
+  ASSERT_EQ(nodes_[0]->engine.pending(), 1u);
+  // Node 1's rank leaves with op 1 unfinished there: reported with 0.
+  G(1, 1).MemberLeft(nodes_[1]->sessions[1].get(), "killed");
+  ASSERT_EQ(reported_seq_[1].size(), 1u);
+  EXPECT_EQ(reported_seq_[1][0], 0u);
+  G(0, 1).RemoteEpochFailed(1, absl::AbortedError("node 1 reports: rank 1 left"),
+                            reported_seq_[1][0]);
+  EXPECT_EQ(nodes_[0]->engine.aborted().size(), 1u);
+  ASSERT_TRUE(Result(0, 1).has_value());
+  EXPECT_EQ(Result(0, 1)->code(), absl::StatusCode::kAborted) << *Result(0, 1);
 }
 
 // A drained and restarted daemon (node 1) whose restart the membership

@@ -27,6 +27,7 @@ struct FakeClusterState {
     std::string key;
     uint32_t epoch;
     std::string why;
+    uint64_t completed_seq = 0;
   };
   absl::Mutex mu;
   std::map<std::pair<JobKey, int>, int> rank_node;  // (job, rank) -> node
@@ -49,7 +50,7 @@ struct FakeClusterState {
     }
     for (const Event& e : evs) {
       for (auto& [node, sm] : ms) {
-        if (node != e.origin) sm->OnGroupEvent(e.key, e.epoch, e.origin, e.why);
+        if (node != e.origin) sm->OnGroupEvent(e.key, e.epoch, e.origin, e.why, e.completed_seq);
       }
     }
     return static_cast<int>(evs.size());
@@ -135,9 +136,10 @@ class FakeClusterDirectory : public ClusterDirectory {
     return it == state_->first_epoch.end() ? 1u : it->second;
   }
 
-  void ReportEpochFailed(const std::string& key, uint32_t epoch, const std::string& why) override {
+  void ReportEpochFailed(const std::string& key, uint32_t epoch, uint64_t completed_seq,
+                         const std::string& why) override {
     absl::MutexLock l(&state_->mu);
-    state_->events.push_back({node_, key, epoch, why});
+    state_->events.push_back({node_, key, epoch, why, completed_seq});
     uint32_t& next = state_->first_epoch[key];
     next = std::max(next, epoch + 1);
   }
