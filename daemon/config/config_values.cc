@@ -170,7 +170,9 @@ absl::StatusOr<uint64_t> IntegerInRange(const Field& f, uint64_t min, uint64_t m
     return f.Error(absl::StrCat("expected an integer, got ", Describe(f.value)));
   }
   const uint64_t value = number->magnitude.value;
-  const bool below = number->negative ? value != 0 : value < min;
+  // "-0" is 0: below a minimum of 1 like "0" (found by node_config_fuzz:
+  // accepted, then rendered as 0 and refused on reload).
+  const bool below = (number->negative && value != 0) || value < min;
   if (below || number->magnitude.overflow || value > max) {
     return f.Error(absl::StrCat("value ", Quote(text), " is out of range [", min, ", ", max, "]"));
   }

@@ -375,6 +375,9 @@ const InvalidCase kInvalidCases[] = {
      "\"100001\" is out of range [0, 100000]", 2},
     {"CollectiveZero", "timeouts:\n  collective_ms: 0\n", "timeouts.collective_ms",
      "\"0\" is out of range [1, 86400000]", 2},
+    // "-0" is 0 (node_config_fuzz found it accepted, then refused on reload).
+    {"CollectiveNegativeZero", "timeouts:\n  collective_ms: -000\n", "timeouts.collective_ms",
+     "\"-000\" is out of range [1, 86400000]", 2},
     {"CollectiveTooLong", "timeouts:\n  collective_ms: 86400001\n", "timeouts.collective_ms",
      "\"86400001\"", 2},
     {"DataConnectTooLong", "timeouts:\n  data_connect_ms: 600001\n", "timeouts.data_connect_ms",
