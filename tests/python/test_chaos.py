@@ -166,6 +166,27 @@ def test_a_members_own_lines_for_a_lost_or_restarted_node_count_as_detection(tmp
         assert d is not None and round(d[0], 2) == after, (target, d)
 
 
+def test_a_daemon_fault_on_the_coordinators_node_is_named_as_the_coordinators(tmp_path):
+    # Seed 21 (300 s, 400 steps): node 0's daemon (the embedded coordinator) killed and
+    # back within 1.1 s; the others logged "lost contact with the coordinator", then
+    # "node 0 ... joined", never "node 0 was lost". The verdict called that undetected.
+    import verdict
+    at = 1_800_000_000.0
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at + 1))
+    rows = verdict.log_lines(_write_log(tmp_path / "b.log", [
+        f"W {stamp}.300000 7 member_status.cc:33] cluster: this node lost contact with the "
+        "coordinator 127.0.0.1:55043 (heartbeat to 127.0.0.1:55043: node 1 is not a live "
+        "member of this cluster)",
+        f"I {stamp}.400000 7 member_status.cc:35] cluster: node 0 (127.0.0.1:55043) joined; "
+        "cluster epoch 3"]))
+    d = verdict.daemon_detection("kill_daemon", 0, at, {1: rows}, coordinator=0)
+    assert d is not None and round(d[0], 2) == 1.3, d
+    # On etcd (no coordinator) node 0 is a node like the others: not named by that line.
+    assert verdict.daemon_detection("kill_daemon", 0, at, {1: rows}, coordinator=None) is None
+    # Another node's fault is not the coordinator's.
+    assert verdict.daemon_detection("kill_daemon", 2, at, {1: rows}, coordinator=0) is None
+
+
 def test_detection_bounds_follow_the_lease_and_only_bind_what_hsdpd_must_notice():
     import verdict
     for kind in ("kill_daemon", "drain_daemon", "kill_coordinator"):

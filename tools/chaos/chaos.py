@@ -176,7 +176,9 @@ def detection(report, cl, job, step_s):
     for entry in injected:
         kind, target, at = entry["kind"], entry["target"], entry["at"]
         until = at + entry.get("duration_s", 0) + 60
-        d = verdict_mod.daemon_detection(kind, target, at, logs)
+        d = verdict_mod.daemon_detection(
+            kind, target, at, logs,
+            coordinator=0 if report.get("store", "embedded") == "embedded" else None)
         if d is not None:
             entry["detected_by_daemons_s"], entry["daemon_line"] = d[0], f"node {d[1]}: {d[2]}"
         j = verdict_mod.job_detection(kind, target, at, report["failures"], until)

@@ -189,9 +189,15 @@ def log_lines(path):
     return rows
 
 
-def daemon_detection(kind, target, at, logs, within_s=120.0):
+def daemon_detection(kind, target, at, logs, within_s=120.0, coordinator=None):
     """(seconds from the fault, node, the line) of the first daemon log line
-    after `at` that names the fault, or None. logs: {node: [(t, text)]}."""
+    after `at` that names the fault, or None. logs: {node: [(t, text)]}.
+    coordinator: the node that hosts the embedded store's coordinator (None on
+    etcd): a daemon fault there is the coordinator's, and the others may
+    name it as such (a coordinator back within the lease is "lost contact",
+    then its node "joined", never "node 0 was lost")."""
+    if kind in ("kill_daemon", "drain_daemon") and target == coordinator:
+        kind = "kill_coordinator"
     spec = DETECT.get(kind)
     if spec is None:
         return None
