@@ -10,6 +10,7 @@
 #include <climits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 #include <utility>
@@ -228,9 +229,7 @@ class EtcdClientImpl final : public EtcdClient {
     const std::string what = absl::StrCat("keep lease ", absl::Hex(lease), " alive");
     const absl::Time deadline = absl::Now() + timeout;
     std::shared_ptr<KeepAliveStream> stream = KeepAliveOf(lease);
-    bool reauthenticated = false;
-    bool failed_over = false;
-    std::string earlier;
+    Attempts attempts;
     for (;;) {
       if (stream == nullptr || stream->over()) {
         // A new stream on the member calls go to now, with the token now.
@@ -251,29 +250,10 @@ class EtcdClientImpl final : public EtcdClient {
         }
         return absl::Seconds(resp.ttl());
       }
-      const size_t index = stream->endpoint();
-      const Endpoint& ep = endpoints_[index];
-      const bool time_left = absl::Now() < deadline;
-      if (!reauthenticated && time_left && !options_.user.empty() && IsStaleToken(s)) {
-        reauthenticated = true;
-        absl::Status a = Reauthenticate(stream->token(), deadline - absl::Now());
-        if (!a.ok()) return a;
-        continue;
-      }
-      if (MemberDown(s)) {
-        Advance(index, ep, s);
-        if (!failed_over && time_left && endpoints_.size() > 1) {
-          failed_over = true;
-          earlier = absl::StrCat(" (before that ", ep.address, ": ", s.error_message(), ")");
-          continue;
-        }
-      }
-      std::string msg = s.error_message();
-      if (msg.empty()) msg = absl::StrCat("gRPC code ", static_cast<int>(s.error_code()));
-      return absl::Status(ToAbsl(s.error_code()),
-                          absl::StrCat(name_, ": ", what, ": ", msg,
-                                       failed_over ? absl::StrCat(" at ", ep.address) : "",
-                                       earlier));
+      std::optional<absl::Status> done =
+          attempts.After(this, s, stream->endpoint(), stream->token(), /*with_token=*/true,
+                         deadline, what);
+      if (done.has_value()) return *std::move(done);
     }
   }
 
@@ -371,9 +351,7 @@ class EtcdClientImpl final : public EtcdClient {
   absl::Status Call(const std::string& what, absl::Duration timeout, Fn&& fn,
                     bool with_token = true) {
     const absl::Time deadline = absl::Now() + timeout;
-    bool reauthenticated = false;
-    bool failed_over = false;
-    std::string earlier;
+    Attempts attempts;
     for (;;) {
       const size_t index = current_.load() % endpoints_.size();
       Endpoint& ep = endpoints_[index];
@@ -387,30 +365,49 @@ class EtcdClientImpl final : public EtcdClient {
       }
       const grpc::Status s = fn(ep, &ctx);
       if (s.ok()) return absl::OkStatus();
+      std::optional<absl::Status> done =
+          attempts.After(this, s, index, token, with_token, deadline, what);
+      if (done.has_value()) return *std::move(done);
+    }
+  }
+
+  // One call's retry rules (Call, LeaseKeepAlive): after a failed attempt on
+  // endpoint `index` made with `token`, authenticate again once when etcd
+  // refused the token, move on to the next endpoint once when the member is
+  // down (if time is left). nullopt: try again; else the call's error.
+  struct Attempts {
+    bool reauthenticated = false;
+    bool failed_over = false;
+    std::string earlier;
+
+    std::optional<absl::Status> After(EtcdClientImpl* c, const grpc::Status& s, size_t index,
+                                      const std::string& token, bool with_token,
+                                      absl::Time deadline, const std::string& what) {
+      const Endpoint& ep = c->endpoints_[index];
       const bool time_left = absl::Now() < deadline;
-      if (with_token && !reauthenticated && time_left && !options_.user.empty() &&
+      if (with_token && !reauthenticated && time_left && !c->options_.user.empty() &&
           IsStaleToken(s)) {
         reauthenticated = true;
-        absl::Status a = Reauthenticate(token, deadline - absl::Now());
+        absl::Status a = c->Reauthenticate(token, deadline - absl::Now());
         if (!a.ok()) return a;
-        continue;
+        return std::nullopt;
       }
       if (MemberDown(s)) {
-        Advance(index, ep, s);
-        if (!failed_over && time_left && endpoints_.size() > 1) {
+        c->Advance(index, ep, s);
+        if (!failed_over && time_left && c->endpoints_.size() > 1) {
           failed_over = true;
           earlier = absl::StrCat(" (before that ", ep.address, ": ", s.error_message(), ")");
-          continue;
+          return std::nullopt;
         }
       }
       std::string msg = s.error_message();
       if (msg.empty()) msg = absl::StrCat("gRPC code ", static_cast<int>(s.error_code()));
       return absl::Status(ToAbsl(s.error_code()),
-                          absl::StrCat(name_, ": ", what, ": ", msg,
+                          absl::StrCat(c->name_, ": ", what, ": ", msg,
                                        failed_over ? absl::StrCat(" at ", ep.address) : "",
                                        earlier));
     }
-  }
+  };
 
   // The lease's open keep-alive stream, null when none.
   std::shared_ptr<KeepAliveStream> KeepAliveOf(int64_t lease) {
