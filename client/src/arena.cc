@@ -102,6 +102,14 @@ absl::Status DisagreementOf(const shm::ArenaSlotHeader& a, int rank_a,
   return say("post_divide", absl::StrCat(a.post_divide), absl::StrCat(b.post_divide));
 }
 
+// hsdpd released the arena's memory (the group ended): its pages now read as
+// zeros, `broken` and the settle word included.
+absl::Status RetiredStatus() {
+  return absl::AbortedError(
+      "the group ended (hsdpd released its small-operation arena) before this operation "
+      "completed");
+}
+
 std::shared_ptr<WorkState> NewState(std::shared_ptr<GroupArena> arena, uint64_t seq) {
   auto w = std::make_shared<WorkState>();
   w->arena = std::move(arena);
@@ -218,8 +226,19 @@ absl::Status GroupArena::Health() const {
 
 absl::Status GroupArena::BrokenLocked() const {
   if (!closed_.ok()) return closed_;
-  // Written by the daemon, or by a member (which may write anything).
-  const absl::Status broken = shm::ArenaBrokenStatus(*header_);
+  absl::Status broken;
+  if (shm::ArenaRetired(*header_)) {
+    // Released: the words below read as zeros now. Why it broke, as this
+    // member read it before; else hsdpd's going away (a drained daemon
+    // releases its arenas: UNAVAILABLE, reconnect) or the group's end.
+    broken = broken_seen_;
+    if (broken.ok() && daemon_gone_ != nullptr) broken = daemon_gone_();
+    if (broken.ok()) return RetiredStatus();
+  } else {
+    // Written by the daemon, or by a member (which may write anything).
+    broken = shm::ArenaBrokenStatus(*header_);
+    if (!broken.ok()) broken_seen_ = broken;
+  }
   if (broken.ok() || absl::IsUnavailable(broken)) return broken;  // UNAVAILABLE: reconnect
   const std::string why(broken.message());
   return absl::Status(broken.code(), absl::StrCat(why, why.empty() ? "" : " ",
@@ -271,7 +290,10 @@ absl::StatusOr<Work> GroupArena::Submit(const ArenaOp& op) {
     while (!pending_.empty() && pending_.front().seq <= prev) CompleteFrontLocked(-1);
     const int64_t deadline = shm::NowNanos() + op_timeout_ns_;
     const bool free = AwaitLocked(
-        [&] { return header_->broken.load(std::memory_order_acquire) != 0 || AllConsumed(prev); },
+        [&] {
+          return header_->broken.load(std::memory_order_acquire) != 0 ||
+                 shm::ArenaRetired(*header_) || AllConsumed(prev);
+        },
         deadline);
     if (absl::Status s = BrokenLocked(); !s.ok()) return failed(s);
     if (!free) {
@@ -337,7 +359,7 @@ bool GroupArena::CompleteFrontLocked(int64_t deadline_ns) {
   AwaitLocked(
       [&] {
         return AllArrived(p.seq) || header_->broken.load(std::memory_order_acquire) != 0 ||
-               shm::ArenaFrozen(*header_);
+               shm::ArenaFrozen(*header_) || shm::ArenaRetired(*header_);
       },
       until);
   if (SettleLocked(p, /*freeze=*/false)) return true;
@@ -354,6 +376,12 @@ bool GroupArena::CompleteFrontLocked(int64_t deadline_ns) {
 }
 
 bool GroupArena::SettleLocked(Pending& p, bool freeze) {
+  if (shm::ArenaRetired(*header_)) {
+    // Its inputs are gone (nothing in the arena is to be trusted now: not
+    // even the settle word, which reads 0).
+    Finish(p, BrokenLocked());
+    return true;
+  }
   auto complete = [&] {
     const absl::Status status = Execute(p);
     lane(rank_)->consumed.store(p.seq, std::memory_order_release);
@@ -390,11 +418,15 @@ absl::Status GroupArena::Disagreement(const shm::ArenaSlotHeader& mine, int my_r
 
 absl::Status GroupArena::Execute(const Pending& p) const {
   const shm::ArenaSlotHeader& key = p.key;
+  if (shm::ArenaRetired(*header_)) return BrokenLocked();
   const unsigned char* data[shm::kArenaMaxMembers];
   for (int m = 0; m < members_; ++m) {
     shm::ArenaSlotHeader theirs;
     std::memcpy(&theirs, area(p.seq, m), sizeof(theirs));
-    if (!SameKey(theirs, key)) return Disagreement(key, rank_, theirs, m);
+    if (!SameKey(theirs, key)) {
+      // (Released under this member: its areas read as zeros.)
+      return shm::ArenaRetired(*header_) ? BrokenLocked() : Disagreement(key, rank_, theirs, m);
+    }
     data[m] = area(p.seq, m) + sizeof(shm::ArenaSlotHeader);
   }
   const auto c = static_cast<Collective>(key.collective);
@@ -431,11 +463,7 @@ absl::Status GroupArena::Execute(const Pending& p) const {
   }
   // The inputs were read from memory hsdpd may have released meanwhile (the
   // group ended: released pages read as zeros): then the result is not one.
-  if (shm::ArenaRetired(*header_)) {
-    return absl::AbortedError(
-        "the group ended while this member read its small-operation arena (hsdpd released it); "
-        "the result is not valid");
-  }
+  if (shm::ArenaRetired(*header_)) return BrokenLocked();
   return absl::OkStatus();
 }
 
@@ -489,9 +517,7 @@ void GroupArena::Close(const absl::Status& why) {
     // hsdpd released it (the group ended): nobody else is there to tell,
     // and a write would only fault in pages of an emptied file.
     closed_ = why.ok() ? absl::CancelledError("the arena was closed") : why;
-    const absl::Status ended = absl::AbortedError(
-        "the group ended (hsdpd released its small-operation arena) before this operation "
-        "completed");
+    const absl::Status ended = RetiredStatus();
     while (!pending_.empty()) {
       Finish(pending_.front(), ended);
       pending_.pop_front();

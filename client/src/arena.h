@@ -142,7 +142,7 @@ class GroupArena : public std::enable_shared_from_this<GroupArena> {
   // Whether every member finished reading operation `seq`.
   bool AllConsumed(uint64_t seq) const;
   void Finish(Pending& p, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status Execute(const Pending& p) const;
+  absl::Status Execute(const Pending& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Disagreement(const shm::ArenaSlotHeader& mine, int my_rank,
                             const shm::ArenaSlotHeader& theirs, int their_rank) const;
   // "[a, b]": the global ranks of the group ranks whose lane is (or is not,
@@ -172,6 +172,9 @@ class GroupArena : public std::enable_shared_from_this<GroupArena> {
   // Whether one of this member's operations already failed because the
   // arena broke (Submit).
   bool break_seen_ ABSL_GUARDED_BY(mu_) = false;
+  // The break this member last read from the header: after hsdpd released
+  // the arena (its words read as zeros) it still says why it broke.
+  mutable absl::Status broken_seen_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hsdp::internal

@@ -14,9 +14,93 @@ std::shared_ptr<ArenaBudget> NewArenaBudget(uint64_t bytes, uint32_t uid_share_p
                                        "bytes", bytes, uid_share_percent);
 }
 
+// An arena's memory and its charge, from the daemon's last reference to its
+// release.
+struct ArenaReaper::Held {
+  std::unique_ptr<SharedRegion> region;
+  shm::ArenaHeader* header = nullptr;
+  const shm::ArenaLane* lanes = nullptr;
+  uint32_t members = 0;
+  uint32_t owner_uid = 0;
+  uint64_t charged = 0;
+  std::shared_ptr<ArenaBudget> budget;
+  absl::Time deadline;
+
+  // Every member finished every committed operation. (Members write these
+  // words: a member can only make its own group's arena go early or late,
+  // never past the grace.)
+  bool Settled() const {
+    const uint64_t committed =
+        header->settled.load(std::memory_order_acquire) & ~shm::kArenaFrozen;
+    for (uint32_t m = 0; m < members; ++m) {
+      if (lanes[m].consumed.load(std::memory_order_acquire) < committed) return false;
+    }
+    return true;
+  }
+  // Members still mapping it learn first; then the region's end releases
+  // the pages (SharedRegion punches them out), then the charge goes.
+  void Release() {
+    if (region == nullptr) return;
+    shm::RetireArena(header);
+    region.reset();
+    if (budget != nullptr) budget->Give(owner_uid, charged);
+    budget = nullptr;
+  }
+  ~Held() { Release(); }
+};
+
+ArenaReaper::ArenaReaper(absl::Duration grace) : grace_(grace) {}
+
+ArenaReaper::~ArenaReaper() {
+  absl::MutexLock l(&mu_);
+  held_.clear();
+}
+
+void ArenaReaper::Hold(std::unique_ptr<Held> h) {
+  h->deadline = absl::Now() + grace_;
+  if (h->Settled()) return;  // released now (h's end)
+  absl::MutexLock l(&mu_);
+  held_.push_back(std::move(h));
+}
+
+void ArenaReaper::Reap() {
+  std::vector<std::unique_ptr<Held>> due;
+  {
+    absl::MutexLock l(&mu_);
+    const absl::Time now = absl::Now();
+    for (auto it = held_.begin(); it != held_.end();) {
+      if ((*it)->Settled() || now >= (*it)->deadline) {
+        due.push_back(std::move(*it));
+        it = held_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // (released here, outside the lock)
+}
+
+void ArenaReaper::ReapAll(absl::Duration bound) {
+  const absl::Time until = absl::Now() + bound;
+  for (;;) {
+    Reap();
+    if (held() == 0 || absl::Now() >= until) break;
+    absl::SleepFor(absl::Milliseconds(1));  // members finish in microseconds
+  }
+  std::vector<std::unique_ptr<Held>> rest;
+  absl::MutexLock l(&mu_);
+  rest.swap(held_);
+}
+
+size_t ArenaReaper::held() const {
+  absl::MutexLock l(&mu_);
+  return held_.size();
+}
+
 absl::StatusOr<std::shared_ptr<SmallOpArena>> SmallOpArena::Create(
     uint32_t members, uint32_t slots, uint64_t slot_bytes, uint32_t epoch,
-    std::shared_ptr<ArenaBudget> budget, uint32_t owner_uid) {
+    std::shared_ptr<ArenaBudget> budget, uint32_t owner_uid,
+    std::shared_ptr<ArenaReaper> reaper) {
   if (!shm::ValidArenaGeometry(members, slots, slot_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat("no arena for ", members, " members, ", slots,
                                                    " slots of ", slot_bytes, " bytes"));
@@ -26,6 +110,7 @@ absl::StatusOr<std::shared_ptr<SmallOpArena>> SmallOpArena::Create(
   RETURN_IF_ERROR(budget->Take(owner_uid, layout.total_bytes));
   std::shared_ptr<SmallOpArena> a(new SmallOpArena());
   a->budget_ = std::move(budget);
+  a->reaper_ = std::move(reaper);
   a->owner_uid_ = owner_uid;
   a->charged_ = layout.total_bytes;
   a->epoch_ = epoch;
@@ -55,11 +140,17 @@ absl::StatusOr<std::shared_ptr<SmallOpArena>> SmallOpArena::Create(
 
 SmallOpArena::~SmallOpArena() {
   if (region_ == nullptr) return;
-  // Members still mapping it learn first; then the region's end releases
-  // the pages (SharedRegion punches them out), then the charge goes.
-  shm::RetireArena(header_);
-  region_.reset();
-  if (budget_ != nullptr) budget_->Give(owner_uid_, charged_);
+  // Nothing commits from now on; what was committed, members finish.
+  if (!broken()) shm::BreakArena(header_, absl::AbortedError("the group ended"));
+  auto h = std::make_unique<ArenaReaper::Held>();
+  h->region = std::move(region_);
+  h->header = header_;
+  h->lanes = lanes_;
+  h->members = members_;
+  h->owner_uid = owner_uid_;
+  h->charged = charged_;
+  h->budget = std::move(budget_);
+  if (reaper_ != nullptr) reaper_->Hold(std::move(h));  // else released here
 }
 
 void SmallOpArena::MarkBroken(const absl::Status& why) { shm::BreakArena(header_, why); }

@@ -7,21 +7,32 @@
 //
 // Memory: every arena reserves its bytes from the node's arena pool
 // (data_plane.small_op_arena_mib), charged to the job's owner within its
-// share (limits.uid_share_percent), and gives them back when the daemon's
-// last reference goes (the group and its members' pending replies). At that
-// moment the memory itself is released too (shm::RetireArena, then the pages
-// are punched out of the memfd): a member that kept its fd or mapping holds
-// an empty file, and whatever it writes there afterwards is its own memory,
-// charged to it, not to hsdpd.
+// share (limits.uid_share_percent), and gives them back when the memory
+// itself is released (shm::RetireArena, then the pages are punched out of
+// the memfd): a member that kept its fd or mapping holds an empty file, and
+// whatever it writes there afterwards is its own memory, charged to it, not
+// to hsdpd.
+//
+// When the daemon's last reference goes (the group ended: its job's last
+// session, or the daemon is stopping), the arena is broken first, so nothing
+// commits any more, and released only once every member has finished every
+// operation that was committed (each lane's `consumed` reached the settle
+// word), or after a grace period (ArenaReaper). Releasing it at once would
+// take the inputs away from a member still reading an operation the others
+// completed: that member would fail it where they succeeded, and the job's
+// ranks would leave the arena out of step (a drain for an upgrade did this).
 #ifndef HSDP_DAEMON_DATAPLANE_SMALL_OP_ARENA_H_
 #define HSDP_DAEMON_DATAPLANE_SMALL_OP_ARENA_H_
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "daemon/session/shm_channel.h"
 #include "daemon/util/uid_share.h"
 #include "hsdp/shm/arena.h"
@@ -32,6 +43,35 @@ namespace hsdp {
 using ArenaBudget = UidSharedPool;
 std::shared_ptr<ArenaBudget> NewArenaBudget(uint64_t bytes, uint32_t uid_share_percent);
 
+class SmallOpArena;
+
+// Arenas the daemon is done with, held until their members have finished
+// what was committed (above). Thread-safe.
+class ArenaReaper {
+ public:
+  // An arena is released at the latest `grace` after the daemon let it go.
+  explicit ArenaReaper(absl::Duration grace);
+  ~ArenaReaper();  // releases whatever is left
+  ArenaReaper(const ArenaReaper&) = delete;
+  ArenaReaper& operator=(const ArenaReaper&) = delete;
+
+  // Releases every held arena that is due: all its members consumed every
+  // committed operation, or its grace passed. Never blocks.
+  void Reap();
+  // Releases every held arena once it is due, waiting at most `bound` (the
+  // daemon is stopping); then the rest regardless.
+  void ReapAll(absl::Duration bound);
+  size_t held() const;
+
+ private:
+  friend class SmallOpArena;
+  struct Held;
+  void Hold(std::unique_ptr<Held> h);
+  const absl::Duration grace_;
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<Held>> held_ ABSL_GUARDED_BY(mu_);
+};
+
 class SmallOpArena {
  public:
   // An arena for `members` members, `slots` operations in flight and up to
@@ -41,7 +81,10 @@ class SmallOpArena {
   // little left (the group then runs without one).
   static absl::StatusOr<std::shared_ptr<SmallOpArena>> Create(
       uint32_t members, uint32_t slots, uint64_t slot_bytes, uint32_t epoch,
-      std::shared_ptr<ArenaBudget> budget, uint32_t owner_uid);
+      std::shared_ptr<ArenaBudget> budget, uint32_t owner_uid,
+      std::shared_ptr<ArenaReaper> reaper = nullptr);
+  // Breaks the arena (ABORTED: the group ended) unless it is broken already,
+  // then hands it to the reaper; without one, releases it at once.
   ~SmallOpArena();
 
   int fd() const { return region_->fd(); }
@@ -67,6 +110,7 @@ class SmallOpArena {
   uint32_t owner_uid_ = 0;
   uint64_t charged_ = 0;  // bytes taken from budget_
   std::shared_ptr<ArenaBudget> budget_;
+  std::shared_ptr<ArenaReaper> reaper_;
 };
 
 }  // namespace hsdp

@@ -195,7 +195,7 @@ absl::StatusOr<std::shared_ptr<Group>> SessionManager::CreateGroup(
       absl::StatusOr<std::shared_ptr<SmallOpArena>> arena =
           SmallOpArena::Create(static_cast<uint32_t>(ranks.size()), config_.small_op_slots,
                                config_.small_op_bytes, first_epoch, arena_budget_,
-                               s->info().owner_uid);
+                               s->info().owner_uid, arena_reaper_);
       if (arena.ok()) {
         group->SetArena(*std::move(arena));
       } else {

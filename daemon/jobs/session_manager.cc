@@ -23,6 +23,9 @@ namespace hsdp {
 namespace {
 
 constexpr int kMaxWorldSize = 1 << 20;
+// An ended group's arena is released once its members finished what was
+// committed there (microseconds), at the latest this long after.
+constexpr absl::Duration kArenaReleaseGrace = absl::Seconds(5);
 
 absl::Status ValidateAttach(const AttachParams& p) {
   if (p.job_id.empty() || p.job_id.size() > 128) {
@@ -90,6 +93,7 @@ SessionManager::SessionManager(const NodeConfig& config, NodeLimits limits, Engi
       limits_(limits),
       arena_budget_(NewArenaBudget(uint64_t{config.small_op_arena_mib} << 20,
                                    config.uid_share_percent)),
+      arena_reaper_(std::make_shared<ArenaReaper>(kArenaReleaseGrace)),
       engine_(engine),
       control_(control),
       observer_(observer),
@@ -335,6 +339,7 @@ void SessionManager::EndAll(const std::string& why) {
 }
 
 void SessionManager::Housekeeping() {
+  arena_reaper_->Reap();
   {
     absl::MutexLock l(&mu_);
     for (const std::string& key : retired_.TakeDue()) {

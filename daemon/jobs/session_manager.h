@@ -161,6 +161,9 @@ class SessionManager : public SessionDirectory {
 
   // Ends every session (daemon shutdown).
   void EndAll(const std::string& why);
+  // Releases the arenas of ended groups once their members finished what was
+  // committed there, waiting at most `bound` (the daemon is stopping).
+  void ReleaseArenas(absl::Duration bound) { arena_reaper_->ReapAll(bound); }
   // hsdpctl drain: from now on Attach is refused (UNAVAILABLE, naming the
   // drain); sessions already attached go on. Thread-safe, one way.
   void BeginDrain() { draining_.store(true); }
@@ -245,6 +248,8 @@ class SessionManager : public SessionDirectory {
   const NodeLimits limits_;
   // What small-operation arenas may still take (data_plane.small_op_arena_mib).
   const std::shared_ptr<ArenaBudget> arena_budget_;
+  // Ended groups' arenas until their members are done with them.
+  const std::shared_ptr<ArenaReaper> arena_reaper_;
   Engine* const engine_;
   Executor* const control_;
   OpObserver* const observer_;

@@ -251,6 +251,9 @@ void Daemon::Shutdown() {
   if (cluster_) cluster_->Stop();
   if (dispatcher_) dispatcher_->Stop();
   if (engine_) engine_->Shutdown();
+  // The members of ended groups finish what they were reading in their
+  // arenas (a drained trainer carries on with the next daemon in step).
+  if (sessions_) sessions_->ReleaseArenas(absl::Seconds(1));
   if (control_) control_->Shutdown();
   if (grpc_server_) {
     // Let running Node RPCs finish (up to the grace period), then cancel

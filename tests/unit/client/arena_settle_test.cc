@@ -29,7 +29,7 @@ constexpr uint64_t kCount = 4;
 class ArenaSettleTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto a = SmallOpArena::Create(2, kSlots, kSlotBytes, 1, NewArenaBudget(1 << 20, 100), 0);
+    auto a = SmallOpArena::Create(2, kSlots, kSlotBytes, 1, budget_, 0, reaper_);
     ASSERT_TRUE(a.ok()) << a.status();
     daemon_ = *std::move(a);
     for (int r = 0; r < 2; ++r) {
@@ -39,13 +39,14 @@ class ArenaSettleTest : public ::testing::Test {
       member_[r] = *std::move(m);
       for (uint64_t i = 0; i < kCount; ++i) send_[r][i] = float(r + 1) * float(i + 1);
     }
-    void* map = ::mmap(nullptr, daemon_->bytes(), PROT_READ | PROT_WRITE, MAP_SHARED,
+    bytes_ = daemon_->bytes();
+    void* map = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED,
                        daemon_->fd(), 0);
     ASSERT_NE(map, MAP_FAILED);
     raw_ = static_cast<unsigned char*>(map);
   }
   void TearDown() override {
-    if (raw_ != nullptr) ::munmap(raw_, daemon_->bytes());
+    if (raw_ != nullptr) ::munmap(raw_, bytes_);
   }
 
   absl::StatusOr<Work> AllReduce(int r) {
@@ -86,11 +87,15 @@ class ArenaSettleTest : public ::testing::Test {
     }
   }
 
+  std::shared_ptr<ArenaBudget> budget_ = NewArenaBudget(1 << 20, 100);
+  // Never releases an arena by its grace within a test.
+  std::shared_ptr<ArenaReaper> reaper_ = std::make_shared<ArenaReaper>(absl::Hours(1));
   std::shared_ptr<SmallOpArena> daemon_;
   std::shared_ptr<GroupArena> member_[2];
   float send_[2][kCount] = {};
   float recv_[2][kCount] = {};
   unsigned char* raw_ = nullptr;
+  uint64_t bytes_ = 0;
 };
 
 TEST(ArenaSettleWordTest, CommitsRiseUntilTheFreezeAndNothingCommitsAfterIt) {
@@ -206,6 +211,90 @@ TEST_F(ArenaSettleTest, ClosingARetiredArenaFailsPendingWorkWithoutWritingIt) {
   EXPECT_EQ(w0->status().code(), absl::StatusCode::kAborted) << w0->status();
   EXPECT_EQ(header()->settled.load(), settled_before);
   EXPECT_EQ(header()->broken.load(), broken_before);
+}
+
+// The drain defect (packaging.deb_container): hsdpd ended the group and
+// released its arena at once, while member 0 was still to read an operation
+// member 1 had completed. Member 0 failed what member 1 completed, and the
+// job's ranks went on out of step. The daemon's side now holds the arena
+// until every member finished what was committed.
+TEST_F(ArenaSettleTest, AnEndedGroupsArenaIsReleasedOnlyOnceEveryMemberFinishedItsCommittedWork) {
+  auto w0 = AllReduce(0);
+  ASSERT_TRUE(w0.ok()) << w0.status();
+  auto w1 = AllReduce(1);
+  ASSERT_TRUE(w1.ok()) << w1.status();
+  ASSERT_TRUE(w1->Wait(absl::Seconds(10)).ok());  // committed; member 0 has not looked yet
+  const uint64_t charged = budget_->used();
+  ASSERT_GT(charged, 0u);
+  daemon_->MarkBroken(absl::UnavailableError("hsdpd drained for a restart"));
+  daemon_.reset();  // the group ended: the daemon's last reference
+  EXPECT_EQ(reaper_->held(), 1u);
+  reaper_->Reap();
+  EXPECT_EQ(reaper_->held(), 1u) << "released before member 0 finished operation 1";
+  EXPECT_FALSE(shm::ArenaRetired(*header()));
+  EXPECT_EQ(budget_->used(), charged);
+  ASSERT_TRUE(w0->Wait(absl::Seconds(10)).ok()) << w0->status();
+  ExpectSum(0);
+  ExpectSum(1);
+  reaper_->Reap();
+  EXPECT_EQ(reaper_->held(), 0u);
+  EXPECT_TRUE(shm::ArenaRetired(*header()));
+  EXPECT_EQ(budget_->used(), 0u);
+}
+
+// A member that never finishes (it died, or stopped) holds the memory no
+// longer than the grace, and a stopping daemon waits for it no longer than
+// its bound.
+TEST_F(ArenaSettleTest, AMemberThatNeverFinishesHoldsTheArenaOnlyUntilTheGraceOrTheBound) {
+  auto w0 = AllReduce(0);
+  auto w1 = AllReduce(1);
+  ASSERT_TRUE(w1.ok() && w1->Wait(absl::Seconds(10)).ok());
+  daemon_.reset();
+  ASSERT_EQ(reaper_->held(), 1u);
+  reaper_->ReapAll(absl::Milliseconds(20));
+  EXPECT_EQ(reaper_->held(), 0u);
+  EXPECT_TRUE(shm::ArenaRetired(*header()));
+  EXPECT_EQ(budget_->used(), 0u);
+
+  auto short_grace = std::make_shared<ArenaReaper>(absl::ZeroDuration());
+  auto b = SmallOpArena::Create(2, kSlots, kSlotBytes, 2, budget_, 0, short_grace);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const uint64_t b_bytes = (*b)->bytes();
+  void* b_map = ::mmap(nullptr, b_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, (*b)->fd(), 0);
+  ASSERT_NE(b_map, MAP_FAILED);
+  // Committed, and nobody will ever consume it.
+  ASSERT_TRUE(shm::CommitArenaOp(static_cast<shm::ArenaHeader*>(b_map), 1));
+  b->reset();
+  EXPECT_EQ(short_grace->held(), 1u);
+  short_grace->Reap();
+  EXPECT_EQ(short_grace->held(), 0u);
+  EXPECT_EQ(budget_->used(), 0u);
+  ::munmap(b_map, b_bytes);
+}
+
+// After hsdpd released an arena its words read as zeros, `broken` too: a
+// member still says why it broke (UNAVAILABLE: reconnect, as the daemon
+// drained) instead of taking the emptied arena for a healthy one.
+TEST_F(ArenaSettleTest, AReleasedArenaStillReadsBrokenWithTheReasonTheMemberSaw) {
+  auto w0 = AllReduce(0);
+  ASSERT_TRUE(w0.ok());
+  daemon_->MarkBroken(absl::UnavailableError("hsdpd drained for a restart"));
+  ASSERT_EQ(w0->Wait(absl::Seconds(10)).code(), absl::StatusCode::kUnavailable);
+  daemon_.reset();
+  reaper_->ReapAll(absl::ZeroDuration());  // released: the pages are punched out
+  ASSERT_EQ(header()->broken.load(), 0u);
+  ASSERT_TRUE(shm::ArenaRetired(*header()));
+  const absl::Status h = member_[0]->Health();
+  EXPECT_EQ(h.code(), absl::StatusCode::kUnavailable) << h;
+  EXPECT_NE(h.message().find("drained"), std::string::npos) << h;
+  auto n0 = AllReduce(0);
+  const absl::Status s = n0.ok() ? n0->Wait(absl::Seconds(10)) : n0.status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  // Member 1 never read the break: the release itself fails its operations
+  // (the group ended), never a wait for inputs that are gone.
+  auto n1 = AllReduce(1);
+  const absl::Status s1 = n1.ok() ? n1->Wait(absl::Seconds(10)) : n1.status();
+  EXPECT_EQ(s1.code(), absl::StatusCode::kAborted) << s1;
 }
 
 }  // namespace
