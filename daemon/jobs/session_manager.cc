@@ -73,6 +73,18 @@ absl::Status ValidateAttach(const AttachParams& p) {
   return absl::OkStatus();
 }
 
+// Session ids start at a random place in [1, 2^52] (JSON-exact), so that an
+// id a client kept from an earlier incarnation of the daemon (a call made
+// around a restart, a Detach after a failed reconnect) names no session of
+// this one: sequential ids from 1 handed the same numbers to other trainers,
+// and the uid check alone let a stale Detach end a trainer of the same uid
+// (any trainer, when the caller runs as root).
+uint64_t FirstSessionId() {
+  std::random_device rd;  // /dev/urandom
+  const uint64_t r = (uint64_t{rd()} << 32) | rd();
+  return 1 + (r & ((uint64_t{1} << 51) - 1));
+}
+
 SessionToken NewToken() {
   std::random_device rd;  // /dev/urandom
   SessionToken t;
@@ -100,7 +112,9 @@ SessionManager::SessionManager(const NodeConfig& config, NodeLimits limits, Engi
       cluster_(cluster),
       placement_waits_(config.uid_share_percent),
       ledger_(limits, config.max_sessions, config.max_job_bytes, config.uid_share_percent),
-      retired_((2 * int64_t{config.cluster_heartbeat_ms} + 500) * 1'000'000, clock) {}
+      retired_((2 * int64_t{config.cluster_heartbeat_ms} + 500) * 1'000'000, clock) {
+  next_session_id_ = FirstSessionId();
+}
 
 absl::Time SessionManager::ClusterDeadline() const {
   return absl::Now() + absl::Milliseconds(config_.cluster_join_timeout_ms);

@@ -264,7 +264,7 @@ class SessionManager : public SessionDirectory {
   std::atomic<uint64_t> retired_completed_{0};
   std::atomic<uint64_t> retired_failed_{0};
   mutable absl::Mutex mu_;
-  uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 0;  // from FirstSessionId(), up
   uint32_t next_group_id_ ABSL_GUARDED_BY(mu_) = 1;
   // The node's bytes, mappings and group members, and the per-uid shares.
   NodeLedger ledger_ ABSL_GUARDED_BY(mu_);

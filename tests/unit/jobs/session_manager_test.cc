@@ -81,6 +81,28 @@ TEST_F(SessionManagerTest, AttachRefusesAnotherVersionNamingBoth) {
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("features"));
 }
 
+// A daemon restarted on the same socket (a drain for an upgrade) must not
+// hand out the numbers of the sessions it had before: a client's call with
+// the id it kept (a Detach after a failed reconnect) ended another trainer's
+// new session of the same number.
+TEST_F(SessionManagerTest, AnIdFromAnEarlierIncarnationNamesNoSessionOfANewOne) {
+  const uint64_t a0 = Attach("j", 0, 2), a1 = Attach("j", 1, 2);
+  ASSERT_NE(a0, 0u);
+  ASSERT_NE(a1, 0u);
+  sm_->EndAll("drained");
+  Make(limits_);  // the next incarnation
+  const uint64_t b0 = Attach("j", 1, 2), b1 = Attach("j", 0, 2);
+  for (uint64_t old_id : {a0, a1}) {
+    EXPECT_NE(old_id, b0);
+    EXPECT_NE(old_id, b1);
+    const absl::Status s = sm_->Detach(old_id, Cred(1000));
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  }
+  EXPECT_NE(sm_->FindSession(b0), nullptr);
+  EXPECT_NE(sm_->FindSession(b1), nullptr);
+  EXPECT_LE(std::max(b0, b1), uint64_t{1} << 53);  // exact in JSON
+}
+
 TEST_F(SessionManagerTest, AJobGetsItsPriorityClassAtItsFirstAttach) {
   config_.priority_classes = {{"interactive", 1, {"infer-*"}, {}}, {"batch", 6, {}, {2000}}};
   Make(limits_);
