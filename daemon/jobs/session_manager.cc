@@ -349,6 +349,14 @@ void SessionManager::EndAll(const std::string& why) {
     g->BreakArena(going);
     g->DaemonLeaving(going);
   }
+  // A member may not have read its last completions yet (a drain ends the
+  // sessions the moment the last operation completed): the channels keep
+  // their pages after the daemon lets them go, so that a completion written
+  // for every member reads as one at every member. Released with the last
+  // mapping; the daemon is going, and with it their accounting.
+  for (uint64_t id : ids) {
+    if (std::shared_ptr<Session> s = FindSession(id); s != nullptr) s->channel().KeepPages();
+  }
   for (uint64_t id : ids) EndSession(id, why);
 }
 

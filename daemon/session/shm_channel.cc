@@ -39,7 +39,7 @@ SharedRegion::~SharedRegion() {
   // with it: the pages go now anyway (the file keeps its size, reads as
   // zeros), so memory hsdpd handed out never outlives its accounting. What a
   // client writes there afterwards is its own memory, charged to it.
-  if (fd_.valid() && bytes_ > 0) {
+  if (fd_.valid() && bytes_ > 0 && !keep_pages_) {
     (void)::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
                       static_cast<off_t>(bytes_));
   }

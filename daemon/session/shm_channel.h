@@ -19,7 +19,7 @@ namespace hsdp {
 
 // A sealed, shared memfd mapping owned by the daemon. Not copyable. Its
 // pages are released when it is destroyed, even where a client still holds
-// the fd or a mapping (they then read zeros).
+// the fd or a mapping (they then read zeros), unless KeepPages was called.
 class SharedRegion {
  public:
   static absl::StatusOr<std::unique_ptr<SharedRegion>> Create(const char* name, uint64_t bytes);
@@ -27,12 +27,18 @@ class SharedRegion {
   void* data() const { return data_; }
   uint64_t bytes() const { return bytes_; }
   int fd() const { return fd_.get(); }
+  // The daemon is stopping: its destruction leaves the pages to whoever
+  // still maps them (the kernel frees them with the last mapping). A client
+  // still reading what the daemon wrote last (a completion) reads it, not
+  // zeros; the daemon's accounting ends with it anyway.
+  void KeepPages() { keep_pages_ = true; }
 
  private:
   SharedRegion() = default;
   UniqueFd fd_;
   void* data_ = nullptr;
   uint64_t bytes_ = 0;
+  bool keep_pages_ = false;
 };
 
 // The dispatcher's wake-up: a non-blocking eventfd. Every session's client
@@ -85,6 +91,8 @@ class ShmChannel {
   void SetSpinMode(uint32_t mode);
 
   const SharedRegion& region() const { return *region_; }
+  // SharedRegion::KeepPages (the daemon is stopping).
+  void KeepPages() { region_->KeepPages(); }
   uint32_t ring_entries() const { return entries_; }
 
  private:

@@ -270,6 +270,10 @@ TEST_F(ArenaSettleTest, AMemberThatNeverFinishesHoldsTheArenaOnlyUntilTheGraceOr
   EXPECT_EQ(short_grace->held(), 0u);
   EXPECT_EQ(budget_->used(), 0u);
   ::munmap(b_map, b_bytes);
+  // Member 0 leaves: its operation, pending all along, fails (the group ended).
+  member_[0]->Close(absl::CancelledError("the client detached"));
+  ASSERT_TRUE(w0.ok() && w0->Test());
+  EXPECT_EQ(w0->status().code(), absl::StatusCode::kAborted) << w0->status();
 }
 
 // After hsdpd released an arena its words read as zeros, `broken` too: a

@@ -103,6 +103,33 @@ TEST_F(SessionManagerTest, AnIdFromAnEarlierIncarnationNamesNoSessionOfANewOne) 
   EXPECT_LE(std::max(b0, b1), uint64_t{1} << 53);  // exact in JSON
 }
 
+// A drain ends the sessions the moment their last operation completed; a
+// member that has not read that completion yet must still find it, not the
+// zeros of a released channel (it would fail an operation its peers
+// completed, and the job would go on out of step). A detach (the client is
+// done) releases the pages at once as before.
+TEST_F(SessionManagerTest, ChannelsEndedByTheDaemonStoppingKeepTheirPagesForTheirClients) {
+  const uint64_t kept = Attach("j", 0, 2), dropped = Attach("k", 0, 1);
+  auto map = [&](uint64_t sid) {
+    const SharedRegion& r = sm_->FindSession(sid)->channel().region();
+    void* m = ::mmap(nullptr, r.bytes(), PROT_READ, MAP_SHARED, r.fd(), 0);
+    EXPECT_NE(m, MAP_FAILED);
+    return std::make_pair(static_cast<const shm::ChannelHeader*>(m), r.bytes());
+  };
+  auto [kept_header, kept_bytes] = map(kept);
+  auto [dropped_header, dropped_bytes] = map(dropped);
+  const uint64_t magic = kept_header->magic;
+  ASSERT_NE(magic, 0u);
+  ASSERT_TRUE(sm_->Detach(dropped, Cred(1000)).ok());
+  sm_->EndAll("drained");
+  sm_.reset();  // every session object gone
+  EXPECT_EQ(kept_header->magic, magic);
+  EXPECT_EQ(dropped_header->magic, 0u);
+  ::munmap(const_cast<shm::ChannelHeader*>(kept_header), kept_bytes);
+  ::munmap(const_cast<shm::ChannelHeader*>(dropped_header), dropped_bytes);
+  Make(limits_);
+}
+
 TEST_F(SessionManagerTest, AJobGetsItsPriorityClassAtItsFirstAttach) {
   config_.priority_classes = {{"interactive", 1, {"infer-*"}, {}}, {"batch", 6, {}, {2000}}};
   Make(limits_);
