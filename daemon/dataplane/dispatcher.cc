@@ -37,6 +37,18 @@ void Dispatcher::Handle(const std::shared_ptr<Session>& session, const shm::OpDe
         << "session " << session->id() << " op " << d.op_id << ": " << s.message();
     session->Complete(d.op_id, s, 0, 0);
   };
+  // The session is ending, its groups going with it (a drain ends every
+  // session the moment the last operation completed): this operation never
+  // starts, and the client, which may still read this completion, submits it
+  // again after it reconnected (not "unknown group", which it would take for
+  // its own bug). Looked at again after a failed lookup: MarkEnding comes
+  // before the groups go.
+  auto ended = [&] {
+    return fail_alone(absl::UnavailableError(
+        "hsdpd ended this session before this operation started; submit it again once "
+        "reconnected"));
+  };
+  if (session->ending()) return ended();
   // A client cannot have more operations outstanding than its ring has
   // completion slots; one that pushes more anyway is refused here, so the
   // daemon's memory per session stays bounded.
@@ -46,6 +58,7 @@ void Dispatcher::Handle(const std::shared_ptr<Session>& session, const shm::OpDe
         " operations outstanding (its ring size); wait for completions before submitting more")));
   }
   std::shared_ptr<Group> group = directory_->FindGroup(d.group_id);
+  if (group == nullptr && session->ending()) return ended();
   if (group == nullptr || group->job().owner_uid != session->info().owner_uid ||
       group->job().name != session->info().job_id) {
     return fail_alone(absl::InvalidArgumentError(
@@ -53,6 +66,7 @@ void Dispatcher::Handle(const std::shared_ptr<Session>& session, const shm::OpDe
   }
   const int rank = group->RankOf(session->info().rank);
   if (rank < 0 || !group->IsMember(rank, session.get())) {
+    if (session->ending()) return ended();
     return fail_alone(absl::InvalidArgumentError(absl::StrCat(
         "group_id: session ", session->id(), " is not a member of group ", d.group_id)));
   }
@@ -79,8 +93,14 @@ void Dispatcher::Handle(const std::shared_ptr<Session>& session, const shm::OpDe
     std::shared_ptr<Group> g2 = directory_->FindGroup(d.group2_id);
     const int r2 = g2 != nullptr ? g2->RankOf(session->info().rank) : -1;
     if (r2 < 0 || !g2->IsMember(r2, session.get())) {
-      a.rejected = absl::InvalidArgumentError(absl::StrCat(
-          "group2_id: session ", session->id(), " is not a member of group ", d.group2_id));
+      a.rejected = session->ending()
+                       ? absl::UnavailableError(
+                             "hsdpd ended this session before this operation started; submit "
+                             "it again once reconnected")
+                       : absl::InvalidArgumentError(absl::StrCat("group2_id: session ",
+                                                                 session->id(),
+                                                                 " is not a member of group ",
+                                                                 d.group2_id));
     }
   }
   if (a.rejected.ok()) {

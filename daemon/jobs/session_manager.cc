@@ -280,6 +280,7 @@ void SessionManager::EndSession(uint64_t session_id, const std::string& why) {
     auto it = sessions_.find(session_id);
     if (it == sessions_.end()) return;
     s = it->second;
+    s->MarkEnding();  // before its groups go (the dispatcher reads it after a failed lookup)
     sessions_.erase(it);
     if (Job* job_ptr = jobs_.Find(s->info().job()); job_ptr != nullptr) {
       Job& job = *job_ptr;

@@ -133,6 +133,11 @@ class Session {
   uint64_t ops_failed() const { return ops_failed_.load(); }
 
   // --- lifecycle ---
+  // The session manager is ending it (set before its groups go): an
+  // operation still queued in its ring fails as not started (UNAVAILABLE),
+  // not as naming a group that no longer exists.
+  void MarkEnding() { ending_.store(true); }
+  bool ending() const { return ending_.load(); }
   // Marks the session over and tells the client through the channel.
   void Close();
   bool closed() const { return closed_.load(); }
@@ -147,6 +152,7 @@ class Session {
   std::atomic<bool> data_connected_{false};
   std::atomic<int64_t> peer_pid_{0};
   std::atomic<bool> closed_{false};
+  std::atomic<bool> ending_{false};
   std::atomic<uint64_t> ops_completed_{0};
   std::atomic<uint64_t> ops_failed_{0};
   std::atomic<int64_t> in_flight_{0};

@@ -2,7 +2,9 @@
 // (data_plane.spin_mode) in every session's channel, for sessions attached
 // before and after it started; a channel holding another value (a stale or
 // scribbled one) is overwritten.
+#include <algorithm>
 #include <memory>
+#include <string>
 
 #include "absl/time/clock.h"
 #include "daemon/dataplane/dispatcher.h"
@@ -82,6 +84,48 @@ TEST_P(DispatcherSpinTest, EverySessionSeesTheModeAndNewSessionsToo) {
 
 INSTANTIATE_TEST_SUITE_P(Settings, DispatcherSpinTest,
                          ::testing::Values(shm::kSpinPause, shm::kSpinYield));
+
+// A drain ends every session the moment the last operation completed; a
+// descriptor the dispatcher pops from such a session afterwards (its group
+// already gone) fails as not started (UNAVAILABLE: the client submits it
+// again after reconnecting), not as "unknown group" (INVALID_ARGUMENT: the
+// client gave up, and its peer, which retried, was left out of step).
+TEST(DispatcherEndingSessionTest, AnOperationQueuedInAnEndingSessionFailsAsNotStarted) {
+  NodeConfig config;
+  config.ring_entries = 16;
+  NodeLimits limits;
+  limits.max_node_bytes = 1 << 30;
+  limits.max_mappings = 1000;
+  FakeStreamEngine engine;
+  SessionManager sm(config, limits, &engine);
+  absl::StatusOr<std::unique_ptr<WakeFd>> wake = WakeFd::Create();
+  ASSERT_TRUE(wake.ok()) << wake.status();
+  Dispatcher dispatcher(&sm, wake->get(), 0);
+  AttachParams p;
+  p.job_id = "drained";
+  p.world_size = 1;
+  p.protocol_version = shm::kLayoutVersion;
+  p.features = shm::kFeaturesImplemented;
+  auto a = sm.Attach(p, kCred);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(sm.ClaimSession(a->session_id, a->token.data(), kCred).ok());
+  auto g = sm.NewGroup(a->session_id, {0}, kCred);
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::shared_ptr<Session> s = sm.FindSession(a->session_id);  // the dispatcher's snapshot
+  ASSERT_NE(s, nullptr);
+  sm.EndAll("hsdpd drained for a restart");
+  shm::OpDescriptor d{};
+  d.op_id = 7;
+  d.group_id = g->group_id;
+  d.epoch = g->epoch;
+  d.collective = static_cast<uint8_t>(Collective::kBarrier);
+  dispatcher.Handle(s, d);
+  shm::Completion& c =
+      shm::CompletionSlots(static_cast<shm::ChannelHeader*>(s->channel().region().data()))[7 % 16];
+  ASSERT_EQ(c.op_id.load(), 7u);
+  EXPECT_EQ(c.code, static_cast<int32_t>(absl::StatusCode::kUnavailable))
+      << std::string(c.message, std::min<size_t>(c.message_len, sizeof(c.message)));
+}
 
 }  // namespace
 }  // namespace hsdp
