@@ -8,6 +8,13 @@
 namespace hsdp {
 namespace {
 constexpr int64_t kTickNs = 20'000'000;  // timeouts and housekeeping every 20 ms
+
+// An operation popped from a session the daemon is ending.
+absl::Status NotStartedSessionEnding() {
+  return absl::UnavailableError(
+      "hsdpd ended this session before this operation started; submit it again once "
+      "reconnected");
+}
 }  // namespace
 
 uint32_t ParseSpinMode(const std::string& name) {
@@ -43,11 +50,7 @@ void Dispatcher::Handle(const std::shared_ptr<Session>& session, const shm::OpDe
   // again after it reconnected (not "unknown group", which it would take for
   // its own bug). Looked at again after a failed lookup: MarkEnding comes
   // before the groups go.
-  auto ended = [&] {
-    return fail_alone(absl::UnavailableError(
-        "hsdpd ended this session before this operation started; submit it again once "
-        "reconnected"));
-  };
+  auto ended = [&] { return fail_alone(NotStartedSessionEnding()); };
   if (session->ending()) return ended();
   // A client cannot have more operations outstanding than its ring has
   // completion slots; one that pushes more anyway is refused here, so the
@@ -94,9 +97,7 @@ void Dispatcher::Handle(const std::shared_ptr<Session>& session, const shm::OpDe
     const int r2 = g2 != nullptr ? g2->RankOf(session->info().rank) : -1;
     if (r2 < 0 || !g2->IsMember(r2, session.get())) {
       a.rejected = session->ending()
-                       ? absl::UnavailableError(
-                             "hsdpd ended this session before this operation started; submit "
-                             "it again once reconnected")
+                       ? NotStartedSessionEnding()
                        : absl::InvalidArgumentError(absl::StrCat("group2_id: session ",
                                                                  session->id(),
                                                                  " is not a member of group ",

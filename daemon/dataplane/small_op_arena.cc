@@ -14,17 +14,15 @@ std::shared_ptr<ArenaBudget> NewArenaBudget(uint64_t bytes, uint32_t uid_share_p
                                        "bytes", bytes, uid_share_percent);
 }
 
-// An arena's memory and its charge, from the daemon's last reference to its
-// release.
-struct ArenaReaper::Held {
+struct ArenaMemory {
   std::unique_ptr<SharedRegion> region;
   shm::ArenaHeader* header = nullptr;
   const shm::ArenaLane* lanes = nullptr;
   uint32_t members = 0;
   uint32_t owner_uid = 0;
-  uint64_t charged = 0;
+  uint64_t charged = 0;  // bytes taken from budget
   std::shared_ptr<ArenaBudget> budget;
-  absl::Time deadline;
+  absl::Time deadline;  // the reaper's: released by then at the latest
 
   // Every member finished every committed operation. (Members write these
   // words: a member can only make its own group's arena go early or late,
@@ -39,14 +37,12 @@ struct ArenaReaper::Held {
   }
   // Members still mapping it learn first; then the region's end releases
   // the pages (SharedRegion punches them out), then the charge goes.
-  void Release() {
+  ~ArenaMemory() {
     if (region == nullptr) return;
     shm::RetireArena(header);
     region.reset();
     if (budget != nullptr) budget->Give(owner_uid, charged);
-    budget = nullptr;
   }
-  ~Held() { Release(); }
 };
 
 ArenaReaper::ArenaReaper(absl::Duration grace) : grace_(grace) {}
@@ -56,15 +52,15 @@ ArenaReaper::~ArenaReaper() {
   held_.clear();
 }
 
-void ArenaReaper::Hold(std::unique_ptr<Held> h) {
-  h->deadline = absl::Now() + grace_;
-  if (h->Settled()) return;  // released now (h's end)
+void ArenaReaper::Hold(std::unique_ptr<ArenaMemory> m) {
+  m->deadline = absl::Now() + grace_;
+  if (m->Settled()) return;  // released now (m's end)
   absl::MutexLock l(&mu_);
-  held_.push_back(std::move(h));
+  held_.push_back(std::move(m));
 }
 
 void ArenaReaper::Reap() {
-  std::vector<std::unique_ptr<Held>> due;
+  std::vector<std::unique_ptr<ArenaMemory>> due;
   {
     absl::MutexLock l(&mu_);
     const absl::Time now = absl::Now();
@@ -87,7 +83,7 @@ void ArenaReaper::ReapAll(absl::Duration bound) {
     if (held() == 0 || absl::Now() >= until) break;
     absl::SleepFor(absl::Milliseconds(1));  // members finish in microseconds
   }
-  std::vector<std::unique_ptr<Held>> rest;
+  std::vector<std::unique_ptr<ArenaMemory>> rest;
   absl::MutexLock l(&mu_);
   rest.swap(held_);
 }
@@ -108,22 +104,22 @@ absl::StatusOr<std::shared_ptr<SmallOpArena>> SmallOpArena::Create(
   const shm::ArenaLayout layout = shm::ComputeArenaLayout(members, slots, slot_bytes);
   if (budget == nullptr) return absl::ResourceExhaustedError("no arena memory on this node");
   RETURN_IF_ERROR(budget->Take(owner_uid, layout.total_bytes));
-  std::shared_ptr<SmallOpArena> a(new SmallOpArena());
-  a->budget_ = std::move(budget);
-  a->reaper_ = std::move(reaper);
-  a->owner_uid_ = owner_uid;
-  a->charged_ = layout.total_bytes;
-  a->epoch_ = epoch;
   absl::StatusOr<std::unique_ptr<SharedRegion>> region =
       SharedRegion::Create("hsdp-arena", layout.total_bytes);
   if (!region.ok()) {
-    a->budget_->Give(owner_uid, layout.total_bytes);
-    a->budget_ = nullptr;
+    budget->Give(owner_uid, layout.total_bytes);
     return region.status();
   }
-  a->region_ = *std::move(region);
+  std::shared_ptr<SmallOpArena> a(new SmallOpArena());
+  a->reaper_ = std::move(reaper);
+  a->epoch_ = epoch;
+  auto mem = std::make_unique<ArenaMemory>();
+  mem->region = *std::move(region);
+  mem->owner_uid = owner_uid;
+  mem->charged = layout.total_bytes;
+  mem->budget = std::move(budget);
   // The memfd is zero-filled: every lane's arrived/consumed start at 0.
-  auto* h = new (a->region_->data()) shm::ArenaHeader();
+  auto* h = new (mem->region->data()) shm::ArenaHeader();
   std::memcpy(h->magic, shm::kArenaMagic, sizeof(h->magic));
   h->version = shm::kArenaVersion;
   h->members = members;
@@ -131,40 +127,38 @@ absl::StatusOr<std::shared_ptr<SmallOpArena>> SmallOpArena::Create(
   h->slot_bytes = slot_bytes;
   h->total_bytes = layout.total_bytes;
   h->broken.store(0, std::memory_order_release);
-  a->header_ = h;
-  a->members_ = members;
-  a->lanes_ = reinterpret_cast<const shm::ArenaLane*>(
-      static_cast<const char*>(a->region_->data()) + layout.lanes_offset);
+  mem->header = h;
+  mem->members = members;
+  mem->lanes = reinterpret_cast<const shm::ArenaLane*>(
+      static_cast<const char*>(mem->region->data()) + layout.lanes_offset);
+  a->mem_ = std::move(mem);
   return a;
 }
 
+SmallOpArena::SmallOpArena() = default;
+
 SmallOpArena::~SmallOpArena() {
-  if (region_ == nullptr) return;
+  if (mem_ == nullptr) return;
   // Nothing commits from now on; what was committed, members finish.
-  if (!broken()) shm::BreakArena(header_, absl::AbortedError("the group ended"));
-  auto h = std::make_unique<ArenaReaper::Held>();
-  h->region = std::move(region_);
-  h->header = header_;
-  h->lanes = lanes_;
-  h->members = members_;
-  h->owner_uid = owner_uid_;
-  h->charged = charged_;
-  h->budget = std::move(budget_);
-  if (reaper_ != nullptr) reaper_->Hold(std::move(h));  // else released here
+  if (!broken()) shm::BreakArena(mem_->header, absl::AbortedError("the group ended"));
+  if (reaper_ != nullptr) reaper_->Hold(std::move(mem_));  // else released here
 }
 
-void SmallOpArena::MarkBroken(const absl::Status& why) { shm::BreakArena(header_, why); }
+int SmallOpArena::fd() const { return mem_->region->fd(); }
+uint64_t SmallOpArena::bytes() const { return mem_->region->bytes(); }
+
+void SmallOpArena::MarkBroken(const absl::Status& why) { shm::BreakArena(mem_->header, why); }
 
 uint64_t SmallOpArena::OpsCompleted() const {
   uint64_t least = UINT64_MAX;
-  for (uint32_t m = 0; m < members_; ++m) {
-    least = std::min(least, lanes_[m].consumed.load(std::memory_order_relaxed));
+  for (uint32_t m = 0; m < mem_->members; ++m) {
+    least = std::min(least, mem_->lanes[m].consumed.load(std::memory_order_relaxed));
   }
-  return members_ == 0 ? 0 : least;
+  return mem_->members == 0 ? 0 : least;
 }
 
 bool SmallOpArena::broken() const {
-  return header_->broken.load(std::memory_order_acquire) != 0;
+  return mem_->header->broken.load(std::memory_order_acquire) != 0;
 }
 
 }  // namespace hsdp

@@ -44,6 +44,9 @@ using ArenaBudget = UidSharedPool;
 std::shared_ptr<ArenaBudget> NewArenaBudget(uint64_t bytes, uint32_t uid_share_percent);
 
 class SmallOpArena;
+// An arena's memory and its charge: a SmallOpArena's, then its reaper's
+// until released (small_op_arena.cc).
+struct ArenaMemory;
 
 // Arenas the daemon is done with, held until their members have finished
 // what was committed (above). Thread-safe.
@@ -65,11 +68,10 @@ class ArenaReaper {
 
  private:
   friend class SmallOpArena;
-  struct Held;
-  void Hold(std::unique_ptr<Held> h);
+  void Hold(std::unique_ptr<ArenaMemory> m);
   const absl::Duration grace_;
   mutable absl::Mutex mu_;
-  std::vector<std::unique_ptr<Held>> held_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<ArenaMemory>> held_ ABSL_GUARDED_BY(mu_);
 };
 
 class SmallOpArena {
@@ -87,8 +89,8 @@ class SmallOpArena {
   // then hands it to the reaper; without one, releases it at once.
   ~SmallOpArena();
 
-  int fd() const { return region_->fd(); }
-  uint64_t bytes() const { return region_->bytes(); }
+  int fd() const;
+  uint64_t bytes() const;
   uint32_t epoch() const { return epoch_; }
   // Every operation in the arena that not every member submitted fails with
   // `why` from now on (the first call's stays); waiters are woken.
@@ -101,15 +103,9 @@ class SmallOpArena {
   uint64_t OpsCompleted() const;
 
  private:
-  SmallOpArena() = default;
-  std::unique_ptr<SharedRegion> region_;
-  shm::ArenaHeader* header_ = nullptr;
-  const shm::ArenaLane* lanes_ = nullptr;
-  uint32_t members_ = 0;
+  SmallOpArena();
+  std::unique_ptr<ArenaMemory> mem_;
   uint32_t epoch_ = 0;
-  uint32_t owner_uid_ = 0;
-  uint64_t charged_ = 0;  // bytes taken from budget_
-  std::shared_ptr<ArenaBudget> budget_;
   std::shared_ptr<ArenaReaper> reaper_;
 };
 
