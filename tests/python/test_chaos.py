@@ -238,3 +238,37 @@ def test_a_fault_alone_that_no_daemon_named_in_time_fails_the_verdict(tmp_path):
 def _write_log(path, lines):
     path.write_text("\n".join(lines) + "\n")
     return str(path)
+
+
+def test_warm_recoveries_are_credited_to_the_kill_that_caused_them():
+    # Warm recovery: the survivors of a killed rank recover in their processes and
+    # log it; the supervisor sees the kill by polling, up to a moment after they did.
+    import verdict
+    at = 1_800_000_000.0
+    left = "Aborted: ... rank 4 left the job (client process exited or closed its connection)"
+    rows = [(at - 0.3, r, left) for r in (5, 0, 2)] + \
+           [(at + 0.1, r, "Aborted: ... node 2 reports: rank 5 left the job (detached)")
+            for r in (1, 3)] + \
+           [(at + 100.0, 0, "Unavailable: lost the connection to hsdpd"),
+            (at + 100.5, 1, "Unavailable: lost the connection to hsdpd")]
+    steps = [at - 5.0, at + 10.0]
+    recs = verdict.warm_failures(rows, [{"rank": 4, "at": at, "exit": -9}], steps, world=6)
+    assert [r["first"] for r in recs] == ["failed: rank 4 exit -9",
+                                          "recovered without a rank leaving"]
+    kill = recs[0]
+    assert sorted(kill["failed_by_themselves"]) == [0, 1, 2, 3, 5]
+    assert kill["detect_s"] == pytest.approx(0.1)
+    assert kill["errors"][4] == "killed (exit -9)"
+    assert kill["recovering"] is False and kill["still_running"] == []
+    assert recs[1]["failing_at"] == at + 100.0 and sorted(recs[1]["errors"]) == [0, 1]
+    # A rank that never noticed: the detection counts as the whole window.
+    recs = verdict.warm_failures(rows[:3], [{"rank": 4, "at": at, "exit": -9}], steps, world=6)
+    assert recs[0]["detect_s"] == 20.0 and recs[0]["still_running"] == [1, 3]
+    # Killed while the job was still recovering from an earlier failure (a
+    # recovery before it, no step since): not the kill's alone to judge.
+    early = [(at - 3.0, 0, "Unavailable: lost the connection to hsdpd")]
+    recs = verdict.warm_failures(early + rows, [{"rank": 4, "at": at, "exit": -9}],
+                                 [at - 5.0], world=6)
+    assert recs[1]["first"] == "failed: rank 4 exit -9" and recs[1]["recovering"] is True
+
+

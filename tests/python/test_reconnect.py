@@ -70,3 +70,78 @@ def test_a_torch_process_group_survives_a_daemon_restart(tmp_path):
             first_error
         assert y == [30.0] * 8
         assert z == [1.0] * 8
+
+
+def no_reconnect_worker(rank, world, marks):
+    import torch
+    import torch.distributed as dist
+    import hsdp.torch.session as session
+    x = torch.full((8,), float(rank + 1))
+    dist.all_reduce(x)
+    open(os.path.join(marks, f"ready.{rank}"), "w").close()
+    _wait_for(os.path.join(marks, "restarted"))
+    errors = []
+    for _ in range(2):  # the op in flight, and a retry: neither reconnects
+        y = torch.full((8,), float(10 * (rank + 1)))
+        try:
+            dist.all_reduce(y)
+            errors.append(None)
+        except Exception as e:  # noqa: BLE001
+            errors.append(str(e))
+    # What a job that recovers by itself does: end its groups and session, make
+    # them again (here over a fresh store), and go on with the new daemon.
+    dist.destroy_process_group()
+    session.close()
+    store = dist.FileStore(os.path.join(marks, "store-again"), world)
+    dist.init_process_group("hsdpd", store=store, rank=rank, world_size=world)
+    z = torch.full((8,), float(rank))
+    dist.all_reduce(z)
+    return x.tolist(), errors, z.tolist()
+
+
+def test_with_hsdp_reconnect_0_calls_fail_until_the_job_makes_its_groups_again(tmp_path):
+    binary = os.path.join(BUILD, "bin", "hsdpd")
+    os.makedirs(tmp_path / "d")
+    d = Daemon(binary, str(tmp_path / "d"))
+    marks = str(tmp_path)
+    env = [{"HSDPD_SOCKET": d.socket, "HSDP_JOB_ID": "torch-no-reconnect",
+            "HSDP_RECONNECT": "0"}] * 2
+    out = {}
+
+    def launch():
+        out["results"] = mp_runner.launch(no_reconnect_worker, 2, (marks,), "hsdpd", marks, 120,
+                                          env=env)
+
+    t = threading.Thread(target=launch)
+    t.start()
+    try:
+        for r in range(2):
+            _wait_for(os.path.join(marks, f"ready.{r}"))
+        d.proc.kill()
+        d.proc.wait()
+        d = Daemon(binary, d.dir)  # the same socket path
+        open(os.path.join(marks, "restarted"), "w").close()
+        t.join(150)
+        assert not t.is_alive()
+    finally:
+        d.stop()
+    for before, errors, z in out["results"]:
+        assert before == [3.0] * 8
+        # The retry fails too instead of reconnecting (it would run alone in the
+        # groups' next epoch while the peers recover).
+        assert len(errors) == 2 and all(e is not None and "lost the connection to hsdpd" in e
+                                        for e in errors), errors
+        assert z == [1.0] * 8
+
+
+def test_hsdp_reconnect_takes_0_or_1_and_refuses_anything_else(monkeypatch):
+    from hsdp.torch import session
+    import pytest
+    for value, want in (("0", False), ("1", True), ("", True)):
+        monkeypatch.setenv("HSDP_RECONNECT", value)
+        assert session.reconnect_wanted() is want
+    monkeypatch.delenv("HSDP_RECONNECT")
+    assert session.reconnect_wanted() is True
+    monkeypatch.setenv("HSDP_RECONNECT", "no")
+    with pytest.raises(ValueError, match="HSDP_RECONNECT"):
+        session.reconnect_wanted()

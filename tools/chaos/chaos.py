@@ -84,6 +84,7 @@ def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None, det
     """Drives `job` to its end (or the deadline): restarts it when it fails or
     stalls, injects `plan`'s faults at their times (from t0). Returns 'done' or why not."""
     plan = list(plan)
+    pending = {}  # warm recovery: rank -> unix time its exit was seen, until it is restarted
     restart_wanted, next_formed_check = True, 0.0
     failing_since, failing_at, first_exit, first_state = None, 0.0, {}, None
     while time.monotonic() < deadline:
@@ -104,6 +105,9 @@ def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None, det
             for line in injector.undo_due(now_s):
                 say(line)
         st = job.state()
+        if st.startswith("failed") and job.recovery == "warm":
+            warm_restart(job, cl, pending, report)
+            st = job.state()
         if st == "done":
             if report is not None:
                 for f in plan:  # the job finished before their time
@@ -138,6 +142,7 @@ def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None, det
                     f"{time.monotonic() - failing_since:.1f} s, "
                     f"{len(record['still_running'])} ended: restarting")
                 job.end(first_state)
+                pending.clear()
                 failing_since = None
                 restart_wanted = True
         elif job.stalled():
@@ -145,6 +150,7 @@ def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None, det
                 "dumping its stacks and ending it")
             job.dump_stacks()
             job.end("stalled")
+            pending.clear()
             if report is not None:
                 report["stalls"] += 1
             restart_wanted = True
@@ -157,6 +163,27 @@ def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None, det
                 say(f"job incarnation {job.incarnation} started")
         time.sleep(0.1)
     return "deadline"
+
+
+def warm_restart(job, cl, pending, report):
+    """Warm recovery: a rank killed by a signal is started again alone (once its
+    node's daemon is up); the others recover in their processes. A rank that
+    exited by itself (it gave up) or a job with a finished rank leaves the
+    failure to the whole-job restart."""
+    exits = job.exits()
+    if any(c is not None and c >= 0 for c in exits.values()):
+        return
+    for r, c in exits.items():
+        if c is not None and r not in pending:
+            pending[r] = time.time()
+            if report is not None:
+                report["kills_seen"].append({"rank": r, "at": pending[r], "exit": c})
+    for r in sorted(pending):
+        if cl.nodes[job.node_of(r)].alive():
+            job.restart_rank(r, [n.socket for n in cl.nodes])
+            say(f"job incarnation {job.incarnation}: rank {r} exit {exits[r]}: started it "
+                f"again alone {time.time() - pending.pop(r):.1f} s later (the others recover "
+                "in their processes)")
 
 
 def detection(report, cl, job, step_s):
@@ -265,6 +292,10 @@ def main():
     p.add_argument("--out", default=None)
     p.add_argument("--backend", default="hsdpd", choices=("hsdpd", "gloo"),
                    help="gloo: the same job over Gloo (the daemons idle), the baseline")
+    p.add_argument("--recovery", default=None, choices=("warm", "restart"),
+                   help="warm (the default with hsdpd): a killed rank restarts alone and the "
+                        "others recover in their processes; restart: every rank restarts, "
+                        "torchrun's way (Gloo's only choice)")
     p.add_argument("--keep", action="store_true")
     a = p.parse_args()
     supported = kinds_of(a.netns, a.store)
@@ -319,12 +350,18 @@ def main():
                 kinds.remove("disk_full")
                 ckpt_mount = None
     world = a.nodes * a.ranks_per_node
+    # Gloo has no recovery of its own: its job restarts on any fault (torchrun's way).
+    recovery = a.recovery or ("warm" if a.backend == "hsdpd" else "restart")
+    if a.backend == "gloo" and recovery == "warm":
+        print("chaos: --recovery warm needs --backend hsdpd (Gloo's groups cannot be "
+              "joined again in a running process)", file=sys.stderr)
+        return 2
     plan = schedule_mod.draw(a.seed, a.seconds, kinds, a.nodes, world, a.rate)
     report = {"seed": a.seed, "seconds": a.seconds, "backend": a.backend, "netns": a.netns,
               "store": a.store, "nodes": a.nodes,
               "ranks_per_node": a.ranks_per_node, "steps": a.steps, "kinds": kinds,
               "schedule": [f.describe() for f in plan], "faults": [], "stalls": 0,
-              "failures": []}
+              "failures": [], "kills_seen": [], "recovery": recovery}
     say(f"seed {a.seed}: {len(plan)} faults over {a.seconds:.0f} s, {a.nodes} nodes x "
         f"{a.ranks_per_node} ranks, {a.steps} steps, checkpoint every {a.ckpt_every}; "
         f"{'network namespaces' if a.netns else 'loopback'}, store {a.store}; out {out}")
@@ -359,7 +396,8 @@ def main():
         prefixes = [n.prefix for n in cl.nodes] if net is not None else None
         ref = job_mod.Job(python, build, os.path.join(out, "reference"),
                           os.path.join(out, "reference-ckpt"), a.nodes, a.ranks_per_node,
-                          a.steps, a.ckpt_every, backend=a.backend, prefixes=prefixes)
+                          a.steps, a.ckpt_every, backend=a.backend, prefixes=prefixes,
+                          recovery=recovery)
         t = time.monotonic()
         res = run_job(ref, cl, t + a.deadline_s)
         ref_s = time.monotonic() - t
@@ -376,7 +414,7 @@ def main():
         job = job_mod.Job(python, build, os.path.join(out, "chaos"),
                           ckpt_mount or os.path.join(out, "chaos-ckpt"), a.nodes,
                           a.ranks_per_node, a.steps, a.ckpt_every, backend=a.backend,
-                          prefixes=prefixes)
+                          prefixes=prefixes, recovery=recovery)
         injector = faults_mod.Injector(cl, job, ckpt_mount, net, etcd)
         t0 = time.monotonic()
         res = run_job(job, cl, t0 + a.deadline_s, injector, plan, t0, report)
@@ -389,6 +427,14 @@ def main():
                             "(its ranks' stacks are in their logs)")
         report.update(chaos_seconds=chaos_s, incarnations=job.incarnation,
                       resumed_from=verdict_mod.resumes(job.out))
+        if recovery == "warm":
+            rows = job.recoveries(0)
+            report["warm_recoveries"] = len(rows)
+            report["failures"] = sorted(
+                report["failures"] + verdict_mod.warm_failures(
+                    rows, report["kills_seen"],
+                    [t for t, kind, _ in verdict_mod.progress(job.out) if kind == "step"], world),
+                key=lambda r: r["failing_at"])
         # The verdict.
         equal, line = verdict_mod.compare_params(ref.out, job.out)
         if not equal:
@@ -409,10 +455,13 @@ def main():
         for entry in injected:
             if entry["kind"] != "kill_trainer" or a.backend != "hsdpd":
                 continue
-            rec = next((f for f in report["failures"] if f["at"] >= entry["at"]), None)
+            rec = next((f for f in report["failures"]
+                        if f["at"] >= entry["at"] and (not f.get("warm") or f["first"].startswith(
+                            f"failed: rank {entry['target']} "))), None)
             if rec is None or not rec["failed_by_themselves"]:
                 continue  # ended by the supervisor before anyone else noticed
-            if rec["failing_at"] < entry["at"]:
+            lag = verdict_mod.KILL_SEEN_LAG_S if rec.get("warm") else 0.0
+            if rec["failing_at"] < entry["at"] - lag or rec.get("recovering"):
                 continue  # it was killed while its incarnation was failing already
             if any(o is not entry and entry["at"] - 5 <= o["at"] <= rec["at"] for o in injected):
                 continue
@@ -445,7 +494,10 @@ def main():
         # The figures.
         say(f"chaos run: {chaos_s:.1f} s (undisturbed {ref_s:.1f} s), {job.incarnation} "
             f"incarnations, resumed from steps {report['resumed_from']}, "
-            f"{report['stalls']} stalls")
+            f"{report['stalls']} stalls; recovery {recovery}"
+            + (f": {len(report['kills_seen'])} ranks restarted alone, "
+               f"{report['warm_recoveries']} in-process recoveries" if recovery == "warm"
+               else ""))
         by_kind = {}
         for entry in report["faults"]:
             if entry.get("time_lost_s") is not None:

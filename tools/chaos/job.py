@@ -24,7 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 class Job:
     def __init__(self, python, build, out, ckpt_dir, nodes, ranks_per_node, steps, ckpt_every,
-                 backend="hsdpd", pg_timeout=60, stall_s=120, prefixes=None):
+                 backend="hsdpd", pg_timeout=60, stall_s=120, prefixes=None,
+                 recovery="restart"):
         self.python, self.build, self.out, self.ckpt_dir = python, build, out, ckpt_dir
         self.nodes, self.per_node = nodes, ranks_per_node
         self.world = nodes * ranks_per_node
@@ -32,7 +33,11 @@ class Job:
         self.backend, self.pg_timeout, self.stall_s = backend, pg_timeout, stall_s
         # prefixes[i]: the command prefix of node i's namespace (gloo in --netns mode).
         self.prefixes = prefixes if backend == "gloo" else None
+        # "warm": a killed rank is started again alone and the others recover in
+        # their processes (trainer.py --recovery warm); "restart": every rank restarts.
+        self.recovery = recovery
         self.procs = []
+        self.store = None
         self.incarnation = 0
         self.events = []  # (time, what)
         self.started_at = None
@@ -45,33 +50,61 @@ class Job:
     def start(self, sockets):
         """Starts incarnation n + 1; sockets[i]: node i's hsdpd socket."""
         self.incarnation += 1
-        store = os.path.join(self.out, f"store-{self.incarnation}")
+        self.store = os.path.join(self.out, f"store-{self.incarnation}")
+        self.procs = [self._spawn(r, sockets, "") for r in range(self.world)]
+        self.started_at = time.monotonic()
+        self.events.append((time.time(), f"incarnation {self.incarnation} started"))
+
+    def restart_rank(self, rank, sockets):
+        """Starts `rank` again alone, in the running incarnation (warm recovery)."""
+        self.procs[rank] = self._spawn(rank, sockets, " (this rank restarted)")
+        self.events.append((time.time(), f"rank {rank} restarted"))
+
+    def _spawn(self, r, sockets, note):
         pypath = os.pathsep.join([os.path.join(self.build, "python")] +
                                  [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                   if p])
-        self.procs = []
-        for r in range(self.world):
-            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(self.world),
-                       LOCAL_RANK=str(r % self.per_node), PYTHONPATH=pypath,
-                       OMP_NUM_THREADS="1", HSDPD_SOCKET=sockets[self.node_of(r)],
-                       HSDP_CHAOS_RUN=self.out)
-            prefix = []
-            if self.prefixes is not None:
-                prefix = self.prefixes[self.node_of(r)]
-                env["GLOO_SOCKET_IFNAME"] = "eth0"
-            log = open(os.path.join(self.out, f"rank{r}.log"), "a")
-            log.write(f"=== incarnation {self.incarnation} at {time.time():.3f}\n")
-            log.flush()
-            self.procs.append(subprocess.Popen(
+        # The job id: one per incarnation, the same for a rank started again in it.
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(self.world),
+                   LOCAL_RANK=str(r % self.per_node), PYTHONPATH=pypath,
+                   OMP_NUM_THREADS="1", HSDPD_SOCKET=sockets[self.node_of(r)],
+                   HSDP_CHAOS_RUN=self.out,
+                   HSDP_JOB_ID=f"chaos-{os.getpid()}-{os.path.basename(self.out)}-"
+                               f"{self.incarnation}")
+        if self.recovery == "warm":
+            env["HSDP_RECONNECT"] = "0"  # the trainer recovers by itself
+        prefix = []
+        if self.prefixes is not None:
+            prefix = self.prefixes[self.node_of(r)]
+            env["GLOO_SOCKET_IFNAME"] = "eth0"
+        log = open(os.path.join(self.out, f"rank{r}.log"), "a")
+        log.write(f"=== incarnation {self.incarnation}{note} at {time.time():.3f}\n")
+        log.flush()
+        try:
+            return subprocess.Popen(
                 prefix + [self.python, os.path.join(HERE, "trainer.py"), "--steps", str(self.steps),
-                 "--ckpt-every", str(self.ckpt_every), "--ckpt-dir", self.ckpt_dir,
-                 "--out", self.out, "--mesh", f"{self.nodes},{self.per_node}",
-                 "--backend", self.backend, "--store", store,
-                 "--pg-timeout", str(self.pg_timeout)],
-                env=env, stdout=log, stderr=subprocess.STDOUT))
+                          "--ckpt-every", str(self.ckpt_every), "--ckpt-dir", self.ckpt_dir,
+                          "--out", self.out, "--mesh", f"{self.nodes},{self.per_node}",
+                          "--backend", self.backend, "--store", self.store,
+                          "--pg-timeout", str(self.pg_timeout), "--recovery", self.recovery],
+                env=env, stdout=log, stderr=subprocess.STDOUT)
+        finally:
             log.close()
-        self.started_at = time.monotonic()
-        self.events.append((time.time(), f"incarnation {self.incarnation} started"))
+
+    def recoveries(self, since):
+        """[(unix time, rank, why)] of the warm recoveries logged at or after `since`."""
+        rows = []
+        try:
+            with open(os.path.join(self.out, "recover.log"), errors="replace") as f:
+                for line in f:
+                    parts = line.rstrip("\n").split(" ", 5)
+                    if len(parts) == 6 and parts[1] == "rank" and parts[3] == "attempt":
+                        t = float(parts[0])
+                        if t >= since:
+                            rows.append((t, int(parts[2]), parts[5]))
+        except (OSError, ValueError):
+            pass
+        return rows
 
     def pids(self):
         return [p.pid for p in self.procs if p.poll() is None]

@@ -234,6 +234,64 @@ def job_detection(kind, target, at, failures, until):
     return None
 
 
+# A killed rank's peers may notice before the supervisor does (it polls): their
+# recoveries count for the kill from this long before the supervisor saw it.
+KILL_SEEN_LAG_S = 1.0
+
+
+def warm_failures(recoveries, kills, steps, world, window_s=20.0):
+    """The supervisor's failure records of a warm-recovering job, from the ranks'
+    recoveries [(unix time, rank, why)], the kills it saw [{"rank", "at", "exit"}]
+    and the times steps completed (rank 0's progress.log).
+
+    One record per kill: the other ranks' first recovery from KILL_SEEN_LAG_S
+    before it to window_s after (`failed_by_themselves`), `detect_s` (when the
+    last of them noticed, or window_s when one did not), and `recovering`: the
+    job was still recovering from an earlier failure (a recovery before the kill
+    and no step completed since), so who noticed what is not the kill's alone.
+    Then one record per remaining burst of recoveries (the first one and those
+    within window_s of it). Fields as a whole-job restart's (`failing_at`,
+    `errors`, `at`: when the record closed), sorted by `failing_at`."""
+    rows = sorted(recoveries)
+    steps = sorted(steps)
+    used = set()
+    records = []
+    for k in sorted(kills, key=lambda k: k["at"]):
+        at, dead = k["at"], k["rank"]
+        first = {}
+        for i, (t, rank, why) in enumerate(rows):
+            if i not in used and at - KILL_SEEN_LAG_S <= t <= at + window_s and \
+                    rank != dead and rank not in first:
+                first[rank] = (t, why)
+                used.add(i)
+        noticed = {r: why for r, (t, why) in first.items()}
+        detect = max((t - at for t, _ in first.values()), default=0.0) \
+            if len(first) == world - 1 else window_s
+        detect = max(detect, 0.0)
+        before = [t for t, _, _ in rows if t < at - KILL_SEEN_LAG_S]
+        recovering = bool(before) and not any(before[-1] < t < at for t in steps)
+        records.append({"at": at + detect, "failing_at": at, "warm": True,
+                        "first": f"failed: rank {dead} exit {k['exit']}", "detect_s": detect,
+                        "recovering": recovering, "failed_by_themselves": noticed,
+                        "errors": {**noticed, dead: f"killed (exit {k['exit']})"},
+                        "still_running": sorted(set(range(world)) - set(first) - {dead})})
+    i = 0
+    while i < len(rows):
+        if i in used:
+            i += 1
+            continue
+        start = rows[i][0]
+        first = {}
+        while i < len(rows) and rows[i][0] <= start + window_s:
+            if i not in used:
+                first.setdefault(rows[i][1], rows[i][2])
+            i += 1
+        records.append({"at": start, "failing_at": start, "warm": True,
+                        "first": "recovered without a rank leaving", "detect_s": 0.0,
+                        "failed_by_themselves": first, "errors": first, "still_running": []})
+    return sorted(records, key=lambda r: r["failing_at"])
+
+
 def steps_during(out_dir, start, end):
     """Median seconds a step took between two unix times (None if < 2 steps)."""
     rows = [(t, n) for t, kind, n in progress(out_dir) if kind == "step" and start <= t <= end]

@@ -31,6 +31,17 @@ def _agree_job_id(store):
     return store.get(JOB_KEY).decode()
 
 
+def reconnect_wanted():
+    """False when $HSDP_RECONNECT is "0": a job that recovers by itself (it ends
+    its process groups and makes them again) wants every call after the daemon
+    went away to fail, not to reconnect and run in the groups' next epoch while
+    its peers do something else. Any other value, or unset: reconnect."""
+    value = os.environ.get("HSDP_RECONNECT", "1").strip()
+    if value not in ("0", "1", ""):
+        raise ValueError(f"HSDP_RECONNECT: {value!r} is neither 0 nor 1")
+    return value != "0"
+
+
 def attach(store, rank, world_size, timeout_s):
     """Attaches this process (global `rank` of `world_size`); replaces an older session."""
     global _session
@@ -41,7 +52,7 @@ def attach(store, rank, world_size, timeout_s):
     if old is not None:
         old.close()
     client = Client(job_id=job_id, rank=rank, world_size=world_size, local_rank=local_rank,
-                    connect_timeout=min(max(timeout_s, 1.0), 60.0))
+                    connect_timeout=min(max(timeout_s, 1.0), 60.0), reconnect=reconnect_wanted())
     with _lock:
         _session = client
     return client
