@@ -5,7 +5,7 @@ schedule of faults and must end with the parameters of an undisturbed run.
     tools/chaos/chaos.py --seed 7 --seconds 120 [--nodes 3] [--ranks-per-node 2]
         [--steps 60] [--ckpt-every 5] [--kinds kill_trainer,stop_trainer,...]
         [--netns] [--store embedded|etcd] [--backend hsdpd|gloo]
-        [--build build] [--python build/venv/bin/python] [--out DIR] [--keep]
+        [--recovery warm|restart] [--build build] [--python build/venv/bin/python] [--out DIR] [--keep]
 
 1. The cluster: one hsdpd per node (cluster.py), on loopback, or with --netns
    each in its own network namespace on 198.18.40.(10+i) (net.py; root);
@@ -16,9 +16,13 @@ schedule of faults and must end with the parameters of an undisturbed run.
    reference, its per-step time the baseline; then each daemon's resources
    (fds, memfds, threads, RSS from /proc) are its baseline.
 3. The chaos run: the same job from scratch while the faults of
-   schedule.draw(seed, ...) hit it (faults.py); the supervisor (job.py)
-   restarts the job from its last checkpoint whenever a rank fails or it
-   stops making progress (the stacks of every rank are dumped first).
+   schedule.draw(seed, ...) hit it (faults.py). With --recovery warm (the
+   default with hsdpd) the supervisor (job.py) starts a killed rank again
+   alone and the others recover in their processes (trainer.py); with
+   --recovery restart (Gloo's only choice), and in warm mode when a rank
+   gives up, it restarts the job from its last checkpoint whenever a rank
+   fails or it stops making progress (the stacks of every rank are dumped
+   first).
 4. The verdict (verdict.py): the job reached its last step; its parameters
    are bitwise equal to the reference; every fault was followed by new
    progress within --recover-s; after the job every daemon is back at its

@@ -1,7 +1,11 @@
 """The chaos job's supervisor (what torchrun's elastic agent is to a job):
 starts every rank of an incarnation, notices a rank that failed or a job that
 stopped making progress, ends the incarnation and starts the next one from
-the last checkpoint once the cluster is whole again.
+the last checkpoint once the cluster is whole again. With recovery "warm" it
+starts a killed rank again alone in the running incarnation (restart_rank:
+same store, same job id) while the others recover in their processes
+(trainer.py --recovery warm, HSDP_RECONNECT=0); their recoveries are read
+back from out/recover.log (recoveries()).
 
 Rank r runs on node r // ranks_per_node; the mesh is (nodes, ranks_per_node),
 replicate x shard, so shard groups stay within a node and replicas span the
