@@ -272,3 +272,16 @@ def test_warm_recoveries_are_credited_to_the_kill_that_caused_them():
     assert recs[1]["first"] == "failed: rank 4 exit -9" and recs[1]["recovering"] is True
 
 
+
+
+def test_the_supervisor_reads_each_ranks_recoveries_and_skips_a_torn_line(tmp_path):
+    import job
+    (tmp_path / "recover.log").write_text(
+        "100.5 rank 3 attempt 1 Aborted: rank 4 left the job\n"
+        "101.0 rank 2 attem")  # a rank killed while writing
+    j = job.Job("python", "build", str(tmp_path), str(tmp_path / "ckpt"), 3, 2, 10, 5,
+                recovery="warm")
+    assert j.recoveries(0) == [(100.5, 3, "Aborted: rank 4 left the job")]
+    assert j.recoveries(100.6) == []
+    (tmp_path / "recover.log").write_text("x rank 1 attempt 2 why\n")
+    assert j.recoveries(0) == []

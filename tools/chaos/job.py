@@ -100,14 +100,17 @@ class Job:
         rows = []
         try:
             with open(os.path.join(self.out, "recover.log"), errors="replace") as f:
-                for line in f:
-                    parts = line.rstrip("\n").split(" ", 5)
-                    if len(parts) == 6 and parts[1] == "rank" and parts[3] == "attempt":
-                        t = float(parts[0])
-                        if t >= since:
-                            rows.append((t, int(parts[2]), parts[5]))
-        except (OSError, ValueError):
-            pass
+                lines = f.readlines()
+        except OSError:
+            return rows
+        for line in lines:
+            parts = line.rstrip("\n").split(" ", 5)
+            try:
+                if len(parts) == 6 and parts[1] == "rank" and parts[3] == "attempt" and \
+                        float(parts[0]) >= since:
+                    rows.append((float(parts[0]), int(parts[2]), parts[5]))
+            except ValueError:
+                continue  # a line torn by a rank killed while writing it
         return rows
 
     def pids(self):
