@@ -39,17 +39,19 @@ def reconnect_worker(rank, world, marks):
     return before, first_error, y.tolist(), z.tolist()
 
 
-def test_a_torch_process_group_survives_a_daemon_restart(tmp_path):
+def _run_across_a_daemon_restart(tmp_path, worker, env_extra):
+    """Runs `worker` on two ranks over hsdpd; once both wrote ready.<rank>, kills
+    the daemon and starts a new one on the same socket, then writes `restarted`.
+    Returns the ranks' results."""
     binary = os.path.join(BUILD, "bin", "hsdpd")
     os.makedirs(tmp_path / "d")
     d = Daemon(binary, str(tmp_path / "d"))
     marks = str(tmp_path)
-    env = [{"HSDPD_SOCKET": d.socket, "HSDP_JOB_ID": "torch-reconnect"}] * 2
+    env = [{"HSDPD_SOCKET": d.socket, **env_extra}] * 2
     out = {}
 
     def launch():
-        out["results"] = mp_runner.launch(reconnect_worker, 2, (marks,), "hsdpd", marks, 120,
-                                          env=env)
+        out["results"] = mp_runner.launch(worker, 2, (marks,), "hsdpd", marks, 120, env=env)
 
     t = threading.Thread(target=launch)
     t.start()
@@ -64,7 +66,13 @@ def test_a_torch_process_group_survives_a_daemon_restart(tmp_path):
         assert not t.is_alive()
     finally:
         d.stop()
-    for before, first_error, y, z in out["results"]:
+    return out["results"]
+
+
+def test_a_torch_process_group_survives_a_daemon_restart(tmp_path):
+    results = _run_across_a_daemon_restart(tmp_path, reconnect_worker,
+                                           {"HSDP_JOB_ID": "torch-reconnect"})
+    for before, first_error, y, z in results:
         assert before == [3.0] * 8
         assert first_error is not None and "lost the connection to hsdpd" in first_error, \
             first_error
@@ -100,32 +108,10 @@ def no_reconnect_worker(rank, world, marks):
 
 
 def test_with_hsdp_reconnect_0_calls_fail_until_the_job_makes_its_groups_again(tmp_path):
-    binary = os.path.join(BUILD, "bin", "hsdpd")
-    os.makedirs(tmp_path / "d")
-    d = Daemon(binary, str(tmp_path / "d"))
-    marks = str(tmp_path)
-    env = [{"HSDPD_SOCKET": d.socket, "HSDP_JOB_ID": "torch-no-reconnect",
-            "HSDP_RECONNECT": "0"}] * 2
-    out = {}
-
-    def launch():
-        out["results"] = mp_runner.launch(no_reconnect_worker, 2, (marks,), "hsdpd", marks, 120,
-                                          env=env)
-
-    t = threading.Thread(target=launch)
-    t.start()
-    try:
-        for r in range(2):
-            _wait_for(os.path.join(marks, f"ready.{r}"))
-        d.proc.kill()
-        d.proc.wait()
-        d = Daemon(binary, d.dir)  # the same socket path
-        open(os.path.join(marks, "restarted"), "w").close()
-        t.join(150)
-        assert not t.is_alive()
-    finally:
-        d.stop()
-    for before, errors, z in out["results"]:
+    results = _run_across_a_daemon_restart(
+        tmp_path, no_reconnect_worker,
+        {"HSDP_JOB_ID": "torch-no-reconnect", "HSDP_RECONNECT": "0"})
+    for before, errors, z in results:
         assert before == [3.0] * 8
         # The retry fails too instead of reconnecting (it would run alone in the
         # groups' next epoch while the peers recover).
