@@ -3,7 +3,7 @@
 
     compose_docker_test.py setup   SRC BUILD STATE   # engine up, images built (ctest fixture)
     compose_docker_test.py cleanup SRC BUILD STATE   # images, leftovers, the engine we started
-    compose_docker_test.py up|failures|four_nodes|etcd|teardown SRC BUILD STATE
+    compose_docker_test.py up|failures|four_nodes|etcd|chaos|teardown SRC BUILD STATE
 
 `setup` starts dockerd when no engine answers (docker_engine.py; `cleanup`
 stops the one it started), removes what earlier runs left (projects whose
@@ -26,6 +26,10 @@ machine; torch is BUILD/venv's, mounted read-only into the trainers). The tests 
 - etcd: with deploy/docker-compose.etcd.yml (cluster.store: etcd, three
   etcd containers with users and auth), the job trains; killing one etcd
   member and node 0's daemon leaves node 1 "ok", seeing node 0 lost.
+- chaos: the chaos job (tools/chaos/chaos.py --docker: every daemon, etcd
+  member and rank a container of these images, the nodes pods on a Docker
+  network) meets a seeded schedule of every fault kind and ends with the
+  parameters of its undisturbed run, bitwise; nothing of it is left.
 - teardown: a test run stopped with SIGTERM removes its project; one killed
   with SIGKILL (what a ctest timeout does) is removed by the next sweep.
 
@@ -518,6 +522,53 @@ class ComposeFourNodes(DockerTest):
                          [(i, "alive") for i in range(4)], nodes)
 
 
+class ComposeChaos(unittest.TestCase):
+    """The chaos harness in its Docker mode against this build's images: the
+    short run of tests/python/test_chaos.py (seed 60, 60 s of faults at 8 a
+    minute, every kind), with the daemons, etcd members and ranks in
+    containers and the faults made the Docker way (docker kill / start, the
+    pod's veth down, its eth0 and veth shaped)."""
+
+    def test_the_chaos_job_in_containers_ends_with_the_undisturbed_parameters(self):
+        sys.path.insert(0, os.path.join(SRC, "tools", "chaos"))
+        import schedule
+        python = os.path.join(BUILD, "venv", "bin", "python")
+        etcd = os.path.join(BUILD, "third_party", "etcd", "usr", "bin")
+        if not all(os.access(os.path.join(etcd, b), os.X_OK) for b in ("etcd", "etcdctl")):
+            unavailable(f"no etcd in {etcd} (tools/scripts/etcd_env.sh)")
+        out = tempfile.mkdtemp(prefix="hsdp-docker-chaos-")
+        try:
+            r = subprocess.run(
+                [python, os.path.join(SRC, "tools", "chaos", "chaos.py"), "--seed", "60",
+                 "--seconds", "60", "--rate", "8", "--steps", "160", "--ckpt-every", "8",
+                 "--docker", "--image-tag", read_state()["tag"], "--store", "etcd",
+                 "--build", BUILD, "--out", out, "--deadline-s", "600", "--keep"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
+            print(r.stdout[-6000:])
+            self.assertEqual(r.returncode, 0, r.stdout[-8000:])
+            self.assertIn("containers up: node pods on 198.18.42.10", r.stdout)
+            self.assertIn("bitwise equal to the undisturbed run's", r.stdout)
+            self.assertIn("verdict: OK", r.stdout)
+            with open(os.path.join(out, "report.json")) as f:
+                report = json.load(f)
+            self.assertEqual(report["problems"], [])
+            injected = [e for e in report["faults"] if not e["did"].startswith("skipped")]
+            # Every kind this mode has, each made the Docker way where it has one.
+            self.assertEqual({e["kind"] for e in injected}, set(schedule.ALL_KINDS),
+                             [e["fault"] for e in injected])
+            self.assertTrue(any("host veth" in e["did"] for e in injected), injected)
+            figure(f"chaos job in containers (seed 60, {len(injected)} faults): "
+                   f"{report['chaos_seconds']:.0f} s against {report['reference_seconds']:.0f} s "
+                   f"undisturbed, {report['incarnations']} incarnation(s), verdict OK")
+        finally:
+            # Nothing of the run is left: containers and network carry its label.
+            left = docker("ps", "-aq", "--filter", "label=org.hsdpd.chaos", check=False).split()
+            nets = docker("network", "ls", "-q", "--filter", "label=org.hsdpd.chaos",
+                          check=False).split()
+            subprocess.run(["rm", "-rf", out])
+        self.assertEqual((left, nets), ([], []))
+
+
 class ComposeTeardown(unittest.TestCase):
     """A compose run that is stopped removes what it made; one that is killed
     (ctest's timeout kills) is removed by the next sweep (cluster.docker_setup
@@ -669,7 +720,7 @@ if __name__ == "__main__":
         sys.exit(hold())
     classes = {"up": "ComposeUp", "failures": "ComposeFailures",
                "four_nodes": "ComposeFourNodes", "teardown": "ComposeTeardown",
-               "etcd": "ComposeEtcd"}
+               "etcd": "ComposeEtcd", "chaos": "ComposeChaos"}
     if CMD not in classes:
         print(__doc__, file=sys.stderr)
         sys.exit(2)

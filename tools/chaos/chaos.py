@@ -4,11 +4,14 @@ schedule of faults and must end with the parameters of an undisturbed run.
 
     tools/chaos/chaos.py --seed 7 --seconds 120 [--nodes 3] [--ranks-per-node 2]
         [--steps 60] [--ckpt-every 5] [--kinds kill_trainer,stop_trainer,...]
-        [--netns] [--store embedded|etcd] [--backend hsdpd|gloo]
+        [--netns | --docker [--image-tag T]] [--store embedded|etcd] [--backend hsdpd|gloo]
         [--recovery warm|restart] [--build build] [--python build/venv/bin/python] [--out DIR] [--keep]
 
 1. The cluster: one hsdpd per node (cluster.py), on loopback, or with --netns
-   each in its own network namespace on 198.18.40.(10+i) (net.py; root);
+   each in its own network namespace on 198.18.40.(10+i) (net.py; root), or
+   with --docker every daemon, etcd member and rank a container of the
+   project's images, node i a pod on a Docker network at 198.18.42.(10+i)
+   (docker.py; root and an engine: tools/scripts/docker_engine.py start);
    node 0 the embedded coordinator, or with --store etcd a 3-member etcd
    (etcd.py: member m on node m) where the daemons meet.
 2. The undisturbed run: the job (trainer.py: FSDP2 on a nodes x ranks mesh,
@@ -31,7 +34,7 @@ schedule of faults and must end with the parameters of an undisturbed run.
    each fault showed in the daemons' logs and in the job's errors.
 
 Fault kinds: LOOPBACK_KINDS anywhere; the link kinds (link_down, link_slow)
-only with --netns; the etcd kinds (kill_etcd_member, etcd_quorum_lost) only
+only with --netns or --docker; the etcd kinds (kill_etcd_member, etcd_quorum_lost) only
 with --store etcd. --kinds defaults to every kind the mode allows.
 
 Prints the schedule, what each fault did, the time each cost, and the
@@ -67,9 +70,9 @@ SKIP = 77
 LOOPBACK_KINDS = schedule_mod.TRAINER_KINDS + schedule_mod.DAEMON_KINDS + ("disk_full",)
 
 
-def kinds_of(netns, store):
-    """The fault kinds a mode supports."""
-    return LOOPBACK_KINDS + (schedule_mod.LINK_KINDS if netns else ()) + \
+def kinds_of(networked, store):
+    """The fault kinds a mode supports (networked: --netns or --docker)."""
+    return LOOPBACK_KINDS + (schedule_mod.LINK_KINDS if networked else ()) + \
         (schedule_mod.ETCD_KINDS if store == "etcd" else ())
 
 
@@ -285,6 +288,11 @@ def main():
                    help="comma-separated; default: every kind the mode supports")
     p.add_argument("--netns", action="store_true",
                    help="each node's daemon in its own network namespace (root): link faults")
+    p.add_argument("--docker", action="store_true",
+                   help="every daemon, etcd member and rank a container (root, a Docker engine)")
+    p.add_argument("--image-tag", default=None,
+                   help="--docker: run hsdpd:TAG and hsdpd-trainer:TAG (default: build them "
+                        "from --build as tag chaos, tools/scripts/docker_images.py)")
     p.add_argument("--store", default="embedded", choices=("embedded", "etcd"),
                    help="etcd: a 3-member etcd (one member per node) instead of the coordinator")
     p.add_argument("--rate", type=float, default=4.0, help="faults per minute")
@@ -302,7 +310,10 @@ def main():
                         "torchrun's way (Gloo's only choice)")
     p.add_argument("--keep", action="store_true")
     a = p.parse_args()
-    supported = kinds_of(a.netns, a.store)
+    if a.netns and a.docker:
+        print("chaos: --netns or --docker, not both", file=sys.stderr)
+        return 2
+    supported = kinds_of(a.netns or a.docker, a.store)
     kinds = [k for k in (a.kinds.split(",") if a.kinds is not None else supported) if k]
     if a.backend == "gloo":  # the daemons idle: faults of theirs or etcd's cost Gloo nothing
         kinds = [k for k in kinds if k not in schedule_mod.DAEMON_KINDS + schedule_mod.ETCD_KINDS]
@@ -312,6 +323,7 @@ def main():
         return 2
     for group, need in ((schedule_mod.LINK_KINDS, "--netns"),
                         (schedule_mod.ETCD_KINDS, "--store etcd")):
+        need = "--netns or --docker" if need == "--netns" else need
         wrong = sorted(set(kinds) & set(group) - set(supported))
         if wrong:
             print(f"chaos: kinds {wrong} need {need}, not in this mode", file=sys.stderr)
@@ -335,6 +347,12 @@ def main():
         why = net_mod.probe()
         if why is not None:
             print(f"chaos: --netns: network namespaces unavailable here: {why}", file=sys.stderr)
+            return SKIP
+    if a.docker:
+        import docker as docker_mod
+        why = docker_mod.probe()
+        if why is not None:
+            print(f"chaos: --docker: {why}", file=sys.stderr)
             return SKIP
     out = os.path.abspath(a.out) if a.out else tempfile.mkdtemp(prefix="hsdp-chaos-")
     os.makedirs(out, exist_ok=True)
@@ -368,7 +386,8 @@ def main():
               "failures": [], "kills_seen": [], "recovery": recovery}
     say(f"seed {a.seed}: {len(plan)} faults over {a.seconds:.0f} s, {a.nodes} nodes x "
         f"{a.ranks_per_node} ranks, {a.steps} steps, checkpoint every {a.ckpt_every}; "
-        f"{'network namespaces' if a.netns else 'loopback'}, store {a.store}; out {out}")
+        f"{'network namespaces' if a.netns else 'containers' if a.docker else 'loopback'}, "
+        f"store {a.store}; out {out}")
     for f in plan:
         say(f"  plan: {f.describe()}")
     problems = []
@@ -383,11 +402,26 @@ def main():
             report["shaping"] = net.shaping
             say(f"network namespaces up: nodes on {', '.join(net.addrs)} (owner {os.getpid()}); "
                 f"link_slow shapes with {net.shaping}")
+        if a.docker:
+            tag = a.image_tag
+            if tag is None:
+                say("building the images hsdpd:chaos and hsdpd-trainer:chaos from "
+                    f"{build} (tools/scripts/docker_images.py)")
+                import docker_images
+                docker_images.build(build, "chaos")
+                tag = "chaos"
+            net = docker_mod.Pods(os.getpid(), a.nodes, build, tag, out)
+            report["shaping"] = net.shaping
+            say(f"containers up: node pods on {', '.join(net.addrs)} (network {net.network}, "
+                f"images hsdpd:{tag}, hsdpd-trainer:{tag}); link_slow shapes with "
+                f"{net.shaping}")
         if a.store == "etcd":
             etcd = etcd_mod.Etcd(etcd_bin, out,
                                  net.addrs if net is not None else None,
                                  [net.prefix(m) for m in range(etcd_mod.MEMBERS)]
-                                 if net is not None else None)
+                                 if net is not None else None,
+                                 [net.spawner(m, "etcd") for m in range(etcd_mod.MEMBERS)]
+                                 if a.docker else None)
             if not etcd.start_all(60):
                 print(f"chaos: etcd did not become healthy\n{etcd.logs()}", file=sys.stderr)
                 return 1
@@ -397,11 +431,12 @@ def main():
             print(f"chaos: the cluster did not form\n{cl.logs()}", file=sys.stderr)
             return 1
         # The undisturbed run.
-        prefixes = [n.prefix for n in cl.nodes] if net is not None else None
+        prefixes = [n.prefix for n in cl.nodes] if a.netns else None
+        spawner = net.rank_spawner() if a.docker else None
         ref = job_mod.Job(python, build, os.path.join(out, "reference"),
                           os.path.join(out, "reference-ckpt"), a.nodes, a.ranks_per_node,
                           a.steps, a.ckpt_every, backend=a.backend, prefixes=prefixes,
-                          recovery=recovery)
+                          recovery=recovery, spawner=spawner)
         t = time.monotonic()
         res = run_job(ref, cl, t + a.deadline_s)
         ref_s = time.monotonic() - t
@@ -418,7 +453,7 @@ def main():
         job = job_mod.Job(python, build, os.path.join(out, "chaos"),
                           ckpt_mount or os.path.join(out, "chaos-ckpt"), a.nodes,
                           a.ranks_per_node, a.steps, a.ckpt_every, backend=a.backend,
-                          prefixes=prefixes, recovery=recovery)
+                          prefixes=prefixes, recovery=recovery, spawner=spawner)
         injector = faults_mod.Injector(cl, job, ckpt_mount, net, etcd)
         t0 = time.monotonic()
         res = run_job(job, cl, t0 + a.deadline_s, injector, plan, t0, report)
@@ -542,7 +577,8 @@ def main():
             try:
                 net.down()
             except Exception as e:  # noqa: BLE001 - say so, and go on with the rest
-                say(f"PROBLEM: removing the network namespaces: {e}")
+                say(f"PROBLEM: removing the {'containers' if a.docker else 'network namespaces'}"
+                    f": {e}")
         with open(os.path.join(out, "report.json"), "w") as f:
             json.dump(report, f, indent=1, default=str)
         if ckpt_mount is not None:

@@ -53,10 +53,15 @@ def snapshot(pid):
 
 
 class Node:
-    def __init__(self, build, root, index, cluster_yaml, collective_ms, prefix=()):
+    def __init__(self, build, root, index, cluster_yaml, collective_ms, prefix=(), spawn=None,
+                 hsdpd=None):
         self.build = build
         self.index = index
         self.prefix = list(prefix)  # runs a command in the node's namespace ([]: the host's)
+        # spawn(argv, log_path) -> a Popen-like (docker.py: a container in the
+        # node's pod); None: a process of ours, in `prefix`.
+        self.spawn = spawn
+        self.hsdpd = hsdpd or os.path.join(build, "bin", "hsdpd")
         self.dir = os.path.join(root, f"node{index}")
         os.makedirs(self.dir, exist_ok=True)
         self.socket = os.path.join(self.dir, "hsdpd.sock")
@@ -72,16 +77,20 @@ class Node:
     def start(self):
         if os.path.exists(self.socket):
             os.unlink(self.socket)  # a killed daemon's socket file
+        argv = [self.hsdpd, "--node-config", self.config, "--socket", self.socket,
+                "--log-level", "info"]
         logf = open(self.log_path, "a")
         logf.write(f"=== chaos: start {self.starts + 1} at {time.time():.3f}\n")
         logf.flush()
-        # `ip netns exec` execs the daemon (no fork): proc.pid is hsdpd's own.
-        self.proc = subprocess.Popen(
-            self.prefix + [os.path.join(self.build, "bin", "hsdpd"), "--node-config", self.config,
-                           "--socket", self.socket, "--log-level", "info"],
-            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=die_with_parent)
-        logf.close()
+        if self.spawn is not None:
+            logf.close()
+            self.proc = self.spawn(argv, self.log_path)
+        else:
+            # `ip netns exec` execs the daemon (no fork): proc.pid is hsdpd's own.
+            self.proc = subprocess.Popen(self.prefix + argv, stdout=logf,
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=die_with_parent)
+            logf.close()
         self.starts += 1
 
     def alive(self):
@@ -148,8 +157,10 @@ class Node:
 class Cluster:
     def __init__(self, build, root, nodes, heartbeat_ms=200, missed_heartbeats=15,
                  collective_ms=60000, net=None, etcd=None):
-        """net: a net.Net (each daemon in its node's namespace) or None (loopback);
-        etcd: an etcd.Etcd (cluster.store: etcd) or None (the embedded store)."""
+        """net: a net.Net (each daemon in its node's namespace), a docker.Pods
+        (each daemon a container in its node's pod, the image's hsdpd) or None
+        (loopback); etcd: an etcd.Etcd (cluster.store: etcd) or None (the
+        embedded store)."""
         self.root = root
         self.net, self.etcd = net, etcd
         # How long a node that stops heartbeating stays alive in the others' views.
@@ -176,8 +187,11 @@ class Cluster:
             yaml = store + f'  listen: "{listen[i]}"\n  node_rank: {i}\n' + common
             if net is not None:
                 yaml += f"  data_address: {net.addrs[i]}\n"
+            pods = hasattr(net, "spawner")
             self.nodes.append(Node(build, root, i, yaml, collective_ms,
-                                   net.prefix(i) if net is not None else ()))
+                                   net.prefix(i) if net is not None and not pods else (),
+                                   spawn=net.spawner(i, "hsdpd") if pods else None,
+                                   hsdpd="/usr/bin/hsdpd" if pods else None))
 
     def start(self, timeout=60):
         for n in self.nodes:

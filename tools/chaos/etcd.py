@@ -23,9 +23,12 @@ MEMBERS = 3
 
 
 class Etcd:
-    def __init__(self, bin_dir, root, addrs=None, prefixes=None):
+    def __init__(self, bin_dir, root, addrs=None, prefixes=None, spawners=None):
         """addrs[m]: member m's address (--netns: the node's), None: loopback;
-        prefixes[m]: the command prefix that runs in member m's namespace."""
+        prefixes[m]: the command prefix that runs in member m's namespace;
+        spawners[m]: spawn(argv, log_path) -> a Popen-like running member m
+        (--docker: a container in node m's pod), None: a process of ours."""
+        self.spawners = spawners
         self.etcd = os.path.join(bin_dir, "etcd")
         self.etcdctl = os.path.join(bin_dir, "etcdctl")
         self.dir = os.path.join(root, "etcd")
@@ -57,9 +60,7 @@ class Etcd:
         log = open(self.log_path(m), "a")
         log.write(f"=== chaos: start {self.starts[m] + 1} at {time.time():.3f}\n")
         log.flush()
-        self.procs[m] = subprocess.Popen(
-            self.prefixes[m] + [
-                self.etcd, "--name", f"m{m}", "--data-dir", os.path.join(self.dir, f"m{m}.etcd"),
+        argv = [self.etcd, "--name", f"m{m}", "--data-dir", os.path.join(self.dir, f"m{m}.etcd"),
                 "--listen-client-urls", f"http://{self.client[m]}",
                 "--advertise-client-urls", f"http://{self.client[m]}",
                 "--listen-peer-urls", f"http://{self.peer[m]}",
@@ -68,10 +69,15 @@ class Etcd:
                 "--initial-cluster-state", "existing" if existing else "new",
                 "--initial-cluster-token", "hsdp-chaos",
                 "--heartbeat-interval", "100", "--election-timeout", "1000",
-                "--logger", "zap", "--log-outputs", "stderr"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=die_with_parent)
-        log.close()
+                "--logger", "zap", "--log-outputs", "stderr"]
+        if self.spawners is not None:
+            log.close()
+            self.procs[m] = self.spawners[m](argv, self.log_path(m))
+        else:
+            self.procs[m] = subprocess.Popen(self.prefixes[m] + argv, stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True,
+                                             preexec_fn=die_with_parent)
+            log.close()
         self.starts[m] += 1
 
     def start_all(self, timeout=60):

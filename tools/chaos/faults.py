@@ -37,11 +37,7 @@ class Injector:
 
     def _signal_rank(self, rank, sig):
         pid = self.job.pid_of(rank)
-        if pid is None:
-            return None
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
+        if pid is None or not self.job.signal(rank, sig):
             return None
         return pid
 
@@ -110,8 +106,7 @@ class Injector:
             if self.net is None:
                 raise ValueError("link_down needs --netns")
             self.net.set_link(target, False)
-            port = self.net.topo["nodes"][target]["switch_port"]
-            did = f"node {target}'s bridge port {port} down"
+            did = f"node {target}'s {self.net.port(target)} down"
 
             def undo(force=False, i=target):
                 self.net.set_link(i, True)

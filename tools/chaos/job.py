@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class Job:
     def __init__(self, python, build, out, ckpt_dir, nodes, ranks_per_node, steps, ckpt_every,
                  backend="hsdpd", pg_timeout=60, stall_s=120, prefixes=None,
-                 recovery="restart"):
+                 recovery="restart", spawner=None):
         self.python, self.build, self.out, self.ckpt_dir = python, build, out, ckpt_dir
         self.nodes, self.per_node = nodes, ranks_per_node
         self.world = nodes * ranks_per_node
@@ -40,6 +40,10 @@ class Job:
         # "warm": a killed rank is started again alone and the others recover in
         # their processes (trainer.py --recovery warm); "restart": every rank restarts.
         self.recovery = recovery
+        # spawner(rank, node, argv, env, log_path, gloo) -> a Popen-like running
+        # `python3 argv` (docker.py: a container of the trainer image); None: a
+        # process of ours.
+        self.spawner = spawner
         self.procs = []
         self.store = None
         self.incarnation = 0
@@ -66,32 +70,35 @@ class Job:
 
     def _spawn(self, r, sockets, note):
         pypath = os.pathsep.join([os.path.join(self.build, "python")] +
-                                 [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                                  if p])
+                                 ([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                   if p] if self.spawner is None else []))
         # The job id: one per incarnation, the same for a rank started again in it.
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(self.world),
-                   LOCAL_RANK=str(r % self.per_node), PYTHONPATH=pypath,
-                   OMP_NUM_THREADS="1", HSDPD_SOCKET=sockets[self.node_of(r)],
-                   HSDP_CHAOS_RUN=self.out,
-                   HSDP_JOB_ID=f"chaos-{os.getpid()}-{os.path.basename(self.out)}-"
-                               f"{self.incarnation}")
+        job_env = dict(RANK=str(r), WORLD_SIZE=str(self.world),
+                       LOCAL_RANK=str(r % self.per_node), PYTHONPATH=pypath,
+                       OMP_NUM_THREADS="1", HSDPD_SOCKET=sockets[self.node_of(r)],
+                       HSDP_CHAOS_RUN=self.out,
+                       HSDP_JOB_ID=f"chaos-{os.getpid()}-{os.path.basename(self.out)}-"
+                                   f"{self.incarnation}")
         if self.recovery == "warm":
-            env["HSDP_RECONNECT"] = "0"  # the trainer recovers by itself
-        prefix = []
-        if self.prefixes is not None:
-            prefix = self.prefixes[self.node_of(r)]
-            env["GLOO_SOCKET_IFNAME"] = "eth0"
-        log = open(os.path.join(self.out, f"rank{r}.log"), "a")
-        log.write(f"=== incarnation {self.incarnation}{note} at {time.time():.3f}\n")
-        log.flush()
+            job_env["HSDP_RECONNECT"] = "0"  # the trainer recovers by itself
+        if self.backend == "gloo" and (self.prefixes is not None or self.spawner is not None):
+            job_env["GLOO_SOCKET_IFNAME"] = "eth0"
+        argv = [os.path.join(HERE, "trainer.py"), "--steps", str(self.steps),
+                "--ckpt-every", str(self.ckpt_every), "--ckpt-dir", self.ckpt_dir,
+                "--out", self.out, "--mesh", f"{self.nodes},{self.per_node}",
+                "--backend", self.backend, "--store", self.store,
+                "--pg-timeout", str(self.pg_timeout), "--recovery", self.recovery]
+        log_path = os.path.join(self.out, f"rank{r}.log")
+        with open(log_path, "a") as log:
+            log.write(f"=== incarnation {self.incarnation}{note} at {time.time():.3f}\n")
+        if self.spawner is not None:
+            return self.spawner(r, self.node_of(r), argv, job_env, log_path,
+                                self.backend == "gloo")
+        prefix = self.prefixes[self.node_of(r)] if self.prefixes is not None else []
+        log = open(log_path, "a")
         try:
-            return subprocess.Popen(
-                prefix + [self.python, os.path.join(HERE, "trainer.py"), "--steps", str(self.steps),
-                          "--ckpt-every", str(self.ckpt_every), "--ckpt-dir", self.ckpt_dir,
-                          "--out", self.out, "--mesh", f"{self.nodes},{self.per_node}",
-                          "--backend", self.backend, "--store", self.store,
-                          "--pg-timeout", str(self.pg_timeout), "--recovery", self.recovery],
-                env=env, stdout=log, stderr=subprocess.STDOUT)
+            return subprocess.Popen(prefix + [self.python, *argv], env=dict(os.environ, **job_env),
+                                    stdout=log, stderr=subprocess.STDOUT)
         finally:
             log.close()
 
@@ -112,6 +119,14 @@ class Job:
             except ValueError:
                 continue  # a line torn by a rank killed while writing it
         return rows
+
+    def signal(self, rank, sig):
+        """Sends `sig` to a running rank (a container: `docker kill -s`); False
+        when it is not running."""
+        if rank >= len(self.procs) or self.procs[rank].poll() is not None:
+            return False
+        self.procs[rank].send_signal(sig)
+        return True
 
     def pids(self):
         return [p.pid for p in self.procs if p.poll() is None]

@@ -87,6 +87,10 @@ class Net:
         _run([IP, "netns", "exec", ns, "tc", "qdisc", "del", "dev", "lo", "root"])
         return "netem"
 
+    def port(self, i):
+        """What link_down takes down for node i (the report names it)."""
+        return f"bridge port {self.topo['nodes'][i]['switch_port']}"
+
     def set_link(self, i, up):
         """Node i's port on the bridge up or down (the node's cable)."""
         _run([IP, "-n", self.topo["switch"], "link", "set", self.topo["nodes"][i]["switch_port"],

@@ -146,6 +146,9 @@ def main():
     torch.set_num_threads(1)
     if a.backend == "hsdpd":
         import hsdp.torch  # noqa: F401 - registers the backend
+    # The model's module: a rank that cannot import it fails here, at once,
+    # not in every warm recovery attempt until GIVE_UP_S.
+    import transformer  # noqa: F401
     # One store for the life of the process: a warm recovery initialises the
     # process group again over it (FileStore removes its file when the last
     # instance on it goes, which a recovery of every rank at once would do).
