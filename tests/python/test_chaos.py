@@ -285,3 +285,85 @@ def test_the_supervisor_reads_each_ranks_recoveries_and_skips_a_torn_line(tmp_pa
     assert j.recoveries(100.6) == []
     (tmp_path / "recover.log").write_text("x rank 1 attempt 2 why\n")
     assert j.recoveries(0) == []
+
+
+class _FakeNode:
+    """A node whose daemon is down until `up_at` (time.monotonic())."""
+
+    def __init__(self, index):
+        self.index, self.up_at, self.socket = index, 0.0, f"node{index}.sock"
+
+    def alive(self):
+        return time.monotonic() >= self.up_at
+
+
+class _FakeCluster:
+    def __init__(self, nodes):
+        self.nodes = [_FakeNode(i) for i in range(nodes)]
+
+    def wait_formed(self, _timeout):
+        return all(n.alive() for n in self.nodes)
+
+
+class _KilledWithItsDaemon:
+    """A warm job of two ranks (rank r on node r): once started, rank 0 is
+    killed together with its node's daemon, which is down for `down_s`; the
+    job is done once rank 0 was started again alone."""
+    recovery, stall_s = "warm", 120
+
+    def __init__(self, cl, down_s):
+        self.cl, self.down_s = cl, down_s
+        self.incarnation, self.codes, self.ended, self.restarted = 0, {}, [], []
+
+    def start(self, _sockets):
+        self.incarnation += 1
+        self.codes = {0: -9, 1: None}
+        self.cl.nodes[0].up_at = time.monotonic() + self.down_s
+
+    def restart_rank(self, rank, _sockets):
+        assert self.cl.nodes[rank].alive(), "restarted before its daemon was back"
+        self.restarted.append(rank)
+        self.codes = {0: 0, 1: 0}
+
+    def node_of(self, rank):
+        return rank
+
+    def exits(self):
+        return dict(self.codes)
+
+    def state(self):
+        if not self.codes:
+            return "idle"
+        if self.codes[0] not in (None, 0):
+            return f"failed: rank 0 exit {self.codes[0]}"
+        return "done" if all(c == 0 for c in self.codes.values()) else "running"
+
+    def stalled(self):
+        return False
+
+    def end(self, why):
+        self.ended.append(why)
+        self.codes = {}
+
+    def dump_stacks(self):
+        pass
+
+    def last_error(self, _rank):
+        return ""
+
+
+def test_a_killed_rank_waits_for_its_daemon_without_restarting_the_whole_job():
+    """Warm recovery: a rank killed with its node's daemon is started again alone
+    once the daemon is back, however long past the survivors' detection window
+    that is (within job.stall_s), and the job is not restarted whole."""
+    import chaos
+    cl = _FakeCluster(2)
+    job = _KilledWithItsDaemon(cl, down_s=1.5)
+    report = {"failures": [], "kills_seen": [], "stalls": 0}
+    t0 = time.monotonic()
+    assert chaos.run_job(job, cl, t0 + 30, report=report, detect_s=0.3) == "done"
+    assert time.monotonic() - t0 >= 1.5
+    assert job.restarted == [0]
+    assert job.ended == [] and job.incarnation == 1, "the whole job was restarted"
+    assert [k["rank"] for k in report["kills_seen"]] == [0]
+    assert report["failures"] == []

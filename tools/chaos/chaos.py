@@ -113,8 +113,14 @@ def run_job(job, cl, deadline, injector=None, plan=(), t0=None, report=None, det
                 say(line)
         st = job.state()
         if st.startswith("failed") and job.recovery == "warm":
-            warm_restart(job, cl, pending, report)
+            waiting = warm_restart(job, cl, pending, report)
             st = job.state()
+            if waiting and st.startswith("failed"):
+                # Every failed rank was killed and waits for its node's daemon:
+                # the others recover in their processes meanwhile, so the
+                # detect_s clock of a failing incarnation does not run.
+                failing_since = None
+                st = "waiting"
         if st == "done":
             if report is not None:
                 for f in plan:  # the job finished before their time
@@ -176,10 +182,12 @@ def warm_restart(job, cl, pending, report):
     """Warm recovery: a rank killed by a signal is started again alone (once its
     node's daemon is up); the others recover in their processes. A rank that
     exited by itself (it gave up) or a job with a finished rank leaves the
-    failure to the whole-job restart."""
+    failure to the whole-job restart. Returns True while every rank that
+    ended was killed and still waits for its node's daemon, for at most
+    job.stall_s each (then the whole-job restart takes over)."""
     exits = job.exits()
     if any(c is not None and c >= 0 for c in exits.values()):
-        return
+        return False
     for r, c in exits.items():
         if c is not None and r not in pending:
             pending[r] = time.time()
@@ -191,6 +199,7 @@ def warm_restart(job, cl, pending, report):
             say(f"job incarnation {job.incarnation}: rank {r} exit {exits[r]}: started it "
                 f"again alone {time.time() - pending.pop(r):.1f} s later (the others recover "
                 "in their processes)")
+    return bool(pending) and all(time.time() - at < job.stall_s for at in pending.values())
 
 
 def detection(report, cl, job, step_s):
