@@ -53,11 +53,12 @@ absl::Status CollectEvents(Watch* watch, size_t n, absl::Duration timeout,
   return absl::OkStatus();
 }
 
-// etcd's own count of LeaseKeepAlive streams started, over every member
-// (its Prometheus /metrics on the client port, plain HTTP on loopback).
-double KeepAliveStreamsStarted(const EtcdTestCluster& cluster, int members) {
+// etcd's own count of LeaseKeepAlive streams started on member i (its
+// Prometheus /metrics on the client port, plain HTTP on loopback); -1 when
+// it cannot be read.
+double KeepAliveStreamsStartedOn(const EtcdTestCluster& cluster, int i) {
   double total = 0;
-  for (int i = 0; i < members; ++i) {
+  {
     const std::string ep = cluster.endpoint(i);
     int port = 0;
     if (!absl::SimpleAtoi(ep.substr(ep.rfind(':') + 1), &port)) return -1;
@@ -91,6 +92,17 @@ double KeepAliveStreamsStarted(const EtcdTestCluster& cluster, int members) {
       found = true;
     }
     if (!found && resp.find("grpc_server_started_total") == std::string::npos) return -1;
+  }
+  return total;
+}
+
+// The same over members 0..members-1.
+double KeepAliveStreamsStarted(const EtcdTestCluster& cluster, int members) {
+  double total = 0;
+  for (int i = 0; i < members; ++i) {
+    const double on = KeepAliveStreamsStartedOn(cluster, i);
+    if (on < 0) return -1;
+    total += on;
   }
   return total;
 }
@@ -362,6 +374,12 @@ TEST_F(EtcdClientTest, LeaseKeepAliveAndExpiry) {
 }
 
 TEST_F(EtcdClientTest, RenewalsShareOneKeepAliveStream) {
+  // A first lease's renewals find the raft leader (the stream moves there
+  // once, KeepAliveStreamsGoToTheRaftLeader); every stream below opens there.
+  auto first = client_->LeaseGrant(absl::Seconds(30), kTimeout);
+  ASSERT_TRUE(first.ok()) << first.status();
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(client_->LeaseKeepAlive(*first, kTimeout).ok());
+  ASSERT_TRUE(client_->LeaseRevoke(*first, kTimeout).ok());
   auto lease = client_->LeaseGrant(absl::Seconds(30), kTimeout);
   ASSERT_TRUE(lease.ok()) << lease.status();
   const double started_before = KeepAliveStreamsStarted(*cluster_, 3);
@@ -592,6 +610,78 @@ int LeaderIndex(EtcdTestCluster& cluster, absl::Duration timeout = absl::Seconds
   return hsdp::testing::EventuallyValue(agreed_leader, [](int i) { return i >= 0; },
                                         static_cast<int>(absl::ToInt64Milliseconds(timeout)),
                                         /*poll_ms=*/50);
+}
+
+TEST_F(EtcdClientTest, KeepAliveStreamsGoToTheRaftLeader) {
+  // A follower forwards every renewal to the leader in an HTTP request of its
+  // own; the client keeps its keep-alive streams on the leader instead.
+  const int leader = LeaderIndex(*cluster_);
+  ASSERT_GE(leader, 0) << cluster_->Logs();
+  const int follower = (leader + 1) % 3;
+  // Calls go first to a follower.
+  auto client = MustConnect({cluster_->endpoint(follower), cluster_->endpoint((leader + 2) % 3),
+                             cluster_->endpoint(leader)});
+  ASSERT_NE(client, nullptr);
+  auto lease = client->LeaseGrant(absl::Seconds(30), kTimeout);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  const double leader_before = KeepAliveStreamsStartedOn(*cluster_, leader);
+  const double follower_before = KeepAliveStreamsStartedOn(*cluster_, follower);
+  ASSERT_GE(leader_before, 0) << "etcd's /metrics has no grpc_server_started_total";
+  ASSERT_GE(follower_before, 0);
+  // The first renewal goes where calls go (the follower) and learns who
+  // leads; the next opens a stream on the leader, and every later one uses it.
+  for (int i = 0; i < 10; ++i) {
+    auto ttl = client->LeaseKeepAlive(*lease, kTimeout);
+    ASSERT_TRUE(ttl.ok()) << ttl.status();
+    EXPECT_EQ(*ttl, absl::Seconds(30));
+  }
+  EXPECT_EQ(client->keepalive_streams_opened(), 2u);
+  EXPECT_EQ(KeepAliveStreamsStartedOn(*cluster_, follower), follower_before + 1);
+  EXPECT_EQ(KeepAliveStreamsStartedOn(*cluster_, leader), leader_before + 1);
+  // A second lease's stream opens on the leader at once.
+  auto other = client->LeaseGrant(absl::Seconds(30), kTimeout);
+  ASSERT_TRUE(other.ok()) << other.status();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(client->LeaseKeepAlive(*other, kTimeout).ok());
+  EXPECT_EQ(client->keepalive_streams_opened(), 3u);
+  EXPECT_EQ(KeepAliveStreamsStartedOn(*cluster_, leader), leader_before + 2);
+  EXPECT_EQ(KeepAliveStreamsStartedOn(*cluster_, follower), follower_before + 1);
+  ASSERT_TRUE(client->LeaseRevoke(*lease, kTimeout).ok());
+  ASSERT_TRUE(client->LeaseRevoke(*other, kTimeout).ok());
+}
+
+TEST(EtcdFailoverTest, KeepAlivesFollowTheLeaderWhenItDies) {
+  EtcdTestCluster cluster(3);
+  absl::Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  const int leader = LeaderIndex(cluster);
+  ASSERT_GE(leader, 0) << cluster.Logs();
+  auto client = MustConnect({cluster.endpoint(leader), cluster.endpoint((leader + 1) % 3),
+                             cluster.endpoint((leader + 2) % 3)});
+  ASSERT_NE(client, nullptr);
+  auto lease = client->LeaseGrant(absl::Seconds(30), kTimeout);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(client->LeaseKeepAlive(*lease, kTimeout).ok());
+  EXPECT_EQ(client->keepalive_streams_opened(), 1u);  // on the leader from the start
+  cluster.Kill(leader);
+  const int next = LeaderIndex(cluster, absl::Seconds(15));
+  ASSERT_GE(next, 0) << cluster.Logs();
+  ASSERT_NE(next, leader);
+  const double next_before = KeepAliveStreamsStartedOn(cluster, next);
+  ASSERT_GE(next_before, 0);
+  // Renewals fail over (a follower forwards them), then the stream moves to
+  // the new leader and stays there.
+  absl::StatusOr<absl::Duration> ttl;
+  ASSERT_TRUE(hsdp::testing::Eventually([&] {
+    ttl = client->LeaseKeepAlive(*lease, absl::Seconds(2));
+    return ttl.ok();
+  }, 15000, 50)) << ttl.status();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(client->LeaseKeepAlive(*lease, kTimeout).ok());
+  const double on_next = KeepAliveStreamsStartedOn(cluster, next);
+  EXPECT_GE(on_next, next_before + 1);
+  const uint64_t opened = client->keepalive_streams_opened();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(client->LeaseKeepAlive(*lease, kTimeout).ok());
+  EXPECT_EQ(client->keepalive_streams_opened(), opened);
+  EXPECT_EQ(KeepAliveStreamsStartedOn(cluster, next), on_next);
 }
 
 TEST(EtcdFailoverTest, KilledMemberFailsOverAndQuorumLossFailsWithinTimeout) {

@@ -2,7 +2,7 @@
 // deadline, "hasleader=true" and (with a user) the auth token; failover to
 // the next endpoint once per call, re-authentication once on a stale token
 // (Call for unary calls, StartWatch for watches: the same rules side by
-// side). The watch stream is etcd_watch.cc; the conversions to and from
+// side); keep-alive streams on the raft leader (KeepAliveEndpoint). The watch stream is etcd_watch.cc; the conversions to and from
 // etcd's protos are etcd_client_internal.cc.
 #include "daemon/cluster/etcd/etcd_client.h"
 
@@ -83,6 +83,7 @@ class EtcdClientImpl final : public EtcdClient {
       ep.lease = pb::Lease::NewStub(ep.channel);
       ep.watch = pb::Watch::NewStub(ep.channel);
       ep.auth = pb::Auth::NewStub(ep.channel);
+      ep.maintenance = pb::Maintenance::NewStub(ep.channel);
       endpoints_.push_back(std::move(ep));
     }
     // Where calls go first: a random member per client, so that many nodes
@@ -90,6 +91,8 @@ class EtcdClientImpl final : public EtcdClient {
     if (!endpoints_.empty() && options_.random_first_endpoint) {
       current_.store(std::random_device{}() % endpoints_.size());
     }
+    absl::MutexLock lock(&leader_mu_);
+    member_ids_.assign(endpoints_.size(), 0);
   }
 
   const std::string& name() const override { return name_; }
@@ -232,8 +235,9 @@ class EtcdClientImpl final : public EtcdClient {
     Attempts attempts;
     for (;;) {
       if (stream == nullptr || stream->over()) {
-        // A new stream on the member calls go to now, with the token now.
-        const size_t index = current_.load() % endpoints_.size();
+        // A new stream on the raft leader when it is known, else on the member
+        // calls go to now; with the token now.
+        const size_t index = KeepAliveEndpoint(stream.get());
         stream = internal::OpenKeepAlive(endpoints_[index].lease.get(), index, Token());
         keepalive_streams_opened_.fetch_add(1, std::memory_order_relaxed);
         std::shared_ptr<KeepAliveStream> replaced;  // closed outside the lock
@@ -247,6 +251,12 @@ class EtcdClientImpl final : public EtcdClient {
           ForgetKeepAlive(lease);
           return absl::NotFoundError(
               absl::StrCat(name_, ": ", what, ": the lease expired or does not exist"));
+        }
+        // A stream that is not on the leader (or a leader that may have
+        // changed: a new raft term) closes after this renewal; the next one
+        // opens on the leader.
+        if (MoveToLeader(stream->endpoint(), resp.header().raft_term(), deadline)) {
+          ForgetKeepAlive(lease);
         }
         return absl::Seconds(resp.ttl());
       }
@@ -409,6 +419,78 @@ class EtcdClientImpl final : public EtcdClient {
     }
   };
 
+  // Keep-alive streams go to the raft leader. etcd serves a renewal on the
+  // leader in memory; a follower forwards each one to the leader in an HTTP
+  // request of its own, which costs etcd several times as much CPU
+  // (docs/benchmarks.md §14f). Where a new stream opens: the leader's
+  // endpoint when known, unless `failed` (the stream that just failed) was
+  // on it; else the member calls go to now (the failover's choice).
+  size_t KeepAliveEndpoint(const KeepAliveStream* failed) ABSL_LOCKS_EXCLUDED(leader_mu_) {
+    absl::MutexLock lock(&leader_mu_);
+    if (failed != nullptr && leader_index_ == static_cast<int>(failed->endpoint())) {
+      leader_index_ = -1;  // the leader's stream failed: find the leader again
+    }
+    if (leader_index_ >= 0) return static_cast<size_t>(leader_index_);
+    return current_.load() % endpoints_.size();
+  }
+
+  // After a renewal answered on endpoint `index` in raft term `term`: true
+  // when the stream should move to the leader's endpoint. Finds the leader
+  // (one search at a time, bounded by kLeaderSearch and `deadline`) when it
+  // is unknown or the term moved on since it was found.
+  bool MoveToLeader(size_t index, uint64_t term, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(leader_mu_) {
+    if (endpoints_.size() < 2) return false;
+    {
+      absl::MutexLock lock(&leader_mu_);
+      if (leader_index_ >= 0 && term <= leader_term_) {
+        return static_cast<size_t>(leader_index_) != index;
+      }
+      if (leader_search_) return false;  // another renewal is finding it
+      leader_search_ = true;
+    }
+    const int found = FindLeader(index, std::min(deadline, absl::Now() + kLeaderSearch));
+    absl::MutexLock lock(&leader_mu_);
+    leader_search_ = false;
+    return found >= 0 && static_cast<size_t>(found) != index;
+  }
+
+  // Asks the members, starting with `first`, who leads (Maintenance.Status:
+  // each answer names the leader's member id and its own) until the
+  // endpoint whose member id is the leader's is known. Returns its index
+  // (and records it with the term), or -1 (no leader, or its endpoint is
+  // not among ours: streams stay where they are).
+  int FindLeader(size_t first, absl::Time deadline) ABSL_LOCKS_EXCLUDED(leader_mu_) {
+    uint64_t leader = 0, term = 0;
+    for (size_t k = 0; k < endpoints_.size() && absl::Now() < deadline; ++k) {
+      const size_t i = (first + k) % endpoints_.size();
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(deadline));
+      ctx.AddMetadata(kHasLeaderKey, "true");
+      const std::string token = Token();
+      if (!token.empty()) ctx.AddMetadata(kTokenKey, token);
+      pb::StatusResponse resp;
+      if (!endpoints_[i].maintenance->Status(&ctx, pb::StatusRequest(), &resp).ok()) continue;
+      absl::MutexLock lock(&leader_mu_);
+      member_ids_[i] = resp.header().member_id();
+      if (resp.leader() != 0 && resp.header().raft_term() >= term) {
+        leader = resp.leader();
+        term = resp.header().raft_term();
+      }
+      for (size_t j = 0; leader != 0 && j < endpoints_.size(); ++j) {
+        if (member_ids_[j] != leader) continue;
+        if (leader_index_ != static_cast<int>(j)) {
+          HSDP_LOG_EVERY_N_SEC(Info, 10) << name_ << ": keep-alives go to " << endpoints_[j].address
+                                         << ", the raft leader (term " << term << ")";
+        }
+        leader_index_ = static_cast<int>(j);
+        leader_term_ = term;
+        return leader_index_;
+      }
+    }
+    return -1;
+  }
+
   // The lease's open keep-alive stream, null when none.
   std::shared_ptr<KeepAliveStream> KeepAliveOf(int64_t lease) {
     absl::MutexLock lock(&keepalive_mu_);
@@ -435,6 +517,15 @@ class EtcdClientImpl final : public EtcdClient {
   absl::Mutex keepalive_mu_;
   std::map<int64_t, std::shared_ptr<KeepAliveStream>> keepalives_ ABSL_GUARDED_BY(keepalive_mu_);
   std::atomic<uint64_t> keepalive_streams_opened_{0};
+  // The leader's endpoint for keep-alives (-1: unknown), the raft term it
+  // was found in, each endpoint's member id as its Status named it (0:
+  // unknown), and whether a search runs.
+  static constexpr absl::Duration kLeaderSearch = absl::Seconds(1);
+  absl::Mutex leader_mu_;
+  int leader_index_ ABSL_GUARDED_BY(leader_mu_) = -1;
+  uint64_t leader_term_ ABSL_GUARDED_BY(leader_mu_) = 0;
+  bool leader_search_ ABSL_GUARDED_BY(leader_mu_) = false;
+  std::vector<uint64_t> member_ids_ ABSL_GUARDED_BY(leader_mu_);
 };
 
 }  // namespace

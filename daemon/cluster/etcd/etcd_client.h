@@ -170,8 +170,10 @@ class EtcdClient {
   virtual absl::Status LeaseRevoke(int64_t lease, absl::Duration timeout) = 0;
   // Renews the lease once; returns the TTL it has now. NOT_FOUND when it
   // expired (or never existed). Renewals of a lease share one keep-alive
-  // stream, kept open between calls (a new one after a failure, on the
-  // member the failover picks); LeaseRevoke and NOT_FOUND close it.
+  // stream, kept open between calls, on the raft leader's endpoint once the
+  // client knows it (after a renewal elsewhere or in a new raft term, the
+  // next renewal opens one there; after a failure, one on the member the
+  // failover picks); LeaseRevoke and NOT_FOUND close it.
   virtual absl::StatusOr<absl::Duration> LeaseKeepAlive(int64_t lease, absl::Duration timeout) = 0;
   // Keep-alive streams this client opened (one per lease, more after
   // failures).

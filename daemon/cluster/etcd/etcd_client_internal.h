@@ -48,6 +48,7 @@ struct Endpoint {
   std::unique_ptr<pb::Lease::Stub> lease;
   std::shared_ptr<pb::Watch::Stub> watch;  // shared with the watches it started
   std::unique_ptr<pb::Auth::Stub> auth;
+  std::unique_ptr<pb::Maintenance::Stub> maintenance;  // Status: who leads
 };
 
 }  // namespace hsdp::etcd::internal
