@@ -13,35 +13,67 @@ namespace hsdp::sim {
 
 LightFleet::LightFleet(Options options)
     : options_(std::move(options)), members_(new Member[options_.count]) {
-  for (int c = 0; c < std::max(1, options_.channels); ++c) {
-    clients_.push_back(std::make_unique<ClusterClient>(options_.coordinator, ""));
-  }
   for (int i = 0; i < options_.count; ++i) members_[i].instance = NewInstanceId();
 }
 
 LightFleet::~LightFleet() { Stop(); }
 
-absl::Status LightFleet::JoinOnce(int i, absl::Duration timeout) {
-  Member& m = members_[i];
+std::string LightFleet::address(int i) const {
+  return absl::StrCat("127.0.0.1:", options_.first_port + i);
+}
+
+CoordinatorFleet::CoordinatorFleet(const std::string& coordinator, Options options)
+    : LightFleet(std::move(options)), state_(new State[this->options().count]) {
+  for (int c = 0; c < std::max(1, this->options().channels); ++c) {
+    clients_.push_back(std::make_unique<ClusterClient>(coordinator, ""));
+  }
+}
+
+absl::Status CoordinatorFleet::JoinOnce(int i, absl::Duration timeout) {
+  Member& m = member(i);
+  State& st = state_[i];
   v1::JoinRequest req;
-  req.set_address(absl::StrCat("127.0.0.1:", options_.first_port + i));
+  req.set_address(address(i));
   req.set_data_address("127.0.0.1");
   req.set_name(absl::StrCat("light", i));
   req.set_requested_rank(-1);
-  req.set_nodes(options_.cluster_nodes);
+  req.set_nodes(options().cluster_nodes);
   req.set_instance(m.instance);
-  req.set_last_epoch(m.epoch);
+  req.set_last_epoch(st.epoch);
   req.set_list_optional(true);
-  rpcs_.fetch_add(1, std::memory_order_relaxed);
+  CountCall();
   absl::StatusOr<v1::JoinResponse> r = ClientOf(i).Join(req, timeout);
   if (!r.ok()) return r.status();
-  if (r->node_rank() < 0 || static_cast<uint32_t>(r->node_rank()) >= options_.cluster_nodes) {
+  if (r->node_rank() < 0 || static_cast<uint32_t>(r->node_rank()) >= options().cluster_nodes) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", r->node_rank(), " out of range"));
   }
   m.rank = r->node_rank();
-  m.epoch = r->epoch();
-  m.events_after = r->events_last();
+  st.epoch = r->epoch();
+  st.events_after = r->events_last();
   return absl::OkStatus();
+}
+
+bool CoordinatorFleet::BeatOnce(int i, absl::Duration timeout) {
+  Member& m = member(i);
+  State& st = state_[i];
+  v1::HeartbeatRequest req;
+  req.set_node_rank(m.rank);
+  req.set_instance(m.instance);
+  req.set_events_after(st.events_after);
+  req.set_nodes_epoch(st.epoch);
+  req.set_news_only(true);  // as a real member's sparse view asks
+  CountCall();
+  absl::StatusOr<v1::HeartbeatResponse> r = ClientOf(i).Heartbeat(req, timeout);
+  if (r.ok()) {
+    st.epoch = r->epoch();  // the delta is dropped: this member keeps no list
+    st.events_after = r->events_last();
+    return true;
+  }
+  if (r.status().code() == absl::StatusCode::kFailedPrecondition) {
+    CountRejoin();
+    (void)JoinOnce(i, timeout);
+  }
+  return false;
 }
 
 absl::Status LightFleet::JoinWithRetries(int i) {
@@ -74,25 +106,8 @@ bool LightFleet::WaitJoined(absl::Time deadline, int* joined,
 void LightFleet::Beat(int i) {
   Member& m = members_[i];
   if (m.crashed.load() || m.rank < 0) return;
-  v1::HeartbeatRequest req;
-  req.set_node_rank(m.rank);
-  req.set_instance(m.instance);
-  req.set_events_after(m.events_after);
-  req.set_nodes_epoch(m.epoch);
-  req.set_news_only(true);  // as a real member's sparse view asks
-  rpcs_.fetch_add(1, std::memory_order_relaxed);
   const absl::Duration timeout = std::max(options_.heartbeat, absl::Milliseconds(200));
-  absl::StatusOr<v1::HeartbeatResponse> r = ClientOf(i).Heartbeat(req, timeout);
-  if (r.ok()) {
-    m.epoch = r->epoch();  // the delta is dropped: this member keeps no list
-    m.events_after = r->events_last();
-    return;
-  }
-  failed_beats_.fetch_add(1, std::memory_order_relaxed);
-  if (r.status().code() == absl::StatusCode::kFailedPrecondition) {
-    rejoins_.fetch_add(1, std::memory_order_relaxed);
-    (void)JoinOnce(i, timeout);
-  }
+  if (!BeatOnce(i, timeout)) failed_beats_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void LightFleet::WorkerLoop(int thread) {

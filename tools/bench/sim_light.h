@@ -1,21 +1,27 @@
 // hsdp-membership-sim's light members (--members=light) and the case that
 // runs them.
 //
-// LightFleet: many simulated members on a few worker threads. A member is
-// only what a member must keep to speak the protocol: its rank, instance,
+// LightFleet: many simulated members on a few worker threads. Shared: the
+// worker threads (member i belongs to thread i % threads, which beats its
+// members in turn, each at its own phase of the heartbeat interval) and the
+// channels (member i calls through client i % channels; gRPC multiplexes
+// the calls of one channel on its connection). A worker joins its members
+// one after the other and beats each one heartbeat interval after its join,
+// then every interval (the earliest due first, overdue beats before the
+// next join), so a member that joined early is never declared lost while
+// the others join. Not simulated: views, PeerEvents, group events. What a
+// join and a beat are is the store's (JoinOnce, BeatOnce):
+//
+// CoordinatorFleet (the embedded store): a member keeps its rank, instance,
 // epoch (named as its nodes_epoch: it holds the list as far as it cares,
 // and takes each answer's delta and drops it) and group-event cursor. It
 // joins with list_optional and heartbeats through the real ClusterClient
 // (the real gRPC stubs) against the real coordinator, joining again when
-// told (FAILED_PRECONDITION). Shared: the worker threads (member i belongs
-// to thread i % threads, which beats its members in turn, each at its own
-// phase of the heartbeat interval) and the channels (member i calls through
-// ClusterClient i % channels; gRPC multiplexes the calls of one channel on
-// its connection). A worker joins its members one after the other and beats
-// each one heartbeat interval after its join, then every interval (the
-// earliest due first, overdue beats before the next join), so a member that
-// joined early is never declared lost while the others join. Not simulated:
-// views, PeerEvents, group events.
+// told (FAILED_PRECONDITION).
+//
+// EtcdFleet (sim_light_etcd.h): a member keeps its rank, instance and lease;
+// it joins as EtcdMember does (EtcdJoin's checks and claim, its own lease)
+// and renews its lease on its own keep-alive stream.
 //
 // Thread-safe: Start, WaitJoined and Stop from one thread; the counters and
 // Crash from any.
@@ -46,7 +52,6 @@ constexpr int kObservers = 16;
 class LightFleet {
  public:
   struct Options {
-    std::string coordinator;
     uint32_t cluster_nodes = 0;  // cluster.nodes
     int count = 0;               // light members
     int first_port = 20000;      // member i's address is 127.0.0.1:first_port+i (never dialled)
@@ -57,7 +62,9 @@ class LightFleet {
   };
 
   explicit LightFleet(Options options);
-  ~LightFleet();  // Stop()
+  // A subclass's destructor calls Stop() first: the workers call its JoinOnce
+  // and BeatOnce.
+  virtual ~LightFleet();
 
   // Starts the worker threads: they join their members, then heartbeat.
   void Start() ABSL_LOCKS_EXCLUDED(mu_);
@@ -72,6 +79,7 @@ class LightFleet {
   void Crash(int i) { members_[i].crashed.store(true); }
 
   int rank(int i) const { return members_[i].rank; }
+  std::string address(int i) const;
   uint64_t rpcs() const { return rpcs_.load(std::memory_order_relaxed); }
   uint64_t rejoins() const { return rejoins_.load(std::memory_order_relaxed); }
   uint64_t failed_beats() const { return failed_beats_.load(std::memory_order_relaxed); }
@@ -81,15 +89,22 @@ class LightFleet {
   }
   void ResetWorstLag() { worst_lag_ns_.store(0, std::memory_order_relaxed); }
 
- private:
+ protected:
   struct Member {
-    int32_t rank = -1;
+    int32_t rank = -1;  // set by JoinOnce
     std::string instance;
-    uint64_t epoch = 0;         // and nodes_epoch
-    uint64_t events_after = 0;  // group event cursor
     std::atomic<bool> crashed{false};
   };
-  absl::Status JoinOnce(int i, absl::Duration timeout);
+  // One join of member i: sets members_[i].rank.
+  virtual absl::Status JoinOnce(int i, absl::Duration timeout) = 0;
+  // One heartbeat of joined member i; false when it failed.
+  virtual bool BeatOnce(int i, absl::Duration timeout) = 0;
+  void CountCall(uint64_t n = 1) { rpcs_.fetch_add(n, std::memory_order_relaxed); }
+  void CountRejoin() { rejoins_.fetch_add(1, std::memory_order_relaxed); }
+  const Options& options() const { return options_; }
+  Member& member(int i) { return members_[i]; }
+
+ private:
   // Joins member i, retrying transient errors until join_timeout.
   absl::Status JoinWithRetries(int i);
   void Beat(int i);
@@ -97,10 +112,8 @@ class LightFleet {
   bool JoinedAllLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_ || joined_ + gave_up_ == options_.count;
   }
-  ClusterClient& ClientOf(int i) { return *clients_[i % clients_.size()]; }
 
   const Options options_;
-  std::vector<std::unique_ptr<ClusterClient>> clients_;
   std::unique_ptr<Member[]> members_;  // member i is touched by thread i % threads only
   std::vector<std::thread> threads_;
   absl::Mutex mu_;
@@ -113,9 +126,29 @@ class LightFleet {
   std::atomic<int64_t> worst_lag_ns_{0};
 };
 
-// One case of --members=light (embedded store): N - kObservers light
-// members and kObservers real ClusterMembers against an hsdpd coordinator.
-Result RunLightCase(int n, const Flags& flags);
+// The embedded store's light members.
+class CoordinatorFleet : public LightFleet {
+ public:
+  CoordinatorFleet(const std::string& coordinator, Options options);
+  ~CoordinatorFleet() override { Stop(); }
+
+ private:
+  struct State {
+    uint64_t epoch = 0;         // and nodes_epoch
+    uint64_t events_after = 0;  // group event cursor
+  };
+  absl::Status JoinOnce(int i, absl::Duration timeout) override;
+  bool BeatOnce(int i, absl::Duration timeout) override;
+  ClusterClient& ClientOf(int i) { return *clients_[i % clients_.size()]; }
+
+  std::vector<std::unique_ptr<ClusterClient>> clients_;
+  std::unique_ptr<State[]> state_;  // member i's: touched by its worker only
+};
+
+// One case of --members=light: N - kObservers light members and kObservers
+// real members (ClusterMember against an hsdpd coordinator, or EtcdMember
+// against a 3-member etcd; `kind` "embedded" or "etcd").
+Result RunLightCase(const std::string& kind, int n, const Flags& flags);
 
 }  // namespace hsdp::sim
 

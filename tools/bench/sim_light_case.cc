@@ -1,7 +1,8 @@
 // RunLightCase (sim_light.h): one --members=light case against an hsdpd
-// coordinator. N - kObservers light members (LightFleet) and kObservers
-// real ClusterMembers join at once; the observers' views, the steady
-// window, and a light member's crash as the observers see it.
+// coordinator or a 3-member etcd. N - kObservers light members
+// (CoordinatorFleet, EtcdFleet) and kObservers real members (ClusterMember,
+// EtcdMember) join at once; the observers' views, the steady window, and a
+// light member's crash as the observers see it.
 #include <memory>
 #include <thread>
 
@@ -9,19 +10,54 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "daemon/cluster/cluster_member.h"
+#include "daemon/cluster/etcd/etcd_member.h"
+#include "daemon/cluster/etcd/etcd_store.h"
 #include "tools/bench/sim_light.h"
+#include "tools/bench/sim_light_etcd.h"
 #include "tools/bench/sim_process.h"
 
 namespace hsdp::sim {
 namespace {
 
-std::string Case(int n) { return absl::StrCat("embedded (light) N=", n, ": "); }
+constexpr char kEtcdPrefix[] = "/hsdp-sim/";
 
-// The kObservers real members; they run their own threads and channels.
-std::vector<std::unique_ptr<ClusterMember>> MakeObservers(const std::string& coordinator,
-                                                          int first_port, uint32_t cluster_nodes,
-                                                          const Flags& flags) {
-  std::vector<std::unique_ptr<ClusterMember>> out;
+// A real member the loss phase watches: its own threads and channels.
+class Observer {
+ public:
+  virtual ~Observer() = default;
+  virtual Membership& member() = 0;
+  virtual uint64_t rpcs() const = 0;
+};
+
+class EmbeddedObserver : public Observer {
+ public:
+  explicit EmbeddedObserver(ClusterMember::Options o) : m_(std::move(o), nullptr) {}
+  Membership& member() override { return m_; }
+  uint64_t rpcs() const override { return m_.rpcs(); }
+
+ private:
+  ClusterMember m_;
+};
+
+class EtcdObserver : public Observer {
+ public:
+  EtcdObserver(std::unique_ptr<etcd::EtcdClient> client, EtcdMember::Options o)
+      : client_(std::move(client)), store_(client_.get(), kEtcdPrefix),
+        m_(client_.get(), &store_, std::move(o), nullptr) {}
+  Membership& member() override { return m_; }
+  uint64_t rpcs() const override { return m_.rpcs(); }
+
+ private:
+  std::unique_ptr<etcd::EtcdClient> client_;
+  EtcdStore store_;
+  EtcdMember m_;
+};
+
+// The kObservers real ClusterMembers.
+std::vector<std::unique_ptr<Observer>> MakeObservers(const std::string& coordinator,
+                                                     int first_port, uint32_t cluster_nodes,
+                                                     const Flags& flags) {
+  std::vector<std::unique_ptr<Observer>> out;
   for (int k = 0; k < kObservers; ++k) {
     ClusterMember::Options o;
     o.coordinator = coordinator;
@@ -32,16 +68,45 @@ std::vector<std::unique_ptr<ClusterMember>> MakeObservers(const std::string& coo
     o.join_timeout = absl::Seconds(flags.phase_timeout_s);
     o.heartbeat = absl::Milliseconds(flags.heartbeat_ms);
     o.missed_heartbeats = flags.missed_heartbeats;
-    out.push_back(std::make_unique<ClusterMember>(std::move(o), nullptr));
+    out.push_back(std::make_unique<EmbeddedObserver>(std::move(o)));
+  }
+  return out;
+}
+
+// The kObservers real EtcdMembers, each with its client.
+absl::StatusOr<std::vector<std::unique_ptr<Observer>>> MakeEtcdObservers(
+    const std::vector<std::string>& endpoints, int first_port, uint32_t cluster_nodes,
+    const Flags& flags) {
+  std::vector<std::unique_ptr<Observer>> out;
+  for (int k = 0; k < kObservers; ++k) {
+    etcd::EtcdOptions eo;
+    eo.endpoints = endpoints;
+    eo.keepalives_on_leader = flags.etcd_keepalives_on_leader;
+    absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> client =
+        etcd::EtcdClient::Connect(eo, absl::Seconds(5));
+    if (!client.ok()) return client.status();
+    EtcdMember::Options o;
+    o.prefix = kEtcdPrefix;
+    o.address = absl::StrCat("127.0.0.1:", first_port + k);  // never dialled
+    o.data_address = "127.0.0.1";
+    o.name = absl::StrCat("observer", k);
+    o.nodes = cluster_nodes;
+    o.join_timeout = absl::Seconds(flags.phase_timeout_s);
+    o.heartbeat = absl::Milliseconds(flags.heartbeat_ms);
+    o.missed_heartbeats = flags.missed_heartbeats;
+    o.revoke_on_stop = false;  // as RunCase's: no revocations fanned out at teardown
+    out.push_back(std::make_unique<EtcdObserver>(std::move(*client), std::move(o)));
   }
   return out;
 }
 
 }  // namespace
 
-Result RunLightCase(int n, const Flags& flags) {
+Result RunLightCase(const std::string& kind, int n, const Flags& flags) {
+  const bool embedded = kind == "embedded";
+  auto Case = [&](int n) { return absl::StrCat(kind, " (light) N=", n, ": "); };
   Result res;
-  res.store = "embedded (light)";
+  res.store = absl::StrCat(kind, " (light)");
   res.n = n;
   if (n <= kObservers) {
     res.notes.push_back(absl::StrCat("--members=light needs more than ", kObservers, " nodes"));
@@ -49,29 +114,65 @@ Result RunLightCase(int n, const Flags& flags) {
   }
   const absl::Duration phase_timeout = absl::Seconds(flags.phase_timeout_s);
   const absl::Duration heartbeat = absl::Milliseconds(flags.heartbeat_ms);
-  const int expected_alive = n + 1;  // the coordinator daemon is node 0 of N + 1
+  // The coordinator daemon is node 0 of N + 1.
+  const int expected_alive = embedded ? n + 1 : n;
   Progress(Case(n) + "starting the store");
-  CoordinatorProcess store;
-  if (absl::Status s = store.Start(expected_alive, flags); !s.ok()) {
+  std::unique_ptr<Store> store;
+  CoordinatorProcess* coordinator = nullptr;
+  EtcdCluster* etcd_cluster = nullptr;
+  if (embedded) {
+    auto c = std::make_unique<CoordinatorProcess>();
+    coordinator = c.get();
+    store = std::move(c);
+  } else {
+    auto c = std::make_unique<EtcdCluster>(flags.etcd_data);
+    etcd_cluster = c.get();
+    store = std::move(c);
+  }
+  if (absl::Status s = store->Start(expected_alive, flags); !s.ok()) {
     res.notes.push_back(absl::StrCat("the store did not start: ", s.message()));
     return res;
   }
-  const pid_t store_pid = store.pids().front();
-  auto store_cpu = [&] { return CpuSeconds(std::to_string(store_pid)); };
+  const std::vector<pid_t> store_pids = store->pids();
+  auto store_cpu = [&] {
+    double s = 0;
+    for (pid_t p : store_pids) s += CpuSeconds(std::to_string(p));
+    return s;
+  };
 
   LightFleet::Options fo;
-  fo.coordinator = store.address();
   fo.cluster_nodes = expected_alive;
   fo.count = n - kObservers;
   fo.threads = flags.sim_threads;
   fo.channels = flags.channels;
   fo.heartbeat = heartbeat;
   fo.join_timeout = phase_timeout;
-  LightFleet fleet(fo);
-  std::vector<std::unique_ptr<ClusterMember>> observers =
-      MakeObservers(store.address(), fo.first_port + fo.count, expected_alive, flags);
+  std::unique_ptr<LightFleet> fleet_owner;
+  std::vector<std::unique_ptr<Observer>> observers;
+  const int observer_port = fo.first_port + fo.count;
+  if (embedded) {
+    fleet_owner = std::make_unique<CoordinatorFleet>(coordinator->address(), fo);
+    observers = MakeObservers(coordinator->address(), observer_port, expected_alive, flags);
+  } else {
+    EtcdFleet::EtcdOptions eo;
+    eo.endpoints = etcd_cluster->endpoints();
+    eo.prefix = kEtcdPrefix;
+    eo.missed_heartbeats = flags.missed_heartbeats;
+    eo.keepalives_on_leader = flags.etcd_keepalives_on_leader;
+    absl::StatusOr<std::unique_ptr<EtcdFleet>> f = EtcdFleet::Make(eo, fo);
+    absl::StatusOr<std::vector<std::unique_ptr<Observer>>> obs =
+        f.ok() ? MakeEtcdObservers(eo.endpoints, observer_port, expected_alive, flags)
+               : f.status();
+    if (!obs.ok()) {
+      res.notes.push_back(absl::StrCat("etcd clients: ", obs.status().message()));
+      return res;
+    }
+    fleet_owner = std::move(*f);
+    observers = std::move(*obs);
+  }
+  LightFleet& fleet = *fleet_owner;
   std::vector<Membership*> watching;
-  for (auto& o : observers) watching.push_back(o.get());
+  for (auto& o : observers) watching.push_back(&o->member());
   auto total_rpcs = [&] {
     uint64_t s = fleet.rpcs();
     for (const auto& o : observers) s += o->rpcs();
@@ -85,7 +186,7 @@ Result RunLightCase(int n, const Flags& flags) {
   std::vector<absl::Status> started(kObservers);
   std::vector<std::thread> starters;
   for (int k = 0; k < kObservers; ++k) {
-    starters.emplace_back([&, k] { started[k] = observers[k]->Start(); });
+    starters.emplace_back([&, k] { started[k] = observers[k]->member().Start(); });
   }
   fleet.Start();
   std::map<std::string, int> failures;
@@ -114,8 +215,10 @@ Result RunLightCase(int n, const Flags& flags) {
   for (const auto& [why, count] : failures) {
     res.notes.push_back(absl::StrCat("join: ", count, " x ", why));
   }
-  if (all_ok) {
-    WaitEpochCaughtUp(store.address(), watching, expected_alive, t0, phase_timeout, &res);
+  if (all_ok && embedded) {
+    WaitEpochCaughtUp(coordinator->address(), watching, expected_alive, t0, phase_timeout, &res);
+  } else if (all_ok) {
+    res.notes.push_back("views: sparse (etcd members hear news only: no first join)");
   }
   res.notes.push_back(absl::StrCat("join phase: store CPU ", Secs(store_cpu() - join_cpu0),
                                    " s, sim CPU ", Secs(CpuSeconds("self") - join_sim0), " s, ",
@@ -145,6 +248,12 @@ Result RunLightCase(int n, const Flags& flags) {
         absl::FormatDuration(absl::Trunc(fleet.worst_lag(), absl::Milliseconds(1)))));
     res.notes.push_back(absl::StrCat("sim process: ", CountThreads(), " threads, ", CountFds(),
                                      " fds"));
+    if (!embedded) {
+      res.notes.push_back(absl::StrCat(
+          "etcd: keep-alives ", flags.etcd_keepalives_on_leader ? "on the raft leader" : "where "
+          "calls go (--etcd-keepalive=any)", "; the light members' clients opened ",
+          static_cast<EtcdFleet&>(fleet).keepalive_streams(), " keep-alive streams"));
+    }
     Progress(absl::StrCat(Case(n), "steady: ", res.rps, " RPC/s, store CPU ", res.store_cpu,
                           " (", res.us_per_beat, " us/call), sim CPU ", res.sim_cpu));
 
@@ -165,9 +274,11 @@ Result RunLightCase(int n, const Flags& flags) {
 
   // --- teardown -------------------------------------------------------------
   const absl::Time td = absl::Now();
-  ParallelFor(kObservers, kObservers, [&](int k) { observers[k]->Stop(); });
+  ParallelFor(kObservers, kObservers, [&](int k) { observers[k]->member().Stop(); });
   fleet.Stop();
-  if (Exited(store_pid)) res.notes.push_back("the store process exited during the run");
+  for (pid_t p : store_pids) {
+    if (Exited(p)) res.notes.push_back("a store process exited during the run");
+  }
   res.notes.push_back(
       absl::StrFormat("teardown %.1f s", absl::ToDoubleSeconds(absl::Now() - td)));
   return res;

@@ -31,6 +31,9 @@ struct Flags {
   bool light = false;    // --members=light (sim_light.h)
   int sim_threads = 64;  // light members' worker threads (their calls block)
   int channels = 4;      // light members' ClusterClients
+  // --etcd-keepalive=leader|any: the etcd clients' keep-alive streams on the
+  // raft leader (EtcdOptions::keepalives_on_leader), or where calls go.
+  bool etcd_keepalives_on_leader = true;
 };
 
 // A store the simulated nodes join: child processes started by Start.

@@ -426,6 +426,7 @@ class EtcdClientImpl final : public EtcdClient {
   // endpoint when known, unless `failed` (the stream that just failed) was
   // on it; else the member calls go to now (the failover's choice).
   size_t KeepAliveEndpoint(const KeepAliveStream* failed) ABSL_LOCKS_EXCLUDED(leader_mu_) {
+    if (!options_.keepalives_on_leader) return current_.load() % endpoints_.size();
     absl::MutexLock lock(&leader_mu_);
     if (failed != nullptr && leader_index_ == static_cast<int>(failed->endpoint())) {
       leader_index_ = -1;  // the leader's stream failed: find the leader again
@@ -440,7 +441,7 @@ class EtcdClientImpl final : public EtcdClient {
   // is unknown or the term moved on since it was found.
   bool MoveToLeader(size_t index, uint64_t term, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(leader_mu_) {
-    if (endpoints_.size() < 2) return false;
+    if (endpoints_.size() < 2 || !options_.keepalives_on_leader) return false;
     {
       absl::MutexLock lock(&leader_mu_);
       if (leader_index_ >= 0 && term <= leader_term_) {

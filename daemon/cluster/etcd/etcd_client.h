@@ -40,6 +40,10 @@ struct EtcdOptions {
   // Calls go first to a member picked at random (many nodes spread over the
   // members); false: to the first endpoint (tests that need to know which).
   bool random_first_endpoint = true;
+  // Keep-alive streams on the raft leader's endpoint (a follower forwards
+  // every renewal to the leader); false: where calls go (the baseline of
+  // hsdp-membership-sim --etcd-keepalive=any).
+  bool keepalives_on_leader = true;
 };
 
 struct KeyValue {
