@@ -40,6 +40,8 @@
 //       [--etcd-data=DIR] [--log-level=error]
 //       [--members=threads|light] [--sim-threads=64] [--channels=4]
 //       [--etcd-keepalive=leader|any]
+// Exit 0 when every case joined every node and saw the crash, 3 when one
+// did not (its row says how), 2 for bad arguments.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -50,6 +52,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -571,6 +574,13 @@ int Main(int argc, char** argv) {
   }
   std::fflush(stdout);
   KillAllChildren();
+  // 3: some case did not join every node or see the crash (its row says how).
+  for (const Result& r : results) {
+    if (!std::isdigit(static_cast<unsigned char>(r.join_all[0])) ||
+        !std::isdigit(static_cast<unsigned char>(r.loss_seen[0]))) {
+      return 3;
+    }
+  }
   return 0;
 }
 
