@@ -39,7 +39,10 @@
 //       [--phase-timeout-s=120] [--hsdpd=PATH] [--etcd=PATH]
 //       [--etcd-data=DIR] [--log-level=error]
 //       [--members=threads|light] [--sim-threads=64] [--channels=4]
-//       [--etcd-keepalive=leader|any]
+//       [--etcd-keepalive=leader|any] [--etcd-member-loss]
+// --etcd-member-loss: the etcd light cases SIGKILL the raft leader after the
+// steady window, report the re-election and what the members lost in two
+// lease terms after it, and then see the crash with two members left.
 // Exit 0 when every case joined every node and saw the crash, 3 when one
 // did not (its row says how), 2 for bad arguments.
 #include <fcntl.h>
@@ -489,6 +492,8 @@ int Main(int argc, char** argv) {
       ok = one(&flags.sim_threads);
     } else if (ParseFlag(argv[i], "channels", &v)) {
       ok = one(&flags.channels);
+    } else if (std::string(argv[i]) == "--etcd-member-loss") {
+      flags.etcd_member_loss = true;
     } else if (ParseFlag(argv[i], "etcd-keepalive", &v)) {
       ok = v == "leader" || v == "any";
       flags.etcd_keepalives_on_leader = v == "leader";
@@ -501,7 +506,7 @@ int Main(int argc, char** argv) {
                    "[--heartbeat-ms=1000] [--missed-heartbeats=5] [--phase-timeout-s=120] "
                    "[--hsdpd=PATH] [--etcd=PATH] [--etcd-data=DIR] [--log-level=error] "
                    "[--members=threads|light] [--sim-threads=64] [--channels=4] "
-                   "[--etcd-keepalive=leader|any]\n"
+                   "[--etcd-keepalive=leader|any] [--etcd-member-loss]\n"
                    "bad argument: %s\n",
                    argv[0], argv[i]);
       return 2;

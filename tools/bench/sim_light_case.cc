@@ -257,6 +257,34 @@ Result RunLightCase(const std::string& kind, int n, const Flags& flags) {
     Progress(absl::StrCat(Case(n), "steady: ", res.rps, " RPC/s, store CPU ", res.store_cpu,
                           " (", res.us_per_beat, " us/call), sim CPU ", res.sim_cpu));
 
+    if (!embedded && flags.etcd_member_loss) {
+      // --- an etcd member lost: the raft leader -------------------------------
+      const int leader = etcd_cluster->Leader(absl::Seconds(10));
+      std::vector<uint64_t> epochs;
+      for (Membership* m : watching) epochs.push_back(m->epoch());
+      const uint64_t failed0 = fleet.failed_beats(), rejoins0 = fleet.rejoins();
+      const uint64_t streams0 = static_cast<EtcdFleet&>(fleet).keepalive_streams();
+      Progress(absl::StrCat(Case(n), "SIGKILL of etcd member ", leader, " (the leader)"));
+      const absl::Time killed = absl::Now();
+      if (leader >= 0) etcd_cluster->Kill(leader);
+      const int next = etcd_cluster->Leader(absl::Seconds(30));
+      const double elected = absl::ToDoubleSeconds(absl::Now() - killed);
+      // Two lease terms: a lease that was not renewed meanwhile has expired.
+      absl::SleepFor(2 * heartbeat * flags.missed_heartbeats);
+      int moved = 0;
+      for (size_t k = 0; k < watching.size(); ++k) moved += watching[k]->epoch() != epochs[k];
+      res.notes.push_back(absl::StrFormat(
+          "etcd member lost: member %d (the leader) SIGKILLed; member %d leads %.2f s later; in "
+          "the %.0f s after: %d failed renewals, %d rejoins (leases lost), %d keep-alive streams "
+          "opened, %d of %d observers' epochs moved (a loss published)",
+          leader, next, elected, absl::ToDoubleSeconds(2 * heartbeat * flags.missed_heartbeats),
+          fleet.failed_beats() - failed0, fleet.rejoins() - rejoins0,
+          static_cast<EtcdFleet&>(fleet).keepalive_streams() - streams0, moved,
+          static_cast<int>(watching.size())));
+      Progress(absl::StrCat(Case(n), "member lost: new leader after ", Secs(elected), " s, ",
+                            fleet.rejoins() - rejoins0, " rejoins"));
+    }
+
     // --- loss ---------------------------------------------------------------
     const int victim_rank = fleet.rank(0);
     std::vector<uint64_t> epoch_before;

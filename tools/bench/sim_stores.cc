@@ -8,6 +8,8 @@
 #include "absl/time/time.h"
 #include "daemon/cluster/cluster_client.h"
 #include "daemon/cluster/etcd/etcd_client.h"
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 
 namespace hsdp::sim {
 
@@ -108,6 +110,40 @@ absl::Status EtcdCluster::Start(int, const Flags& flags) {
     }
   }
   return absl::OkStatus();
+}
+
+int EtcdCluster::Leader(absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    uint64_t leader = 0;
+    bool agreed = true;
+    std::vector<uint64_t> ids(pids_.size(), 0);
+    for (size_t i = 0; i < pids_.size() && agreed; ++i) {
+      if (pids_[i] <= 0 || Exited(pids_[i])) continue;  // killed, or gone
+      auto stub = etcdserverpb::Maintenance::NewStub(
+          grpc::CreateChannel(endpoint(static_cast<int>(i)), grpc::InsecureChannelCredentials()));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+      etcdserverpb::StatusResponse resp;
+      if (!stub->Status(&ctx, etcdserverpb::StatusRequest(), &resp).ok() || resp.leader() == 0 ||
+          (leader != 0 && resp.leader() != leader)) {
+        agreed = false;
+        break;
+      }
+      leader = resp.leader();
+      ids[i] = resp.header().member_id();
+    }
+    for (size_t i = 0; agreed && leader != 0 && i < ids.size(); ++i) {
+      if (ids[i] == leader) return static_cast<int>(i);
+    }
+    if (absl::Now() >= deadline) return -1;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+void EtcdCluster::Kill(int i) {
+  KillChild(pids_[i]);
+  pids_[i] = -1;  // reaped: never signalled again
 }
 
 std::string EtcdCluster::Logs() const {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "tools/bench/sim_process.h"
 
 namespace hsdp::sim {
@@ -34,6 +35,9 @@ struct Flags {
   // --etcd-keepalive=leader|any: the etcd clients' keep-alive streams on the
   // raft leader (EtcdOptions::keepalives_on_leader), or where calls go.
   bool etcd_keepalives_on_leader = true;
+  // --etcd-member-loss: etcd light cases lose the raft leader after the
+  // steady window and see the crash with two members left.
+  bool etcd_member_loss = false;
 };
 
 // A store the simulated nodes join: child processes started by Start.
@@ -78,6 +82,11 @@ class EtcdCluster : public Store {
     return out;
   }
   const std::vector<int>& client_ports() const { return client_ports_; }
+  // The member every live member names as the raft leader, polled until
+  // `timeout`; -1 when they do not agree by then.
+  int Leader(absl::Duration timeout) const;
+  // SIGKILLs member i (a lost machine); it stays down.
+  void Kill(int i);
 
  private:
   TempDir dir_;
