@@ -48,6 +48,7 @@ TSAN_TESTS=(
   cpu_engine_test hierarchical_engine_test gloo_transport_test      # engines
   nccl_engine_test nccl_cross_node_test nccl_abort_test nccl_shared_device_test
   kv_store_test coordinator_test cluster_member_test gloo_store_test  # cluster
+  etcd_client_test                                                  # etcd (keep-alives, watches)
   job_id_test                                                       # client
   daemon_integration_test collectives_integration_test ring_integration_test
   cluster_membership_test cluster_kv_test cluster_datapath_test     # daemons together
