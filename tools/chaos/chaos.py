@@ -263,28 +263,6 @@ def detection(report, cl, job, step_s):
     return problems
 
 
-def sessions(node):
-    view = node.ctl_json("sessions")
-    return None if view is None else len(view.get("sessions", []))
-
-
-def quiesced_snapshots(cl, timeout=60):
-    """Each daemon's snapshot once it holds no session (bounded wait)."""
-    deadline = time.monotonic() + timeout
-    cluster_mod.wait_for(lambda: all(sessions(n) == 0 for n in cl.nodes), timeout, 0.5)
-    # A session's memory goes right after it ends: until two snapshots 0.5 s
-    # apart agree on fds, memfds and threads (bounded).
-    def key(snaps):
-        return [None if s is None else (s["fds"], s["memfds"], s["threads"]) for s in snaps]
-    last = None
-    while True:
-        now = [n.snapshot() for n in cl.nodes]
-        if key(now) == last or time.monotonic() >= deadline:
-            return now
-        last = key(now)
-        time.sleep(0.5)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seed", type=int, required=True)
@@ -454,7 +432,7 @@ def main():
                   f"{ref.incarnation} incarnations)\n{cl.logs()}", file=sys.stderr)
             return 1
         step_s = verdict_mod.step_seconds(ref.out)
-        baseline = quiesced_snapshots(cl)
+        baseline = cl.quiesced_snapshots()
         say(f"undisturbed run: {ref_s:.1f} s, {step_s:.3f} s a step; daemons' baseline "
             f"{[{k: v for k, v in b.items() if k != 'thread_names'} for b in baseline]}")
         report.update(reference_seconds=ref_s, step_seconds=step_s, baseline=baseline)
@@ -530,7 +508,7 @@ def main():
         if not cl.wait_formed(90):
             problems.append("the cluster did not form again after the faults")
         problems += detection(report, cl, job, step_s)
-        final = quiesced_snapshots(cl)
+        final = cl.quiesced_snapshots()
         report["final"] = final
         for i, (b, f) in enumerate(zip(baseline, final)):
             for prob in verdict_mod.compare_resources(b, f):

@@ -20,7 +20,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
 from localproc import accepts, die_with_parent, free_ports  # noqa: E402
 from localproc import stop as localproc_stop  # noqa: E402
-from localproc import eventually as wait_for  # noqa: E402,F401 (chaos.py uses it)
+from localproc import eventually as wait_for  # noqa: E402
 
 
 def snapshot(pid):
@@ -146,6 +146,11 @@ class Node:
     def snapshot(self):
         return snapshot(self.proc.pid) if self.alive() else None
 
+    def sessions(self):
+        """The trainer sessions this daemon holds (None: no answer)."""
+        view = self.ctl_json("sessions")
+        return None if view is None else len(view.get("sessions", []))
+
     def log_tail(self, n=3000):
         try:
             with open(self.log_path, errors="replace") as f:
@@ -205,6 +210,22 @@ class Cluster:
         want = len(self.nodes)
         return bool(wait_for(lambda: all(n.ready() for n in self.nodes) and
                              all(n.formed(want) for n in self.nodes), timeout, 0.2))
+
+    def quiesced_snapshots(self, timeout=60):
+        """Each daemon's snapshot once it holds no session (bounded wait)."""
+        deadline = time.monotonic() + timeout
+        wait_for(lambda: all(n.sessions() == 0 for n in self.nodes), timeout, 0.5)
+        # A session's memory goes right after it ends: until two snapshots 0.5 s
+        # apart agree on fds, memfds and threads (bounded).
+        def key(snaps):
+            return [None if s is None else (s["fds"], s["memfds"], s["threads"]) for s in snaps]
+        last = None
+        while True:
+            now = [n.snapshot() for n in self.nodes]
+            if key(now) == last or time.monotonic() >= deadline:
+                return now
+            last = key(now)
+            time.sleep(0.5)
 
     def stop(self):
         for n in self.nodes:
