@@ -2,8 +2,9 @@
 // deadline, "hasleader=true" and (with a user) the auth token; failover to
 // the next endpoint once per call, re-authentication once on a stale token
 // (Call for unary calls, StartWatch for watches: the same rules side by
-// side); keep-alive streams on the raft leader (KeepAliveEndpoint). The watch stream is etcd_watch.cc; the conversions to and from
-// etcd's protos are etcd_client_internal.cc.
+// side); keep-alive streams on the raft leader (KeepAliveEndpoint). The
+// watch stream is etcd_watch.cc; the conversions to and from etcd's protos
+// are etcd_client_internal.cc.
 #include "daemon/cluster/etcd/etcd_client.h"
 
 #include <atomic>
@@ -93,6 +94,7 @@ class EtcdClientImpl final : public EtcdClient {
     }
     absl::MutexLock lock(&leader_mu_);
     member_ids_.assign(endpoints_.size(), 0);
+    failed_at_.assign(endpoints_.size(), absl::InfinitePast());
   }
 
   const std::string& name() const override { return name_; }
@@ -424,12 +426,18 @@ class EtcdClientImpl final : public EtcdClient {
   // request of its own, which costs etcd several times as much CPU
   // (docs/benchmarks.md §14f). Where a new stream opens: the leader's
   // endpoint when known, unless `failed` (the stream that just failed) was
-  // on it; else the member calls go to now (the failover's choice).
+  // on it; else the member calls go to now (the failover's choice). An
+  // endpoint whose stream failed is not moved to for kAvoidFailed, even when
+  // it leads: a leader the others reach but this node does not (a one-sided
+  // partition) would otherwise cost every renewal a failed attempt.
   size_t KeepAliveEndpoint(const KeepAliveStream* failed) ABSL_LOCKS_EXCLUDED(leader_mu_) {
     if (!options_.keepalives_on_leader) return current_.load() % endpoints_.size();
     absl::MutexLock lock(&leader_mu_);
-    if (failed != nullptr && leader_index_ == static_cast<int>(failed->endpoint())) {
-      leader_index_ = -1;  // the leader's stream failed: find the leader again
+    if (failed != nullptr) {
+      failed_at_[failed->endpoint()] = absl::Now();
+      if (leader_index_ == static_cast<int>(failed->endpoint())) {
+        leader_index_ = -1;  // the leader's stream failed: find the leader again
+      }
     }
     if (leader_index_ >= 0) return static_cast<size_t>(leader_index_);
     return current_.load() % endpoints_.size();
@@ -480,6 +488,7 @@ class EtcdClientImpl final : public EtcdClient {
       }
       for (size_t j = 0; leader != 0 && j < endpoints_.size(); ++j) {
         if (member_ids_[j] != leader) continue;
+        if (absl::Now() - failed_at_[j] < kAvoidFailed) return -1;  // stay where it works
         if (leader_index_ != static_cast<int>(j)) {
           HSDP_LOG_EVERY_N_SEC(Info, 10) << name_ << ": keep-alives go to " << endpoints_[j].address
                                          << ", the raft leader (term " << term << ")";
@@ -520,13 +529,16 @@ class EtcdClientImpl final : public EtcdClient {
   std::atomic<uint64_t> keepalive_streams_opened_{0};
   // The leader's endpoint for keep-alives (-1: unknown), the raft term it
   // was found in, each endpoint's member id as its Status named it (0:
-  // unknown), and whether a search runs.
+  // unknown), when each endpoint's keep-alive stream last failed, and
+  // whether a search runs.
   static constexpr absl::Duration kLeaderSearch = absl::Seconds(1);
+  static constexpr absl::Duration kAvoidFailed = absl::Seconds(30);
   absl::Mutex leader_mu_;
   int leader_index_ ABSL_GUARDED_BY(leader_mu_) = -1;
   uint64_t leader_term_ ABSL_GUARDED_BY(leader_mu_) = 0;
   bool leader_search_ ABSL_GUARDED_BY(leader_mu_) = false;
   std::vector<uint64_t> member_ids_ ABSL_GUARDED_BY(leader_mu_);
+  std::vector<absl::Time> failed_at_ ABSL_GUARDED_BY(leader_mu_);
 };
 
 }  // namespace
