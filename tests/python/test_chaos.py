@@ -197,6 +197,28 @@ def test_detection_bounds_follow_the_lease_and_only_bind_what_hsdpd_must_notice(
     assert verdict.detection_bound_s("etcd_quorum_lost", 8.0, 3.0) == 4.0
     for kind in ("stop_trainer", "link_slow", "disk_full", "kill_etcd_member"):
         assert verdict.detection_bound_s(kind, 8.0, 3.0) is None
+    # On etcd a cut link may cut off raft's leader: twice its election timeout more.
+    assert verdict.detection_bound_s("link_down", 6.0, 3.0, etcd_election_s=1.0) == 6.0
+    assert verdict.detection_bound_s("link_down", 3.9, 3.0, etcd_election_s=1.0) is None
+    assert verdict.detection_bound_s("kill_daemon", 0.5, 3.0, etcd_election_s=1.0) == 4.0
+    assert verdict.detection_bound_s("etcd_quorum_lost", 8.0, 3.0, etcd_election_s=1.0) == 4.0
+
+
+def test_a_fault_still_active_when_a_trainer_was_killed_is_counted_as_overlapping():
+    """Seed 401: rank 1 was killed 6 s into node 2's 9 s link outage; the ranks
+    that failed named node 2's loss, not rank 1. The link fault started more
+    than 5 s before the kill but was still going on: it overlaps."""
+    import verdict
+    link = {"at": 100.0, "duration_s": 9.0, "kind": "link_down"}
+    kill = {"at": 106.0, "duration_s": 0.0, "kind": "kill_trainer"}
+    daemon = {"at": 116.4, "duration_s": 0.9, "kind": "kill_daemon"}
+    assert verdict.others_active(kill, [link, kill, daemon], until=107.0) == [link]
+    # Over well before the kill, or only after the failure: not overlapping.
+    done = {"at": 90.0, "duration_s": 5.0, "kind": "link_down"}
+    assert verdict.others_active(kill, [done, kill, daemon], until=107.0) == []
+    # Started within the 5 s before the kill (even with no duration): overlapping.
+    recent = {"at": 102.0, "duration_s": 0.0, "kind": "kill_daemon"}
+    assert verdict.others_active(kill, [recent, kill], until=107.0) == [recent]
 
 
 def test_a_fault_alone_that_no_daemon_named_in_time_fails_the_verdict(tmp_path):

@@ -238,7 +238,9 @@ def detection(report, cl, job, step_s):
         entry["overlapped_by"] = [o["fault"] for o in overlapping]
         # The bound is judged unless a fault that moves membership overlapped it (a
         # trainer's fault or a full disk neither names a node nor hides one).
-        bound = verdict_mod.detection_bound_s(kind, entry.get("duration_s", 0), cl.lease_s)
+        bound = verdict_mod.detection_bound_s(
+            kind, entry.get("duration_s", 0), cl.lease_s,
+            etcd_mod.ELECTION_MS / 1000.0 if report.get("store") == "etcd" else None)
         if bound is not None and not any(o["kind"] in verdict_mod.MEMBERSHIP_KINDS
                                          for o in overlapping):
             entry["detect_bound_s"] = bound
@@ -260,6 +262,42 @@ def detection(report, cl, job, step_s):
                                         for who, v in (("daemons", k["daemons"]),
                                                        ("job", k["job"]))}}
         for kind, k in by_kind.items()}
+    return problems
+
+
+def killed_trainers_named(report):
+    """A killed trainer is named by the ranks that failed because of it (unless
+    another fault was active then, or the incarnation was already failing when
+    it was killed: then who says what depends on which came first), within
+    verdict.KILLED_TRAINER_NAMED_WITHIN_S. Sets named_by and detect_s on the
+    faults it judges; returns the problems."""
+    problems = []
+    injected = [e for e in report["faults"] if not e["did"].startswith("skipped")]
+    for entry in injected:
+        if entry["kind"] != "kill_trainer":
+            continue
+        rec = next((f for f in report["failures"]
+                    if f["at"] >= entry["at"] and (not f.get("warm") or f["first"].startswith(
+                        f"failed: rank {entry['target']} "))), None)
+        if rec is None or not rec["failed_by_themselves"]:
+            continue  # ended by the supervisor before anyone else noticed
+        lag = verdict_mod.KILL_SEEN_LAG_S if rec.get("warm") else 0.0
+        if rec["failing_at"] < entry["at"] - lag or rec.get("recovering"):
+            continue  # it was killed while its incarnation was failing already
+        if verdict_mod.others_active(entry, injected, rec["at"]):
+            continue  # a failure then may be another fault's
+        rank = int(entry["did"].split()[2])
+        named = sorted(r for r, why in rec["failed_by_themselves"].items()
+                       if f"rank {rank} left the job" in why)
+        entry["named_by"] = named
+        entry["detect_s"] = rec["detect_s"]
+        if rec["detect_s"] > verdict_mod.KILLED_TRAINER_NAMED_WITHIN_S:
+            problems.append(f"{entry['fault']}: the others failed {rec['detect_s']:.1f} s "
+                            f"after it, over the bound of "
+                            f"{verdict_mod.KILLED_TRAINER_NAMED_WITHIN_S:.0f} s")
+        if not named:
+            problems.append(f"{entry['fault']}: no rank that failed after it named rank "
+                            f"{rank}: {rec['failed_by_themselves']}")
     return problems
 
 
@@ -473,36 +511,8 @@ def main():
             entry["time_lost_s"] = lost
             if lost is None or lost > a.recover_s:
                 problems.append(f"{entry['fault']}: no new progress within {a.recover_s:.0f} s")
-        # A killed trainer is named by the ranks that failed because of it
-        # (unless another fault hit the same incarnation, or the incarnation
-        # was already failing when it was killed: then who says what depends
-        # on which came first).
-        injected = [e for e in report["faults"] if not e["did"].startswith("skipped")]
-        for entry in injected:
-            if entry["kind"] != "kill_trainer" or a.backend != "hsdpd":
-                continue
-            rec = next((f for f in report["failures"]
-                        if f["at"] >= entry["at"] and (not f.get("warm") or f["first"].startswith(
-                            f"failed: rank {entry['target']} "))), None)
-            if rec is None or not rec["failed_by_themselves"]:
-                continue  # ended by the supervisor before anyone else noticed
-            lag = verdict_mod.KILL_SEEN_LAG_S if rec.get("warm") else 0.0
-            if rec["failing_at"] < entry["at"] - lag or rec.get("recovering"):
-                continue  # it was killed while its incarnation was failing already
-            if any(o is not entry and entry["at"] - 5 <= o["at"] <= rec["at"] for o in injected):
-                continue
-            rank = int(entry["did"].split()[2])
-            named = sorted(r for r, why in rec["failed_by_themselves"].items()
-                           if f"rank {rank} left the job" in why)
-            entry["named_by"] = named
-            entry["detect_s"] = rec["detect_s"]
-            if rec["detect_s"] > verdict_mod.KILLED_TRAINER_NAMED_WITHIN_S:
-                problems.append(f"{entry['fault']}: the others failed {rec['detect_s']:.1f} s "
-                                f"after it, over the bound of "
-                                f"{verdict_mod.KILLED_TRAINER_NAMED_WITHIN_S:.0f} s")
-            if not named:
-                problems.append(f"{entry['fault']}: no rank that failed after it named rank "
-                                f"{rank}: {rec['failed_by_themselves']}")
+        if a.backend == "hsdpd":
+            problems += killed_trainers_named(report)
         if etcd is not None and not etcd.wait_healthy(60):
             problems.append("etcd: not every member healthy again within 60 s after the faults")
         if not cl.wait_formed(90):

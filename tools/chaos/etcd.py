@@ -20,6 +20,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from localproc import die_with_parent, eventually, free_ports  # noqa: E402
 
 MEMBERS = 3
+# raft's timings here (--heartbeat-interval, --election-timeout).
+HEARTBEAT_MS, ELECTION_MS = 100, 1000
 
 
 class Etcd:
@@ -68,7 +70,7 @@ class Etcd:
                 "--initial-cluster", initial,
                 "--initial-cluster-state", "existing" if existing else "new",
                 "--initial-cluster-token", "hsdp-chaos",
-                "--heartbeat-interval", "100", "--election-timeout", "1000",
+                "--heartbeat-interval", str(HEARTBEAT_MS), "--election-timeout", str(ELECTION_MS),
                 "--logger", "zap", "--log-outputs", "stderr"]
         if self.spawners is not None:
             log.close()
