@@ -83,13 +83,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "daemon/cluster/cluster_client.h"
-#include "daemon/cluster/cluster_member.h"
 #include "daemon/cluster/etcd/etcd_client.h"
-#include "daemon/cluster/etcd/etcd_member.h"
-#include "daemon/cluster/etcd/etcd_store.h"
 #include "hsdp/common/logging.h"
 #include "tools/bench/sim_case.h"
 #include "tools/bench/sim_light.h"
+#include "tools/bench/sim_nodes.h"
 #include "tools/bench/sim_process.h"
 #include "tools/bench/sim_stores.h"
 
@@ -114,49 +112,12 @@ using sim::Progress;
 using sim::ReadFile;
 using sim::Result;
 using sim::Scrape;
+using sim::SimNode;
 using sim::Secs;
 using sim::Spawn;
 using sim::Store;
 using sim::Tail;
 using sim::TempDir;
-
-// ---------------------------------------------------------------------------
-// Simulated nodes.
-
-class SimNode {
- public:
-  virtual ~SimNode() = default;
-  virtual Membership& member() = 0;
-  virtual uint64_t rpcs() const = 0;
-  // Whether it publishes the others' losses (etcd's sweeper).
-  virtual bool sweeping() const { return false; }
-};
-
-class EmbeddedNode : public SimNode {
- public:
-  explicit EmbeddedNode(ClusterMember::Options o) : m_(std::move(o), nullptr) {}
-  Membership& member() override { return m_; }
-  uint64_t rpcs() const override { return m_.rpcs(); }
-
- private:
-  ClusterMember m_;
-};
-
-class EtcdNode : public SimNode {
- public:
-  EtcdNode(std::unique_ptr<etcd::EtcdClient> client, const std::string& prefix,
-           EtcdMember::Options o)
-      : client_(std::move(client)), store_(client_.get(), prefix),
-        m_(client_.get(), &store_, std::move(o), nullptr) {}
-  Membership& member() override { return m_; }
-  uint64_t rpcs() const override { return m_.rpcs(); }
-  bool sweeping() const override { return m_.sweeping(); }
-
- private:
-  std::unique_ptr<etcd::EtcdClient> client_;
-  EtcdStore store_;
-  EtcdMember m_;
-};
 
 // ---------------------------------------------------------------------------
 // One case.
@@ -188,46 +149,25 @@ Result RunCase(const std::string& kind, int n, const Flags& flags) {
     res.notes.push_back(absl::StrCat("the store did not start: ", s.message()));
     return res;
   }
-  const std::string prefix = "/hsdp-sim/";
-
   // The simulated nodes.
+  sim::NodeStore where;
+  where.embedded = embedded;
+  if (embedded) {
+    where.coordinator = coordinator->address();
+  } else {
+    where.etcd_endpoints = etcd_cluster->endpoints();
+  }
+  where.cluster_nodes = expected_alive;
   std::vector<std::unique_ptr<SimNode>> nodes(n);
   for (int i = 0; i < n; ++i) {
     const std::string address = absl::StrCat("127.0.0.1:", 20000 + i);  // never dialled
-    if (embedded) {
-      ClusterMember::Options o;
-      o.coordinator = coordinator->address();
-      o.address = address;
-      o.data_address = "127.0.0.1";
-      o.name = absl::StrCat("sim", i);
-      o.nodes = expected_alive;
-      o.join_timeout = phase_timeout;
-      o.heartbeat = heartbeat;
-      o.missed_heartbeats = flags.missed_heartbeats;
-      nodes[i] = std::make_unique<EmbeddedNode>(std::move(o));
-    } else {
-      etcd::EtcdOptions eo;
-      eo.endpoints = etcd_cluster->endpoints();
-      eo.keepalives_on_leader = flags.etcd_keepalives_on_leader;
-      auto client = etcd::EtcdClient::Connect(eo, absl::Seconds(5));
-      if (!client.ok()) {
-        res.notes.push_back(absl::StrCat("EtcdClient::Connect: ", client.status().message()));
-        return res;
-      }
-      EtcdMember::Options o;
-      o.prefix = prefix;
-      o.address = address;
-      o.data_address = "127.0.0.1";
-      o.name = absl::StrCat("sim", i);
-      o.nodes = n;
-      o.join_timeout = phase_timeout;
-      o.heartbeat = heartbeat;
-      o.missed_heartbeats = flags.missed_heartbeats;
-      // Stop leaves the lease to expire: a crash for the victim, and no
-      // N revocations fanned out to N watchers at teardown.
-      o.revoke_on_stop = false;
-      nodes[i] = std::make_unique<EtcdNode>(std::move(*client), prefix, std::move(o));
+    absl::StatusOr<std::unique_ptr<SimNode>> node =
+        sim::MakeNode(where, absl::StrCat("sim", i), address, flags);
+    if (!node.ok()) {
+      res.notes.push_back(absl::StrCat("EtcdClient::Connect: ", node.status().message()));
+      return res;
     }
+    nodes[i] = std::move(*node);
   }
   std::vector<pid_t> store_pids = store->pids();
   auto store_cpu = [&] {

@@ -4,7 +4,8 @@
 add_executable(hsdp_membership_sim ${CMAKE_CURRENT_LIST_DIR}/membership_sim.cc
   ${CMAKE_CURRENT_LIST_DIR}/sim_process.cc ${CMAKE_CURRENT_LIST_DIR}/sim_stores.cc
   ${CMAKE_CURRENT_LIST_DIR}/sim_case.cc ${CMAKE_CURRENT_LIST_DIR}/sim_light.cc
-  ${CMAKE_CURRENT_LIST_DIR}/sim_light_case.cc ${CMAKE_CURRENT_LIST_DIR}/sim_light_etcd.cc)
+  ${CMAKE_CURRENT_LIST_DIR}/sim_light_case.cc ${CMAKE_CURRENT_LIST_DIR}/sim_light_etcd.cc
+  ${CMAKE_CURRENT_LIST_DIR}/sim_nodes.cc)
 target_link_libraries(hsdp_membership_sim PRIVATE hsdp_cluster hsdp_etcd hsdp_etcd_proto hsdp_common
   absl::strings absl::time absl::status)
 target_compile_definitions(hsdp_membership_sim PRIVATE

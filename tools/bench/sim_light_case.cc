@@ -9,98 +9,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "daemon/cluster/cluster_member.h"
-#include "daemon/cluster/etcd/etcd_member.h"
-#include "daemon/cluster/etcd/etcd_store.h"
 #include "tools/bench/sim_light.h"
 #include "tools/bench/sim_light_etcd.h"
+#include "tools/bench/sim_nodes.h"
 #include "tools/bench/sim_process.h"
 
 namespace hsdp::sim {
-namespace {
-
-constexpr char kEtcdPrefix[] = "/hsdp-sim/";
-
-// A real member the loss phase watches: its own threads and channels.
-class Observer {
- public:
-  virtual ~Observer() = default;
-  virtual Membership& member() = 0;
-  virtual uint64_t rpcs() const = 0;
-};
-
-class EmbeddedObserver : public Observer {
- public:
-  explicit EmbeddedObserver(ClusterMember::Options o) : m_(std::move(o), nullptr) {}
-  Membership& member() override { return m_; }
-  uint64_t rpcs() const override { return m_.rpcs(); }
-
- private:
-  ClusterMember m_;
-};
-
-class EtcdObserver : public Observer {
- public:
-  EtcdObserver(std::unique_ptr<etcd::EtcdClient> client, EtcdMember::Options o)
-      : client_(std::move(client)), store_(client_.get(), kEtcdPrefix),
-        m_(client_.get(), &store_, std::move(o), nullptr) {}
-  Membership& member() override { return m_; }
-  uint64_t rpcs() const override { return m_.rpcs(); }
-
- private:
-  std::unique_ptr<etcd::EtcdClient> client_;
-  EtcdStore store_;
-  EtcdMember m_;
-};
-
-// The kObservers real ClusterMembers.
-std::vector<std::unique_ptr<Observer>> MakeObservers(const std::string& coordinator,
-                                                     int first_port, uint32_t cluster_nodes,
-                                                     const Flags& flags) {
-  std::vector<std::unique_ptr<Observer>> out;
-  for (int k = 0; k < kObservers; ++k) {
-    ClusterMember::Options o;
-    o.coordinator = coordinator;
-    o.address = absl::StrCat("127.0.0.1:", first_port + k);  // never dialled
-    o.data_address = "127.0.0.1";
-    o.name = absl::StrCat("observer", k);
-    o.nodes = cluster_nodes;
-    o.join_timeout = absl::Seconds(flags.phase_timeout_s);
-    o.heartbeat = absl::Milliseconds(flags.heartbeat_ms);
-    o.missed_heartbeats = flags.missed_heartbeats;
-    out.push_back(std::make_unique<EmbeddedObserver>(std::move(o)));
-  }
-  return out;
-}
-
-// The kObservers real EtcdMembers, each with its client.
-absl::StatusOr<std::vector<std::unique_ptr<Observer>>> MakeEtcdObservers(
-    const std::vector<std::string>& endpoints, int first_port, uint32_t cluster_nodes,
-    const Flags& flags) {
-  std::vector<std::unique_ptr<Observer>> out;
-  for (int k = 0; k < kObservers; ++k) {
-    etcd::EtcdOptions eo;
-    eo.endpoints = endpoints;
-    eo.keepalives_on_leader = flags.etcd_keepalives_on_leader;
-    absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> client =
-        etcd::EtcdClient::Connect(eo, absl::Seconds(5));
-    if (!client.ok()) return client.status();
-    EtcdMember::Options o;
-    o.prefix = kEtcdPrefix;
-    o.address = absl::StrCat("127.0.0.1:", first_port + k);  // never dialled
-    o.data_address = "127.0.0.1";
-    o.name = absl::StrCat("observer", k);
-    o.nodes = cluster_nodes;
-    o.join_timeout = absl::Seconds(flags.phase_timeout_s);
-    o.heartbeat = absl::Milliseconds(flags.heartbeat_ms);
-    o.missed_heartbeats = flags.missed_heartbeats;
-    o.revoke_on_stop = false;  // as RunCase's: no revocations fanned out at teardown
-    out.push_back(std::make_unique<EtcdObserver>(std::move(*client), std::move(o)));
-  }
-  return out;
-}
-
-}  // namespace
 
 Result RunLightCase(const std::string& kind, int n, const Flags& flags) {
   const bool embedded = kind == "embedded";
@@ -148,27 +62,38 @@ Result RunLightCase(const std::string& kind, int n, const Flags& flags) {
   fo.heartbeat = heartbeat;
   fo.join_timeout = phase_timeout;
   std::unique_ptr<LightFleet> fleet_owner;
-  std::vector<std::unique_ptr<Observer>> observers;
-  const int observer_port = fo.first_port + fo.count;
+  NodeStore where;
+  where.embedded = embedded;
+  where.cluster_nodes = expected_alive;
   if (embedded) {
+    where.coordinator = coordinator->address();
     fleet_owner = std::make_unique<CoordinatorFleet>(coordinator->address(), fo);
-    observers = MakeObservers(coordinator->address(), observer_port, expected_alive, flags);
   } else {
+    where.etcd_endpoints = etcd_cluster->endpoints();
     EtcdFleet::EtcdOptions eo;
-    eo.endpoints = etcd_cluster->endpoints();
+    eo.endpoints = where.etcd_endpoints;
     eo.prefix = kEtcdPrefix;
     eo.missed_heartbeats = flags.missed_heartbeats;
     eo.keepalives_on_leader = flags.etcd_keepalives_on_leader;
     absl::StatusOr<std::unique_ptr<EtcdFleet>> f = EtcdFleet::Make(eo, fo);
-    absl::StatusOr<std::vector<std::unique_ptr<Observer>>> obs =
-        f.ok() ? MakeEtcdObservers(eo.endpoints, observer_port, expected_alive, flags)
-               : f.status();
-    if (!obs.ok()) {
-      res.notes.push_back(absl::StrCat("etcd clients: ", obs.status().message()));
+    if (!f.ok()) {
+      res.notes.push_back(absl::StrCat("etcd clients: ", f.status().message()));
       return res;
     }
     fleet_owner = std::move(*f);
-    observers = std::move(*obs);
+  }
+  // The kObservers real members: their own threads and channels.
+  std::vector<std::unique_ptr<SimNode>> observers;
+  for (int k = 0; k < kObservers; ++k) {
+    // Never dialled.
+    const std::string address = absl::StrCat("127.0.0.1:", fo.first_port + fo.count + k);
+    absl::StatusOr<std::unique_ptr<SimNode>> node =
+        MakeNode(where, absl::StrCat("observer", k), address, flags);
+    if (!node.ok()) {
+      res.notes.push_back(absl::StrCat("etcd clients: ", node.status().message()));
+      return res;
+    }
+    observers.push_back(std::move(*node));
   }
   LightFleet& fleet = *fleet_owner;
   std::vector<Membership*> watching;
