@@ -33,10 +33,14 @@ using ::hsdp::testing::EtcdTestCluster;
 
 constexpr absl::Duration kTimeout = absl::Seconds(5);
 
-std::unique_ptr<EtcdClient> MustConnect(const std::vector<std::string>& endpoints) {
+// `keepalives_on_leader`: EtcdOptions' own; false keeps keep-alive streams
+// where calls go (the tests of a stream on a given member).
+std::unique_ptr<EtcdClient> MustConnect(const std::vector<std::string>& endpoints,
+                                        bool keepalives_on_leader = true) {
   EtcdOptions options;
   options.endpoints = endpoints;
   options.random_first_endpoint = false;  // the failover tests know where calls go first
+  options.keepalives_on_leader = keepalives_on_leader;
   auto client = EtcdClient::Connect(options, kTimeout);
   EXPECT_TRUE(client.ok()) << client.status();
   return client.ok() ? std::move(*client) : nullptr;
@@ -684,6 +688,44 @@ TEST(EtcdFailoverTest, KeepAlivesFollowTheLeaderWhenItDies) {
   EXPECT_EQ(KeepAliveStreamsStartedOn(cluster, next), on_next);
 }
 
+TEST(EtcdFailoverTest, HungLeadersKeepAliveStreamMovesOn) {
+  EtcdTestCluster cluster(3);
+  absl::Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  const int leader = LeaderIndex(cluster);
+  ASSERT_GE(leader, 0) << cluster.Logs();
+  auto client = MustConnect({cluster.endpoint(leader), cluster.endpoint((leader + 1) % 3),
+                             cluster.endpoint((leader + 2) % 3)});
+  ASSERT_NE(client, nullptr);
+  auto lease = client->LeaseGrant(absl::Seconds(60), kTimeout);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_TRUE(client->LeaseKeepAlive(*lease, kTimeout).ok());
+  ASSERT_EQ(client->keepalive_streams_opened(), 1u);  // on the leader
+  // The leader hangs (SIGSTOP): its stream stays open and nothing answers.
+  cluster.Pause(leader);
+  const absl::Duration timeout = absl::Seconds(1);
+  const absl::Time start = absl::Now();
+  auto hung = client->LeaseKeepAlive(*lease, timeout);
+  EXPECT_LT(absl::Now() - start, timeout + absl::Milliseconds(800));
+  ASSERT_FALSE(hung.ok());
+  EXPECT_EQ(hung.status().code(), absl::StatusCode::kDeadlineExceeded) << hung.status();
+  // Later renewals run on another member once the others elect a leader,
+  // and stay on one stream there.
+  absl::StatusOr<absl::Duration> renewed;
+  ASSERT_TRUE(Eventually([&] {
+    renewed = client->LeaseKeepAlive(*lease, absl::Seconds(2));
+    return renewed.ok();
+  }, 15000, 50)) << renewed.status();
+  EXPECT_EQ(*renewed, absl::Seconds(60));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(client->LeaseKeepAlive(*lease, kTimeout).ok());
+  const uint64_t opened = client->keepalive_streams_opened();
+  EXPECT_GE(opened, 2u);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(client->LeaseKeepAlive(*lease, kTimeout).ok());
+  EXPECT_EQ(client->keepalive_streams_opened(), opened);
+  cluster.Resume(leader);
+  ASSERT_TRUE(cluster.WaitHealthy(absl::Seconds(30)).ok());
+}
+
 TEST(EtcdFailoverTest, KilledMemberFailsOverAndQuorumLossFailsWithinTimeout) {
   EtcdTestCluster cluster(3);
   absl::Status started = cluster.Start();
@@ -810,7 +852,9 @@ TEST(EtcdFailoverTest, HungMemberTimesOutAndLaterCallsMoveOn) {
   EtcdTestCluster cluster(3);
   absl::Status started = cluster.Start();
   ASSERT_TRUE(started.ok()) << started;
-  auto client = MustConnect(cluster.endpoints());
+  // Keep-alive streams where calls go, so that this one is on member 0
+  // whether or not it leads (HungLeadersKeepAliveStreamMovesOn: the leader's).
+  auto client = MustConnect(cluster.endpoints(), /*keepalives_on_leader=*/false);
   auto single = MustConnect({cluster.endpoint(0)});
   ASSERT_TRUE(client && single);
   ASSERT_TRUE(client->Put("k", "v", 0, kTimeout).ok());  // connected to member 0
