@@ -1,9 +1,10 @@
 // One lease's keep-alive stream (etcd's Lease.LeaseKeepAlive is a
 // bidirectional stream, with no unary form): opened once and kept, one
 // request and one answer per renewal, instead of a stream of its own per
-// renewal (a stream costs etcd far more than a message on an open one). A
-// reader thread takes the answers; Renew writes a request and waits for the
-// next answer with its deadline. Once anything fails (the stream ended, no
+// renewal (a stream costs etcd far more than a message on an open one). The
+// stream is gRPC's callback API: answers arrive on gRPC's threads, and an
+// open stream holds no thread of its own; Renew writes a request and waits
+// for the next answer with its deadline. Once anything fails (the stream ended, no
 // answer in time) the stream is over and the caller opens another, on the
 // member its failover picks. Failover and re-authentication are the
 // client's (EtcdClient::LeaseKeepAlive), as for watches.
