@@ -76,7 +76,20 @@ bool CoordinatorFleet::BeatOnce(int i, absl::Duration timeout) {
   return false;
 }
 
-absl::Status LightFleet::JoinWithRetries(int i) {
+bool LightFleet::SleepUntil(int thread, absl::Time until) {
+  Sleeper& s = *sleepers_[thread];
+  std::unique_lock<std::mutex> l(s.mu);
+  auto stopping = [&] { return stop_.load(std::memory_order_relaxed); };
+  if (until == absl::InfiniteFuture()) {
+    s.cv.wait(l, stopping);
+  } else {
+    s.cv.wait_until(l, absl::ToChronoTime(until),
+                    [&] { return stopping() || absl::Now() >= until; });
+  }
+  return stop_.load(std::memory_order_relaxed);
+}
+
+absl::Status LightFleet::JoinWithRetries(int thread, int i) {
   const absl::Time deadline = absl::Now() + options_.join_timeout;
   absl::Status last = absl::DeadlineExceededError("join_timeout");
   for (;;) {
@@ -84,11 +97,8 @@ absl::Status LightFleet::JoinWithRetries(int i) {
     if (left <= absl::ZeroDuration()) return last;
     last = JoinOnce(i, std::min(left, absl::Seconds(5)));
     if (last.ok() || PermanentJoinError(last)) return last;
-    {
-      absl::MutexLock l(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(100))) {
-        return absl::CancelledError("stopped");
-      }
+    if (SleepUntil(thread, absl::Now() + absl::Milliseconds(100))) {
+      return absl::CancelledError("stopped");
     }
   }
 }
@@ -122,7 +132,7 @@ void LightFleet::WorkerLoop(int thread) {
     if (!unjoined.empty() && (beats.empty() || beats.top().first > now)) {
       const int i = unjoined.back();
       unjoined.pop_back();
-      const absl::Status s = JoinWithRetries(i);
+      const absl::Status s = JoinWithRetries(thread, i);
       absl::MutexLock l(&mu_);
       if (s.ok()) {
         ++joined_;
@@ -134,16 +144,12 @@ void LightFleet::WorkerLoop(int thread) {
       continue;
     }
     if (beats.empty()) {
-      absl::MutexLock l(&mu_);
-      mu_.Await(absl::Condition(&stopping_));
+      SleepUntil(thread, absl::InfiniteFuture());
       return;
     }
     const auto [due, i] = beats.top();
     beats.pop();
-    {
-      absl::MutexLock l(&mu_);
-      if (mu_.AwaitWithDeadline(absl::Condition(&stopping_), due)) return;
-    }
+    if (SleepUntil(thread, due)) return;
     const int64_t lag = absl::ToInt64Nanoseconds(absl::Now() - due);
     int64_t worst = worst_lag_ns_.load(std::memory_order_relaxed);
     while (lag > worst && !worst_lag_ns_.compare_exchange_weak(worst, lag)) {
@@ -155,6 +161,7 @@ void LightFleet::WorkerLoop(int thread) {
 
 void LightFleet::Start() {
   threads_started_ = std::max(1, std::min(options_.threads, options_.count));
+  for (int t = 0; t < threads_started_; ++t) sleepers_.push_back(std::make_unique<Sleeper>());
   for (int t = 0; t < threads_started_; ++t) {
     threads_.emplace_back([this, t] { WorkerLoop(t); });
   }
@@ -164,6 +171,11 @@ void LightFleet::Stop() {
   {
     absl::MutexLock l(&mu_);
     stopping_ = true;
+  }
+  stop_.store(true);
+  for (auto& s : sleepers_) {
+    std::lock_guard<std::mutex> l(s->mu);  // a worker between its check and its wait sees it
+    s->cv.notify_all();
   }
   for (auto& t : threads_) {
     if (t.joinable()) t.join();

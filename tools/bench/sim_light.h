@@ -29,9 +29,11 @@
 #define HSDP_TOOLS_BENCH_SIM_LIGHT_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -105,8 +107,18 @@ class LightFleet {
   Member& member(int i) { return members_[i]; }
 
  private:
-  // Joins member i, retrying transient errors until join_timeout.
-  absl::Status JoinWithRetries(int i);
+  // A worker's own wait: thousands of timed waits a second on one shared
+  // mutex (mu_) cost the simulator more than its calls (absl::Mutex looks
+  // at every waiter's condition on each release).
+  struct Sleeper {
+    std::mutex mu;
+    std::condition_variable cv;
+  };
+  // Worker `thread` waits until `until` or Stop(); true when stopping.
+  bool SleepUntil(int thread, absl::Time until);
+  // Joins member i (on worker `thread`), retrying transient errors until
+  // join_timeout.
+  absl::Status JoinWithRetries(int thread, int i);
   void Beat(int i);
   void WorkerLoop(int thread) ABSL_LOCKS_EXCLUDED(mu_);
   bool JoinedAllLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -116,6 +128,8 @@ class LightFleet {
   const Options options_;
   std::unique_ptr<Member[]> members_;  // member i is touched by thread i % threads only
   std::vector<std::thread> threads_;
+  std::vector<std::unique_ptr<Sleeper>> sleepers_;  // worker t's: sleepers_[t]
+  std::atomic<bool> stop_{false};
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int threads_started_ = 0;
