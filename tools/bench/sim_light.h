@@ -90,6 +90,9 @@ class LightFleet {
     return absl::Nanoseconds(worst_lag_ns_.load(std::memory_order_relaxed));
   }
   void ResetWorstLag() { worst_lag_ns_.store(0, std::memory_order_relaxed); }
+  // What the joins so far cost the store beyond their calls, for the report
+  // ("" when the store says nothing more).
+  virtual std::string JoinStats() const { return ""; }
 
  protected:
   struct Member {

@@ -122,7 +122,8 @@ Result RunLightCase(const std::string& kind, int n, const Flags& flags) {
       break;
     }
     Progress(absl::StrCat(Case(n), joined, " light members joined after ",
-                          absl::FormatDuration(absl::Trunc(absl::Now() - t0, absl::Seconds(1)))));
+                          absl::FormatDuration(absl::Trunc(absl::Now() - t0, absl::Seconds(1))),
+                          " (", fleet.rejoins(), " rejoins)"));
   }
   for (auto& t : starters) t.join();
   const absl::Time t_joined = absl::Now();
@@ -147,7 +148,11 @@ Result RunLightCase(const std::string& kind, int n, const Flags& flags) {
   }
   res.notes.push_back(absl::StrCat("join phase: store CPU ", Secs(store_cpu() - join_cpu0),
                                    " s, sim CPU ", Secs(CpuSeconds("self") - join_sim0), " s, ",
-                                   total_rpcs(), " member calls"));
+                                   total_rpcs(), " member calls, ", fleet.rejoins(),
+                                   " rejoins (leases lost)"));
+  if (const std::string stats = fleet.JoinStats(); !stats.empty()) {
+    res.notes.push_back(absl::StrCat("join phase: ", stats));
+  }
   Progress(absl::StrCat(Case(n), "join ", res.join_all, ", views ", res.views));
 
   if (all_ok) {

@@ -31,6 +31,12 @@ uint64_t EtcdFleet::keepalive_streams() const {
   return n;
 }
 
+std::string EtcdFleet::JoinStats() const {
+  const uint64_t claims = claims_.load(), keys = keys_read_.load();
+  return absl::StrCat(claims, " claims, ", races_lost_.load(), " lost a race for their rank, ",
+                      claims == 0 ? 0 : keys / claims, " rank keys read per claim");
+}
+
 absl::Status EtcdFleet::JoinOnce(int i, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   Member& m = member(i);
@@ -62,6 +68,9 @@ absl::Status EtcdFleet::JoinOnce(int i, absl::Duration timeout) {
   me.set_instance(m.instance);
   absl::StatusOr<etcd::EtcdJoin::Claimed> claimed = join.Claim(me, leases_[i], deadline);
   count();
+  claims_.fetch_add(1, std::memory_order_relaxed);
+  races_lost_.fetch_add(join.races_lost(), std::memory_order_relaxed);
+  keys_read_.fetch_add(join.keys_read(), std::memory_order_relaxed);
   if (!claimed.ok()) {
     if (claimed.status().code() == absl::StatusCode::kNotFound) leases_[i] = 0;
     return claimed.status();

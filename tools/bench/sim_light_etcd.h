@@ -41,6 +41,9 @@ class EtcdFleet : public LightFleet {
 
   // Keep-alive streams the fleet's clients opened.
   uint64_t keepalive_streams() const;
+  // Claims, the ones that lost their rank to another join, and the rank
+  // keys they read.
+  std::string JoinStats() const override;
 
  private:
   EtcdFleet(EtcdOptions etcd, Options options);
@@ -50,6 +53,7 @@ class EtcdFleet : public LightFleet {
 
   const EtcdOptions etcd_;
   std::vector<std::unique_ptr<etcd::EtcdClient>> clients_;
+  std::atomic<uint64_t> claims_{0}, races_lost_{0}, keys_read_{0};
   std::unique_ptr<int64_t[]> leases_;  // member i's (0: none): touched by its worker only
 };
 

@@ -212,7 +212,10 @@ absl::StatusOr<EtcdJoin::Claimed> EtcdJoin::Claim(v1::ClusterNode me, int64_t le
                     Compare::Unchanged(keys_.RankOf(rank), holder_mod)},
                    writes, {}, Left(deadline));
     if (!t.ok()) return t.status();  // NOT_FOUND: the lease ran out before the join took
-    if (!t->succeeded) continue;     // another node took the rank meanwhile: read again
+    if (!t->succeeded) {  // another node took the rank meanwhile: read again
+      races_lost_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
     // This join moves the epoch on; joins that overlap may share one step
     // (nobody watches the epoch key: a step wakes no member).
     absl::SleepFor(absl::Milliseconds(50) * Uniform01());

@@ -88,6 +88,8 @@ class EtcdJoin {
 
   // Keys the claims read (a test's measure of "never the whole membership").
   uint64_t keys_read() const { return keys_read_.load(std::memory_order_relaxed); }
+  // Claims that lost their rank to another node's and read again.
+  uint64_t races_lost() const { return races_lost_.load(std::memory_order_relaxed); }
 
   // What P h/ranks/<r> holds: who held rank r last.
   static std::string HolderRecord(const std::string& address, const std::string& instance);
@@ -115,6 +117,7 @@ class EtcdJoin {
   const EtcdKeys keys_;
   std::atomic<uint64_t>* const rpcs_;
   std::atomic<uint64_t> keys_read_{0};
+  std::atomic<uint64_t> races_lost_{0};
 };
 
 }  // namespace hsdp::etcd
