@@ -653,14 +653,19 @@ TEST_F(EtcdClientTest, KeepAliveStreamsGoToTheRaftLeader) {
   ASSERT_TRUE(client->LeaseRevoke(*other, kTimeout).ok());
 }
 
+// A client of the 3-member `cluster` whose calls go first to `leader`.
+std::unique_ptr<EtcdClient> ConnectLeaderFirst(const EtcdTestCluster& cluster, int leader) {
+  return MustConnect({cluster.endpoint(leader), cluster.endpoint((leader + 1) % 3),
+                      cluster.endpoint((leader + 2) % 3)});
+}
+
 TEST(EtcdFailoverTest, KeepAlivesFollowTheLeaderWhenItDies) {
   EtcdTestCluster cluster(3);
   absl::Status started = cluster.Start();
   ASSERT_TRUE(started.ok()) << started;
   const int leader = LeaderIndex(cluster);
   ASSERT_GE(leader, 0) << cluster.Logs();
-  auto client = MustConnect({cluster.endpoint(leader), cluster.endpoint((leader + 1) % 3),
-                             cluster.endpoint((leader + 2) % 3)});
+  auto client = ConnectLeaderFirst(cluster, leader);
   ASSERT_NE(client, nullptr);
   auto lease = client->LeaseGrant(absl::Seconds(30), kTimeout);
   ASSERT_TRUE(lease.ok()) << lease.status();
@@ -694,8 +699,7 @@ TEST(EtcdFailoverTest, HungLeadersKeepAliveStreamMovesOn) {
   ASSERT_TRUE(started.ok()) << started;
   const int leader = LeaderIndex(cluster);
   ASSERT_GE(leader, 0) << cluster.Logs();
-  auto client = MustConnect({cluster.endpoint(leader), cluster.endpoint((leader + 1) % 3),
-                             cluster.endpoint((leader + 2) % 3)});
+  auto client = ConnectLeaderFirst(cluster, leader);
   ASSERT_NE(client, nullptr);
   auto lease = client->LeaseGrant(absl::Seconds(60), kTimeout);
   ASSERT_TRUE(lease.ok()) << lease.status();

@@ -170,9 +170,8 @@ void LightFleet::Start() {
 void LightFleet::Stop() {
   {
     absl::MutexLock l(&mu_);
-    stopping_ = true;
+    stop_.store(true);
   }
-  stop_.store(true);
   for (auto& s : sleepers_) {
     std::lock_guard<std::mutex> l(s->mu);  // a worker between its check and its wait sees it
     s->cv.notify_all();

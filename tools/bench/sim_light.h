@@ -125,16 +125,15 @@ class LightFleet {
   void Beat(int i);
   void WorkerLoop(int thread) ABSL_LOCKS_EXCLUDED(mu_);
   bool JoinedAllLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopping_ || joined_ + gave_up_ == options_.count;
+    return stop_.load() || joined_ + gave_up_ == options_.count;
   }
 
   const Options options_;
   std::unique_ptr<Member[]> members_;  // member i is touched by thread i % threads only
   std::vector<std::thread> threads_;
   std::vector<std::unique_ptr<Sleeper>> sleepers_;  // worker t's: sleepers_[t]
-  std::atomic<bool> stop_{false};
+  std::atomic<bool> stop_{false};  // set under mu_: WaitJoined's condition reads it
   absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int threads_started_ = 0;
   int joined_ ABSL_GUARDED_BY(mu_) = 0;
   int gave_up_ ABSL_GUARDED_BY(mu_) = 0;

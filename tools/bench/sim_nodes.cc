@@ -36,18 +36,20 @@ class EtcdNode : public SimNode {
 
 absl::StatusOr<std::unique_ptr<SimNode>> MakeNode(const NodeStore& store, const std::string& name,
                                                   const std::string& address, const Flags& flags) {
-  const absl::Duration join_timeout = absl::Seconds(flags.phase_timeout_s);
-  const absl::Duration heartbeat = absl::Milliseconds(flags.heartbeat_ms);
-  if (store.embedded) {
-    ClusterMember::Options o;
-    o.coordinator = store.coordinator;
+  // What both stores' members take alike (their Options share these names).
+  auto common = [&](auto& o) {
     o.address = address;
     o.data_address = "127.0.0.1";
     o.name = name;
     o.nodes = store.cluster_nodes;
-    o.join_timeout = join_timeout;
-    o.heartbeat = heartbeat;
+    o.join_timeout = absl::Seconds(flags.phase_timeout_s);
+    o.heartbeat = absl::Milliseconds(flags.heartbeat_ms);
     o.missed_heartbeats = flags.missed_heartbeats;
+  };
+  if (store.embedded) {
+    ClusterMember::Options o;
+    common(o);
+    o.coordinator = store.coordinator;
     return std::make_unique<EmbeddedNode>(std::move(o));
   }
   etcd::EtcdOptions eo;
@@ -57,14 +59,8 @@ absl::StatusOr<std::unique_ptr<SimNode>> MakeNode(const NodeStore& store, const 
       etcd::EtcdClient::Connect(eo, absl::Seconds(5));
   if (!client.ok()) return client.status();
   EtcdMember::Options o;
+  common(o);
   o.prefix = kEtcdPrefix;
-  o.address = address;
-  o.data_address = "127.0.0.1";
-  o.name = name;
-  o.nodes = store.cluster_nodes;
-  o.join_timeout = join_timeout;
-  o.heartbeat = heartbeat;
-  o.missed_heartbeats = flags.missed_heartbeats;
   o.revoke_on_stop = false;
   return std::make_unique<EtcdNode>(std::move(*client), std::move(o));
 }
