@@ -17,7 +17,11 @@ init_process_group) over "hsdpd":
   order);
 - comms the user chose are left alone: use_hsdp_comm_buffers (hsdp's own
   adapters) and torch's set_allocate_memory_from_process_group_for_comm(True),
-  which takes its buffers from the backend's allocate_tensor (hsdpd memory).
+  which takes its buffers from the backend's allocate_tensor (hsdpd memory);
+- every reduce-scatter overlaps the rest of backward (hsdp.torch.fsdp2_overlap)
+  where nothing reads its output in FSDP2's hook; with two micro-batches
+  accumulating into the gradients only the first one's do, and the results are
+  bitwise those of HSDP_FSDP2_OVERLAP=0 (every reduce-scatter waited in its hook).
 """
 import pytest
 
@@ -31,14 +35,18 @@ pytestmark = pytest.mark.skipif(not FSDP2_OK, reason=f"FSDP2 unavailable: {FSDP2
 FP32 = dict(rtol=1e-5, atol=1e-6)
 
 
+ACCUM = F.config("stock", micro=2)  # the second micro-batch adds into existing gradients
+
+
 def _run(rank, world, user, tmp):
-    """One stock FSDP2 run; `user`: None, "hsdp_buffers" or "torch_pg_alloc"."""
+    """One stock FSDP2 run; `user`: None, "hsdp_buffers", "torch_pg_alloc" or "accum"
+    (no user call, two micro-batches a step)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     from hsdp.torch import fsdp2_auto
     from hsdp.torch.fsdp2 import comm_buffer_stats
-    cfg = F.config("stock")
+    cfg = ACCUM if user == "accum" else F.config("stock")
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
     model, _ = F._shard(cfg, mesh, rank)
     if user == "hsdp_buffers":
@@ -78,11 +86,15 @@ def _launch(tmp_path, backend, users, env=None, world=2):
 @pytest.fixture(scope="module")
 def runs(hsdpd, tmp_path_factory):
     t = tmp_path_factory.mktemp("comm-buffers")
-    default = _launch(t, "hsdpd", [None, "hsdp_buffers", "torch_pg_alloc"])
+    default = _launch(t, "hsdpd", [None, "hsdp_buffers", "torch_pg_alloc", "accum"])
+    waited = _launch(t, "hsdpd", [None, "accum"], env={"HSDP_FSDP2_OVERLAP": "0"})
     return {
         "auto": default[None],
         "hsdp_buffers": default["hsdp_buffers"],
         "torch_pg_alloc": default["torch_pg_alloc"],
+        "accum": default["accum"],
+        "overlap_off": waited[None],
+        "accum_overlap_off": waited["accum"],
         "opt_out": _launch(t, "hsdpd", [None], env={"HSDP_COMM_BUFFERS": "0"})[None],
         "gloo": _launch(t, "gloo", [None])[None],
     }
@@ -97,6 +109,9 @@ def test_stock_fsdp2_uses_hsdpd_buffers_by_default(runs):
         assert info["auto"] == 2 * units and info["default_comms"] == 0, info
         assert info["calls"] > 0 and info["allocations"] > 0, info
         assert info["staged_calls"] == 0 and info["fallbacks"] == 0, info
+        # Every reduce-scatter (AVG, fresh gradients, no accumulation) overlapped the
+        # rest of backward: one per unit per step.
+        assert info["overlapped"] == units * 3, info
 
 
 def test_opt_out_stages_and_gives_the_same_bits(runs):
@@ -123,6 +138,7 @@ def test_user_choices_are_left_alone(runs):
         info = r["info"]
         assert info["path"] == "hsdpd" and info["auto"] == 0, info
         assert info["staged_calls"] == 0, info
+        assert info["overlapped"] == 4 * 3, info  # hsdp's adapters overlap too
     for r in runs["torch_pg_alloc"]:
         info = r["info"]
         # torch's own comms, their buffers from ProcessGroupHsdp's allocate_tensor.
@@ -130,3 +146,22 @@ def test_user_choices_are_left_alone(runs):
         assert info["pg_alloc_comms"] == 8 and info["holder_allocations"] > 0, info
     for name in ("hsdp_buffers", "torch_pg_alloc"):
         F.assert_matches(runs[name], runs["auto"], what=name, rtol=0, atol=0)
+
+
+def test_reduce_scatters_overlap_backward_only_where_safe(runs):
+    units, steps = 4, 3
+    for r in runs["accum"]:
+        info = r["info"]
+        assert info["path"] == "hsdpd" and info["calls"] > 0, info
+        # Per step the first micro-batch's reduce-scatters overlap; the second one's
+        # are waited in the hook, which adds their outputs into the gradients.
+        assert info["overlapped"] == units * steps, info
+    for name in ("overlap_off", "accum_overlap_off"):
+        for r in runs[name]:
+            assert r["info"]["path"] == "hsdpd" and r["info"]["overlapped"] == 0, r["info"]
+    F.assert_matches(runs["auto"], runs["overlap_off"], what="overlapped vs waited",
+                     rtol=0, atol=0)
+    F.assert_matches(runs["accum"], runs["accum_overlap_off"],
+                     what="accumulating, overlapped vs waited", rtol=0, atol=0)
+    F.assert_matches(runs["accum"], F.reference(ACCUM, 2), what="accumulating vs one process",
+                     **FP32)

@@ -13,8 +13,11 @@ Parallelisms: fsdp (data_parallel_shard 2), hsdp (replicate 2 x shard 2, 4 ranks
 (replicate 2). torchtitan's FSDP2 and HSDP reduce-scatter with ReduceOp.PREMUL_SUM, which
 Gloo refuses ("Cannot use ReduceOp.PREMUL_SUM with Gloo"): their Gloo baseline is the same
 model's DDP step over Gloo (what a Gloo user can run), labelled as such; ddp compares like
-for like. With --buffers-off, "hsdpd, buffers off" sets HSDP_COMM_BUFFERS=0 (FSDP2's comm buffers staged, where
-the backend honours it).
+for like. With --buffers-off, "hsdpd, buffers off" sets HSDP_COMM_BUFFERS=0 (FSDP2's comm
+buffers staged, where the backend honours it); with --overlap-off, "hsdpd, overlap off" sets
+HSDP_FSDP2_OVERLAP=0 (every FSDP2 reduce-scatter waited in its hook, docs/torch-defaults.md).
+--titan-arg (repeatable) adds a torchtitan option to every mode's command line, e.g.
+--titan-arg=--training.disable_cuda_graphs (zero_grad(set_to_none=True)).
 
 Step time: from rank 0's timestamps of torchtitan's per-step log lines (the interval between
 step k-1's and step k's line), median over the steps after --warmup; every mode runs in the
@@ -74,6 +77,10 @@ def main():
                                                      os.path.join(ROOT, "build")))
     p.add_argument("--buffers-off", action="store_true",
                    help="also run FSDP2/HSDP with HSDP_COMM_BUFFERS=0")
+    p.add_argument("--overlap-off", action="store_true",
+                   help="also run FSDP2 with HSDP_FSDP2_OVERLAP=0")
+    p.add_argument("--titan-arg", action="append", default=[],
+                   help="a torchtitan option for every mode (repeatable)")
     p.add_argument("--json")
     a = p.parse_args()
     os.environ["HSDP_BUILD_DIR"] = a.build
@@ -90,6 +97,8 @@ def main():
                 modes = [("hsdpd", {})]
                 if a.buffers_off and par != "ddp":
                     modes.append(("hsdpd, buffers off", {"HSDP_COMM_BUFFERS": "0"}))
+                if a.overlap_off and par != "ddp":
+                    modes.append(("hsdpd, overlap off", {"HSDP_FSDP2_OVERLAP": "0"}))
                 modes.append(("gloo", {}) if par == "ddp" else ("gloo (ddp)", {}))
                 per_mode = {m: [] for m, _ in modes}
                 for rnd in range(a.rounds):
@@ -101,7 +110,8 @@ def main():
                         dump = os.path.join(tmp, "dump")
                         shutil.rmtree(dump, ignore_errors=True)
                         args = titan_util.titan_args(assets, dump, steps=a.steps,
-                                                     **CONFIGS[cfg], **run_pkw)
+                                                     **CONFIGS[cfg], **run_pkw,
+                                                     extra=a.titan_arg)
                         out = fw_launch.launch(args, run_nproc, backend, daemon.socket,
                                                a.build, env=env)
                         times = [t for k, t in step_times(out).items() if k > a.warmup]
@@ -117,7 +127,9 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
     load = os.getloadavg()[0]
-    print(f"\nload average at the end: {load:.1f}\n")
+    print(f"\nload average at the end: {load:.1f}"
+          + (f"; torchtitan options added: {' '.join(a.titan_arg)}" if a.titan_arg else "")
+          + "\n")
     print("| config | parallelism | mode | step ms, median (min–max over rounds) | vs Gloo |")
     print("|---|---|---|---|---|")
     for key, per_mode in results.items():

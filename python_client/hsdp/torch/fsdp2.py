@@ -20,12 +20,13 @@ set_requires_all_reduce(False) keeps working: while FSDP2 holds a partial
 sum to add before its all-reduce, the plain reduce-scatter runs instead.
 """
 import threading
+import weakref
 
 import torch
 import torch.distributed as dist
 
 from hsdp.memory import align_up, torch_view
-from hsdp.torch import _compat, reduce_ops, session
+from hsdp.torch import _compat, fsdp2_overlap, reduce_ops, session
 from hsdp.torch.completion import completed_work
 
 try:  # the protocol classes, where this torch defines them
@@ -105,12 +106,42 @@ class HsdpAllGather(_SharedAllocator, _AllGatherBase):
             output_tensor, input_tensor, group=group, async_op=async_op))
 
 
-class HsdpReduceScatter(_SharedAllocator, _RSBase):
-    """FSDP2 ReduceScatter comm: buffers in hsdpd memory, reduce_scatter_tensor via the group."""
+class _OverlappingReduceScatter:
+    """A reduce-scatter comm of one FSDP2 param group whose synchronous calls may
+    complete at the end of backward instead (hsdp.torch.fsdp2_overlap decides)."""
+
+    def _init_overlap(self, param_group):
+        # Weak: the param group holds this comm.
+        self._param_group = weakref.ref(param_group) if param_group is not None else None
+        self.overlapped = 0  # reduce-scatters waited at the end of backward, not in the hook
+
+    def _reduce_scatter(self, submit, output_tensor, op, async_op):
+        """submit(async_op) issues the collective and returns its Work (or None)."""
+        if not async_op and self._param_group is not None:
+            if fsdp2_overlap.defer_allowed(self._param_group(), reduce_ops.name_of(op),
+                                           output_tensor):
+                if fsdp2_overlap.defer(lambda: submit(True)) is not None:
+                    with self._lock:
+                        self.overlapped += 1
+                    return None
+        return submit(async_op)
+
+
+class HsdpReduceScatter(_SharedAllocator, _OverlappingReduceScatter, _RSBase):
+    """FSDP2 ReduceScatter comm: buffers in hsdpd memory, reduce_scatter_tensor via the group.
+
+    param_group: the FSDP2 param group it serves, when it serves one: its reduce-scatters
+    may then overlap the rest of backward (hsdp.torch.fsdp2_overlap)."""
+
+    def __init__(self, client=None, param_group=None):
+        _SharedAllocator.__init__(self, client)
+        self._init_overlap(param_group)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        return self._counted(lambda: dist.reduce_scatter_tensor(
-            output_tensor, input_tensor, op=op, group=group, async_op=async_op))
+        return self._reduce_scatter(lambda run_async: self._counted(
+            lambda: dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
+                                               async_op=run_async)),
+            output_tensor, op, async_op)
 
 
 class _AutoComm(_SharedAllocator):
@@ -142,12 +173,19 @@ if _PGAllocAllGather is not None:
             return self._counted(lambda: _PGAllocAllGather.__call__(
                 self, output_tensor, input_tensor, group, async_op))
 
-    class HsdpAutoReduceScatter(_AutoComm, _PGAllocReduceScatter):
-        """FSDP2's reduce-scatter (reduce_scatter_single), its buffers in hsdpd memory."""
+    class HsdpAutoReduceScatter(_AutoComm, _OverlappingReduceScatter, _PGAllocReduceScatter):
+        """FSDP2's reduce-scatter (reduce_scatter_single), its buffers in hsdpd memory;
+        those of `param_group` may overlap the rest of backward."""
+
+        def __init__(self, group, param_group=None):
+            _AutoComm.__init__(self, group)
+            self._init_overlap(param_group)
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-            return self._counted(lambda: _PGAllocReduceScatter.__call__(
-                self, output_tensor, input_tensor, group, op, async_op))
+            return self._reduce_scatter(lambda run_async: self._counted(
+                lambda: _PGAllocReduceScatter.__call__(self, output_tensor, input_tensor, group,
+                                                       op, run_async)),
+                output_tensor, op, async_op)
 else:
     HsdpAutoAllGather = HsdpAutoReduceScatter = None
 
@@ -158,13 +196,13 @@ class HsdpCompositeReduceScatter(HsdpReduceScatter):
     FSDP2 all-reduces this time)."""
 
     def __init__(self, param_group, replicate, client=None):
-        super().__init__(client)
-        self._param_group = param_group
+        super().__init__(client)  # no param group: HSDP's reduce-scatters are never deferred
+        self._hsdp_param_group = param_group
         self._replicate = replicate
         self.composites = 0
 
     def _composite_now(self, group):
-        pg = self._param_group
+        pg = self._hsdp_param_group
         return (pg.all_reduce_grads and pg._partial_reduce_output is None
                 and hasattr(group, "hsdp_group") and hasattr(self._replicate, "hsdp_group"))
 
@@ -270,7 +308,8 @@ def use_hsdp_comm_buffers(module, *, composite=False):
             m.set_custom_reduce_scatter(HsdpCompositeReduceScatter(
                 g, g.mesh_info.replicate_process_group))
         else:
-            m.set_custom_reduce_scatter(HsdpReduceScatter())
+            m.set_custom_reduce_scatter(
+                HsdpReduceScatter(param_group=groups[0] if len(groups) == 1 else None))
         count += 1
     return count
 
@@ -296,10 +335,11 @@ def comm_buffer_stats(module):
     counted here: the group's name holder counts `allocations`). allocations (buffers
     FSDP2 took from hsdp's comms), fallbacks (of those, torch.empty because hsdpd could
     not give memory), calls, staged_calls (collectives the backend had to copy for:
-    0 when every buffer was in hsdpd memory) and composites."""
+    0 when every buffer was in hsdpd memory), composites and overlapped (reduce-scatters
+    waited at the end of backward instead of in FSDP2's hook: hsdp.torch.fsdp2_overlap)."""
     out = {"path": "none", "auto": 0, "default_comms": 0, "pg_alloc_comms": 0,
            "allocations": 0, "fallbacks": 0,
-           "calls": 0, "staged_calls": 0, "composites": 0}
+           "calls": 0, "staged_calls": 0, "composites": 0, "overlapped": 0}
     seen = set()
     ours = 0
     for _, groups in _param_groups(module):
@@ -324,6 +364,7 @@ def comm_buffer_stats(module):
                 out["calls"] += comm.calls
                 out["staged_calls"] += comm.staged_calls
                 out["composites"] += getattr(comm, "composites", 0)
+                out["overlapped"] += getattr(comm, "overlapped", 0)
     if ours and not out["default_comms"]:
         out["path"] = "hsdpd" if out["staged_calls"] == 0 else "mixed"
     elif out["default_comms"]:

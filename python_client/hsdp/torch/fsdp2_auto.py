@@ -160,6 +160,6 @@ def setup_module(module):
             g._all_gather_comm = HsdpAutoAllGather(g.mesh_info.shard_process_group)
             count += 1
         if type(g._reduce_scatter_comm) is DefaultReduceScatter:
-            g._reduce_scatter_comm = HsdpAutoReduceScatter(g._reduce_scatter_process_group)
+            g._reduce_scatter_comm = HsdpAutoReduceScatter(g._reduce_scatter_process_group, g)
             count += 1
     return count

@@ -56,3 +56,12 @@ def to_hsdp(op, what):
     raise NotImplementedError(
         f"hsdpd backend {what}: reduce op {kind} is not supported (supported: {SUPPORTED}); "
         "use a gloo process group for bitwise reductions")
+
+
+def name_of(op):
+    """hsdpd's name of a torch reduce op ("sum", "avg", "premul_sum", ...), or None for one
+    hsdpd does not run (the collective itself then says why)."""
+    try:
+        return to_hsdp(op, "reduce")[0]
+    except (ValueError, TypeError, NotImplementedError):
+        return None
