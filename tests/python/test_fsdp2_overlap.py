@@ -87,7 +87,7 @@ def test_deferred_work_is_waited_when_backward_ends():
         return got, work.waited, ov.pending()
 
     got, waited_in_hook, pending_in_hook = _in_backward(hook)
-    assert got is work
+    assert got is True
     assert waited_in_hook == 0 and pending_in_hook == 1
     assert work.waited == 1 and ov.pending() == 0
 
@@ -102,7 +102,7 @@ def test_a_failure_raises_from_backward_after_the_others_are_waited():
 def test_nothing_is_deferred_outside_backward():
     submitted = []
     assert not ov.defer_allowed(_group(), "avg", OUT)
-    assert ov.defer(lambda: submitted.append(1)) is None
+    assert ov.defer(lambda: submitted.append(1)) is False
     assert submitted == [] and ov.pending() == 0
 
 

@@ -120,7 +120,7 @@ class _OverlappingReduceScatter:
         if not async_op and self._param_group is not None:
             if fsdp2_overlap.defer_allowed(self._param_group(), reduce_ops.name_of(op),
                                            output_tensor):
-                if fsdp2_overlap.defer(lambda: submit(True)) is not None:
+                if fsdp2_overlap.defer(lambda: submit(True)):
                     with self._lock:
                         self.overlapped += 1
                     return None

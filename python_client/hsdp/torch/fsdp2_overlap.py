@@ -87,7 +87,7 @@ def defer_allowed(param_group, op_name, output):
 
 def defer(submit):
     """Runs submit() (issuing the operation without waiting; it returns the Work) and
-    has the Work waited when this backward pass ends. Returns the Work, or None when
+    has the Work waited when this backward pass ends. True once submitted; False when
     no final callback could be queued (then nothing was submitted: the caller waits
     the usual way)."""
     task = torch._C._current_graph_task_id()
@@ -102,13 +102,14 @@ def defer(submit):
         except RuntimeError:
             with _lock:
                 _queued.discard(task)
-            return None
+            return False
     _register_safety_nets()
     work = submit()
     with _lock:
-        _pending.append(work)
+        if work is not None:  # None: nothing left to wait for
+            _pending.append(work)
         _stats["deferred"] += 1
-    return work
+    return True
 
 
 def _end_of_backward(task):

@@ -4,10 +4,12 @@ sharded with fully_shard over the strategy's data-parallel mesh, a few AdamW ste
 data. The backend is Lightning's choice (torch's default map for the device) unless
 FABRIC_PG_BACKEND names one: that is the one-line option
 ModelParallelStrategy(..., process_group_backend="hsdpd") (FSDPStrategy has the same
-argument). Writes rank<r>.json to $OUT_DIR like accelerate_train.py."""
+argument). Writes rank<r>.json to $OUT_DIR like accelerate_train.py, with, over hsdpd,
+hsdp's comm_buffer_stats of the model (which path FSDP2's collectives took)."""
 import hashlib
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -28,7 +30,11 @@ def parallelize(model, device_mesh):
     return fully_shard(model, mesh=mesh)
 
 
-strategy = ModelParallelStrategy(parallelize, process_group_backend=backend)
+# Fabric's "auto" sizes are data-parallel = nodes, tensor-parallel = processes per node: on
+# one node that leaves a data-parallel mesh of one rank, over which FSDP2 never communicates.
+# Every process is a data-parallel rank here.
+strategy = ModelParallelStrategy(parallelize, data_parallel_size=int(os.environ["WORLD_SIZE"]),
+                                 tensor_parallel_size=1, process_group_backend=backend)
 fabric = Fabric(accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]),
                 strategy=strategy)
 fabric.launch()
@@ -60,6 +66,9 @@ for k in sorted(state):
 out = {"losses": losses, "params_sha256": digest.hexdigest(),
        "group": dist.group.WORLD.name(), "reported_backend": dist.get_backend(),
        "strategy": type(fabric.strategy).__name__,
-       "wrapped": type(model._forward_module).__name__}
+       "wrapped": type(model._forward_module).__name__,
+       "data_parallel_size": strategy.device_mesh["data_parallel"].size()}
+if "hsdp.torch.fsdp2" in sys.modules:  # loaded by the hsdpd backend only
+    out["comm"] = sys.modules["hsdp.torch.fsdp2"].comm_buffer_stats(model._forward_module)
 with open(os.path.join(os.environ["OUT_DIR"], f"rank{fabric.global_rank}.json"), "w") as f:
     json.dump(out, f)

@@ -79,6 +79,14 @@ def test_lightning_fabric(daemon, tmp_path):
     assert [r["group"] for r in option] == ["hsdpd", "hsdpd"]
     assert [r["losses"] for r in option] == [r["losses"] for r in gloo]
     assert {r["wrapped"] for r in gloo + hsdpd} == {"FSDPSequential"}
+    assert {r["data_parallel_size"] for r in gloo + hsdpd + option} == {2}  # sharded over both
+    # With no hsdp call: FSDP2's buffers in hsdpd memory, and the reduce-scatters of the
+    # three sharded Linears overlapped the rest of backward in each of the 4 steps (Fabric's
+    # zero_grad() sets gradients to None; docs/torch-defaults.md).
+    for r in hsdpd + option:
+        assert r["comm"]["path"] == "hsdpd", r["comm"]
+        assert r["comm"]["overlapped"] == 3 * 4, json.dumps(r["comm"])
+    assert all("comm" not in r for r in gloo)
 
 
 @pytest.fixture(scope="module")
