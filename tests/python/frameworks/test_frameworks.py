@@ -56,8 +56,12 @@ def _same_training(gloo, hsdpd):
 def test_accelerate_fsdp2_plugin(daemon, tmp_path):
     """Accelerate hard-codes "gloo" on CPU: hsdprun with HSDP_REPLACE_GLOO=1 serves it."""
     gloo = _run_script(daemon, tmp_path, "accelerate_train.py", "gloo")
+    ops = fw_launch.daemon_ops(BUILD, daemon.socket)
     hsdpd = _run_script(daemon, tmp_path, "accelerate_train.py", "hsdpd",
                         env={"HSDP_REPLACE_GLOO": "1"})
+    # DDP's gradient all-reduces went through the daemon (4 steps; small ones may run in
+    # the group's arena, which ops_completed does not count, so at least one per step).
+    assert fw_launch.daemon_ops(BUILD, daemon.socket) - ops >= 4
     _same_training(gloo, hsdpd)
     # Accelerate 1.15 honours the FSDP plugin only on accelerators (state.py: FSDP is set for
     # MULTI_GPU/NPU/XPU/...; on CPU it stays MULTI_CPU, i.e. DDP). If this changes, the
