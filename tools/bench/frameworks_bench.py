@@ -12,8 +12,8 @@ Configurations (torchtitan's llama3 layout, attention through SDPA on CPU):
 Parallelisms: fsdp (data_parallel_shard 2), hsdp (replicate 2 x shard 2, 4 ranks), ddp
 (replicate 2). torchtitan's FSDP2 and HSDP reduce-scatter with ReduceOp.PREMUL_SUM, which
 Gloo refuses ("Cannot use ReduceOp.PREMUL_SUM with Gloo"): their Gloo baseline is the same
-model's DDP step over Gloo (what a Gloo user can run), labelled as such; ddp compares like
-for like. With --buffers-off, "hsdpd, buffers off" sets HSDP_COMM_BUFFERS=0 (FSDP2's comm
+model's DDP step over Gloo with as many ranks (what a Gloo user can run: 2 for fsdp, 4 for
+hsdp; before 2026-11-30 always 2), labelled as such; ddp compares like for like. With --buffers-off, "hsdpd, buffers off" sets HSDP_COMM_BUFFERS=0 (FSDP2's comm
 buffers staged, where the backend honours it); with --overlap-off, "hsdpd, overlap off" sets
 HSDP_FSDP2_OVERLAP=0 (every FSDP2 reduce-scatter waited in its hook, docs/torch-defaults.md).
 --titan-arg (repeatable) adds a torchtitan option to every mode's command line, e.g.
@@ -105,8 +105,9 @@ def main():
                     order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]
                     for mode, env in order:
                         backend = "gloo" if mode.startswith("gloo") else "hsdpd"
-                        run_nproc, run_pkw = (2, PARALLEL["ddp"][1]) if mode == "gloo (ddp)" \
-                            else (nproc, pkw)
+                        # Gloo's DDP baseline runs as many ranks as the mode it stands for.
+                        run_nproc, run_pkw = (nproc, dict(shard=1, replicate=nproc)) \
+                            if mode == "gloo (ddp)" else (nproc, pkw)
                         dump = os.path.join(tmp, "dump")
                         shutil.rmtree(dump, ignore_errors=True)
                         args = titan_util.titan_args(assets, dump, steps=a.steps,
