@@ -7,7 +7,7 @@ Called by gpu_bundle.sh after the build (or on an existing build with
 protobuf, abseil, yaml-cpp, Gloo, prometheus-cpp; what it runs travels in
 the working tree (64 MiB in all). The bundle:
 
-  bin/      hsdpd, hsdpctl, hsdp-gpu-bench, hsdp-gpu-probe (stripped)
+  bin/      hsdpd, hsdpctl, hsdp-gpu-bench, hsdp-gpu-probe, hsdp-overlap-probe (stripped)
   tests/    every ctest entry labelled `gpu` (selected from ctest, not a
             fixed list) and the helpers they spawn (*_peer), stripped
   lib/      the shared libraries `ldd` names that the GPU machine lacks,
@@ -35,7 +35,7 @@ import sys
 PROVIDED = re.compile(
     r"^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libutil\.|"
     r"libstdc\+\+\.|libgcc_s\.|libcuda\.|libnvidia|libcudart\.|libnccl\.|libz\.so)")
-BINARIES = ["hsdpd", "hsdpctl", "hsdp-gpu-bench", "hsdp-gpu-probe"]
+BINARIES = ["hsdpd", "hsdpctl", "hsdp-gpu-bench", "hsdp-gpu-probe", "hsdp-overlap-probe"]
 SYSTEM_HEADER_ROOTS = ("/usr/include/", "/usr/local/include/")
 CARRIED_HEADER_TOPS = ("absl", "google", "grpc", "grpcpp", "grpc++", "re2", "upb")
 

@@ -18,7 +18,7 @@ if ! "$ROOT/tools/scripts/gpu_bundle.sh" --no-build --build-dir "$BUILD" --out "
 fi
 echo "gpu_dry_run: bundle collected in $(( $(date +%s) - start ))s"
 failed=0
-for stage in probe core daemon torch bench; do
+for stage in overlap probe core daemon torch bench; do
   if ! "$ROOT/tools/scripts/run_gpu_tests.sh" --stage "$stage" --dry-run --bundle "$BUNDLE"; then
     echo "gpu_dry_run: stage $stage failed its dry run" >&2
     failed=1

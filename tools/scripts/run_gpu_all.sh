@@ -6,13 +6,13 @@
 # left of TOTAL_S. Reports and logs go to $OUT (run_gpu_tests.sh's files plus
 # ext.log and summary.txt).
 #
-#   tools/scripts/run_gpu_all.sh [--total-s 420] [--stages probe,core,daemon,torch,bench]
+#   tools/scripts/run_gpu_all.sh [--total-s 420] [--stages overlap,probe,core,daemon,torch,bench]
 #                                [--e2e-args "--bench --max-mb 1024"]
 #                                [--sizes-mb 0.00390625,1,16,64,256,1024] (bench)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 TOTAL_S=420
-STAGES="probe,core,daemon,torch,bench"
+STAGES="overlap,probe,core,daemon,torch,bench"  # the overlap probe first (issue 36)
 E2E_ARGS="--bench --max-mb 1024"
 SIZES="0.00390625,1,16,64,256,1024"
 while [ $# -gt 0 ]; do
@@ -30,7 +30,7 @@ export OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
 START=$(date +%s)
 left() { echo $(( TOTAL_S - ($(date +%s) - START) )); }
-declare -A SHARE=([probe]=45 [core]=90 [daemon]=90 [torch]=200 [bench]=90)
+declare -A SHARE=([overlap]=60 [probe]=45 [core]=90 [daemon]=90 [torch]=200 [bench]=90)
 
 EXT_DIR="${TMPDIR:-/tmp}/hsdp-gpu-ext"
 rm -rf "$EXT_DIR"; mkdir -p "$EXT_DIR"

@@ -5,9 +5,13 @@
 # compiler, and none of gRPC / protobuf / abseil: everything else comes in
 # the bundle (bin/, tests/, lib/, pykit/).
 #
-#   tools/scripts/run_gpu_tests.sh --stage probe|core|daemon|torch|bench
+#   tools/scripts/run_gpu_tests.sh --stage overlap|probe|core|daemon|torch|bench
 #        [--bundle DIR (gpu-bundle)] [--dry-run] [--sizes-mb 1,16,64]
 #
+#   overlap hsdp-overlap-probe (issue 36, docs/gpu.md "The overlap probe"):
+#           a trainer's kernel beside another uid's copies / small kernels
+#           without MPS, an idle context's cost, the flag hand-off, the
+#           reduce kernel against the copy; as root, two unprivileged uids
 #   probe   versions (driver, nvcc, Python, torch, NCCL), what torch's
 #           _share_cuda_ returns (handle length, version and type bytes),
 #           hsdp-gpu-probe (two exported VMM fds: fstat, /proc/self/fd, kcmp;
@@ -53,8 +57,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 case "$STAGE" in
-  probe|core|daemon|torch|bench) ;;
-  *) echo "run_gpu_tests.sh: --stage probe|core|daemon|torch|bench is required" >&2; exit 64 ;;
+  overlap|probe|core|daemon|torch|bench) ;;
+  *) echo "run_gpu_tests.sh: --stage overlap|probe|core|daemon|torch|bench is required" >&2; exit 64 ;;
 esac
 
 OUT_DIR="${OUT:-$ROOT/gpu-out}"
@@ -168,6 +172,31 @@ run_gtest() {
 }
 
 case "$STAGE" in
+overlap)
+  if ! need bin/hsdp-overlap-probe; then
+    :
+  elif [ "$DRY" -eq 1 ]; then
+    # Present and starting: without a GPU it must say so and exit 2.
+    "$BUNDLE/bin/hsdp-overlap-probe" --kernel-ms 5 >>"$LOG" 2>&1
+    rc=$?
+    if [ "$rc" -eq 2 ] || [ "$rc" -eq 0 ]; then
+      record "hsdp-overlap-probe" "OK" "dry run: starts (exit $rc)"
+    else
+      record "hsdp-overlap-probe" "FAIL" "exit $rc without a GPU (want 2); see $LOG"
+    fi
+  else
+    if run_logged "hsdp-overlap-probe" 180 "$BUNDLE/bin/hsdp-overlap-probe" --json "$OUT_DIR/overlap.json"; then
+      record "hsdp-overlap-probe" "OK" "$(grep -m1 '^(a)' "$LOG" | head -c 160)"
+    else
+      record "hsdp-overlap-probe" "FAIL" "see $LOG"
+    fi
+    if run_logged "hsdp-overlap-probe --same-uid" 120 "$BUNDLE/bin/hsdp-overlap-probe" --same-uid --json "$OUT_DIR/overlap_same_uid.json"; then
+      record "hsdp-overlap-probe --same-uid" "OK" "$(grep '^(a)' "$LOG" | tail -1 | head -c 160)"
+    else
+      record "hsdp-overlap-probe --same-uid" "FAIL" "see $LOG"
+    fi
+  fi
+  ;;
 probe)
   if ! need bin/hsdp-gpu-probe; then
     :
