@@ -92,6 +92,23 @@ def test_deferred_work_is_waited_when_backward_ends():
     assert work.waited == 1 and ov.pending() == 0
 
 
+def test_at_most_two_are_outstanding():
+    works = [FakeWork() for _ in range(5)]
+
+    def hook():
+        seen = []
+        for w in works:
+            ov.defer(lambda w=w: w)
+            seen.append((ov.pending(), [x.waited for x in works]))
+        return seen
+
+    seen = _in_backward(hook)
+    assert [p for p, _ in seen] == [1, 2, 2, 2, 2]
+    # Issuing the third waited for the first, the fourth for the second, ...
+    assert seen[2][1] == [1, 0, 0, 0, 0] and seen[4][1] == [1, 1, 1, 0, 0]
+    assert [w.waited for w in works] == [1] * 5 and ov.pending() == 0
+
+
 def test_a_failure_raises_from_backward_after_the_others_are_waited():
     bad, good = FakeWork(RuntimeError("reduce_scatter failed: rank 1 left")), FakeWork()
     with pytest.raises(RuntimeError, match="rank 1 left"):

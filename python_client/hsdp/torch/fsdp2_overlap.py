@@ -20,6 +20,12 @@ group's state, and any doubt means waiting at once as before:
     gradient dtype other than the reduce dtype (a cast reads it);
   - a backward pass is running (autograd takes a final callback) outside
     compiled autograd.
+At most MAX_IN_FLIGHT (2) deferred reduce-scatters are outstanding: issuing a
+third waits for the oldest first. Each keeps its input (the layer's unsharded
+gradients in the reduce dtype) until it completes, so an unbounded queue
+behind a slow daemon could hold every layer's at once; FSDP2 bounds its CUDA
+streams the same way (the next post-backward waits for the previous
+reduce-scatter's event).
 Two safety nets wait too, for a backward that raised before its final
 callbacks ran: the next forward of any module and the next optimizer step
 (global hooks, registered on the first deferral).
@@ -32,6 +38,7 @@ import threading
 import torch
 
 ENV = "HSDP_FSDP2_OVERLAP"
+MAX_IN_FLIGHT = 2
 
 _lock = threading.Lock()
 _pending = []            # Works issued and not waited yet
@@ -109,6 +116,12 @@ def defer(submit):
         if work is not None:  # None: nothing left to wait for
             _pending.append(work)
         _stats["deferred"] += 1
+    while True:  # the bound on what is outstanding (a failure raises from the hook)
+        with _lock:
+            if len(_pending) <= MAX_IN_FLIGHT:
+                break
+            oldest = _pending.pop(0)
+        oldest.wait()
     return True
 
 
