@@ -9,7 +9,9 @@ endif()
 # memory operations come through cudaGetDriverEntryPointByVersion, so the binary starts (and
 # says "no GPU") on a machine without a driver.
 if(HSDP_CUDA_ENABLED)
-  add_executable(hsdp-overlap-probe ${CMAKE_CURRENT_LIST_DIR}/gpu_overlap_probe.cu)
+  add_executable(hsdp-overlap-probe ${CMAKE_CURRENT_LIST_DIR}/gpu_overlap_probe_main.cc
+    ${CMAKE_CURRENT_LIST_DIR}/gpu_overlap_probe.cu)
+  target_include_directories(hsdp-overlap-probe PRIVATE ${PROJECT_SOURCE_DIR})
   target_link_libraries(hsdp-overlap-probe PRIVATE CUDA::cudart_static)
   target_include_directories(hsdp-overlap-probe SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
   set_target_properties(hsdp-overlap-probe PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
