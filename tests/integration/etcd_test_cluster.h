@@ -9,6 +9,7 @@
 #ifndef HSDP_TESTS_INTEGRATION_ETCD_TEST_CLUSTER_H_
 #define HSDP_TESTS_INTEGRATION_ETCD_TEST_CLUSTER_H_
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <set>
 #include <string>
@@ -103,8 +105,18 @@ class EtcdTestCluster {
 
   // SIGSTOP / SIGCONT: a hung member (its connections stay open, nothing
   // answers).
+  // SIGSTOP, and returns once every thread of the member has stopped: kill()
+  // returns before the group stop completes, and on a loaded machine a thread
+  // of the member could still answer a request sent just after it (CI saw a
+  // renewal answered by a member "paused" an instant before).
   void Pause(int i) {
-    if (nodes_.at(i).pid > 0) ::kill(nodes_[i].pid, SIGSTOP);
+    const pid_t pid = nodes_.at(i).pid;
+    if (pid <= 0) return;
+    ::kill(pid, SIGSTOP);
+    const absl::Time give_up = absl::Now() + absl::Seconds(5);
+    while (!AllThreadsStopped(pid) && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
   }
   void Resume(int i) {
     if (nodes_.at(i).pid > 0) ::kill(nodes_[i].pid, SIGCONT);
@@ -208,6 +220,31 @@ class EtcdTestCluster {
   }
 
  private:
+  // Whether every thread of `pid` is in the stopped state ('T' in
+  // /proc/PID/task/TID/stat); false when it cannot tell.
+  static bool AllThreadsStopped(pid_t pid) {
+    const std::string dir = absl::StrCat("/proc/", pid, "/task");
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return false;
+    bool all = true, any = false;
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      char buf[512];
+      const int fd = ::open(absl::StrCat(dir, "/", e->d_name, "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;  // the thread ended
+      const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+      ::close(fd);
+      if (n <= 0) continue;
+      buf[n] = '\0';
+      const char* paren = ::strrchr(buf, ')');  // "TID (comm) STATE ..."
+      if (paren == nullptr || paren[1] != ' ') return false;
+      any = true;
+      if (paren[2] != 'T' && paren[2] != 't') all = false;
+    }
+    ::closedir(d);
+    return any && all;
+  }
+
   struct Node {
     int client_port = 0;
     int peer_port = 0;
