@@ -2,9 +2,8 @@
 
 On CUDA, FSDP2 issues each reduce-scatter on a stream of its own and backward
 goes on while it runs. On CPU a stream is nothing, so FSDP2 waits for every
-reduce-scatter in the post-backward hook: each rank stops, the daemon reduces,
-and the ranks' cores sit idle meanwhile while the daemon's sit idle the rest of
-the time. The daemon is another process, so nothing forces that wait: the
+reduce-scatter in the post-backward hook: each rank stops while the daemon
+reduces, and the daemon has nothing to do while the ranks compute. The daemon is another process, so nothing forces that wait: the
 reduce-scatter comms hsdp installs by default (fsdp2_auto) issue it without
 waiting, and wait once autograd has finished (a final callback of the same
 backward pass), before anything can read the gradients.
@@ -44,7 +43,7 @@ _lock = threading.Lock()
 _pending = []            # Works issued and not waited yet
 _queued = set()          # graph tasks whose final callback is queued
 _hooks = []              # the safety nets' handles, once registered
-_stats = {"deferred": 0, "waited_by_safety_net": 0}
+_stats = {"waited_by_safety_net": 0}  # per-comm counts: comm_buffer_stats "overlapped"
 
 
 def enabled():
@@ -112,10 +111,9 @@ def defer(submit):
             return False
     _register_safety_nets()
     work = submit()
-    with _lock:
-        if work is not None:  # None: nothing left to wait for
+    if work is not None:  # None: nothing left to wait for
+        with _lock:
             _pending.append(work)
-        _stats["deferred"] += 1
     while True:  # the bound on what is outstanding (a failure raises from the hook)
         with _lock:
             if len(_pending) <= MAX_IN_FLIGHT:
